@@ -1,0 +1,35 @@
+# Baton: `make demo` and `make test` each install what they need first (idempotent).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+MODEL_DIR ?= models/tiny-llama
+
+.PHONY: install demo test lint format bench-engine
+
+install: .install-stamp
+
+# torch first, pinned to the CPU wheel on machines without a GPU: a bare `torch`
+# requirement with no torch installed would pull a multi-GB CUDA build.
+.install-stamp: pyproject.toml
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[test]"
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			apt-get update -q && apt-get install -y -q redis-server; \
+		else echo "note: redis-server not found; Redis tests will be skipped"; fi; \
+	fi
+	touch .install-stamp
+
+demo: install
+	$(PYTHON) -m router.cli demo --model $(MODEL_DIR)
+
+test: install
+	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+lint:
+	ruff format --check . && ruff check .
+
+format:
+	ruff format . && ruff check --fix .
+
+bench-engine: install
+	$(PYTHON) bench/engine.py

@@ -1,0 +1,33 @@
+"""Torch-free code shared by every Baton component: the block hash, KV-cache events, request
+and sampling types. The router imports only this package (and `proto`), so it runs and is
+tested without torch."""
+
+from core.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+    WorkerLoad,
+)
+from core.hashing import BlockHash, hash_block, hash_prompt_blocks, model_root_hash
+from core.request import FinishReason, RequestOutput, RequestTimings, TokenLogprob
+from core.sampling import SamplingParams
+
+__all__ = [
+    "AllBlocksCleared",
+    "BlockHash",
+    "BlockRemoved",
+    "BlockStored",
+    "FinishReason",
+    "KVEvent",
+    "KVEventBatch",
+    "RequestOutput",
+    "RequestTimings",
+    "SamplingParams",
+    "TokenLogprob",
+    "WorkerLoad",
+    "hash_block",
+    "hash_prompt_blocks",
+    "model_root_hash",
+]

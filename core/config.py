@@ -1,0 +1,48 @@
+"""Engine configuration: the knobs of one worker's engine, torch-free so the router and the
+cluster controller can build and ship it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["unified", "prefill", "decode"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    """Blocks in the KV cache; None sizes it from `kv_cache_memory_bytes`."""
+    kv_cache_memory_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    """Cap on running sequences."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step: chunked prefill splits prompts to fit it."""
+    max_model_len: int | None = None
+    """Context cap; None: the model's max positions (and never more than the cache holds)."""
+    enable_prefix_caching: bool = True
+    role: Role = "unified"
+    dtype: str = "auto"
+    """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
+    device: str = "auto"
+    attention_backend: str = "auto"
+    """torch | triton | auto (triton on CUDA, torch on CPU; BATON_ATTENTION forces one)."""
+    seed: int = 0
+    num_threads: int | None = None
+    """torch intra-op threads on CPU; None leaves torch's default."""
+    tp_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.role not in ("unified", "prefill", "decode"):
+            raise ValueError(f"role must be unified, prefill or decode, got {self.role!r}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

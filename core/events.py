@@ -1,0 +1,80 @@
+"""KV-cache events and load reports: what workers tell the router.
+
+A tiny tagged union, after Dynamo's KV router: `stored(parent, blocks)`, `removed(blocks)`,
+`cleared`. Workers send them in batches stamped with a per-worker sequence number that
+increases by one per batch; a router that sees a gap knows its view of that worker is stale
+and re-syncs (asks for a snapshot) or purges the worker. msgspec Structs give a compact,
+versioned msgpack encoding for Redis streams and Ray messages.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from core.hashing import BlockHash
+
+EVENTS_VERSION = 1
+
+
+class BlockStored(msgspec.Struct, tag="stored", frozen=True, array_like=True):
+    """Blocks became cached on the worker, as one chain: `block_hashes[0]`'s parent is
+    `parent` (None: the chain starts at the model root), each next block's parent is the
+    previous one."""
+
+    parent: BlockHash | None
+    block_hashes: list[BlockHash]
+
+
+class BlockRemoved(msgspec.Struct, tag="removed", frozen=True, array_like=True):
+    """Blocks were evicted from the worker's cache."""
+
+    block_hashes: list[BlockHash]
+
+
+class AllBlocksCleared(msgspec.Struct, tag="cleared", frozen=True, array_like=True):
+    """The worker dropped its whole cache (restart, reset)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class KVEventBatch(msgspec.Struct, frozen=True):
+    """Events of one worker, in order. `seq` is that worker's batch counter, starting at 0;
+    a receiver that has seen seq n and then gets seq > n + 1 has missed events."""
+
+    worker_id: str
+    seq: int
+    events: list[KVEvent]
+    timestamp: float = 0.0
+    model: str = ""
+    version: int = EVENTS_VERSION
+
+
+class WorkerLoad(msgspec.Struct, frozen=True):
+    """A worker's periodic load report, used by the routing policies."""
+
+    worker_id: str
+    role: str
+    num_running: int
+    num_waiting: int
+    num_waiting_tokens: int
+    num_free_blocks: int
+    num_total_blocks: int
+    timestamp: float = 0.0
+
+
+_event_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(KVEventBatch)
+_load_decoder = msgspec.msgpack.Decoder(WorkerLoad)
+
+
+def encode(obj: KVEventBatch | WorkerLoad) -> bytes:
+    return _event_encoder.encode(obj)
+
+
+def decode_event_batch(data: bytes) -> KVEventBatch:
+    return _batch_decoder.decode(data)
+
+
+def decode_worker_load(data: bytes) -> WorkerLoad:
+    return _load_decoder.decode(data)

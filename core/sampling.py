@@ -1,0 +1,79 @@
+"""Sampling parameters: what a request asks of the sampler and the stop checker.
+
+Validated on construction, so a bad value is a clear `ValueError` at the front door and
+never reaches a worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 (or -1) disables top-k."""
+    min_p: float = 0.0
+    seed: int | None = None
+    """Per-request seed: the same tokens whether the request runs alone or in any batch."""
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    """Stop strings; the returned text never contains them (unless include_stop_str_in_output)."""
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    """Return the sampled token's logprob and the top-n alternatives (n = this value)."""
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        # Accept lists from JSON callers but store tuples (hashable, immutable).
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        self._validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def _validate(self) -> None:
+        def bad(name: str, value: object, why: str) -> ValueError:
+            return ValueError(f"invalid sampling parameter {name}={value!r}: {why}")
+
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise bad("max_tokens", self.max_tokens, "must be an integer >= 1")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise bad("temperature", self.temperature, "must be in [0, 100]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", self.top_p, "must be in (0, 1]")
+        if self.top_k < -1:
+            raise bad("top_k", self.top_k, "must be -1, 0 (disabled) or a positive integer")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", self.min_p, "must be in [0, 1]")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", self.presence_penalty, "must be in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", self.frequency_penalty, "must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            raise bad("repetition_penalty", self.repetition_penalty, "must be in (0, 10]")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise bad("logprobs", self.logprobs, "must be in [0, 20]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", self.seed, "must be an integer")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", self.stop, "stop strings must be non-empty strings")
+        if len(self.stop) > 16:
+            raise bad("stop", self.stop, "at most 16 stop strings")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")

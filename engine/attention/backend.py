@@ -1,0 +1,97 @@
+"""The attention-backend interface and the per-step batch layout it reads.
+
+A step's new tokens are one flat batch, decode tokens first:
+
+    tokens: [ d_0 d_1 ... d_{B-1} | c_0 c_0 c_0 c_0 | c_1 c_1 | ... ]
+              num_decodes (1 each)   prefill/extend chunks (query_len each)
+
+Each token's K/V goes to cache slot (slot_blocks[t], slot_offsets[t]). A chunk's queries
+attend causally to its sequence's first `seq_len` positions: the cached prefix (prefix-cache
+hits, earlier chunks, KV received from a prefill worker) plus themselves.
+
+The per-layer KV cache is one slice `kv[layer]` of the worker's cache tensor:
+`[num_blocks, 2 (K, V), block_size, num_kv_heads, head_dim]`, so one layer's block is one
+contiguous region for the transfer engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    query_start: int
+    query_len: int
+    seq_len: int
+    """Context length after this chunk (cached prefix + query_len)."""
+    block_ids: torch.Tensor
+    """[ceil(seq_len / block_size)] long: the sequence's blocks covering the context."""
+
+
+@dataclass
+class AttentionMetadata:
+    block_size: int
+    slot_blocks: torch.Tensor
+    """[T] long: cache block of each new token."""
+    slot_offsets: torch.Tensor
+    """[T] long: position inside that block."""
+    num_decodes: int
+    decode_block_tables: torch.Tensor
+    """[num_decodes, max_blocks] long, padded with block 0 (masked out)."""
+    decode_seq_lens: torch.Tensor
+    """[num_decodes] long: context length including the new token."""
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    layer_done: Callable[[int], None] | None = None
+    """Called with the layer index once that layer's new K/V is in the cache (the hook the
+    KV-transfer connector uses to send a layer while the next one computes)."""
+    backend_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per-step values a backend derives once and reuses in every layer (masks, indices)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_blocks.shape[0])
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer of a step.
+
+    `forward` first writes the step's new K/V into `kv_layer` at the metadata's slots (the
+    only mutation), then attends. It must not read cache slots beyond each sequence's
+    `seq_len`, so blocks still being filled by a transfer for other requests are never read.
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
+
+
+_REGISTRY: dict[str, type[AttentionBackend]] = {}
+
+
+def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_backend(name: str) -> AttentionBackend:
+    # Import for registration side effects; backends live in their own modules.
+    import engine.attention.torch_paged  # noqa: F401
+
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]()

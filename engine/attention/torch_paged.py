@@ -1,0 +1,106 @@
+"""Paged attention in plain torch: the CPU path, and the reference the Triton kernels are
+tested against.
+
+Decode: gather each sequence's blocks into a padded [B, max_blocks * block_size] context, mask
+positions past its length, one batched SDPA call. Prefill/extend: one SDPA call per chunk;
+a chunk without a cached prefix attends to its own fresh K/V (no gather), otherwise to its
+context gathered from the cache under a bottom-right-aligned causal mask.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+
+
+def write_kv(
+    kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+) -> None:
+    """Store the step's new K/V in their cache slots (reshape-and-cache)."""
+    kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
+    kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
+
+
+def _decode_mask(meta: AttentionMetadata) -> torch.Tensor:
+    mask = meta.backend_state.get("decode_mask")
+    if mask is None:
+        max_len = meta.decode_block_tables.shape[1] * meta.block_size
+        positions = torch.arange(max_len, device=meta.decode_seq_lens.device)
+        mask = (positions[None, :] < meta.decode_seq_lens[:, None])[:, None, None, :]
+        meta.backend_state["decode_mask"] = mask
+    return mask
+
+
+def _gather(kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int) -> torch.Tensor:
+    """[..., n_blocks] block ids -> [..., n_blocks * block_size, Hk, D] (a copy)."""
+    g = kv_layer[block_ids, which]
+    return g.flatten(-4, -3)
+
+
+@register_backend
+class TorchPagedAttention(AttentionBackend):
+    name = "torch"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv(kv_layer, k, v, meta)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)
+        for c in meta.prefills:
+            rows = slice(c.query_start, c.query_start + c.query_len)
+            if c.seq_len == c.query_len:
+                out[rows] = _sdpa(q[rows], k[rows], v[rows], None, scale, causal=True)
+                continue
+            keys = _gather(kv_layer, c.block_ids, 0)[: c.seq_len]
+            values = _gather(kv_layer, c.block_ids, 1)[: c.seq_len]
+            q_pos = torch.arange(c.query_len, device=q.device) + (c.seq_len - c.query_len)
+            mask = torch.arange(c.seq_len, device=q.device)[None, :] <= q_pos[:, None]
+            out[rows] = _sdpa(q[rows], keys, values, mask, scale, causal=False)
+        return out
+
+    def _decode(
+        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        keys = _gather(kv_layer, meta.decode_block_tables, 0)  # [B, L, Hk, D]
+        values = _gather(kv_layer, meta.decode_block_tables, 1)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # [B, Hq, 1, D]
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=_decode_mask(meta),
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out.squeeze(2)
+
+
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+) -> torch.Tensor:
+    """q: [Tq, Hq, D], k/v: [Tk, Hk, D] -> [Tq, Hq, D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)

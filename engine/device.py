@@ -1,0 +1,35 @@
+"""Resolving "auto" device, dtype and attention backend."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # CPUs here lack fast half-precision GEMMs; float32 is both faster and exact.
+        name = "float32" if device.type == "cpu" else checkpoint_dtype
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    forced = os.environ.get("BATON_ATTENTION")
+    if forced:
+        return forced
+    if name == "auto":
+        # The plain-torch paged path runs on every device; the Triton kernels take over on
+        # CUDA once registered (engine/kernels).
+        return "torch"
+    return name

@@ -1,0 +1,130 @@
+"""Per-request block tables on top of the block pool, and prefix-cache lookups.
+
+A request's blocks cover its tokens in order; block i holds tokens [i*bs, (i+1)*bs):
+
+    tokens  |0 ........ 15|16 ....... 31|32 .. 40      |
+    blocks  |   b[0]      |   b[1]      |   b[2] (partial: no hash yet)
+            `-- cached hit (num_cached) --'`-- computed this step --> hashed once full
+
+Predicates pair with actions: `can_allocate` / `allocate_slots`. Nothing here touches tensors.
+"""
+
+from __future__ import annotations
+
+from core.hashing import BlockHash, hash_prompt_blocks
+from engine.kv_cache.block_pool import Block, BlockPool
+from engine.request import Request
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    def __init__(
+        self, num_blocks: int, block_size: int, root_hash: BlockHash, enable_caching: bool = True
+    ) -> None:
+        self.block_size = block_size
+        self.root_hash = root_hash
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self._blocks: dict[str, list[Block]] = {}
+        self._num_hashed: dict[str, int] = {}
+        """Per request: how many of its leading blocks are already named in the cache."""
+
+    # -- hashing -------------------------------------------------------------------------
+    def update_hashes(self, req: Request) -> None:
+        """Extend `req.block_hashes` to every full block of its tokens (each hashed once)."""
+        start = len(req.block_hashes)
+        if (start + 1) * self.block_size > req.num_tokens:
+            return
+        parent = req.block_hashes[-1] if start else None
+        req.block_hashes.extend(
+            hash_prompt_blocks(
+                req.all_token_ids, self.block_size, self.root_hash,
+                start_parent=parent, start_block=start,
+            )
+        )
+
+    # -- prefix cache --------------------------------------------------------------------
+    def get_computed_blocks(self, req: Request) -> list[Block]:
+        """The longest run of cached blocks at the start of `req`'s tokens. Stops one token
+        short of the end: the last token is always computed, to produce logits."""
+        if not self.enable_caching:
+            return []
+        self.update_hashes(req)
+        bs = self.block_size
+        max_blocks = (req.num_tokens - 1) // bs
+        hits: list[Block] = []
+        for i, h in enumerate(req.block_hashes[:max_blocks]):
+            block = self.pool.lookup(h, tuple(req.all_token_ids[i * bs : (i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    # -- allocation ----------------------------------------------------------------------
+    def num_blocks_needed(self, req: Request, num_new_tokens: int, num_hit_blocks: int) -> int:
+        held = len(self._blocks.get(req.request_id, ())) + num_hit_blocks
+        computed = req.num_computed_tokens + num_hit_blocks * self.block_size
+        return max(0, cdiv(computed + num_new_tokens, self.block_size) - held)
+
+    def can_allocate(
+        self, req: Request, num_new_tokens: int, hits: list[Block] | None = None
+    ) -> bool:
+        hits = hits or []
+        # Hit blocks sitting in the free queue stop being allocatable once we take them.
+        num_hits_free = sum(1 for b in hits if b.ref_cnt == 0)
+        need = self.num_blocks_needed(req, num_new_tokens, len(hits))
+        return need <= self.pool.num_free_blocks - num_hits_free
+
+    def allocate_slots(
+        self, req: Request, num_new_tokens: int, hits: list[Block] | None = None
+    ) -> bool:
+        """Give `req` blocks for `num_new_tokens` more tokens (after taking `hits`, its
+        prefix-cache hit). False, and nothing changed, if the pool cannot."""
+        hits = hits or []
+        if not self.can_allocate(req, num_new_tokens, hits):
+            return False
+        need = self.num_blocks_needed(req, num_new_tokens, len(hits))
+        blocks = self._blocks.setdefault(req.request_id, [])
+        if hits:
+            self.pool.touch(hits)
+            blocks.extend(hits)
+            self._num_hashed[req.request_id] = len(blocks)
+        blocks.extend(self.pool.allocate(need))
+        return True
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._blocks.get(request_id, ())]
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Name every block of `req` whose tokens all have KV now, so later requests hit it."""
+        if not self.enable_caching:
+            return
+        self.update_hashes(req)
+        blocks = self._blocks.get(req.request_id)
+        if not blocks:
+            return
+        done = self._num_hashed.get(req.request_id, 0)
+        full = min(req.num_computed_tokens // self.block_size, len(req.block_hashes), len(blocks))
+        if full <= done:
+            return
+        bs = self.block_size
+        self.pool.cache_blocks(
+            blocks[done:full],
+            req.block_hashes[done:full],
+            [tuple(req.all_token_ids[i * bs : (i + 1) * bs]) for i in range(done, full)],
+            parent=req.block_hashes[done - 1] if done else None,
+        )
+        self._num_hashed[req.request_id] = full
+
+    def free(self, req: Request) -> None:
+        """Release `req`'s blocks, tail first, so its prefix outlives its tail in the LRU."""
+        blocks = self._blocks.pop(req.request_id, [])
+        self._num_hashed.pop(req.request_id, None)
+        self.pool.release(list(reversed(blocks)))
+
+    @property
+    def usage(self) -> float:
+        return self.pool.num_used_blocks / self.pool.num_blocks

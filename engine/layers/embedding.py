@@ -1,0 +1,60 @@
+"""Vocab-parallel input embedding and LM head.
+
+Each rank holds a contiguous slice of the (padded) vocabulary. The embedding looks up only
+the ids in its slice, zeroes the rest and all-reduces; the LM head computes logits for its
+slice and all-gathers them, so every rank sees the full row and samples the same token.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.parallel import SINGLE, TPGroup
+
+
+def _padded_vocab(vocab_size: int, tp: TPGroup) -> int:
+    return -(-vocab_size // tp.size) * tp.size
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.per_rank = _padded_vocab(vocab_size, tp) // tp.size
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size), False)
+        self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+
+    def _load(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
+        if loaded.shape[0] != self.vocab_size or loaded.shape[1] != param.shape[1]:
+            raise ValueError(
+                f"shape mismatch for the vocabulary matrix: expected "
+                f"({self.vocab_size}, {param.shape[1]}), checkpoint has {tuple(loaded.shape)}"
+            )
+        end = min(self.start + self.per_rank, self.vocab_size)
+        param.data[: end - self.start].copy_(loaded[self.start : end])
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        local = input_ids - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0.0)
+        return self.tp.all_reduce(out)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
+
+    def tie_to(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        logits = F.linear(hidden, self.weight)
+        logits = self.tp.all_gather_last_dim(logits)
+        return logits[..., : self.vocab_size]

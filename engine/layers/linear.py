@@ -1,0 +1,168 @@
+"""Tensor-parallel linear layers, each parameter carrying its own weight loader.
+
+A checkpoint tensor is always the *full* (unsharded) HF tensor; the parameter's
+`weight_loader(param, loaded, shard_id)` copies this rank's slice into place, so one loading
+loop serves every TP size and the merged (QKV, gate+up) projections.
+
+    column parallel:  y_r = x @ W_r^T        W split by output rows; no communication
+    row parallel:     y = sum_r x_r @ W_r^T  W split by input columns; all-reduce
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.parallel import SINGLE, TPGroup, divide
+
+WeightLoader = Callable[..., None]
+
+
+def _check_shape(name: str, expected: torch.Size, got: torch.Size) -> None:
+    if expected != got:
+        raise ValueError(
+            f"shape mismatch for {name}: the model expects {tuple(expected)} for this shard, "
+            f"the checkpoint slice is {tuple(got)}"
+        )
+
+
+def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
+    param.weight_loader = loader  # type: ignore[attr-defined]
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
+    _check_shape(getattr(param, "hf_name", "parameter"), param.shape, loaded.shape)
+    param.data.copy_(loaded)
+
+
+class ColumnParallelLinear(nn.Module):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.out_per_rank = divide(out_features, tp.size, "output features")
+        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), False)
+        _set_loader(self.weight, self._load_rows)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.out_per_rank), False)
+            _set_loader(self.bias, self._load_rows)
+
+    def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
+        shard = loaded.narrow(0, self.tp.rank * self.out_per_rank, self.out_per_rank)
+        _check_shape("column-parallel weight", param.shape, shard.shape)
+        param.data.copy_(shard)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input in one GEMM (gate + up).
+
+    Rows of the fused weight on each rank:  [ shard of part 0 | shard of part 1 | ... ]
+    """
+
+    def __init__(
+        self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__(in_features, sum(out_sizes), bias, tp)
+        self.part_sizes = [divide(s, tp.size, "output features") for s in out_sizes]
+        _set_loader(self.weight, self._load_part)
+        if self.bias is not None:
+            _set_loader(self.bias, self._load_part)
+
+    def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, part: int) -> None:
+        size = self.part_sizes[part]
+        offset = sum(self.part_sizes[:part])
+        shard = loaded.narrow(0, self.tp.rank * size, size)
+        dst = param.data.narrow(0, offset, size)
+        _check_shape(f"merged weight part {part}", dst.shape, shard.shape)
+        dst.copy_(shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one GEMM; heads split over ranks.
+
+    When TP size exceeds the number of KV heads, each KV head is replicated on
+    `size / num_kv_heads` ranks (rank r holds KV head r * num_kv_heads // size).
+
+    Rows on each rank:  [ q heads of this rank | k heads | v heads ] x head_dim
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        bias: bool,
+        tp: TPGroup = SINGLE,
+    ) -> None:
+        self.head_dim = head_dim
+        self.num_heads = divide(num_heads, tp.size, "attention heads")
+        if tp.size >= num_kv_heads:
+            divide(tp.size, num_kv_heads, "KV-head replication (TP size / KV heads)")
+            self.num_kv_heads = 1
+        else:
+            self.num_kv_heads = divide(num_kv_heads, tp.size, "KV heads")
+        self.total_kv_heads = num_kv_heads
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        super().__init__(hidden_size, out * tp.size, bias, tp)
+        _set_loader(self.weight, self._load_qkv)
+        if self.bias is not None:
+            _set_loader(self.bias, self._load_qkv)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def _load_qkv(self, param: nn.Parameter, loaded: torch.Tensor, part: str) -> None:
+        if part == "q":
+            src_head, offset, size = self.tp.rank * self.num_heads, 0, self.q_size
+        else:
+            if self.tp.size >= self.total_kv_heads:
+                src_head = self.tp.rank * self.total_kv_heads // self.tp.size
+            else:
+                src_head = self.tp.rank * self.num_kv_heads
+            offset = self.q_size + (0 if part == "k" else self.kv_size)
+            size = self.kv_size
+        shard = loaded.narrow(0, src_head * self.head_dim, size)
+        dst = param.data.narrow(0, offset, size)
+        _check_shape(f"{part}_proj", dst.shape, shard.shape)
+        dst.copy_(shard)
+
+
+class RowParallelLinear(nn.Module):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
+    ) -> None:
+        super().__init__()
+        self.tp = tp
+        self.in_per_rank = divide(in_features, tp.size, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), False)
+        _set_loader(self.weight, self._load_cols)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), False)
+            _set_loader(self.bias, default_weight_loader)
+
+    def _load_cols(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
+        shard = loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank)
+        _check_shape("row-parallel weight", param.shape, shard.shape)
+        param.data.copy_(shard)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.linear(x, self.weight, self.bias)
+        # Bias once, after the sum, so it is not counted size times.
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias

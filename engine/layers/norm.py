@@ -1,0 +1,32 @@
+"""RMSNorm, optionally fused with the residual add that precedes it (the Llama pattern
+`h = x + residual; y = norm(h)`), computed exactly as Hugging Face does so greedy outputs
+match: normalise in float32, cast back, then scale by the weight."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (normed, new residual). With `residual` given, the add happens first."""
+        if residual is not None:
+            x = x + residual
+        return self._norm(x), x
+
+    def norm_only(self, x: torch.Tensor) -> torch.Tensor:
+        return self._norm(x)

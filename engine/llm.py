@@ -1,0 +1,76 @@
+"""The offline API: `LLM(model_dir).generate(prompts, params)`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.config import EngineConfig
+from core.request import RequestOutput
+from core.sampling import SamplingParams
+from engine.engine import LLMEngine
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Runs a local Hugging Face checkpoint folder in this process.
+
+    Keyword arguments are `core.config.EngineConfig` fields (block_size, num_kv_blocks,
+    max_num_seqs, max_num_batched_tokens, enable_prefix_caching, dtype, ...).
+    """
+
+    def __init__(self, model: str | Path, **engine_kwargs: Any) -> None:
+        self.engine = LLMEngine(model, EngineConfig(**engine_kwargs))
+        self._ids = itertools.count()
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - engine.tokenizer.Tokenizer
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text, or a list of token ids); outputs in input order.
+
+        Invalid input raises ValueError before anything is queued.
+        """
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompt_list = list(prompts)  # type: ignore[arg-type]
+        if params is None or isinstance(params, SamplingParams):
+            param_list = [params or SamplingParams()] * len(prompt_list)
+        else:
+            param_list = list(params)
+            if len(param_list) != len(prompt_list):
+                raise ValueError(
+                    f"{len(param_list)} sampling params for {len(prompt_list)} prompts"
+                )
+        requests = [
+            self.engine._new_request(f"llm-{next(self._ids)}", p, sp, None)
+            for p, sp in zip(prompt_list, param_list, strict=True)
+        ]
+        finished: dict[str, RequestOutput] = {}
+        for req in requests:
+            self.engine.requests[req.request_id] = req
+            self.engine.scheduler.add(req)
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        return [finished[r.request_id] for r in requests]
+
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams | None = None,
+    ) -> RequestOutput:
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return self.generate([ids], params)[0]

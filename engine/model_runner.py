@@ -1,0 +1,154 @@
+"""Owns the model, the KV cache tensor and the sampler; turns a scheduled batch into
+tensors, runs the forward pass and samples. The only engine component that builds tensors."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from core.config import EngineConfig
+from core.request import TokenLogprob
+from engine.attention.backend import AttentionMetadata, PrefillChunk, get_backend
+from engine.checkpoint import iter_weights
+from engine.config import ModelConfig
+from engine.kv_cache.manager import KVCacheManager, cdiv
+from engine.kv_cache.tensor import KVCacheShape, allocate_kv_cache, num_blocks_for_memory
+from engine.models import build_model
+from engine.parallel import SINGLE, TPGroup
+from engine.request import Request
+from engine.sampler import Sampler, SamplingRow
+from engine.scheduler import ScheduledBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    request: Request
+    token_id: int
+    logprob: TokenLogprob | None
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        config: EngineConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+        attention_backend: str,
+        tp: TPGroup = SINGLE,
+    ) -> None:
+        self.model_config = model_config
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.block_size = config.block_size
+        start = time.monotonic()
+        self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
+        self.model.load_weights(iter_weights(model_config.model_dir, dtype))
+        self.model.eval()
+        logger.info(
+            "loaded %s (%s, %s) in %.1f s", model_config.model_id, model_config.architecture,
+            str(dtype).removeprefix("torch."), time.monotonic() - start,
+        )
+        attn = self.model.model.layers[0].self_attn
+        per_block = KVCacheShape(
+            model_config.num_hidden_layers, 1, config.block_size, attn.num_kv_heads,
+            model_config.head_dim, dtype,
+        )
+        num_blocks = config.num_kv_blocks or num_blocks_for_memory(
+            per_block, config.kv_cache_memory_bytes
+        )
+        self.kv_shape = KVCacheShape(
+            per_block.num_layers, num_blocks, per_block.block_size, per_block.num_kv_heads,
+            per_block.head_dim, dtype,
+        )
+        self.kv_cache = allocate_kv_cache(self.kv_shape, device)
+        self.sampler = Sampler(model_config.vocab_size, seed=config.seed)
+
+    @torch.inference_mode()
+    def execute(
+        self,
+        batch: ScheduledBatch,
+        kv: KVCacheManager,
+        layer_done: Callable[[int], None] | None = None,
+    ) -> list[SampledToken]:
+        """Run one step. Returns a token for every request whose tokens are all computed
+        after this step (not for a request that only got a chunk of its prompt)."""
+        inputs = self._prepare(batch, kv, layer_done)
+        if inputs is None:
+            return []
+        input_ids, positions, meta, logits_idx, to_sample = inputs
+        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        if not to_sample:
+            return []
+        logits = self.model.compute_logits(hidden[logits_idx]).float()
+        rows = [
+            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.generator)
+            for r in to_sample
+        ]
+        out = self.sampler(logits, rows)
+        return [
+            SampledToken(r, t, lp)
+            for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
+        ]
+
+    def _prepare(
+        self,
+        batch: ScheduledBatch,
+        kv: KVCacheManager,
+        layer_done: Callable[[int], None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]] | None:
+        if not batch.items:
+            return None
+        bs = self.block_size
+        dev = self.device
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        logits_idx: list[int] = []
+        to_sample: list[Request] = []
+        t = 0
+        for req, n in batch.items:
+            start, end = req.num_computed_tokens, req.num_computed_tokens + n
+            block_ids = kv.block_ids(req.request_id)
+            input_ids.extend(req.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slot_blocks.extend(block_ids[p // bs] for p in range(start, end))
+            used = block_ids[: cdiv(end, bs)]
+            if n == 1:
+                decode_tables.append(used)
+                decode_lens.append(end)
+            else:
+                block_tensor = torch.tensor(used, dtype=torch.long, device=dev)
+                prefills.append(PrefillChunk(t, n, end, block_tensor))
+            t += n
+            if end == req.num_tokens:
+                logits_idx.append(t - 1)
+                to_sample.append(req)
+        width = max((len(b) for b in decode_tables), default=0)
+        table = [b + [0] * (width - len(b)) for b in decode_tables]
+        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        meta = AttentionMetadata(
+            block_size=bs,
+            slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=dev),
+            slot_offsets=pos % bs,
+            num_decodes=len(decode_tables),
+            decode_block_tables=torch.tensor(table, dtype=torch.long, device=dev).reshape(
+                len(table), width
+            ),
+            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.long, device=dev),
+            prefills=prefills,
+            layer_done=layer_done,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        idx = torch.tensor(logits_idx, dtype=torch.long, device=dev)
+        return ids, pos, meta, idx, to_sample

@@ -1,0 +1,78 @@
+"""A request's life inside one engine: its tokens, how many have KV ("computed"), its status.
+
+vLLM v1's one idea: there are no prefill or decode phases, only each request's computed
+tokens catching up with its tokens. A new prompt has `num_computed_tokens` = its prefix-cache
+hit; a chunk of prefill advances it by the chunk; a decode step by one; a request whose prompt
+KV arrived over the wire starts with every prompt token computed.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.hashing import BlockHash
+from core.request import FinishReason, RequestTimings, TokenLogprob
+from core.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_KV = "waiting_for_kv"
+    """Decode role: blocks reserved, prompt KV still in flight from a prefill worker."""
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    """Prompt tokens whose KV was reused (prefix cache or transfer); -1 until first scheduled."""
+    status: RequestStatus = RequestStatus.WAITING
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    """Chained hashes of every full block of `all_token_ids`, extended as tokens arrive."""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    num_preemptions: int = 0
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    # Set by the engine: per-request sampling generator, detokenizer and stop checker.
+    generator: Any = None
+    detokenizer: Any = None
+    stop_checker: Any = None
+    text: str = ""
+    visible_text_len: int = 0
+    """How much of `text` the client has been sent (stop strings are held back)."""
+
+    def __post_init__(self) -> None:
+        if not self.all_token_ids:
+            self.all_token_ids = list(self.prompt_token_ids)
+        self.timings.arrival = self.arrival_time
+        if self.params.logprobs is not None:
+            self.logprobs = []
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)

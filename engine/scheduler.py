@@ -1,0 +1,125 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Each step spends a token budget (`max_num_batched_tokens`):
+
+  1. Running requests first, in arrival order: each asks for its remaining uncomputed
+     tokens (1 when decoding, the rest of its prompt when mid-prefill), capped by the budget.
+     If the pool has no room, the most recently admitted running request is preempted (its
+     blocks freed, its computed count reset, back to the front of the queue) until there is
+     room or the request itself was the one preempted.
+  2. Then waiting requests, in order, while budget, sequence slots and blocks last; a new
+     request first takes its prefix-cache hit, so only the rest of its prompt costs budget.
+     The queue is FIFO: if the head does not fit, nothing behind it jumps ahead.
+
+A request whose tokens are all computed after this step gets a sampled token; a request that
+got only part of its prompt (a chunk) does not. A decode-role request whose prompt KV is in
+flight is not in these queues at all: the engine holds it until the KV lands, then
+`admit_transferred` puts it straight into the running batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from core.config import EngineConfig
+from engine.kv_cache.manager import KVCacheManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """What to run this step: (request, number of new tokens) pairs, decodes (1 token)
+    first, then chunks, so the runner lays the batch out as the attention backend expects."""
+
+    items: list[tuple[Request, int]] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+
+        # 1. running requests
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                scheduled.append((req, num_new))
+                budget -= num_new
+                i += 1
+
+        # 2. waiting requests
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            hits = self.kv.get_computed_blocks(req)
+            num_hit_tokens = len(hits) * self.kv.block_size
+            num_new = min(req.num_tokens - num_hit_tokens - req.num_computed_tokens, budget)
+            if not self.kv.allocate_slots(req, num_new, hits):
+                break
+            self.waiting.popleft()
+            req.num_computed_tokens += num_hit_tokens
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = min(num_hit_tokens, req.num_prompt_tokens)
+            if req.timings.first_scheduled is None:
+                req.timings.first_scheduled = time.monotonic()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append((req, num_new))
+            budget -= num_new
+
+        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first, stable otherwise
+        batch.items = scheduled
+        return batch
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+
+    def finish(self, req: Request) -> None:
+        """Drop a finished or aborted request from the queues and free its blocks."""
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+
+    def admit_transferred(self, req: Request) -> None:
+        """Decode role: `req`'s prompt KV has landed in its reserved blocks; it joins the
+        running batch on the next step with its first token to compute."""
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
