@@ -40,7 +40,11 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 class KVEventBatch(msgspec.Struct, frozen=True):
     """Events of one worker, in order. `seq` is that worker's batch counter, starting at 0;
-    a receiver that has seen seq n and then gets seq > n + 1 has missed events."""
+    a receiver that has seen seq n and then gets seq > n + 1 has missed events.
+
+    A worker opens its life (start or restart) with a seq-0 batch whose first event is
+    `AllBlocksCleared`, so a restart is never mistaken for a duplicate; a re-sync snapshot is
+    a batch `[AllBlocksCleared(), BlockStored(None, hashes), ...]`."""
 
     worker_id: str
     seq: int

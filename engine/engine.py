@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from core.config import EngineConfig
-from core.events import KVEventBatch, WorkerLoad
+from core.events import AllBlocksCleared, KVEvent, KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
 from core.request import FinishReason, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
@@ -225,11 +225,11 @@ class LLMEngine:
     # -- prefill role --------------------------------------------------------------------
     def _park_prefilled(self, req: Request, s: SampledToken) -> RequestOutput:
         """Take the request out of the batch but keep its blocks until `release`."""
+        out = self._output(req)  # not finished: the decode worker carries on
         self.scheduler.running.remove(req)
         req.status = RequestStatus.FINISHED
         self.requests.pop(req.request_id, None)
         self._held[req.request_id] = req
-        out = self._output(req)
         self._prefilled.append(self._prefill_result(req, s, out, self.kv.block_ids(req.request_id)))
         return out
 
@@ -293,8 +293,10 @@ class LLMEngine:
 
     # -- reporting -----------------------------------------------------------------------
     def take_kv_events(self) -> KVEventBatch | None:
-        events = self.kv.pool.take_events()
-        if not events:
+        events: list[KVEvent] = self.kv.pool.take_events()
+        if self._event_seq == 0:
+            events.insert(0, AllBlocksCleared())  # a (re)started worker's view begins empty
+        elif not events:
             return None
         batch = KVEventBatch(
             worker_id=self.worker_id, seq=self._event_seq, events=events,

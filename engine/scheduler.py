@@ -50,6 +50,8 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
+        """Total preemptions since start (a metric: a high rate means the cache is too small)."""
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -102,6 +104,7 @@ class Scheduler:
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        self.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
 

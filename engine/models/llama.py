@@ -17,7 +17,11 @@ from engine.config import ModelConfig
 from engine.layers.activation import silu_and_mul
 from engine.layers.attention import SelfAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from engine.layers.linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    default_weight_loader,
+)
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.parallel import SINGLE, TPGroup
@@ -153,7 +157,7 @@ class LlamaForCausalLM(nn.Module):
             param = params.get(target)
             if param is None:
                 raise ValueError(f"checkpoint tensor {name!r} matches no model parameter")
-            loader = getattr(param, "weight_loader")
+            loader = getattr(param, "weight_loader", default_weight_loader)
             try:
                 loader(param, tensor, shard) if shard is not None else loader(param, tensor)
             except ValueError as e:

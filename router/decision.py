@@ -1,0 +1,36 @@
+"""The router's answer for one request: a typed, frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    """Where a request goes and why.
+
+    `prefill_worker_id` is None when the decode worker prefills the prompt itself
+    (conditional disaggregation, a unified worker, or an empty prefill pool). Cached counts
+    are prompt blocks, per the index at decision time (0 everywhere when `index_degraded`).
+    """
+
+    request_id: str
+    model: str
+    prefill_worker_id: str | None
+    decode_worker_id: str
+    num_prompt_blocks: int
+    num_prompt_tokens: int
+    prefill_cached_blocks: int
+    decode_cached_blocks: int
+    reason: str
+    terms: tuple[tuple[str, float], ...] = ()
+    index_degraded: bool = False
+
+    @property
+    def prefill_on_decode(self) -> bool:
+        return self.prefill_worker_id is None
+
+    @property
+    def cached_blocks(self) -> int:
+        """Prompt blocks the prefilling worker does not recompute."""
+        return self.decode_cached_blocks if self.prefill_on_decode else self.prefill_cached_blocks
