@@ -28,6 +28,7 @@ from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.kv_cache.manager import KVCacheManager
+from engine.kv_connector import KVConnector
 from engine.model_runner import ModelRunner, SampledToken
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request, RequestStatus
@@ -54,7 +55,8 @@ class PrefillResult:
     num_prompt_tokens: int
     num_cached_tokens: int
     output: RequestOutput
-    """Also carries `finished` when the first token already ends the request."""
+    """`finished` when the first token already ends the request (nothing left to decode;
+    the blocks are still held until `release`)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class LLMEngine:
         self._prefilled: list[PrefillResult] = []
         self._held: dict[str, Request] = {}
         self._event_seq = 0
+        self.kv_connector: KVConnector | None = None
+        """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
         logger.info(
             "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
             worker_id, config.role, num_blocks, config.block_size, self.max_model_len, backend,
@@ -177,11 +181,21 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch:
             return []
-        sampled = self.runner.execute(batch, self.kv)
+        hook = None
+        if self.kv_connector is not None:
+            completing = [
+                (req, self.kv.block_ids(req.request_id))
+                for req, n in batch.items
+                if req.num_computed_tokens + n == req.num_tokens and not req.output_token_ids
+            ]
+            hook = self.kv_connector.begin_step(completing)
+        sampled = self.runner.execute(batch, self.kv, hook)
         for req, n in batch.items:
             req.num_computed_tokens += n
-            self.kv.cache_computed_blocks(req)
-        return [self._process(s) for s in sampled]
+        outputs = [self._process(s) for s in sampled]
+        if self.kv_connector is not None:
+            self.kv_connector.end_step()
+        return outputs
 
     def _process(self, s: SampledToken) -> RequestOutput:
         req = s.request
@@ -198,15 +212,12 @@ class LLMEngine:
             req.finish_reason = decision.finish_reason
             req.stop_reason = decision.stop_reason
             req.timings.finished = now
+        if self.config.role == "prefill" and len(req.output_token_ids) == 1:
+            return self._park_prefilled(req, s, decision.finished)
+        if decision.finished:
             self.scheduler.finish(req)
             self.requests.pop(req.request_id, None)
-        elif self.config.role == "prefill" and len(req.output_token_ids) == 1:
-            return self._park_prefilled(req, s)
-        out = self._output(req)
-        if self.config.role == "prefill" and len(req.output_token_ids) == 1:
-            # The first token already ended the request: nothing to hand over.
-            self._prefilled.append(self._prefill_result(req, s, out, []))
-        return out
+        return self._output(req)
 
     def _output(self, req: Request) -> RequestOutput:
         return RequestOutput(
@@ -223,9 +234,11 @@ class LLMEngine:
         )
 
     # -- prefill role --------------------------------------------------------------------
-    def _park_prefilled(self, req: Request, s: SampledToken) -> RequestOutput:
-        """Take the request out of the batch but keep its blocks until `release`."""
-        out = self._output(req)  # not finished: the decode worker carries on
+    def _park_prefilled(self, req: Request, s: SampledToken, finished: bool) -> RequestOutput:
+        """Take the request out of the batch but keep its blocks until `release`: a
+        transfer may still be reading them (even when the first token ended the request)."""
+        out = self._output(req)
+        out.finished = finished
         self.scheduler.running.remove(req)
         req.status = RequestStatus.FINISHED
         self.requests.pop(req.request_id, None)

@@ -73,6 +73,7 @@ class Scheduler:
                 if victim is req:
                     break
             else:
+                self.kv.cache_computed_blocks(req, req.num_computed_tokens + num_new)
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
@@ -93,6 +94,7 @@ class Scheduler:
                 req.timings.first_scheduled = time.monotonic()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            self.kv.cache_computed_blocks(req, req.num_computed_tokens + num_new)
             scheduled.append((req, num_new))
             budget -= num_new
 

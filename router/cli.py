@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from router.serve_args import add_serve_arguments
+
 DEFAULT_MODEL_DIR = Path("models/tiny-llama")
 
 
@@ -59,6 +61,12 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_serve(args: argparse.Namespace) -> int:
+    from router.serve import serve
+
+    return serve(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO")
@@ -69,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--max-tokens", type=int, default=24)
     demo.add_argument("--threads", type=int, default=2)
     demo.set_defaults(func=_run_demo)
+    serve = sub.add_parser("serve", help="start the cluster and its front doors")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=_run_serve)
     return parser
 
 

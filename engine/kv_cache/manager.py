@@ -98,16 +98,24 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
-    def cache_computed_blocks(self, req: Request) -> None:
-        """Name every block of `req` whose tokens all have KV now, so later requests hit it."""
+    def cache_computed_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Name every block of `req` whose first `num_tokens` tokens (default: the computed
+        ones) fill it, so later requests hit it.
+
+        The scheduler calls this for the tokens a step *will* compute: a request admitted
+        later in the same step may then hit those blocks, which is safe because every
+        attention backend writes the whole step's K/V before any attention reads it.
+        """
         if not self.enable_caching:
             return
         self.update_hashes(req)
         blocks = self._blocks.get(req.request_id)
         if not blocks:
             return
+        if num_tokens is None:
+            num_tokens = req.num_computed_tokens
         done = self._num_hashed.get(req.request_id, 0)
-        full = min(req.num_computed_tokens // self.block_size, len(req.block_hashes), len(blocks))
+        full = min(num_tokens // self.block_size, len(req.block_hashes), len(blocks))
         if full <= done:
             return
         bs = self.block_size

@@ -119,6 +119,7 @@ def hand_off(prefill: LLMEngine, decode: LLMEngine, prompts: list[list[int]]) ->
             r = reservations[res.request_id]
             if res.output.finished:  # the first token already ended it
                 decode.abort(res.request_id)
+                prefill.release(res.request_id)
                 results[res.request_id] = res.output.token_ids
                 continue
             skip = r.num_cached_tokens // bs  # blocks the decode engine already holds

@@ -1,0 +1,51 @@
+"""Errors every component raises and every front door maps to a status (HTTP / gRPC).
+
+They cross process boundaries (Ray pickles them), so they carry only a message."""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base class; `status` is the HTTP status a front door answers with."""
+
+    status = 500
+    code = "internal_error"
+
+
+class InvalidRequestError(BatonError, ValueError):
+    """The request itself is wrong: empty prompt, too long, bad parameter values."""
+
+    status = 400
+    code = "invalid_request_error"
+
+
+class OverloadedError(BatonError):
+    """No capacity now (queues full, no worker in a pool); retry after a while."""
+
+    status = 429
+    code = "overloaded"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(BatonError):
+    """The request ran past its deadline; its blocks have been freed."""
+
+    status = 504
+    code = "deadline_exceeded"
+
+
+class WorkerFailedError(BatonError):
+    """A worker died or failed and the retries ran out."""
+
+    status = 503
+    code = "worker_failed"
+
+
+class CancelledError(BatonError):
+    """The request was cancelled (client went away, or an admin drained it)."""
+
+    status = 499
+    code = "cancelled"

@@ -1,0 +1,175 @@
+"""Drives an `LLMEngine` on its own thread and hands results to asyncio code.
+
+Worker actors receive calls on an event loop while the engine must step without pause, so
+the engine gets one thread that owns it; everything else talks to it through:
+
+- `call(fn)`: run `fn(engine)` on the engine thread between two steps (add, abort, reserve,
+  admit, ...), awaited as a future: the engine is never touched from two threads.
+- `stream(request_id)`: an async iterator of that request's outputs, fed from the engine
+  thread with `loop.call_soon_threadsafe`.
+- `after_step` hooks: run on the engine thread after every step (a transport's poll).
+
+Plain threads and asyncio only: no Ray, no network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from core.errors import DeadlineExceededError, WorkerFailedError
+from core.request import RequestOutput
+from engine.engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[RequestOutput | BaseException]
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.02) -> None:
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._streams_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self.after_step: list[Callable[[], None]] = []
+        self.num_steps = 0
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    # -- calls into the engine thread -------------------------------------------------------
+    def submit(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future[T]:
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._stopped.is_set():
+            fut.set_exception(WorkerFailedError("the engine is stopped"))
+            return fut
+        self._commands.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    async def call(self, fn: Callable[[LLMEngine], T], timeout_s: float = 60.0) -> T:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self.submit(fn)), timeout_s)
+        except TimeoutError as e:
+            raise DeadlineExceededError(f"engine call did not finish within {timeout_s} s") from e
+
+    # -- output streams ---------------------------------------------------------------------
+    def open_stream(self, request_id: str) -> None:
+        """Register a stream for `request_id` on the running loop (before the request can
+        produce output, so nothing is lost)."""
+        with self._streams_lock:
+            self._streams[request_id] = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+
+    def close_stream(self, request_id: str) -> None:
+        with self._streams_lock:
+            self._streams.pop(request_id, None)
+
+    async def stream(
+        self, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Outputs of `request_id` until one is finished. On timeout or when the consumer
+        stops early, the request is aborted (its blocks freed)."""
+        with self._streams_lock:
+            s = self._streams.get(request_id)
+        if s is None:
+            raise KeyError(f"no stream open for {request_id!r}")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        finished = False
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    item = await asyncio.wait_for(s.queue.get(), remaining)
+                except TimeoutError as e:
+                    raise DeadlineExceededError(
+                        f"request {request_id} passed its deadline of {timeout_s} s"
+                    ) from e
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self.close_stream(request_id)
+            if not finished:
+                self.submit(lambda e: e.abort(request_id))
+
+    def _publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        with self._streams_lock:
+            s = self._streams.get(request_id)
+        if s is not None and not s.loop.is_closed():
+            s.loop.call_soon_threadsafe(s.queue.put_nowait, item)
+
+    def publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        """Push an output or an error to a request's stream (from any thread)."""
+        self._publish(request_id, item)
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._run_commands()
+            if self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # a failed step must not hang every client
+                    logger.exception("engine step failed; failing the running requests")
+                    self._fail_all(e)
+                    continue
+                self.num_steps += 1
+                for out in outputs:
+                    self._publish(out.request_id, out)
+            else:
+                self._wake.wait(self.idle_wait_s)
+                self._wake.clear()
+            for hook in list(self.after_step):
+                try:
+                    hook()
+                except Exception:
+                    logger.exception("after-step hook failed")
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(self.engine))
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _fail_all(self, error: Exception) -> None:
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+            self._publish(request_id, WorkerFailedError(f"engine step failed: {error}"))
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        while True:
+            try:
+                _, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            fut.set_exception(WorkerFailedError("the engine stopped"))

@@ -1,0 +1,246 @@
+"""The sampler: one token per running request from the model's last-position logits.
+
+Pipeline per row (vLLM / OpenAI semantics):
+
+    raw logits --(slice to vocab_size)--> penalties --> greedy? argmax
+                                                    +-> / temperature -> top-k -> top-p -> min-p
+                                                        -> softmax -> exponential race
+    raw logits --> log_softmax --> logprobs (sampled token + top-n)
+
+Sampling uses the exponential race: token = argmax(p_i / q_i) with q_i = -log(U_i) ~ Exp(1),
+which draws exactly from p. A row with its own generator (a seeded request) draws its
+`vocab_size` noise values from that generator alone, one row at a time, and the rest of its
+pipeline uses exact or row-wise kernels (division, masking, topk, softmax, cumsum); so a seeded
+request gets the same tokens alone or at any position of any batch, on the same device and
+thread count. (Only a top-k row's softmax runs over a candidate row whose width is the batch's
+largest k; padding it with -inf does not change the sums, and the tests check it.) Rows
+without a generator share one draw from the sampler's generator.
+
+A row with top-k (or a top-p nucleus within its best 1024 tokens) is sampled over its
+candidates only, so its race costs O(k), not O(vocab): see `engine.sampling.filters`.
+
+Fast path: when every row is greedy with no penalties and no logprobs the whole step is one
+argmax, with no copy of the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from core.request import TokenLogprob
+from core.sampling import SamplingParams
+from engine.sampling.filters import filter_logits
+from engine.sampling.logprobs import compute_logprobs
+from engine.sampling.penalties import apply_penalties, has_penalty
+
+_SEED_MASK = (1 << 64) - 1
+
+
+@dataclass
+class SamplingRow:
+    """One running request, as the model runner hands it to the sampler."""
+
+    params: SamplingParams
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    """Tokens generated so far (used by the penalties)."""
+    generator: torch.Generator | None = None
+    """Per-request seeded generator (see `make_generator`); None uses the sampler's own."""
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None]
+    """None where the row's params.logprobs is None."""
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
+    """A generator for a seeded request (None when the request has no seed).
+
+    The model runner keeps it for the request's lifetime and passes it in every `SamplingRow`;
+    its state advances by exactly one draw of `vocab_size` values per sampled (non-greedy) step.
+    Any Python int is accepted (reduced modulo 2**64).
+    """
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(seed) & _SEED_MASK)
+    return generator
+
+
+def _is_plain_greedy(params: SamplingParams) -> bool:
+    return (
+        params.is_greedy
+        and params.logprobs is None
+        and not has_penalty(
+            params.repetition_penalty, params.frequency_penalty, params.presence_penalty
+        )
+    )
+
+
+class Sampler:
+    """Samples one token per row; not thread-safe (it owns a generator)."""
+
+    def __init__(self, vocab_size: int, seed: int | None = None) -> None:
+        if not isinstance(vocab_size, int) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+        self.vocab_size = vocab_size
+        self._seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        """Sample from `logits` [len(rows), >= vocab_size]; columns past vocab_size (a padded
+        LM head) are ignored. Does not modify `logits`."""
+        self._check_inputs(logits, rows)
+        if not rows:
+            return SamplerOutput(token_ids=[], logprobs=[])
+        logits = logits[:, : self.vocab_size]
+        if all(_is_plain_greedy(row.params) for row in rows):
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+        return self._sample_general(logits, rows)
+
+    def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
+        if not isinstance(logits, torch.Tensor):
+            raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
+        if logits.dim() != 2:
+            raise ValueError(f"logits must be 2-D [rows, vocab], got shape {tuple(logits.shape)}")
+        if not logits.dtype.is_floating_point:
+            raise ValueError(f"logits must be a floating-point tensor, got {logits.dtype}")
+        if logits.shape[0] != len(rows):
+            raise ValueError(
+                f"logits has {logits.shape[0]} rows but {len(rows)} sampling rows were given"
+            )
+        if logits.shape[1] < self.vocab_size:
+            raise ValueError(
+                f"logits has {logits.shape[1]} columns, fewer than vocab_size={self.vocab_size}"
+            )
+
+    def _sample_general(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+        params = [row.params for row in rows]
+        device = logits.device
+        work, work_is_private = logits, False
+        if any(
+            has_penalty(p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+            for p in params
+        ):
+            work, work_is_private = logits.to(torch.float32, copy=True), True
+            apply_penalties(
+                work,
+                [row.prompt_token_ids for row in rows],
+                [row.output_token_ids for row in rows],
+                [p.repetition_penalty for p in params],
+                [p.frequency_penalty for p in params],
+                [p.presence_penalty for p in params],
+            )
+
+        token_ids = torch.empty(len(rows), dtype=torch.int64, device=device)
+        greedy = [i for i, p in enumerate(params) if p.is_greedy]
+        random = [i for i, p in enumerate(params) if not p.is_greedy]
+        if greedy:
+            index = torch.tensor(greedy, dtype=torch.long, device=device)
+            token_ids[index] = work[index].argmax(dim=-1)
+        if random:
+            index = torch.tensor(random, dtype=torch.long, device=device)
+            temperature = torch.tensor([params[i].temperature for i in random], device=device)
+            if len(random) < len(rows):
+                scaled = work[index].float().div_(temperature[:, None])
+            elif work_is_private and work.dtype == torch.float32:
+                scaled = work.div_(temperature[:, None])
+            else:  # one pass that also copies: the caller's logits are never modified
+                scaled = work.float() / temperature[:, None]
+            token_ids[index] = self._sample_random(scaled, [rows[i] for i in random])
+        ids = token_ids.tolist()
+        return SamplerOutput(ids, compute_logprobs(logits, ids, [p.logprobs for p in params]))
+
+    def _sample_random(self, scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+        """Filters and the exponential race over `scaled`: a private float32 copy of the
+        non-greedy rows' logits, already divided by temperature, modified in place."""
+        params = [row.params for row in rows]
+        filtered = filter_logits(
+            scaled,
+            [p.top_k for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+        )
+        token_ids = torch.empty(len(rows), dtype=torch.int64, device=scaled.device)
+        if filtered.candidate_rows:
+            index = torch.tensor(filtered.candidate_rows, dtype=torch.long, device=scaled.device)
+            chosen = self._race(
+                filtered.candidate_logits,
+                [rows[i] for i in filtered.candidate_rows],
+                filtered.candidate_widths,
+            )
+            token_ids[index] = filtered.candidate_token_ids.gather(1, chosen[:, None]).squeeze(1)
+        if filtered.full_rows:
+            index = torch.tensor(filtered.full_rows, dtype=torch.long, device=scaled.device)
+            vocab_size = filtered.full_logits.shape[1]
+            token_ids[index] = self._race(
+                filtered.full_logits,
+                [rows[i] for i in filtered.full_rows],
+                [vocab_size] * len(filtered.full_rows),
+            )
+        return token_ids
+
+    def _race(
+        self, logits: torch.Tensor, rows: list[SamplingRow], widths: list[int]
+    ) -> torch.Tensor:
+        """Column index of the exponential race's winner in each row of `logits`.
+
+        Row i draws `widths[i]` noise values (its own generator's, if it has one); columns
+        past its width have probability 0. softmax is a row-wise kernel and division is exact,
+        so a row's result does not depend on the rest of the batch.
+        """
+        probs = logits.softmax(dim=-1)
+        # argmax(p / q) with q = -log(u) is argmin(p / log(u)): saves a negation pass.
+        return probs.div_(self._log_uniform_noise(probs, rows, widths)).argmin(dim=-1)
+
+    def _log_uniform_noise(
+        self, probs: torch.Tensor, rows: list[SamplingRow], widths: list[int]
+    ) -> torch.Tensor:
+        """log(U), U ~ Uniform[0, 1), shaped like `probs` (-log(U) ~ Exp(1); several times
+        faster than `exponential_` on CPU).
+
+        A seeded row draws exactly `widths[i]` values from its own generator into its own row
+        (uniform_ is a serial kernel: no thread wake-ups inside the per-row loop); the log is
+        then one elementwise pass, whose value per element does not depend on its position.
+        U = 0 gives log(U) = -inf and a ratio of -0: that token loses the race (p = 2^-24 per
+        draw), and there is never a nan.
+        """
+        device = probs.device
+        noise = torch.empty_like(probs)
+        seeded = [i for i, row in enumerate(rows) if row.generator is not None]
+        if not seeded:
+            return noise.uniform_(generator=self._own_generator(device)).log_()
+        if min(widths) < probs.shape[1]:
+            noise.fill_(0.5)  # past a row's width p = 0, and 0 / log(0.5) loses the race
+        unseeded = [i for i, row in enumerate(rows) if row.generator is None]
+        if unseeded:
+            shared = torch.empty((len(unseeded), probs.shape[1]), device=device)
+            shared.uniform_(generator=self._own_generator(device))
+            noise[torch.tensor(unseeded, dtype=torch.long, device=device)] = shared
+        for i in seeded:
+            _draw_uniform_row(noise[i, : widths[i]], rows[i].generator)
+        return noise.log_()
+
+    def _own_generator(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self._seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(self._seed) & _SEED_MASK)
+            self._generators[device] = generator
+        return generator
+
+
+def _draw_uniform_row(out: torch.Tensor, generator: torch.Generator) -> None:
+    """Fill one row with U ~ Uniform[0, 1) drawn from `generator` (on any device)."""
+    if generator.device == out.device:
+        out.uniform_(generator=generator)
+    else:
+        out.copy_(torch.empty(out.shape, device=generator.device).uniform_(generator=generator))
