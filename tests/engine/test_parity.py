@@ -5,7 +5,6 @@ prefill -> hand-off -> decode roles."""
 from __future__ import annotations
 
 import random
-from functools import cache
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.engine import LLMEngine
+from tests import oracle
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 MAX_TOKENS = 12
@@ -32,26 +32,8 @@ def make_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
     return prompts
 
 
-@cache
-def _hf_model(model_dir: str) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@cache
 def hf_greedy(model_dir: str, prompt: tuple[int, ...]) -> list[int]:
-    """transformers' greedy generate, one prompt at a time (no padding: exact reference)."""
-    model = _hf_model(model_dir)
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=MAX_TOKENS,
-            do_sample=False,
-        )
-    return out[0, len(prompt) :].tolist()
+    return oracle.hf_greedy(model_dir, prompt, MAX_TOKENS)
 
 
 def check_parity(llm: LLM, model_dir: Path, prompts: list[list[int]]) -> None:

@@ -1,0 +1,237 @@
+"""KV transfer benchmark: bandwidth and latency per backend and UCX transport, against an
+in-process memory copy of the same bytes, plus the TTFT gain of per-layer sending.
+
+    python bench/kv_transfer.py [--quick] [--out bench/results/kv_transfer.json]
+
+Two processes per case (prefill sender, decode receiver). A transfer is timed from
+`send()` to its acknowledgement, one at a time, so latency = time per transfer and
+bandwidth = bytes / latency. "few" = one contiguous run of blocks (one region),
+"many" = every other block (one region per 64 KiB block). TTFT: N layers of simulated
+compute (a sleep: the CPU is free, as while a GPU computes), per-layer sends vs one send
+after the last layer; hidden = 1 - exposed_per_layer / exposed_after_last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+KiB, MiB = 1 << 10, 1 << 20
+# 64 KiB blocks; 8192 of them so 256 MiB fits even as every other block.
+BW_SPEC = dict(num_layers=1, num_blocks=8192, block_size=16, num_kv_heads=8, head_dim=128)
+TTFT_SPEC = dict(num_layers=16, num_blocks=256, block_size=16, num_kv_heads=8, head_dim=128)
+TLS = {
+    ("nixl", "shm"): "sm,cma,tcp",
+    ("nixl", "tcp"): "tcp",
+    ("ucx", "shm"): "sm,cma,self",
+    ("ucx", "tcp"): "tcp,self",
+}
+
+
+def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict) -> None:
+    os.environ["UCX_TLS"] = TLS[(backend, tls)]
+    import torch
+
+    from kv_transfer import KVCacheSpec, Role, create_transport
+
+    torch.set_num_threads(1)
+    spec = KVCacheSpec(**spec_kwargs)
+    kv = torch.full(spec.shape, 1.0, dtype=torch.float16)  # touch every page up front
+    transport = create_transport(kv, spec, "bench", backend=backend, loopback=True)
+    conn.send(transport.local_metadata())
+    peer = transport.add_peer(conn.recv())
+    while True:
+        command, *args = conn.recv()
+        if command == "expect":
+            for request_id, dst, num_layers in args[0]:
+                transport.expect(request_id, dst, num_layers, timeout_s=120)
+            conn.send(None)
+        elif command == "transfer":  # sequential one-layer transfers, time each
+            times = []
+            for request_id, src, dst in args[0]:
+                start = time.perf_counter()
+                transport.send(request_id, src, peer, dst, [0], timeout_s=120).wait(120)
+                times.append(time.perf_counter() - start)
+                assert transport.wait(request_id, Role.SEND, 10).ok
+            conn.send(times)
+        elif command == "ttft":
+            request_id, src, dst, compute_s, per_layer = args
+            start = time.perf_counter()
+            handles = []
+            for layer in range(spec.num_layers):
+                time.sleep(compute_s)
+                if per_layer:
+                    handles.append(transport.send(request_id, src, peer, dst, [layer]))
+            if not per_layer:
+                handles.append(
+                    transport.send(request_id, src, peer, dst, list(range(spec.num_layers)))
+                )
+            for handle in handles:
+                handle.wait(120)
+            conn.send(time.perf_counter() - start)
+        elif command == "memcpy":
+            nbytes, reps = args
+            flat = kv.view(-1).view(torch.uint8)
+            src, dst = flat[:nbytes], flat[nbytes : 2 * nbytes]
+            dst.copy_(src)
+            start = time.perf_counter()
+            for _ in range(reps):
+                dst.copy_(src)
+            conn.send((time.perf_counter() - start) / reps)
+        elif command == "exit":
+            transport.close()
+            conn.send(None)
+            return
+
+
+class Pair:
+    def __init__(self, backend: str, tls: str, spec: dict) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for _ in range(2):
+            parent, child_conn = ctx.Pipe()
+            proc = ctx.Process(target=child, args=(child_conn, backend, tls, spec), daemon=True)
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        sender_md, receiver_md = (c.recv() for c in self.conns)
+        self.conns[0].send(receiver_md)
+        self.conns[1].send(sender_md)
+
+    def call(self, side: int, *command: Any) -> Any:
+        self.conns[side].send(command)
+        if not self.conns[side].poll(600):
+            raise TimeoutError(command[0])
+        return self.conns[side].recv()
+
+    def close(self) -> None:
+        for side in (0, 1):
+            self.call(side, "exit")
+        for proc in self.procs:
+            proc.join(30)
+
+
+def block_ids(num_blocks: int, pattern: str) -> list[int]:
+    return list(range(num_blocks)) if pattern == "few" else list(range(0, 2 * num_blocks, 2))
+
+
+def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
+    rows = []
+    block_bytes = 64 * KiB
+    for size in sizes:
+        reps = max(3, min(50, (64 * MiB) // size))
+        memcpy_s = pair.call(0, "memcpy", size, reps)
+        for pattern in ("few", "many"):
+            ids = block_ids(size // block_bytes or 1, pattern)
+            jobs = [(f"{case}-{size}-{pattern}-{i}", ids, ids) for i in range(reps + 1)]
+            pair.call(1, "expect", [(r, dst, 1) for r, _, dst in jobs])
+            times = pair.call(0, "transfer", jobs)[1:]  # first one warms up
+            latency = statistics.median(times)
+            nbytes = len(ids) * block_bytes
+            rows.append(
+                dict(
+                    case=case,
+                    bytes=nbytes,
+                    pattern=pattern,
+                    regions=1 if pattern == "few" else len(ids),
+                    latency_ms=latency * 1e3,
+                    gbps=nbytes / latency / 1e9,
+                    memcpy_gbps=nbytes / memcpy_s / 1e9,
+                    vs_memcpy=(nbytes / latency) / (nbytes / memcpy_s),
+                )
+            )
+            print(
+                f"{case:10} {nbytes / KiB:>9.0f} KiB {pattern:4} {rows[-1]['latency_ms']:9.3f} ms"
+                f" {rows[-1]['gbps']:7.2f} GB/s  memcpy {rows[-1]['memcpy_gbps']:6.2f} GB/s"
+                f"  {100 * rows[-1]['vs_memcpy']:5.1f}%",
+                flush=True,
+            )
+    return rows
+
+
+def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float) -> dict:
+    pair = Pair(backend, tls, TTFT_SPEC)
+    try:
+        src = list(range(blocks_per_layer))
+        dst = list(range(blocks_per_layer, 2 * blocks_per_layer))
+        out: dict[str, Any] = dict(
+            case=f"{backend}-{tls}",
+            layers=TTFT_SPEC["num_layers"],
+            compute_ms=compute_ms,
+            bytes_per_layer=blocks_per_layer * 64 * KiB,
+        )
+        for mode, per_layer in (("after_last", False), ("per_layer", True)):
+            runs = []
+            for i in range(4):
+                request_id = f"ttft-{mode}-{i}"
+                pair.call(1, "expect", [(request_id, dst, TTFT_SPEC["num_layers"])])
+                runs.append(pair.call(0, "ttft", request_id, src, dst, compute_ms / 1e3, per_layer))
+            out[f"ttft_{mode}_ms"] = statistics.median(runs[1:]) * 1e3
+        compute_total = TTFT_SPEC["num_layers"] * compute_ms
+        exposed_end = out["ttft_after_last_ms"] - compute_total
+        exposed_layer = out["ttft_per_layer_ms"] - compute_total
+        out["compute_only_ms"] = compute_total
+        out["hidden_fraction"] = 1 - max(exposed_layer, 0.0) / exposed_end
+        return out
+    finally:
+        pair.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and cases")
+    parser.add_argument("--out", default="bench/results/kv_transfer.json")
+    args = parser.parse_args()
+    sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB]
+    cases = [("nixl", "shm"), ("nixl", "tcp"), ("ucx", "shm"), ("ucx", "tcp")]
+    if args.quick:
+        sizes, cases = [64 * KiB, 16 * MiB], cases[:1]
+    print(f"{'case':10} {'size':>13} {'kind':4} {'latency':>12} {'bandwidth':>12}")
+    rows = []
+    for backend, tls in cases:
+        pair = Pair(backend, tls, BW_SPEC)
+        try:
+            rows += bench_bandwidth(pair, sizes, f"{backend}-{tls}")
+        finally:
+            pair.close()
+    big = [r for r in rows if r["bytes"] >= MiB]
+    best_case = max(
+        {r["case"] for r in big},
+        key=lambda c: statistics.mean(r["vs_memcpy"] for r in big if r["case"] == c),
+    )
+    best_ratio = min(r["vs_memcpy"] for r in big if r["case"] == best_case)
+    print(f"best backend {best_case}: >= {100 * best_ratio:.0f}% of memcpy for >= 1 MiB")
+    ttft = bench_ttft(*best_case.split("-"), blocks_per_layer=64, compute_ms=4.0)
+    print(
+        f"TTFT {ttft['layers']} layers x {ttft['compute_ms']} ms compute, "
+        f"{ttft['bytes_per_layer'] / MiB:.0f} MiB/layer ({ttft['case']}): compute only "
+        f"{ttft['compute_only_ms']:.1f} ms, send after last {ttft['ttft_after_last_ms']:.1f} ms,"
+        f" per-layer {ttft['ttft_per_layer_ms']:.1f} ms -> hidden "
+        f"{100 * ttft['hidden_fraction']:.0f}%"
+    )
+    result = dict(
+        bandwidth=rows,
+        best_case=best_case,
+        best_min_vs_memcpy_ge_1MiB=best_ratio,
+        ttft=ttft,
+        targets=dict(
+            bandwidth_ge_50pct=best_ratio >= 0.5, hidden_ge_80pct=ttft["hidden_fraction"] >= 0.8
+        ),
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+{{/* Names, labels and the derived numbers every template shares. */}}
+
+{{- define "baton.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name. KubeRay derives pod and Service names from the RayCluster's name
+("<name>-head-svc", "<name>-prefill-worker-xxxxx"), so keep it short enough for those
+to stay under 63 characters.
+*/}}
+{{- define "baton.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "baton.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "baton.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "baton.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Name of the Secret holding the admin token (created by the chart or brought along). */}}
+{{- define "baton.adminSecretName" -}}
+{{- default (printf "%s-admin" (include "baton.fullname" .)) .Values.adminToken.existingSecret }}
+{{- end }}
+
+{{/*
+Baton workers one pod of a pool holds: workersPerPod when set, else GPUs per pod / TP
+(each worker asks Ray for `tp` GPUs and one unit of the pool's custom resource), else 1
+on a CPU pool. Call with (dict "pool" .Values.prefill "tp" .Values.serve.tp "role" "prefill").
+*/}}
+{{- define "baton.workersPerPod" -}}
+{{- $tp := int .tp }}
+{{- $gpus := int .pool.gpu.count }}
+{{- if gt (int .pool.workersPerPod) 0 }}
+{{- int .pool.workersPerPod }}
+{{- else if eq $gpus 0 }}
+{{- 1 }}
+{{- else if or (lt $gpus $tp) (ne (mod $gpus $tp) 0) }}
+{{- fail (printf "%s.gpu.count (%d) must be a multiple of serve.tp (%d)" .role $gpus $tp) }}
+{{- else }}
+{{- div $gpus $tp }}
+{{- end }}
+{{- end }}
+
+{{/* cuda when the pools have GPUs, cpu otherwise, unless serve.device says. */}}
+{{- define "baton.device" -}}
+{{- if .Values.serve.device }}
+{{- .Values.serve.device }}
+{{- else if and (gt (int .Values.prefill.gpu.count) 0) (gt (int .Values.decode.gpu.count) 0) }}
+{{- "cuda" }}
+{{- else }}
+{{- "cpu" }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.modelDir" -}}
+{{- if .Values.model.path }}
+{{- printf "%s/%s" (trimSuffix "/" .Values.model.mountPath) (trimPrefix "/" .Values.model.path) }}
+{{- else }}
+{{- .Values.model.mountPath }}
+{{- end }}
+{{- end }}
+
+{{/* The model volume, mounted read-only on every pod. */}}
+{{- define "baton.modelVolume" -}}
+- name: model
+{{- if eq .Values.model.source "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.model.pvc.claimName }}
+    readOnly: true
+{{- else if eq .Values.model.source "hostPath" }}
+  hostPath:
+    path: {{ .Values.model.hostPath.path }}
+    type: {{ .Values.model.hostPath.type }}
+{{- else }}
+{{- fail (printf "model.source must be pvc or hostPath, not %q" .Values.model.source) }}
+{{- end }}
+{{- end }}
+
+{{- define "baton.modelMount" -}}
+- name: model
+  mountPath: {{ .Values.model.mountPath }}
+  readOnly: true
+{{- end }}
+
+{{/* Redis URL for --redis: "" when Redis is off; $(BATON_REDIS_URL) when in a Secret. */}}
+{{- define "baton.redisUrl" -}}
+{{- $sources := 0 }}
+{{- if .Values.redis.enabled }}{{ $sources = add1 $sources }}{{ end }}
+{{- if .Values.redis.externalUrl }}{{ $sources = add1 $sources }}{{ end }}
+{{- if .Values.redis.existingSecret }}{{ $sources = add1 $sources }}{{ end }}
+{{- if gt $sources 1 }}
+{{- fail "set only one of redis.enabled, redis.externalUrl and redis.existingSecret" }}
+{{- end }}
+{{- if .Values.redis.enabled }}
+{{- printf "redis://%s-redis:6379/0" (include "baton.fullname" .) }}
+{{- else if .Values.redis.externalUrl }}
+{{- .Values.redis.externalUrl }}
+{{- else if .Values.redis.existingSecret }}
+{{- "$(BATON_REDIS_URL)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The `baton serve` command line of the head, one argument per line. Secrets reach it as
+$(VAR) references the kubelet expands from the container's env, so no token is stored
+in the RayCluster object.
+*/}}
+{{- define "baton.serveArgs" -}}
+{{- $prefillPods := int .Values.prefill.replicas }}
+{{- $decodePods := int .Values.decode.replicas }}
+{{- $prefillPer := include "baton.workersPerPod" (dict "pool" .Values.prefill "tp" .Values.serve.tp "role" "prefill") | int }}
+{{- $decodePer := include "baton.workersPerPod" (dict "pool" .Values.decode "tp" .Values.serve.tp "role" "decode") | int }}
+- baton
+- serve
+- --address
+- auto
+- --model
+- {{ include "baton.modelDir" . | quote }}
+- --mode
+- {{ .Values.serve.mode | quote }}
+- --prefill
+- {{ mul $prefillPods $prefillPer | quote }}
+- --decode
+- {{ mul $decodePods $decodePer | quote }}
+- --policy
+- {{ .Values.serve.policy | quote }}
+- --decode-policy
+- {{ .Values.serve.decodePolicy | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ .Values.serve.port | quote }}
+- --grpc-port
+- {{ .Values.serve.grpcPort | quote }}
+- --tp
+- {{ .Values.serve.tp | quote }}
+- --device
+- {{ include "baton.device" . | quote }}
+- --dtype
+- {{ .Values.serve.dtype | quote }}
+- --threads
+- {{ .Values.serve.threads | quote }}
+- --kv-cache-gb
+- {{ .Values.serve.kvCacheGb | quote }}
+- --max-num-seqs
+- {{ .Values.serve.maxNumSeqs | quote }}
+- --max-num-batched-tokens
+- {{ .Values.serve.maxNumBatchedTokens | quote }}
+- --transport
+- {{ .Values.serve.transport | quote }}
+- --request-timeout
+- {{ .Values.serve.requestTimeout | quote }}
+- --admin-token
+- "$(BATON_ADMIN_TOKEN)"
+{{- if .Values.apiKey.existingSecret }}
+- --api-key
+- "$(BATON_API_KEY)"
+{{- end }}
+{{- with include "baton.redisUrl" . }}
+- --redis
+- {{ . | quote }}
+{{- end }}
+{{- range .Values.serve.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

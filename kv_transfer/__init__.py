@@ -1,0 +1,97 @@
+"""kv_transfer: move KV-cache blocks from a prefill worker's cache into blocks a decode
+worker reserved, across processes and nodes. Knows nothing of models: it moves registered
+byte regions described as (layer, block id).
+
+Module map
+    layout.py      KVCacheSpec, the cache layout and (layer, block) -> byte regions
+    handshake.py   versioned compatibility record, PeerInfo, control messages
+    api.py         the Transport interface, SendHandle, TransferResult, FailureHook
+    transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
+    protocol.py    the protocol state machine (runs on the I/O thread)
+    driver.py      the backend seam; nixl_driver.py, ucx_driver.py, local_driver.py
+    registry.py    backend registry, auto-selection, create_transport()
+
+Setup. Each worker registers its ONE cache tensor
+`kv[num_layers, num_blocks, 2, block_size, num_kv_heads, head_dim]` once
+(`create_transport(kv, spec, model_id)`), so block b of layer l is one region at
+`(l * num_blocks + b) * block_bytes`. Workers exchange `local_metadata()` bytes out of band
+(Ray calls) and call `add_peer(bytes)` on both sides. The metadata carries the backend's
+connection info and a versioned compatibility record (protocol version, model id, dtype,
+layers, KV heads, head size, block size, layout, TP rank/size); any difference is refused
+with IncompatiblePeerError naming the field.
+
+Protocol (the decode side pulls):
+ 1. Decode reserves blocks and calls `expect(request_id, dst_block_ids, num_layers,
+    timeout_s)` BEFORE handing the ids to the prefill side.
+ 2. Prefill calls `send(request_id, src_ids, peer, dst_ids, layers)` as soon as `layers`
+    are written (once per layer, or once at the end). This only sends a small LayersReady
+    message (src ids, dst ids, layers, a tag) and returns a SendHandle.
+ 3. Decode checks the message against its own state: known request, the same peer as any
+    earlier message for it, layers in range and not seen before, dst ids == the
+    reservation, src ids inside the sender's registered cache. Then it PULLS the bytes into
+    its reserved blocks (nixl: one READ of all regions; ucx: it posts tagged receives into
+    the blocks; local: a copy). Anything else fails the request.
+ 4. When a pull completes, decode answers LayersDone(layers); the prefill side may reuse
+    those source blocks once its SendHandle completes.
+ 5. When every layer landed, decode reports RECV ok (poll/wait). Nothing reads the
+    reserved blocks before that. When every layer was acknowledged, prefill reports SEND ok.
+
+What is enforced where
+    - Receiver: destination addresses are computed by the receiver from its reservation
+      and its own registration, so a peer can never write outside the reserved blocks
+      (with nixl the peer has no write access at all; with ucx only posted receives land).
+    - Sender: block ids are bounds-checked against its registration and the peer's
+      advertised block count before anything is sent; a READ can only reach memory the
+      sender registered (its KV cache).
+    - Readers of a sender's cache: any connected peer may READ it (nixl); the cache holds
+      KV only, and peers are workers of the same cluster.
+
+Deadlines and failures. Every request has a deadline (receiver: from `expect`; sender:
+from its first `send`). A timeout, a refused message, a failed pull, a peer that aborted,
+or (nixl) a peer whose connection dropped fails the request on that side: its result is
+FAILED with a reason, an Abort message tells the peer (which then fails too, without
+waiting for its own deadline), and the FailureHook runs so the engine frees the blocks.
+The hook runs only once the backend can no longer touch the blocks (uncancellable nixl
+READs are waited out). ucxx exposes no per-request cancel: after a ucx receive times out,
+a sender that is still alive and did not get the Abort could still complete a posted
+receive; a dead sender cannot. A dead peer with ucx is detected at the deadline.
+"""
+
+from kv_transfer.api import (
+    FailureHook,
+    PeerId,
+    Role,
+    SendHandle,
+    TransferError,
+    TransferResult,
+    Transport,
+)
+from kv_transfer.handshake import PROTOCOL_VERSION, CompatRecord, IncompatiblePeerError
+from kv_transfer.layout import KVCacheSpec, pair_regions
+from kv_transfer.registry import (
+    backend_names,
+    create_transport,
+    register_backend,
+    select_backend,
+    unavailable_reason,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "CompatRecord",
+    "FailureHook",
+    "IncompatiblePeerError",
+    "KVCacheSpec",
+    "PeerId",
+    "Role",
+    "SendHandle",
+    "TransferError",
+    "TransferResult",
+    "Transport",
+    "backend_names",
+    "create_transport",
+    "pair_regions",
+    "register_backend",
+    "select_backend",
+    "unavailable_reason",
+]

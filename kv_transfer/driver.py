@@ -1,0 +1,87 @@
+"""The backend seam: a `Driver` moves bytes and small messages; nothing else.
+
+All protocol logic (reservations, validation, deadlines, acknowledgements) lives in
+`kv_transfer.transport`, identical for every backend. A driver is called from exactly one
+thread, the transport's I/O thread, so it needs no locking of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from kv_transfer.layout import KVCacheSpec, Region
+
+
+class OpState(enum.Enum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class DriverError(RuntimeError):
+    """The backend reported a failure (peer gone, connection broken, bad descriptor)."""
+
+
+class Driver(ABC):
+    """Moves KV bytes between registered caches. Called only from the I/O thread.
+
+    Ops are opaque handles returned by `post_ready` and `pull`; `state(op)` is polled until
+    DONE or FAILED, and `release(op)` is called exactly once per op afterwards (or to abandon
+    it: it returns False when the backend may still touch the memory, in which case the
+    transport keeps polling and retries later).
+    """
+
+    name: str = ""
+
+    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
+        self.kv = kv
+        self.kv_bytes = kv.reshape(-1).view(torch.uint8)
+        """The whole cache as one flat byte tensor: what is registered."""
+        self.spec = spec
+        self.agent_name = agent_name
+
+    @abstractmethod
+    def metadata(self) -> bytes:
+        """Backend connection info for peers (agent metadata, worker address, ...)."""
+
+    @abstractmethod
+    def connect(self, peer: str, metadata: bytes) -> None:
+        """Make `peer` (its `metadata()`) reachable for messages and pulls."""
+
+    @abstractmethod
+    def disconnect(self, peer: str) -> None:
+        """Forget `peer`; later calls naming it fail."""
+
+    @abstractmethod
+    def send_message(self, peer: str, message: bytes) -> None:
+        """Send a small control message; raise DriverError if the peer is unreachable."""
+
+    @abstractmethod
+    def messages(self) -> list[bytes]:
+        """Control messages that arrived since the last call (also drives progress)."""
+
+    def post_ready(self, peer: str, message: bytes, tag: int, regions: list[Region]) -> Any:
+        """Sender side: announce `message` (a LayersReady). Byte-stream backends also start
+        sending the regions' source bytes tagged with `tag`. Returns an op or None."""
+        self.send_message(peer, message)
+        return None
+
+    @abstractmethod
+    def pull(self, peer: str, tag: int, regions: list[Region]) -> Any:
+        """Receiver side: bring the regions' bytes from `peer` into our cache. Returns an op."""
+
+    @abstractmethod
+    def state(self, op: Any) -> OpState:
+        """Poll an op; raise nothing (a failure is OpState.FAILED)."""
+
+    def release(self, op: Any) -> bool:
+        """Free an op's resources; False if it may still access memory (retry later)."""
+        return True
+
+    @abstractmethod
+    def close(self) -> None:
+        """Deregister memory and drop connections. Called once, after the I/O thread ended."""

@@ -1,0 +1,129 @@
+"""The handshake record two transports exchange before trusting each other, and the
+control messages of the transfer protocol (see the package docstring for the protocol).
+
+Both are msgspec Structs encoded as msgpack: compact, typed, and versioned by
+`PROTOCOL_VERSION`. The transport that receives a record checks every field that changes
+the meaning of a byte in the cache; a mismatch is refused with the field's name.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from kv_transfer.layout import LAYOUT_NAME, KVCacheSpec
+
+PROTOCOL_VERSION = 1
+
+
+class IncompatiblePeerError(ValueError):
+    """A peer's handshake record does not match ours; `field` names the first mismatch."""
+
+    def __init__(self, field: str, local: object, remote: object) -> None:
+        super().__init__(f"incompatible KV peer: {field} is {remote!r} there, {local!r} here")
+        self.field = field
+
+
+class CompatRecord(msgspec.Struct, frozen=True):
+    """What must agree between two caches for a block to mean the same thing on both."""
+
+    protocol_version: int
+    model_id: str
+    dtype: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    layout: str
+    tp_rank: int
+    tp_size: int
+
+    @classmethod
+    def from_spec(cls, spec: KVCacheSpec, model_id: str) -> CompatRecord:
+        return cls(
+            protocol_version=PROTOCOL_VERSION,
+            model_id=model_id,
+            dtype=spec.dtype,
+            num_layers=spec.num_layers,
+            num_kv_heads=spec.num_kv_heads,
+            head_dim=spec.head_dim,
+            block_size=spec.block_size,
+            layout=LAYOUT_NAME,
+            tp_rank=spec.tp_rank,
+            tp_size=spec.tp_size,
+        )
+
+    def check(self, remote: CompatRecord) -> None:
+        """Raise IncompatiblePeerError naming the first field that differs."""
+        # Version first: a different version may give the other fields another meaning.
+        for field in self.__struct_fields__:
+            if getattr(self, field) != getattr(remote, field):
+                raise IncompatiblePeerError(field, getattr(self, field), getattr(remote, field))
+
+
+class PeerInfo(msgspec.Struct, frozen=True):
+    """`Transport.local_metadata()`: everything a peer needs to talk to us."""
+
+    protocol_version: int
+    name: str
+    backend: str
+    compat: CompatRecord
+    num_blocks: int
+    backend_metadata: bytes
+
+
+# --- control messages ---------------------------------------------------------------------
+
+
+class LayersReady(msgspec.Struct, tag="ready", frozen=True, array_like=True):
+    """Sender -> receiver: `layers` of the request are written in the sender's cache at
+    `src_block_ids`; pull them into `dst_block_ids` (which must be the reservation).
+    `tag` is unique per message from this sender; byte-stream backends tag the data with it."""
+
+    request_id: str
+    sender: str
+    layers: list[int]
+    src_block_ids: list[int]
+    dst_block_ids: list[int]
+    tag: int = 0
+
+
+class LayersDone(msgspec.Struct, tag="done", frozen=True, array_like=True):
+    """Receiver -> sender: `layers` landed; the sender may reuse their source blocks."""
+
+    request_id: str
+    sender: str
+    layers: list[int]
+
+
+class Abort(msgspec.Struct, tag="abort", frozen=True, array_like=True):
+    """Either direction: the request failed on `sender`'s side; stop and release it."""
+
+    request_id: str
+    sender: str
+    reason: str
+
+
+Message = LayersReady | LayersDone | Abort
+
+_encoder = msgspec.msgpack.Encoder()
+_message_decoder = msgspec.msgpack.Decoder(Message)
+_peer_decoder = msgspec.msgpack.Decoder(PeerInfo)
+
+
+def encode(obj: msgspec.Struct) -> bytes:
+    return _encoder.encode(obj)
+
+
+def decode_message(data: bytes) -> Message:
+    return _message_decoder.decode(data)
+
+
+def decode_peer_info(data: bytes) -> PeerInfo:
+    """Decode a peer's metadata; refuse other protocol versions before reading further."""
+    try:
+        info = _peer_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise IncompatiblePeerError("metadata", "PeerInfo", f"undecodable ({exc})") from exc
+    if info.protocol_version != PROTOCOL_VERSION:
+        raise IncompatiblePeerError("protocol_version", PROTOCOL_VERSION, info.protocol_version)
+    return info

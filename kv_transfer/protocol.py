@@ -1,0 +1,332 @@
+"""The transfer protocol, run on the transport's I/O thread (see the package docstring).
+
+Sender                                   Receiver (reserved dst blocks via expect)
+  send(layers) --LayersReady(src, dst)-->  check: known request, same peer, layers new,
+                                           dst == reservation, src inside sender's cache
+                                           pull regions into OUR dst blocks
+               <--LayersDone(layers)----   when the pull completed
+  all layers acked -> SEND ok              all layers landed -> RECV ok
+  any failure / deadline -> Abort(reason) both ways, result FAILED, FailureHook
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+from kv_transfer.api import Role, SendHandle, TransferResult
+from kv_transfer.driver import OpState
+from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
+from kv_transfer.layout import KVCacheSpec, Region, pair_regions
+from kv_transfer.requests import RecvState, SendState, expired
+
+if TYPE_CHECKING:
+    from kv_transfer.transport import DriverTransport
+
+logger = logging.getLogger(__name__)
+
+_FINISHED_MEMORY = 4096  # how many finished request ids we remember, to quiet late messages
+
+
+class ProtocolMixin:
+    """Protocol state machine of DriverTransport; every method runs on the I/O thread."""
+
+    def _init_protocol(self: DriverTransport) -> None:
+        self._recvs: dict[str, RecvState] = {}
+        self._sends: dict[str, SendState] = {}
+        # Ops of failed requests the backend could not cancel yet, with the result to publish
+        # once they settle: their blocks must not be released while memory may be touched.
+        self._zombies: list[tuple[list[Any], TransferResult]] = []
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    def _active(self: DriverTransport) -> bool:
+        return bool(self._recvs or self._sends or self._zombies)
+
+    def _step(self: DriverTransport) -> bool:
+        busy = self._drain_commands()
+        for raw in self.driver.messages():
+            busy = True
+            try:
+                message = decode_message(raw)
+            except Exception as exc:
+                logger.warning("%s: dropped undecodable message: %s", self.name, exc)
+                continue
+            if isinstance(message, LayersReady):
+                self._on_ready(message)
+            elif isinstance(message, LayersDone):
+                self._on_done(message)
+            else:
+                self._on_abort(message)
+        busy |= self._check_ops()
+        self._check_deadlines()
+        return busy
+
+    # --- receiver ---------------------------------------------------------------------------
+
+    def _start_recv(
+        self: DriverTransport,
+        request_id: str,
+        block_ids: tuple[int, ...],
+        layers: int,
+        deadline: float,
+    ) -> None:
+        if request_id in self._recvs:
+            # Keep the first reservation; the caller's second set of blocks is never used.
+            logger.error("%s: request %s already has a reservation", self.name, request_id)
+            return
+        self._finished.pop(request_id, None)
+        self._recvs[request_id] = RecvState(request_id, block_ids, layers, deadline)
+
+    def _on_ready(self: DriverTransport, msg: LayersReady) -> None:
+        peer_spec = self._peers.get(msg.sender)
+        if peer_spec is None:
+            logger.warning("%s: LayersReady from unknown peer %s ignored", self.name, msg.sender)
+            return
+        recv = self._recvs.get(msg.request_id)
+        if recv is None:
+            # expect() is queued before the ids leave this process: run queued commands.
+            self._drain_commands()
+            recv = self._recvs.get(msg.request_id)
+        if recv is None:
+            reason = (
+                "request finished or cancelled"
+                if msg.request_id in self._finished
+                else ("no reservation for this request")
+            )
+            self._tell(msg.sender, Abort(msg.request_id, self.name, reason))
+            return
+        error = self._check_ready(recv, msg, peer_spec)
+        if error is not None:
+            reason = f"refused LayersReady from {msg.sender}: {error}"
+            if recv.peer != msg.sender:
+                self._tell(msg.sender, Abort(msg.request_id, self.name, reason))
+            self._fail_recv(recv, reason)
+            return
+        recv.peer = msg.sender
+        recv.claimed.update(msg.layers)
+        regions: list[Region] = []
+        for layer in msg.layers:
+            regions += pair_regions(
+                peer_spec, self.spec, layer, msg.src_block_ids, msg.dst_block_ids
+            )
+        try:
+            op = self.driver.pull(msg.sender, msg.tag, regions)
+        except Exception as exc:
+            self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
+            return
+        recv.ops.append((op, list(msg.layers)))
+
+    def _check_ready(
+        self: DriverTransport, recv: RecvState, msg: LayersReady, peer_spec: KVCacheSpec
+    ) -> str | None:
+        """Why `msg` may not fill `recv`'s reservation, or None if it may."""
+        if recv.peer is not None and recv.peer != msg.sender:
+            return f"request is bound to peer {recv.peer}"
+        if not msg.layers:
+            return "no layers"
+        for layer in msg.layers:
+            if not 0 <= layer < recv.num_layers:
+                return f"layer {layer} outside [0, {recv.num_layers})"
+            if layer in recv.claimed:
+                return f"layer {layer} sent twice"
+        if len(msg.dst_block_ids) != len(recv.block_ids) or set(msg.dst_block_ids) != set(
+            recv.block_ids
+        ):
+            return f"destination blocks {msg.dst_block_ids} are not the reservation"
+        if len(msg.src_block_ids) != len(msg.dst_block_ids):
+            return "source and destination block counts differ"
+        try:
+            peer_spec.check_block_ids(msg.src_block_ids, "source block id")
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def _fail_recv(self: DriverTransport, recv: RecvState, reason: str, tell: bool = True) -> None:
+        del self._recvs[recv.request_id]
+        self._remember(recv.request_id)
+        if tell and recv.peer is not None:
+            self._tell(recv.peer, Abort(recv.request_id, self.name, reason))
+        result = TransferResult(
+            recv.request_id, Role.RECV, False, recv.peer, recv.block_ids, reason
+        )
+        self._bury([op for op, _ in recv.ops], result)
+
+    # --- sender -----------------------------------------------------------------------------
+
+    def _post_send(
+        self: DriverTransport,
+        handle: SendHandle,
+        peer: str,
+        peer_spec: KVCacheSpec,
+        src: list[int],
+        dst: list[int],
+        layers: list[int],
+        deadline: float,
+        tag: int,
+    ) -> None:
+        send = self._sends.get(handle.request_id)
+        if send is None:
+            self._finished.pop(handle.request_id, None)
+            send = SendState(handle.request_id, peer, self.spec.num_layers, deadline)
+            self._sends[handle.request_id] = send
+        elif send.peer != peer:
+            handle._finish(f"request {handle.request_id} is already being sent to {send.peer}")
+            return
+        again = send.posted.intersection(layers)
+        if again:
+            handle._finish(f"layers {sorted(again)} of {handle.request_id} already sent")
+            return
+        send.posted.update(layers)
+        send.block_ids.update(src)
+        send.handles.append(handle)
+        regions: list[Region] = []
+        for layer in layers:
+            regions += pair_regions(self.spec, peer_spec, layer, src, dst)
+        msg = LayersReady(handle.request_id, self.name, layers, src, dst, tag)
+        try:
+            op = self.driver.post_ready(peer, encode(msg), tag, regions)
+        except Exception as exc:
+            self._fail_send(send, f"offering layers to {peer} failed: {exc}", tell=False)
+            return
+        if op is not None:
+            send.ops.append(op)
+
+    def _on_done(self: DriverTransport, msg: LayersDone) -> None:
+        send = self._sends.get(msg.request_id)
+        if send is None or send.peer != msg.sender:
+            logger.debug("%s: stray LayersDone for %s", self.name, msg.request_id)
+            return
+        send.acked.update(layer for layer in msg.layers if layer in send.posted)
+        send.resolve_handles()
+        if send.complete():
+            self._finish_send(send)
+
+    def _finish_send(self: DriverTransport, send: SendState) -> None:
+        pending = [op for op in send.ops if self.driver.state(op) is OpState.PENDING]
+        if pending:
+            return  # byte-stream sends settle right after the ack; finish on a later step
+        for op in send.ops:
+            self.driver.release(op)
+        del self._sends[send.request_id]
+        self._remember(send.request_id)
+        self._publish(
+            TransferResult(
+                send.request_id, Role.SEND, True, send.peer, tuple(sorted(send.block_ids))
+            )
+        )
+
+    def _fail_send(self: DriverTransport, send: SendState, reason: str, tell: bool = True) -> None:
+        del self._sends[send.request_id]
+        self._remember(send.request_id)
+        for handle in send.handles:
+            handle._finish(reason)
+        if tell:
+            self._tell(send.peer, Abort(send.request_id, self.name, reason))
+        result = TransferResult(
+            send.request_id, Role.SEND, False, send.peer, tuple(sorted(send.block_ids)), reason
+        )
+        self._bury(send.ops, result)
+
+    # --- both -------------------------------------------------------------------------------
+
+    def _on_abort(self: DriverTransport, msg: Abort) -> None:
+        reason = f"peer {msg.sender} aborted: {msg.reason}"
+        send = self._sends.get(msg.request_id)
+        if send is not None and send.peer == msg.sender:
+            self._fail_send(send, reason, tell=False)
+        recv = self._recvs.get(msg.request_id)
+        if recv is not None and recv.peer in (None, msg.sender):
+            recv.peer = msg.sender
+            self._fail_recv(recv, reason, tell=False)
+
+    def _check_ops(self: DriverTransport) -> bool:
+        progressed = False
+        for recv in list(self._recvs.values()):
+            for op, layers in list(recv.ops):
+                state = self.driver.state(op)
+                if state is OpState.PENDING:
+                    continue
+                progressed = True
+                if state is OpState.FAILED:
+                    self._fail_recv(recv, f"pulling layers {layers} from {recv.peer} failed")
+                    break
+                recv.ops.remove((op, layers))
+                self.driver.release(op)
+                recv.landed.update(layers)
+                assert recv.peer is not None
+                self._tell(recv.peer, LayersDone(recv.request_id, self.name, layers))
+                if recv.request_id not in self._recvs:
+                    break  # the acknowledgement failed and failed the request
+                if recv.complete():
+                    del self._recvs[recv.request_id]
+                    self._remember(recv.request_id)
+                    self._publish(
+                        TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids)
+                    )
+        for send in list(self._sends.values()):
+            if any(self.driver.state(op) is OpState.FAILED for op in send.ops):
+                progressed = True
+                self._fail_send(send, f"sending to {send.peer} failed")
+            elif send.complete():
+                self._finish_send(send)
+        for zombie in list(self._zombies):
+            ops, result = zombie
+            ops[:] = [op for op in ops if not self.driver.release(op)]
+            if not ops:
+                self._zombies.remove(zombie)
+                self._publish(result)
+        return progressed
+
+    def _check_deadlines(self: DriverTransport) -> None:
+        for recv in list(self._recvs.values()):
+            if expired(recv.deadline):
+                self._fail_recv(recv, f"deadline passed with {recv.describe()}")
+        for send in list(self._sends.values()):
+            if expired(send.deadline):
+                self._fail_send(send, f"deadline passed with {send.describe()}")
+
+    def _bury(self: DriverTransport, ops: list[Any], result: TransferResult) -> None:
+        """Publish `result` once none of `ops` can touch memory any more."""
+        still = [op for op in ops if not self.driver.release(op)]
+        if still:
+            self._zombies.append((still, result))
+        else:
+            self._publish(result)
+
+    def _tell(self: DriverTransport, peer: str, message: Any) -> None:
+        """Best effort: a peer we cannot reach fails on its own deadline."""
+        try:
+            self.driver.send_message(peer, encode(message))
+        except Exception as exc:
+            logger.info(
+                "%s: could not send %s to %s: %s", self.name, type(message).__name__, peer, exc
+            )
+            if isinstance(message, LayersDone):
+                recv = self._recvs.get(message.request_id)
+                if recv is not None:
+                    self._fail_recv(recv, f"peer {peer} unreachable: {exc}", tell=False)
+
+    def _remember(self: DriverTransport, request_id: str) -> None:
+        self._finished[request_id] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _cancel(self: DriverTransport, request_id: str) -> None:
+        if request_id in self._sends:
+            self._fail_send(self._sends[request_id], "cancelled")
+        if request_id in self._recvs:
+            self._fail_recv(self._recvs[request_id], "cancelled")
+
+    def _drop_peer(self: DriverTransport, peer: str) -> None:
+        for send in [s for s in self._sends.values() if s.peer == peer]:
+            self._fail_send(send, f"peer {peer} removed", tell=False)
+        for recv in [r for r in self._recvs.values() if r.peer == peer]:
+            self._fail_recv(recv, f"peer {peer} removed", tell=False)
+        self.driver.disconnect(peer)
+
+    def _fail_all(self: DriverTransport, reason: str) -> None:
+        for send in list(self._sends.values()):
+            self._fail_send(send, reason)
+        for recv in list(self._recvs.values()):
+            self._fail_recv(recv, reason)

@@ -1,0 +1,110 @@
+"""Registry of transport backends and the one factory, `create_transport`.
+
+`auto` prefers `nixl` (zero-copy READs, peer-failure detection, VRAM), then `ucx`, and falls
+back to `local` (same-process peers only); the choice and the reason are logged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+
+import torch
+
+from kv_transfer.api import FailureHook, Transport
+from kv_transfer.driver import Driver
+from kv_transfer.env import apply_ucx_defaults
+from kv_transfer.layout import KVCacheSpec, dtype_name
+from kv_transfer.transport import DriverTransport
+
+logger = logging.getLogger(__name__)
+
+DriverClass = Callable[[torch.Tensor, KVCacheSpec, str], Driver]
+
+# name -> (module:class of the driver, module whose import proves the backend is installed)
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "nixl": ("kv_transfer.nixl_driver:NixlDriver", "nixl._api"),
+    "ucx": ("kv_transfer.ucx_driver:UcxDriver", "ucxx._lib.libucxx"),
+    "local": ("kv_transfer.local_driver:LocalDriver", "torch"),
+}
+AUTO_ORDER = ("nixl", "ucx", "local")
+
+
+def register_backend(name: str, driver_path: str, requires: str) -> None:
+    """Add a backend: `driver_path` is 'module:Class' of a Driver, `requires` a module
+    that must import for it to be usable."""
+    _BACKENDS[name] = (driver_path, requires)
+
+
+def backend_names() -> list[str]:
+    return list(_BACKENDS)
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None if backend `name` can be used here, else why not."""
+    if name not in _BACKENDS:
+        return f"unknown backend {name!r}; known: {sorted(_BACKENDS)}"
+    try:
+        importlib.import_module(_BACKENDS[name][1])
+    except Exception as exc:  # a broken binary wheel raises more than ImportError
+        return f"{_BACKENDS[name][1]} does not import: {exc}"
+    return None
+
+
+def select_backend(requested: str = "auto") -> str:
+    """Resolve 'auto' (or check an explicit name) and log the decision."""
+    if requested != "auto":
+        reason = unavailable_reason(requested)
+        if reason is not None:
+            raise ValueError(f"KV transport backend {requested!r} unavailable: {reason}")
+        logger.info("KV transport: %s (requested explicitly)", requested)
+        return requested
+    skipped = []
+    for name in AUTO_ORDER:
+        reason = unavailable_reason(name)
+        if reason is None:
+            why = "first available in preference order " + " > ".join(AUTO_ORDER)
+            if skipped:
+                why += "; skipped " + "; ".join(skipped)
+            logger.info("KV transport: %s (%s)", name, why)
+            return name
+        skipped.append(f"{name}: {reason}")
+    raise RuntimeError("no KV transport backend available: " + "; ".join(skipped))
+
+
+def _driver_class(name: str) -> DriverClass:
+    module_name, class_name = _BACKENDS[name][0].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def create_transport(
+    kv: torch.Tensor,
+    spec: KVCacheSpec,
+    model_id: str,
+    backend: str = "auto",
+    name: str | None = None,
+    on_failure: FailureHook | None = None,
+    loopback: bool = False,
+) -> Transport:
+    """Register `kv` (shaped as `spec` describes) with a backend and start its transport.
+
+    `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (tests,
+    single-node benchmarks); `on_failure` is the FailureHook that releases blocks."""
+    if tuple(kv.shape) != spec.shape:
+        raise ValueError(f"KV tensor shape {tuple(kv.shape)} != spec shape {spec.shape}")
+    if dtype_name(kv.dtype) != spec.dtype:
+        raise ValueError(f"KV tensor dtype {dtype_name(kv.dtype)} != spec dtype {spec.dtype}")
+    if not kv.is_contiguous():
+        raise ValueError("KV tensor must be contiguous: it is registered as one region")
+    chosen = select_backend(backend)
+    if chosen != "local":
+        apply_ucx_defaults(loopback=loopback)
+    driver_class = _driver_class(chosen)
+    return DriverTransport(
+        lambda agent_name: driver_class(kv, spec, agent_name),
+        spec,
+        model_id,
+        name=name,
+        on_failure=on_failure,
+    )

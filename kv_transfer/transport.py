@@ -1,0 +1,264 @@
+"""`DriverTransport`: the one implementation of `Transport`, over any `Driver`.
+
+Threads: callers enqueue commands; one I/O thread owns the driver and every request table,
+so the protocol below runs single-threaded. Results go back through a Condition.
+
+The I/O loop, per step: run queued commands -> read control messages -> poll pulls and
+sends -> enforce deadlines. It polls every ~0.2 ms while anything is in flight and sleeps
+up to 5 ms when idle (a queued command wakes it at once).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from kv_transfer.api import (
+    FailureHook,
+    PeerId,
+    Role,
+    SendHandle,
+    TransferError,
+    TransferResult,
+    Transport,
+)
+from kv_transfer.driver import Driver
+from kv_transfer.handshake import (
+    PROTOCOL_VERSION,
+    CompatRecord,
+    IncompatiblePeerError,
+    PeerInfo,
+    decode_peer_info,
+    encode,
+)
+from kv_transfer.layout import KVCacheSpec
+from kv_transfer.protocol import ProtocolMixin
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE_POLL_S = 0.0002
+_IDLE_POLL_S = 0.005
+_CONNECT_TIMEOUT_S = 30.0
+
+
+class DriverTransport(ProtocolMixin, Transport):
+    """A Transport whose bytes are moved by `driver_cls` (see `kv_transfer.registry`)."""
+
+    def __init__(
+        self,
+        driver_factory: Callable[[str], Driver],
+        spec: KVCacheSpec,
+        model_id: str,
+        name: str | None = None,
+        on_failure: FailureHook | None = None,
+    ) -> None:
+        self.spec = spec
+        self.name = name or f"kv-{os.getpid()}-{random.getrandbits(32):08x}"
+        self.driver = driver_factory(self.name)
+        self.backend = self.driver.name
+        self.compat = CompatRecord.from_spec(spec, model_id)
+        self._metadata = encode(
+            PeerInfo(
+                protocol_version=PROTOCOL_VERSION,
+                name=self.name,
+                backend=self.backend,
+                compat=self.compat,
+                num_blocks=spec.num_blocks,
+                backend_metadata=self.driver.metadata(),
+            )
+        )
+        self._on_failure = on_failure
+        self._peers: dict[str, KVCacheSpec] = {}  # written under _cond
+        # Tags of byte-stream backends must be unique per receiver across senders: a random
+        # 20-bit salt per transport and a 23-bit counter (see ucx_driver for the bit layout).
+        self._tag_salt = random.getrandbits(20)
+        self._tag_counter = itertools.count(1)
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
+        self._init_protocol()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"kv-io-{self.name}", daemon=True)
+        self._thread.start()
+
+    # --- public API (any thread) -----------------------------------------------------------
+
+    def local_metadata(self) -> bytes:
+        return self._metadata
+
+    def add_peer(self, metadata: bytes) -> PeerId:
+        info = decode_peer_info(metadata)
+        if info.backend != self.backend:
+            raise IncompatiblePeerError("backend", self.backend, info.backend)
+        self.compat.check(info.compat)
+        if info.name == self.name:
+            raise ValueError("cannot add self as a peer")
+        with self._cond:
+            if info.name in self._peers:
+                return info.name
+        self._call(lambda: self.driver.connect(info.name, info.backend_metadata))
+        peer_spec = KVCacheSpec(
+            num_layers=info.compat.num_layers,
+            num_blocks=info.num_blocks,
+            block_size=info.compat.block_size,
+            num_kv_heads=info.compat.num_kv_heads,
+            head_dim=info.compat.head_dim,
+            dtype=info.compat.dtype,
+            tp_rank=info.compat.tp_rank,
+            tp_size=info.compat.tp_size,
+        )
+        with self._cond:
+            self._peers[info.name] = peer_spec
+        logger.info("%s: connected to peer %s over %s", self.name, info.name, self.backend)
+        return info.name
+
+    def remove_peer(self, peer: PeerId) -> None:
+        with self._cond:
+            self._peers.pop(peer, None)
+        self._call(lambda: self._drop_peer(peer))
+
+    def expect(
+        self,
+        request_id: str,
+        dst_block_ids: Sequence[int],
+        num_layers: int | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        block_ids = tuple(int(b) for b in dst_block_ids)
+        self.spec.check_block_ids(block_ids, "destination block id")
+        layers = self.spec.num_layers if num_layers is None else num_layers
+        if not 1 <= layers <= self.spec.num_layers:
+            raise ValueError(f"num_layers {layers} outside [1, {self.spec.num_layers}]")
+        if not block_ids:
+            raise ValueError(f"request {request_id}: empty reservation")
+        deadline = time.monotonic() + timeout_s
+        self._submit(lambda: self._start_recv(request_id, block_ids, layers, deadline))
+
+    def send(
+        self,
+        request_id: str,
+        src_block_ids: Sequence[int],
+        peer: PeerId,
+        dst_block_ids: Sequence[int],
+        layers: Sequence[int],
+        timeout_s: float = 30.0,
+    ) -> SendHandle:
+        src = [int(b) for b in src_block_ids]
+        dst = [int(b) for b in dst_block_ids]
+        layer_list = [int(layer) for layer in layers]
+        with self._cond:
+            peer_spec = self._peers.get(peer)
+        if peer_spec is None:
+            raise ValueError(f"unknown peer {peer!r}; call add_peer first")
+        if len(src) != len(dst) or not src:
+            raise ValueError(f"need equal, non-empty block lists; got {len(src)} and {len(dst)}")
+        self.spec.check_block_ids(src, "source block id")
+        peer_spec.check_block_ids(dst, f"destination block id (peer {peer})")
+        self.spec.check_layers(layer_list)
+        if not layer_list:
+            raise ValueError("send needs at least one layer")
+        handle = SendHandle(request_id, layer_list)
+        deadline = time.monotonic() + timeout_s
+        tag = (self._tag_salt << 23) | (next(self._tag_counter) & 0x7FFFFF)
+        self._submit(
+            lambda: self._post_send(handle, peer, peer_spec, src, dst, layer_list, deadline, tag)
+        )
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        self._submit(lambda: self._cancel(request_id))
+
+    def poll(self) -> list[TransferResult]:
+        with self._cond:
+            results = list(self._results.values())
+            self._results.clear()
+        return results
+
+    def wait(self, request_id: str, role: Role, timeout_s: float) -> TransferResult:
+        key = (role, request_id)
+        with self._cond:
+            if not self._cond.wait_for(lambda: key in self._results, timeout_s):
+                raise TimeoutError(f"{role.value} of {request_id} not finished in {timeout_s}s")
+            return self._results.pop(key)
+
+    def close(self) -> None:
+        if self._stop:
+            return
+        self._call(lambda: self._fail_all("transport closed"))
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10.0)
+        self.driver.close()
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        if self._stop:
+            raise TransferError(f"transport {self.name} is closed")
+        self._commands.put(command)
+        self._wake.set()
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the I/O thread and return its result (re-raising its exception)."""
+        future: Future[Any] = Future()
+
+        def command() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        self._submit(command)
+        return future.result(timeout=_CONNECT_TIMEOUT_S)
+
+    def _publish(self, result: TransferResult) -> None:
+        """I/O thread: report a finished request; failures first go through the hook."""
+        if not result.ok:
+            logger.warning(
+                "%s: %s of %s failed: %s",
+                self.name,
+                result.role.value,
+                result.request_id,
+                result.error,
+            )
+            if self._on_failure is not None:
+                try:
+                    self._on_failure(result)
+                except Exception:
+                    logger.exception("%s: on_failure hook raised", self.name)
+        with self._cond:
+            self._results[(result.role, result.request_id)] = result
+            self._cond.notify_all()
+
+    def _drain_commands(self) -> bool:
+        ran = False
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return ran
+            ran = True
+            command()
+
+    def _run(self) -> None:
+        while not self._stop:
+            try:
+                busy = self._step()
+            except Exception:
+                logger.exception("%s: I/O step failed", self.name)
+                busy = False
+            if busy:
+                continue
+            self._wake.wait(_ACTIVE_POLL_S if self._active() else _IDLE_POLL_S)
+            self._wake.clear()
+        self._drain_commands()

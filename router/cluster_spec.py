@@ -1,0 +1,38 @@
+"""What a cluster is asked to be: the controller's input, built from `baton serve` flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    model_dir: str
+    mode: str = "disaggregated"
+    """disaggregated (prefill + decode pools) or unified (one pool doing both phases)."""
+    num_prefill: int = 1
+    num_decode: int = 1
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    transport: str = "auto"
+    num_threads: int = 1
+    tp: int = 1
+    device: str = "cpu"
+    redis_url: str | None = None
+    worker_start_timeout_s: float = 180.0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("disaggregated", "unified"):
+            raise ValueError(f"mode must be disaggregated or unified, got {self.mode!r}")
+        if self.num_decode < 1:
+            raise ValueError("at least one decode (or unified) worker is needed")
+        if self.num_prefill < 0:
+            raise ValueError("the prefill pool size cannot be negative")
+
+    def initial_pools(self) -> dict[str, int]:
+        if self.mode == "unified":
+            return {"unified": self.num_decode + self.num_prefill}
+        return {"prefill": self.num_prefill, "decode": self.num_decode}

@@ -1,0 +1,268 @@
+"""The Helm chart (deploy/helm/baton) renders with Helm's engine, every manifest validates
+against the Kubernetes and CRD schemas, and what it deploys fits together: the head runs a
+`baton serve` the CLI accepts, pools are pinned by custom resources, the Services and the
+ServiceMonitor reach the ports the head opens."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.deploy.manifests import (
+    CHART_DIR,
+    by_kind,
+    crd_documents,
+    helm_python,
+    load_values,
+    one,
+    render,
+    validate,
+)
+from tests.deploy.serve_command import expand_kubelet_refs, parse_serve
+
+VARIANTS = {
+    "defaults": {},
+    "cpu-small": load_values("cpu-small-values.yaml"),
+    "gpu-tp2": load_values("gpu-tp2-values.yaml"),
+    # The colocated baseline: every worker asks for `unified`, so both groups offer it.
+    "unified": {"serve": {"mode": "unified"}},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(merged values, rendered manifests) of one variant."""
+    values = VARIANTS[request.param]
+    with helm_python.Chart.load(CHART_DIR) as chart:
+        merged = chart.merge_values(values)
+    return merged, render(values)
+
+
+def _container(template: dict[str, Any]) -> dict[str, Any]:
+    containers = template["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _ray_resources(group: dict[str, Any]) -> dict[str, int]:
+    """The custom resources a group's `ray start --resources` declares. KubeRay passes the
+    value to the shell as written, so it is a quoted JSON string."""
+    raw = group["rayStartParams"]["resources"]
+    assert raw.startswith('"') and raw.endswith('"'), raw
+    return json.loads(raw[1:-1].replace('\\"', '"'))
+
+
+def _head_serve(docs: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    cluster = one(docs, "RayCluster")
+    head = _container(cluster["spec"]["headGroupSpec"]["template"])
+    # bash -c SCRIPT LABEL ARG...: the script ends in `exec "$@"`, so ARG... is what runs.
+    assert head["command"] == ["/bin/bash", "-c"]
+    script, argv = head["args"][0], head["args"][2:]
+    assert script.rstrip().endswith('exec "$@"')
+    assert "KUBERAY_GEN_RAY_START_CMD" in script
+    env_names = {e["name"] for e in head.get("env", [])}
+    return parse_serve(expand_kubelet_refs(argv, env_names)), head
+
+
+def test_crds_shipped_in_repo_are_valid_crds() -> None:
+    crds = crd_documents()
+    assert {c["spec"]["names"]["kind"] for c in crds} == {"RayCluster", "ServiceMonitor"}
+    for crd in crds:
+        validate(crd)
+
+
+def test_every_manifest_validates(variant: tuple[dict[str, Any], list[dict[str, Any]]]) -> None:
+    _, docs = variant
+    assert docs
+    for doc in docs:
+        validate(doc)
+
+
+def test_helm_lint_is_clean() -> None:
+    for values in VARIANTS.values():
+        report = helm_python.lint(CHART_DIR, values, strict=True)
+        errors = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+        assert not errors, errors
+
+
+def test_head_runs_a_serve_command_the_cli_accepts(variant) -> None:
+    values, docs = variant
+    args, head = _head_serve(docs)
+    assert args.command == "serve"
+    assert args.address == "auto"
+    assert args.host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in head["ports"]}
+    assert (args.port, args.grpc_port) == (ports["http"], ports["grpc"])
+    assert (args.port, args.grpc_port) == (values["serve"]["port"], values["serve"]["grpcPort"])
+    assert args.tp == values["serve"]["tp"]
+    assert args.admin_token == "<BATON_ADMIN_TOKEN>"
+    expected_model = values["model"]["mountPath"].rstrip("/")
+    if values["model"]["path"]:
+        expected_model += "/" + values["model"]["path"]
+    assert args.model == expected_model
+    mounts = {m["name"]: m["mountPath"] for m in head["volumeMounts"]}
+    assert mounts["model"] == values["model"]["mountPath"]
+
+
+def test_pools_are_pinned_and_sized(variant) -> None:
+    values, docs = variant
+    args, _ = _head_serve(docs)
+    cluster = one(docs, "RayCluster")
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert set(groups) == {"prefill", "decode"}
+    assert cluster["spec"]["headGroupSpec"]["rayStartParams"]["num-gpus"] == "0"
+    tp = values["serve"]["tp"]
+    for role, requested_workers in (("prefill", args.prefill), ("decode", args.decode)):
+        pool, group = values[role], groups[role]
+        resources = _ray_resources(group)
+        resource = "unified" if values["serve"]["mode"] == "unified" else role
+        assert set(resources) == {resource}, "a pool's nodes advertise only their own resource"
+        per_pod = resources[resource]
+        gpus = pool["gpu"]["count"]
+        assert group["rayStartParams"]["num-gpus"] == str(gpus)
+        if pool["workersPerPod"]:
+            assert per_pod == pool["workersPerPod"]
+        elif gpus:
+            assert per_pod * tp == gpus
+        else:
+            assert per_pod == 1
+        # The pool starts with exactly what its starting pods hold.
+        assert requested_workers == per_pod * pool["replicas"]
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (
+            pool["replicas"],
+            pool["minReplicas"],
+            pool["maxReplicas"],
+        )
+        container = _container(group["template"])
+        limits = container["resources"].get("limits", {})
+        if gpus:
+            assert limits[pool["gpu"]["resourceName"]] == gpus
+        else:
+            assert pool["gpu"]["resourceName"] not in limits
+        selector = group["template"]["spec"].get("nodeSelector", {})
+        if pool["gpu"]["product"]:
+            assert selector["nvidia.com/gpu.product"] == pool["gpu"]["product"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["model"] == values["model"]["mountPath"]
+    expected_device = "cuda" if values["prefill"]["gpu"]["count"] else "cpu"
+    assert args.device == (values["serve"]["device"] or expected_device)
+
+
+def test_front_door_service_and_monitor_reach_the_head(variant) -> None:
+    values, docs = variant
+    cluster = one(docs, "RayCluster")
+    head = _container(cluster["spec"]["headGroupSpec"]["template"])
+    named_ports = {p["name"] for p in head["ports"]}
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    front = services[cluster["metadata"]["name"]]
+    # KubeRay labels the head pod with these; the Service must select exactly it.
+    assert front["spec"]["selector"] == {
+        "ray.io/cluster": cluster["metadata"]["name"],
+        "ray.io/node-type": "head",
+    }
+    assert front["spec"]["type"] == values["service"]["type"]
+    assert {p["name"]: p["port"] for p in front["spec"]["ports"]} == {
+        "http": values["service"]["httpPort"],
+        "grpc": values["service"]["grpcPort"],
+    }
+    for port in front["spec"]["ports"]:
+        assert port["targetPort"] in named_ports
+    assert head["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    monitors = by_kind(docs, "ServiceMonitor")
+    assert len(monitors) == int(values["serviceMonitor"]["enabled"])
+    for monitor in monitors:
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= front["metadata"]["labels"].items()
+        assert monitor["spec"]["endpoints"] == [
+            {"port": "http", "path": "/metrics", "interval": values["serviceMonitor"]["interval"]}
+        ]
+
+
+def test_secrets_and_redis_are_wired(variant) -> None:
+    values, docs = variant
+    args, head = _head_serve(docs)
+    env = {e["name"]: e for e in head["env"]}
+    ref = env["BATON_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref["key"] == values["adminToken"]["key"]
+    secrets = {s["metadata"]["name"]: s for s in by_kind(docs, "Secret")}
+    if values["adminToken"]["existingSecret"]:
+        assert ref["name"] == values["adminToken"]["existingSecret"]
+        assert not secrets
+    else:
+        token = secrets[ref["name"]]["data"][ref["key"]]
+        assert len(token) >= 40  # base64 of a 40-character random token
+    assert (args.api_key is not None) == bool(values["apiKey"]["existingSecret"])
+    services = {s["metadata"]["name"] for s in by_kind(docs, "Service")}
+    redis = values["redis"]
+    if redis["enabled"]:
+        host = args.redis.removeprefix("redis://").split(":")[0]
+        assert host in services
+        assert one(docs, "Deployment")["spec"]["replicas"] == 1
+    elif redis["existingSecret"]:
+        assert args.redis == "<BATON_REDIS_URL>"
+        redis_ref = env["BATON_REDIS_URL"]["valueFrom"]["secretKeyRef"]
+        assert redis_ref["name"] == redis["existingSecret"]
+    else:
+        assert args.redis is None
+
+
+def test_generated_admin_token_is_random_per_install() -> None:
+    first = one(render(), "Secret")["data"]
+    second = one(render(), "Secret")["data"]
+    assert first != second
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"serve": {"tp": 3}}, "must be a multiple of serve.tp"),
+        ({"prefill": {"minReplicas": 5}}, "minReplicas must not exceed"),
+        ({"redis": {"enabled": True, "externalUrl": "redis://r:6379/0"}}, "only one of redis"),
+    ],
+)
+def test_inconsistent_values_fail_with_a_clear_message(values, message) -> None:
+    with pytest.raises(helm_python.HelmError, match=message):
+        render(values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"prefil": {"replicas": 1}},  # a typo in a key
+        {"serve": {"mode": "colocated"}},
+        {"prefill": {"gpu": {"count": -1}}},
+        {"model": {"source": "s3"}},
+    ],
+)
+def test_values_schema_rejects_bad_values(values) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(values)
+
+
+def _broken(path: str) -> dict[str, Any]:
+    """The default RayCluster with one field misspelt or mistyped (dotted path, last key)."""
+    cluster = one(render(), "RayCluster")
+    *parents, last = path.split(".")
+    node: Any = cluster
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[last + "s"] = node.pop(last)
+    return cluster
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "spec.workerGroupSpecs",  # RayCluster field (CRD schema)
+        "spec.headGroupSpec.rayStartParams",  # RayCluster field (CRD schema)
+        "spec.workerGroupSpecs.0.template.spec.volumes",  # pod template (core/v1 schema)
+        "spec.headGroupSpec.template.spec.containers.0.readinessProbe",
+        "metadata.labels",  # ObjectMeta
+    ],
+)
+def test_validation_catches_a_misspelt_field(path: str) -> None:
+    with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
+        validate(_broken(path))

@@ -1,0 +1,131 @@
+"""A transport in a child process, driven command by command over a Pipe by the test.
+
+Commands are tuples `(name, *args)`; every command gets one reply `("ok", value)` or
+`("error", message)`. Caches are filled from a seed, so the test can rebuild them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict
+from multiprocessing.connection import Connection
+from typing import Any
+
+# UCX_TLS per (backend, transport). NIXL's UCX backend refuses a transport list without tcp
+# (it needs it for its error-handling wireup); UCX still moves the bytes over cma then.
+TLS_CHOICES = {
+    ("nixl", "shm"): "sm,cma,tcp",
+    ("ucx", "shm"): "sm,cma,self",
+    ("nixl", "tcp"): "tcp",
+    ("ucx", "tcp"): "tcp,self",
+}
+
+
+def make_cache(spec_kwargs: dict[str, Any], seed: int) -> Any:
+    import torch
+
+    from kv_transfer import KVCacheSpec
+
+    spec = KVCacheSpec(**spec_kwargs)
+    gen = torch.Generator().manual_seed(seed)
+    kv = torch.randn(spec.shape, generator=gen, dtype=torch.float32).to(getattr(torch, spec.dtype))
+    return spec, kv
+
+
+def peer_main(conn: Connection, backend: str, tls: str, spec_kwargs: dict, seed: int) -> None:
+    if (backend, tls) in TLS_CHOICES:
+        os.environ["UCX_TLS"] = TLS_CHOICES[(backend, tls)]
+    import torch
+
+    from kv_transfer import Role, create_transport
+
+    torch.set_num_threads(1)
+    spec, kv = make_cache(spec_kwargs, seed)
+    failures: list[dict] = []
+    transport = create_transport(
+        kv,
+        spec,
+        "test-model",
+        backend=backend,
+        loopback=True,
+        on_failure=lambda r: failures.append(asdict(r)),
+    )
+    handles: dict[tuple[str, tuple[int, ...]], Any] = {}
+    conn.send(transport.local_metadata())
+    while True:
+        command, *args = conn.recv()
+        try:
+            if command == "add_peer":
+                value: Any = transport.add_peer(args[0])
+            elif command == "expect":
+                value = transport.expect(*args)
+            elif command == "send":
+                request_id, src, peer, dst, layers, timeout_s = args
+                handle = transport.send(request_id, src, peer, dst, layers, timeout_s)
+                handles[(request_id, tuple(layers))] = handle
+                value = None
+            elif command == "wait_handle":
+                request_id, layers, timeout_s = args
+                handles[(request_id, tuple(layers))].wait(timeout_s)
+                value = None
+            elif command == "wait":
+                request_id, role, timeout_s = args
+                result = transport.wait(request_id, Role(role), timeout_s)
+                value = asdict(result) | {"role": result.role.value}
+            elif command == "failures":
+                value = [f | {"role": f["role"].value} for f in failures]
+            elif command == "cache":
+                value = kv.view(torch.uint8).numpy().copy()
+            elif command == "exit":
+                transport.close()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown command {command}")
+            conn.send(("ok", value))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class Peer:
+    """Test-side handle of one child process."""
+
+    def __init__(self, backend: str, tls: str, spec_kwargs: dict, seed: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(
+            target=peer_main, args=(child_conn, backend, tls, spec_kwargs, seed), daemon=True
+        )
+        self.process.start()
+        self.metadata: bytes = self._receive("start", 60.0)
+
+    def _receive(self, what: str, timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while not self.conn.poll(0.1):
+            if not self.process.is_alive():
+                raise RuntimeError(f"peer process died during {what}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"peer did not answer {what}")
+        return self.conn.recv()
+
+    def call(self, *command: Any, timeout_s: float = 30.0) -> Any:
+        self.conn.send(command)
+        status, value = self._receive(command[0], timeout_s)
+        if status != "ok":
+            raise RuntimeError(value)
+        return value
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join(10)
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            with contextlib.suppress(Exception):
+                self.call("exit", timeout_s=15)
+            self.process.join(10)
+        if self.process.is_alive():
+            self.kill()

@@ -1,0 +1,123 @@
+"""The protocol end to end over the `local` backend (two transports in this process)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from kv_transfer import (
+    IncompatiblePeerError,
+    KVCacheSpec,
+    Role,
+    TransferError,
+    TransferResult,
+    create_transport,
+)
+
+SPEC = KVCacheSpec(num_layers=3, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
+
+
+class Side:
+    def __init__(self, spec: KVCacheSpec, seed: int, model_id: str = "m") -> None:
+        self.kv = torch.randn(spec.shape, generator=torch.Generator().manual_seed(seed)).half()
+        self.failures: list[TransferResult] = []
+        self.transport = create_transport(
+            self.kv, spec, model_id, backend="local", on_failure=self.failures.append
+        )
+
+
+@pytest.fixture
+def sides():
+    prefill, decode = Side(SPEC, 1), Side(SPEC, 2)
+    to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
+    decode.transport.add_peer(prefill.transport.local_metadata())
+    yield prefill, decode, to_decode
+    prefill.transport.close()
+    decode.transport.close()
+
+
+def test_concurrent_requests_land_exactly(sides) -> None:
+    prefill, decode, to_decode = sides
+    before = decode.kv.clone()
+    plan = {"a": ([5, 0, 7], [11, 2, 3]), "b": ([1, 2], [8, 4])}
+    for request_id, (_, dst) in plan.items():
+        decode.transport.expect(request_id, dst, timeout_s=10)
+    handles = []
+    for layer in range(SPEC.num_layers):
+        for request_id, (src, dst) in plan.items():
+            handles.append(prefill.transport.send(request_id, src, to_decode, dst, [layer]))
+    for request_id in plan:
+        assert decode.transport.wait(request_id, Role.RECV, 10).ok
+        assert prefill.transport.wait(request_id, Role.SEND, 10).ok
+    for handle in handles:
+        handle.wait(1)
+    expected = before
+    for src, dst in plan.values():
+        expected[:, dst] = prefill.kv[:, src]
+    assert torch.equal(decode.kv.view(torch.uint8), expected.view(torch.uint8))
+    assert decode.failures == prefill.failures == []
+
+
+def test_deadline_fails_both_sides_and_runs_hooks(sides) -> None:
+    prefill, decode, to_decode = sides
+    decode.transport.expect("slow", [3, 4], timeout_s=0.3)
+    prefill.transport.send("slow", [0, 1], to_decode, [3, 4], [0], timeout_s=10)
+    result = decode.transport.wait("slow", Role.RECV, 10)
+    assert not result.ok and "1/3 layers landed" in (result.error or "")
+    sender_result = prefill.transport.wait("slow", Role.SEND, 10)
+    assert not sender_result.ok and "aborted" in (sender_result.error or "")
+    assert [r.block_ids for r in decode.failures] == [(3, 4)]
+    assert [r.block_ids for r in prefill.failures] == [(0, 1)]
+
+
+def test_blocks_outside_the_reservation_are_refused(sides) -> None:
+    prefill, decode, to_decode = sides
+    before = decode.kv.clone()
+    decode.transport.expect("r", [3, 4], timeout_s=10)
+    handle = prefill.transport.send("r", [0, 1], to_decode, [3, 5], [0])
+    result = decode.transport.wait("r", Role.RECV, 10)
+    assert not result.ok and "not the reservation" in (result.error or "")
+    with pytest.raises(TransferError, match="not the reservation"):
+        handle.wait(10)
+    assert torch.equal(decode.kv.view(torch.uint8), before.view(torch.uint8))
+
+
+def test_send_without_reservation_is_aborted(sides) -> None:
+    prefill, _, to_decode = sides
+    prefill.transport.send("nobody", [0], to_decode, [1], [0])
+    result = prefill.transport.wait("nobody", Role.SEND, 10)
+    assert not result.ok and "no reservation" in (result.error or "")
+
+
+def test_bad_arguments_raise_in_the_caller(sides) -> None:
+    prefill, _, to_decode = sides
+    with pytest.raises(ValueError, match="outside"):
+        prefill.transport.send("x", [0], to_decode, [12], [0])
+    with pytest.raises(ValueError, match="unknown peer"):
+        prefill.transport.send("x", [0], "nobody", [1], [0])
+    with pytest.raises(ValueError, match="layer 3"):
+        prefill.transport.send("x", [0], to_decode, [1], [3])
+
+
+def test_handshake_refuses_a_different_block_size() -> None:
+    ours = Side(SPEC, 1)
+    other_spec = KVCacheSpec(3, 12, block_size=8, num_kv_heads=2, head_dim=8)
+    theirs = Side(other_spec, 2)
+    try:
+        with pytest.raises(IncompatiblePeerError, match="block_size"):
+            ours.transport.add_peer(theirs.transport.local_metadata())
+    finally:
+        ours.transport.close()
+        theirs.transport.close()
+
+
+def test_hook_runs_on_io_thread_once_per_failure(sides) -> None:
+    _prefill, decode, _to_decode = sides
+    threads: list[str] = []
+    decode.transport._on_failure = lambda r: threads.append(threading.current_thread().name)
+    decode.transport.expect("c", [1], timeout_s=10)
+    decode.transport.cancel("c")
+    assert not decode.transport.wait("c", Role.RECV, 10).ok
+    assert len(threads) == 1 and threads[0].startswith("kv-io-")

@@ -1,0 +1,28 @@
+"""The correctness oracle: Hugging Face `transformers` greedy generation on the same weights,
+one prompt at a time (no padding, so the reference is exact)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+
+@cache
+def _hf_model(model_dir: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@cache
+def hf_greedy(model_dir: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+    import torch
+
+    model = _hf_model(model_dir)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+        )
+    return out[0, len(prompt) :].tolist()
