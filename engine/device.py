@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -29,7 +30,22 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     if forced:
         return forced
     if name == "auto":
-        # The plain-torch paged path runs on every device; the Triton kernels take over on
-        # CUDA once registered (engine/kernels).
-        return "torch"
+        # Triton kernels on CUDA; on CPU they would only run in the (slow) interpreter, so
+        # the plain-torch paged path serves there.
+        return "triton" if device.type == "cuda" and has_triton() else "torch"
     return name
+
+
+@functools.cache
+def has_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_fused_kernels(x: torch.Tensor) -> bool:
+    """Layers run their Triton kernel (norm, rotary) on CUDA tensors when triton is there;
+    BATON_FUSED_KERNELS=0 keeps the plain-torch ops (e.g. to bisect a GPU mismatch)."""
+    return x.is_cuda and has_triton() and os.environ.get("BATON_FUSED_KERNELS", "1") != "0"

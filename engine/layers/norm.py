@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.device import use_fused_kernels
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -24,6 +26,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (normed, new residual). With `residual` given, the add happens first."""
+        if x.dim() == 2 and use_fused_kernels(x):
+            from engine.kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
         return self._norm(x), x

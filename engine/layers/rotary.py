@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.device import use_fused_kernels
+
 
 def _base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -67,6 +69,10 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
+        if use_fused_kernels(q):
+            from engine.kernels.rotary import apply_rotary
+
+            return apply_rotary(positions, q, k, self.cos, self.sin)  # in place
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)

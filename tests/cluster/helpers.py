@@ -10,11 +10,20 @@ from core.sampling import SamplingParams
 from router.backend import GenerateRequest
 
 
-async def collect(backend: Any, rid: str, prompt: list[int], params: SamplingParams,
-                  timeout_s: float = 120.0) -> RequestOutput:
+async def collect(
+    backend: Any,
+    rid: str,
+    prompt: list[int],
+    params: SamplingParams,
+    timeout_s: float = 120.0,
+    started: Any = None,
+) -> RequestOutput:
+    """Run one request to the end; `started` (an asyncio.Event) is set at its first output."""
     last = None
     seen: list[int] = []
     async for out in backend.generate(GenerateRequest(rid, prompt, params, timeout_s)):
+        if started is not None:
+            started.set()
         # A stream never repeats or skips: each output extends the previous one.
         assert out.token_ids[: len(seen)] == seen, f"{rid}: stream went back"
         seen = list(out.token_ids)

@@ -1,0 +1,182 @@
+"""Kernel micro-benchmark (CUDA only): where the Triton kernels stand on a new GPU.
+
+    python -m bench.kernels [--dtype bfloat16] [--out bench/results/kernels.json]
+
+For each kernel, the median time (triton.testing.do_bench) next to a torch baseline and the
+achieved memory bandwidth = bytes the kernel must move / time, against the device's peak:
+
+    decode   paged_decode_attention  vs  SDPA on K/V already gathered contiguous (the gather
+             itself is timed apart: it is what a non-paged kernel would have to pay)
+             bytes = K + V of every context + q + out
+    prefill  paged_prefill_attention vs  causal SDPA per prompt batch; also TFLOP/s
+    cache    reshape_and_cache       vs  torch index_put     bytes = 2 x (K + V) of new tokens
+    norm     rms_norm (fused add)    vs  torch reference     bytes = x, residual in, 2 out
+    rotary   apply_rotary            vs  torch reference     bytes = q + k in and out
+
+The peak is the theoretical DRAM bandwidth when torch reports the memory clock and bus
+width, else a measured device-to-device copy (marked "copy"). Without CUDA it prints a
+skip message and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+def peak_bandwidth(device: torch.device) -> tuple[float, str]:
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    if clock_khz and bus_bits:
+        return 2 * clock_khz * 1e3 * bus_bits / 8, "spec"  # double data rate
+    src = torch.empty(1 << 28, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = _time(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3), "copy"
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100))
+
+
+def _row(name: str, ms: float, base_ms: float, nbytes: float, peak: float, **extra: Any) -> dict:
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    row = dict(kernel=name, ms=ms, baseline_ms=base_ms, speedup=base_ms / ms, gb_s=gbps,
+               pct_peak=100 * gbps * 1e9 / peak, **extra)  # fmt: skip
+    extras = " ".join(
+        f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()
+    )
+    print(f"{name:<44} {ms:8.3f} ms  base {base_ms:8.3f} ms  {gbps:7.1f} GB/s "
+          f"({row['pct_peak']:5.1f}% of peak) {extras}")  # fmt: skip
+    return row
+
+
+def bench_decode(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
+    cases = [(1, 4096), (8, 2048), (64, 1024), (256, 512), (32, 16384)]
+    return [_decode_case(batch, ctx, dtype, peak, dev) for batch, ctx in cases]
+
+
+def _decode_case(batch: int, ctx: int, dtype: torch.dtype, peak: float, dev: torch.device) -> dict:
+    from engine.kernels.decode_attention import paged_decode_attention
+
+    page, hq, hk, d = 16, 32, 8, 128
+    nblk = ctx // page
+    kv = torch.randn(batch * nblk + 1, 2, page, hk, d, dtype=dtype, device=dev)
+    tables = torch.randperm(batch * nblk, device=dev).view(batch, nblk).int()
+    lens = torch.full((batch,), ctx, dtype=torch.int32, device=dev)
+    q = torch.randn(batch, hq, d, dtype=dtype, device=dev)
+    out = torch.empty_like(q)
+    k = kv[tables.long(), 0].flatten(1, 2).transpose(1, 2).contiguous()  # [B, Hk, L, D]
+    v = kv[tables.long(), 1].flatten(1, 2).transpose(1, 2).contiguous()
+    ms = _time(lambda: paged_decode_attention(q, kv, tables, lens, d**-0.5, out=out))
+    base = _time(
+        lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=d**-0.5, enable_gqa=True)
+    )
+    gather = _time(lambda: kv[tables.long()])
+    nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+    name = f"decode B={batch} ctx={ctx} {hq}/{hk}x{d}"
+    return _row(name, ms, base, nbytes, peak, gather_ms=gather)
+
+
+def bench_prefill(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
+    cases = [(1, 4096), (8, 1024), (32, 256)]
+    return [_prefill_case(batch, length, dtype, peak, dev) for batch, length in cases]
+
+
+def _prefill_case(
+    batch: int, length: int, dtype: torch.dtype, peak: float, dev: torch.device
+) -> dict:
+    from engine.kernels.prefill_attention import PrefillLayout, paged_prefill_attention
+
+    page, hq, hk, d = 16, 32, 8, 128
+    nblk = length // page
+    kv = torch.randn(batch * nblk, 2, page, hk, d, dtype=dtype, device=dev)
+    tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
+    starts = [i * length for i in range(batch)]
+    layout = PrefillLayout.build(starts, [length] * batch, [length] * batch, tables, dev)
+    q = torch.randn(batch * length, hq, d, dtype=dtype, device=dev)
+    out = torch.empty_like(q)
+    idx = torch.tensor(tables, device=dev)
+    k = kv[idx, 0].flatten(1, 2).transpose(1, 2).contiguous()
+    v = kv[idx, 1].flatten(1, 2).transpose(1, 2).contiguous()
+    qb = q.view(batch, length, hq, d).transpose(1, 2)
+    ms = _time(lambda: paged_prefill_attention(q, kv, layout, d**-0.5, out=out))
+    base = _time(
+        lambda: F.scaled_dot_product_attention(
+            qb, k, v, is_causal=True, scale=d**-0.5, enable_gqa=True
+        )
+    )
+    flops = 4 * batch * hq * d * length * length / 2
+    nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
+    name = f"prefill B={batch} len={length} {hq}/{hk}x{d}"
+    return _row(name, ms, base, nbytes, peak, tflops=flops / (ms * 1e-3) / 1e12)
+
+
+def bench_small(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
+    from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
+    from engine.kernels.rms_norm import rms_norm, rms_norm_ref
+    from engine.kernels.rotary import apply_rotary, apply_rotary_ref
+    from engine.layers.rotary import RotaryEmbedding
+
+    rows = []
+    tokens, hk, hq, d, hidden = 4096, 8, 32, 128, 4096
+    kv = torch.zeros(tokens // 16 + 1, 2, 16, hk, d, dtype=dtype, device=dev)
+    k = torch.randn(tokens, hk, d, dtype=dtype, device=dev)
+    slots = torch.randperm(tokens, device=dev)
+    blocks, offsets = (slots // 16).int(), (slots % 16).int()
+    ms = _time(lambda: reshape_and_cache(k, k, kv, blocks, offsets))
+    base = _time(lambda: reshape_and_cache_ref(k, k, kv, blocks, offsets))
+    rows.append(_row(f"reshape_and_cache T={tokens} {hk}x{d}", ms, base,
+                     4 * k.numel() * k.element_size(), peak))  # fmt: skip
+    x, r = (torch.randn(tokens, hidden, dtype=dtype, device=dev) for _ in range(2))
+    w = torch.randn(hidden, dtype=dtype, device=dev)
+    ms = _time(lambda: rms_norm(x, w, 1e-6, r))
+    base = _time(lambda: rms_norm_ref(x, w, 1e-6, r))
+    rows.append(_row(f"rms_norm+residual T={tokens} H={hidden}", ms, base,
+                     4 * x.numel() * x.element_size(), peak))  # fmt: skip
+    rope = RotaryEmbedding(d, 8192, 500000.0, None, dtype).to(dev)
+    q = torch.randn(tokens, hq, d, dtype=dtype, device=dev)
+    pos = torch.arange(tokens, device=dev)
+    ms = _time(lambda: apply_rotary(pos, q, k, rope.cos, rope.sin))
+    base = _time(lambda: apply_rotary_ref(pos, q, k, rope.cos, rope.sin))
+    rows.append(_row(f"rotary T={tokens} {hq}+{hk}x{d}", ms, base,
+                     2 * (q.numel() + k.numel()) * q.element_size(), peak))  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench.kernels skipped: no CUDA device (the kernels run on CPU only in the "
+              "Triton interpreter, which says nothing about speed)")  # fmt: skip
+        return 0
+    dev = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    peak, source = peak_bandwidth(dev)
+    name = torch.cuda.get_device_name(dev)
+    print(f"{name}: peak {peak / 1e9:.0f} GB/s ({source}), dtype {args.dtype}")
+    rows = bench_decode(dtype, peak, dev) + bench_prefill(dtype, peak, dev)
+    rows += bench_small(dtype, peak, dev)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        report = dict(device=name, peak_gb_s=peak / 1e9, peak_source=source,
+                      dtype=args.dtype, rows=rows)  # fmt: skip
+        args.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Paged attention through the Triton kernels (engine/kernels): the CUDA path, also runnable
+on CPU under `TRITON_INTERPRET=1` (forced with BATON_ATTENTION=triton).
+
+Per layer: reshape-and-cache writes the step's new K/V, then the decode kernel serves the
+first `num_decodes` rows and the prefill kernel every chunk, all reading K/V from the cache.
+The chunk layout (device tensors and the kernel's tile list) is built once per step and kept
+in `meta.backend_state`, so every layer after the first reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from engine.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+
+_STATE_PREFIX = "triton_prefill."
+
+
+@register_backend
+class TritonPagedAttention(AttentionBackend):
+    name = "triton"
+
+    def __init__(self) -> None:
+        # Imported here, not at module level, so registering this backend never needs triton.
+        try:
+            from engine.kernels import decode_attention, prefill_attention, reshape_and_cache
+        except ImportError as e:
+            raise RuntimeError(
+                "the 'triton' attention backend needs the triton package "
+                "(pip install 'baton[gpu]'); or use attention_backend='torch'"
+            ) from e
+        self._decode = decode_attention.paged_decode_attention
+        self._prefill = prefill_attention.paged_prefill_attention
+        self._write = reshape_and_cache.reshape_and_cache
+        self._layout_cls = prefill_attention.PrefillLayout
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_layer: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        self._write(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            self._decode(
+                q[:nd], kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale,
+                out=out[:nd],
+            )  # fmt: skip
+        if meta.prefills:
+            self._prefill(q, kv_layer, self._layout(meta, q.device), scale, out=out)
+        return out
+
+    def _layout(self, meta: AttentionMetadata, device: torch.device):
+        fields = [f.name for f in dataclasses.fields(self._layout_cls)]
+        state = meta.backend_state
+        if _STATE_PREFIX + fields[0] not in state:
+            chunks = meta.prefills
+            layout = self._layout_cls.build(
+                [c.query_start for c in chunks],
+                [c.query_len for c in chunks],
+                [c.seq_len for c in chunks],
+                [c.block_ids for c in chunks],
+                device,
+            )
+            for name in fields:
+                state[_STATE_PREFIX + name] = getattr(layout, name)
+            return layout
+        return self._layout_cls(**{name: state[_STATE_PREFIX + name] for name in fields})

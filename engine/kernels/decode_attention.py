@@ -1,0 +1,252 @@
+"""Paged decode attention: one query token per sequence against its block table.
+
+Split-KV (flash-decoding): each sequence's context is cut into `num_splits` contiguous
+ranges that run in parallel; a second kernel merges the partial results by their
+log-sum-exp. With one split the first kernel writes the output directly (`DIRECT`).
+
+    context of sequence b:  [ split 0 | split 1 | ... | split S-1 ]   (each cdiv(len, S))
+    stage 1, grid (B, Hk, S):  partial[b, h, s] = softmax(q K_s^T) V_s,  lse[b, h, s]
+    stage 2, grid (B, Hq):     out[b, h] = sum_s exp(lse_s - max) partial_s / sum_s exp(...)
+
+One program serves all query heads of one KV head (GQA/MQA), padded to at least 16 rows so
+`tl.dot` gets a legal tile; K/V of a token are found through the block table, token by
+token, so any block size (including 1) works with any tile width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check,
+    check_shape,
+    check_tensor,
+    dot_dtype,
+    dot_precision,
+    next_pow2,
+)
+
+MAX_SPLITS = 16
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, kv_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr,
+    scale,
+    stride_qb, stride_qh,
+    stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+    stride_tb,
+    stride_ob, stride_oh, stride_os,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DIRECT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    split_len = tl.cdiv(seq_len, NUM_SPLITS)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+
+    rows = tl.arange(0, BLOCK_H)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=row_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        block = tl.load(table_ptr + b * stride_tb + pos // PAGE, mask=n_mask, other=0)
+        base = block.to(tl.int64) * stride_kvb + (pos % PAGE) * stride_kvs + kv_head * stride_kvh
+        k = tl.load(
+            kv_ptr + base[None, :] + d[:, None],
+            mask=n_mask[None, :] & d_mask[:, None],
+            other=0.0,
+        )
+        s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, 1)
+        v = tl.load(
+            kv_ptr + stride_kvkv + base[:, None] + d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+        m = m_new
+
+    # An empty split (context shorter than the split count) leaves denom 0: write zeros and
+    # lse = -inf so the reduce gives it no weight.
+    safe = tl.where(denom > 0, denom, 1.0)
+    out = acc / safe[:, None]
+    o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
+    if not DIRECT:
+        lse = tl.where(denom > 0, m + tl.log(safe), float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    partial_ptr, lse_ptr, out_ptr,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_mask = s < NUM_SPLITS
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    lse = tl.load(lse_ptr + b * stride_lb + h * stride_lh + s, mask=s_mask, other=float("-inf"))
+    # Split 0 is never empty (seq_len >= 1), so the maximum is finite.
+    weight = tl.exp(lse - tl.max(lse, 0))
+    parts = tl.load(
+        partial_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    out = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d_mask
+    )
+
+
+def default_num_splits(
+    batch: int, num_kv_heads: int, max_context: int, device: torch.device
+) -> int:
+    """Enough programs to fill the device, never a split shorter than a few tiles."""
+    if device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    wanted = triton.cdiv(2 * sms, max(1, batch * num_kv_heads))
+    return max(1, min(wanted, MAX_SPLITS, triton.cdiv(max_context, 256)))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [B, Hq, D]; kv_layer: [num_blocks, 2, block_size, Hk, D]; block_tables:
+    [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], each
+    >= 1, the context length including the new token. Returns [B, Hq, D] (into `out`)."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("kv_layer", kv_layer, 5, (q.dtype,), q.device)
+    check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, q.device)
+    check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES, q.device)
+    batch, num_heads, head_dim = q.shape
+    _, two, page, num_kv_heads, kv_dim = kv_layer.shape
+    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
+    check(kv_dim == head_dim, f"head_dim of q ({head_dim}) and kv_layer ({kv_dim}) differ")
+    check(
+        num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads}"
+    )
+    check(
+        block_tables.shape[0] == batch,
+        f"block_tables has {block_tables.shape[0]} rows for {batch} queries",
+    )
+    check_shape("seq_lens", seq_lens, (batch,))
+    check(kv_layer.stride(3) == head_dim, "kv_layer must be contiguous over (kv_heads, head_dim)")
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,), q.device)
+    check_shape("out", out, q.shape)
+    if batch == 0:
+        return out
+    max_context = block_tables.shape[1] * page
+    splits = num_splits or default_num_splits(batch, num_kv_heads, max_context, q.device)
+    check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    group = num_heads // num_kv_heads
+    block_d = next_pow2(head_dim)
+    meta = dict(
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_D=block_d, BLOCK_N=32 if head_dim <= 128 else 16, NUM_SPLITS=splits,
+        DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
+    )  # fmt: skip
+    if splits == 1:
+        # lse is never written; a real (1-element) buffer keeps the launcher's pointer check happy.
+        partial, lse = out.unsqueeze(2), out.new_empty(1, dtype=torch.float32)
+        lse_strides = (0, 0)
+    else:
+        partial = q.new_empty(batch, num_heads, splits, head_dim, dtype=torch.float32)
+        lse = q.new_empty(batch, num_heads, splits, dtype=torch.float32)
+        lse_strides = (lse.stride(0), lse.stride(1))
+    _decode_split_kernel[(batch, num_kv_heads, splits)](
+        q, kv_layer, block_tables, seq_lens, partial, lse,
+        scale,
+        q.stride(0), q.stride(1),
+        kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+        block_tables.stride(0),
+        partial.stride(0), partial.stride(1), partial.stride(2),
+        *lse_strides,
+        **meta,
+    )  # fmt: skip
+    if splits > 1:
+        _decode_reduce_kernel[(batch, num_heads)](
+            partial, lse, out,
+            partial.stride(0), partial.stride(1), partial.stride(2),
+            lse.stride(0), lse.stride(1),
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=next_pow2(splits),
+        )  # fmt: skip
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The same contract in plain torch, one sequence at a time, in float32."""
+    out = torch.empty_like(q)
+    page = kv_layer.shape[2]
+    for b in range(q.shape[0]):
+        n = int(seq_lens[b])
+        blocks = block_tables[b, : -(-n // page)].long()
+        k = kv_layer[blocks, 0].flatten(0, 1)[:n].float()  # [n, Hk, D]
+        v = kv_layer[blocks, 1].flatten(0, 1)[:n].float()
+        o = F.scaled_dot_product_attention(
+            q[b].float().unsqueeze(1),  # [Hq, 1, D]
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[b] = o.squeeze(1).to(q.dtype)
+    return out

@@ -1,0 +1,233 @@
+"""Paged prefill / extend attention: ragged chunks of new tokens, causal, over the cache.
+
+A chunk is `query_len` new tokens of one sequence whose context after the chunk is `seq_len`
+tokens; its K/V (prefix and new tokens alike) are already in the paged cache, written by
+reshape-and-cache earlier in the step. That one rule serves a fresh prompt (prefix 0),
+chunked prefill, prefix-cache hits and KV received from another worker.
+
+    keys of chunk c:   0 ........ prefix-1 | prefix ........ seq_len-1
+                       cached prefix        this chunk's queries (prefix = seq_len - query_len)
+    query row r attends keys [0, prefix + r]   (causal, bottom-right aligned)
+
+The grid is (tile, query head): a tile is BLOCK_M query rows of one chunk. The host lists
+the tiles once per step (it knows the chunk lengths), so no program idles on padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from engine.kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check,
+    check_shape,
+    check_tensor,
+    dot_dtype,
+    dot_precision,
+    next_pow2,
+)
+
+BLOCK_M = 32
+
+
+@dataclass(frozen=True)
+class PrefillLayout:
+    """The step's chunks as device tensors, plus the tile list the kernel's grid walks."""
+
+    query_starts: torch.Tensor  # [C] row of each chunk's first query in q
+    query_lens: torch.Tensor  # [C]
+    seq_lens: torch.Tensor  # [C]
+    block_tables: torch.Tensor  # [C, max_blocks], padded with 0 (never read)
+    tile_chunks: torch.Tensor  # [num_tiles] chunk of each tile
+    tile_rows: torch.Tensor  # [num_tiles] first query row (within its chunk) of each tile
+
+    @staticmethod
+    def build(
+        query_starts: list[int],
+        query_lens: list[int],
+        seq_lens: list[int],
+        block_ids: list[list[int]] | list[torch.Tensor],
+        device: torch.device,
+        block_m: int = BLOCK_M,
+    ) -> PrefillLayout:
+        n = len(query_lens)
+        check(
+            len(query_starts) == n == len(seq_lens) == len(block_ids),
+            "query_starts, query_lens, seq_lens and block_ids need one entry per chunk",
+        )
+        for i, (ql, sl) in enumerate(zip(query_lens, seq_lens, strict=True)):
+            check(1 <= ql <= sl, f"chunk {i}: need 1 <= query_len ({ql}) <= seq_len ({sl})")
+        tiles = [(c, r) for c, ql in enumerate(query_lens) for r in range(0, ql, block_m)]
+
+        def as_tensor(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=device)
+
+        if n and isinstance(block_ids[0], torch.Tensor):
+            # Device tensors stay on the device: pad there instead of syncing to the host.
+            tensors: list[torch.Tensor] = block_ids  # type: ignore[assignment]
+            padded = torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True)
+            table = padded.to(device=device, dtype=torch.int32)
+        else:
+            width = max((len(b) for b in block_ids), default=0)
+            rows = [list(b) + [0] * (width - len(b)) for b in block_ids]  # type: ignore[arg-type]
+            table = torch.tensor(rows, dtype=torch.int32, device=device).reshape(n, width)
+
+        return PrefillLayout(
+            as_tensor(query_starts),
+            as_tensor(query_lens),
+            as_tensor(seq_lens),
+            table,
+            as_tensor([c for c, _ in tiles]),
+            as_tensor([r for _, r in tiles]),
+        )
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, kv_ptr, out_ptr,
+    starts_ptr, qlens_ptr, seqlens_ptr, table_ptr, tile_chunks_ptr, tile_rows_ptr,
+    scale,
+    stride_qt, stride_qh,
+    stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+    stride_tb,
+    stride_ot, stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    chunk = tl.load(tile_chunks_ptr + tile)
+    row0 = tl.load(tile_rows_ptr + tile)
+    q_start = tl.load(starts_ptr + chunk)
+    q_len = tl.load(qlens_ptr + chunk)
+    seq_len = tl.load(seqlens_ptr + chunk)
+    prefix = seq_len - q_len
+    kv_head = head // GROUP
+
+    rows = row0 + tl.arange(0, BLOCK_M)
+    row_mask = rows < q_len
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < HEAD_DIM
+    q_offs = (q_start + rows).to(tl.int64)[:, None] * stride_qt + head * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = prefix + rows
+
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # Keys past the tile's last query position are masked for every row: stop there.
+    end = tl.minimum(seq_len, prefix + row0 + BLOCK_M)
+    for n0 in range(0, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        n_mask = pos < end
+        block = tl.load(table_ptr + chunk * stride_tb + pos // PAGE, mask=n_mask, other=0)
+        base = block.to(tl.int64) * stride_kvb + (pos % PAGE) * stride_kvs + kv_head * stride_kvh
+        k = tl.load(
+            kv_ptr + base[None, :] + d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
+        )
+        s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * scale
+        # Key 0 is visible to every row, so each row's maximum is finite from the first tile.
+        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp(m - m_new)
+        p = tl.exp(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, 1)
+        v = tl.load(
+            kv_ptr + stride_kvkv + base[:, None] + d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+        m = m_new
+
+    out = acc / denom[:, None]
+    o_offs = (q_start + rows).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
+    tl.store(
+        out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :]
+    )
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    kv_layer: torch.Tensor,
+    layout: PrefillLayout,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [T, Hq, D] (rows outside the layout's chunks are neither read nor written);
+    kv_layer: [num_blocks, 2, block_size, Hk, D] already holding the chunks' K/V.
+    Returns [T, Hq, D] (into `out`)."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("kv_layer", kv_layer, 5, (q.dtype,), q.device)
+    for name in ("query_starts", "query_lens", "seq_lens", "tile_chunks", "tile_rows"):
+        check_tensor(name, getattr(layout, name), 1, INDEX_DTYPES, q.device)
+    check_tensor("block_tables", layout.block_tables, 2, INDEX_DTYPES, q.device)
+    _, num_heads, head_dim = q.shape
+    _, two, page, num_kv_heads, kv_dim = kv_layer.shape
+    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
+    check(kv_dim == head_dim, f"head_dim of q ({head_dim}) and kv_layer ({kv_dim}) differ")
+    check(
+        num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads}"
+    )
+    check(kv_layer.stride(3) == head_dim, "kv_layer must be contiguous over (kv_heads, head_dim)")
+    if out is None:
+        out = torch.empty_like(q)
+    check_tensor("out", out, 3, (q.dtype,), q.device)
+    check_shape("out", out, q.shape)
+    num_tiles = layout.tile_chunks.shape[0]
+    if num_tiles == 0:
+        return out
+    _prefill_kernel[(num_tiles, num_heads)](
+        q, kv_layer, out,
+        layout.query_starts, layout.query_lens, layout.seq_lens, layout.block_tables,
+        layout.tile_chunks, layout.tile_rows,
+        scale,
+        q.stride(0), q.stride(1),
+        kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+        layout.block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=BLOCK_M,
+        BLOCK_N=32 if head_dim <= 128 else 16, BLOCK_D=next_pow2(head_dim),
+        PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
+    )  # fmt: skip
+    return out
+
+
+def paged_prefill_attention_ref(
+    q: torch.Tensor, kv_layer: torch.Tensor, layout: PrefillLayout, scale: float
+) -> torch.Tensor:
+    """The same contract in plain torch, one chunk at a time, in float32. Rows outside the
+    chunks are returned as NaN (they are not the kernel's to write)."""
+    out = torch.full_like(q, float("nan"))
+    page = kv_layer.shape[2]
+    for c in range(layout.query_lens.shape[0]):
+        start, q_len, n = (int(layout.query_starts[c]), int(layout.query_lens[c]),
+                           int(layout.seq_lens[c]))  # fmt: skip
+        blocks = layout.block_tables[c, : -(-n // page)].long()
+        k = kv_layer[blocks, 0].flatten(0, 1)[:n].float()
+        v = kv_layer[blocks, 1].flatten(0, 1)[:n].float()
+        q_pos = torch.arange(q_len, device=q.device) + (n - q_len)
+        mask = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
+        o = F.scaled_dot_product_attention(
+            q[start : start + q_len].float().transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start : start + q_len] = o.transpose(0, 1).to(q.dtype)
+    return out

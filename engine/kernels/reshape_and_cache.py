@@ -1,0 +1,97 @@
+"""Reshape-and-cache: store each new token's K and V in its paged-cache slot.
+
+    token t  ->  kv_layer[slot_blocks[t], 0, slot_offsets[t]] = k[t]   ([Hk, D])
+                 kv_layer[slot_blocks[t], 1, slot_offsets[t]] = v[t]
+
+One program per token; a negative block id marks a padding token that is skipped (so a
+caller may pad a batch to a captured size without writing anywhere).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels._checks import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check,
+    check_shape,
+    check_tensor,
+    next_pow2,
+)
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    k_ptr, v_ptr, kv_ptr, blocks_ptr, offsets_ptr,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0)
+    block = tl.load(blocks_ptr + t).to(tl.int64)
+    if block >= 0:
+        offset = tl.load(offsets_ptr + t)
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
+        dst = (
+            kv_ptr + block * stride_kvb + offset * stride_kvs + h[:, None] * stride_kvh + d[None, :]
+        )
+        k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
+        v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
+        tl.store(dst, k, mask=mask)
+        tl.store(dst + stride_kvkv, v, mask=mask)
+
+
+def reshape_and_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layer: torch.Tensor,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+) -> None:
+    """k, v: [T, Hk, D]; kv_layer: [num_blocks, 2, block_size, Hk, D] (mutated);
+    slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one)."""
+    check_tensor("k", k, 3, FLOAT_DTYPES)
+    check_tensor("v", v, 3, (k.dtype,), k.device)
+    check_tensor("kv_layer", kv_layer, 5, (k.dtype,), k.device)
+    check_tensor("slot_blocks", slot_blocks, 1, INDEX_DTYPES, k.device)
+    check_tensor("slot_offsets", slot_offsets, 1, INDEX_DTYPES, k.device)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    check_shape("v", v, k.shape)
+    check_shape("slot_blocks", slot_blocks, (num_tokens,))
+    check_shape("slot_offsets", slot_offsets, (num_tokens,))
+    _, two, _, cache_heads, cache_dim = kv_layer.shape
+    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
+    check(
+        (cache_heads, cache_dim) == (num_kv_heads, head_dim),
+        f"k has {num_kv_heads} heads of {head_dim}; the cache holds {cache_heads} of {cache_dim}",
+    )
+    if num_tokens == 0:
+        return
+    _reshape_and_cache_kernel[(num_tokens,)](
+        k, v, kv_layer, slot_blocks, slot_offsets,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim),
+    )  # fmt: skip
+
+
+def reshape_and_cache_ref(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layer: torch.Tensor,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+) -> None:
+    keep = slot_blocks >= 0
+    blocks, offsets = slot_blocks[keep].long(), slot_offsets[keep].long()
+    kv_layer[blocks, 0, offsets] = k[keep]
+    kv_layer[blocks, 1, offsets] = v[keep]

@@ -1,0 +1,186 @@
+"""Running one engine over `tp_size` tensor-parallel ranks inside a node (SPMD).
+
+Every rank is its own process holding a full `LLMEngine` built with its `TPGroup` (its
+shard of every layer, its KV heads of the cache). The driver sends each engine call to all
+ranks at once; as the scheduler, block manager and sampler are deterministic and the LM head
+all-gathers full logits, every rank makes the same decisions and the collectives inside the
+forward pass line up. Rank 0's result is returned; the others reply only "done".
+
+    driver (TPEngine) --call(name, args)--> rank 0 .. rank N-1  (LLMEngine + TPGroup)
+                      <--rank 0's result---        \\____ all-reduce / all-gather ____/
+
+A rank is reached through a `RankHandle`, so the Ray worker can swap the local processes
+started here for actors in one placement group and keep everything else.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.config import EngineConfig
+from core.request import RequestOutput
+from core.sampling import SamplingParams
+from engine.config import ModelConfig
+from engine.tp.ranks import ProcessRank, RankHandle, free_port
+
+
+def check_tp_size(model: ModelConfig, size: int) -> None:
+    """Refuse a TP size the model cannot be split by, before any process starts."""
+    if size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {size}")
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    if heads % size:
+        raise ValueError(f"tp_size={size} does not divide the {heads} attention heads")
+    if (kv_heads % size) if size < kv_heads else (size % kv_heads):
+        raise ValueError(
+            f"tp_size={size} must divide the {kv_heads} KV heads or be a multiple of them "
+            "(each KV head is then replicated on tp_size / kv_heads ranks)"
+        )
+    if model.intermediate_size % size:
+        raise ValueError(
+            f"tp_size={size} does not divide intermediate_size={model.intermediate_size}"
+        )
+
+
+class TPEngine:
+    """An `LLMEngine` sharded over `config.tp_size` ranks; same calls, rank 0's answers.
+
+    Calls that change engine state go to every rank (they must stay identical); reads go to
+    rank 0 only. A call that fails the same way on every rank (bad input) re-raises rank 0's
+    error and the engine stays usable; ranks that disagree leave it broken, and every later
+    call raises.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig,
+        worker_id: str = "engine-0",
+        *,
+        backend: str | None = None,
+        master_addr: str = "127.0.0.1",
+        port: int | None = None,
+        start_timeout_s: float = 300.0,
+        call_timeout_s: float = 600.0,
+        ranks: Sequence[RankHandle] | None = None,
+    ) -> None:
+        self.config = config
+        self.call_timeout_s = call_timeout_s
+        self._broken: str | None = None
+        self._next_id = 0
+        if ranks is None:
+            ranks = self._start_local(
+                model_dir, config, worker_id, backend, master_addr, port, call_timeout_s
+            )
+        self.ranks = list(ranks)
+        replies = [r.reply(start_timeout_s) for r in self.ranks]
+        failed = [(i, v) for i, (kind, v) in enumerate(replies) if kind != "ok"]
+        if failed:
+            self.shutdown()
+            rank, error = failed[0]
+            raise RuntimeError(f"tensor-parallel rank {rank} failed to start: {error}") from error
+
+    @staticmethod
+    def _start_local(
+        model_dir: str | Path,
+        config: EngineConfig,
+        worker_id: str,
+        backend: str | None,
+        master_addr: str,
+        port: int | None,
+        timeout_s: float,
+    ) -> list[RankHandle]:
+        size = config.tp_size
+        check_tp_size(ModelConfig.from_dir(model_dir), size)
+        if backend is None:
+            import torch
+
+            on_gpu = config.device != "cpu" and torch.cuda.is_available()
+            backend = "nccl" if on_gpu else "gloo"
+        if backend == "nccl":
+            import torch
+
+            if torch.cuda.device_count() < size:
+                raise ValueError(f"tp_size={size} needs {size} GPUs on this node")
+        init_method = f"tcp://{master_addr}:{port or free_port(master_addr)}"
+        ctx = mp.get_context("spawn")
+        rank_args = (size, init_method, backend, str(model_dir), config, worker_id, timeout_s)
+        return [ProcessRank(ctx, rank, rank_args) for rank in range(size)]
+
+    # -- calls ---------------------------------------------------------------------------
+    def call_all(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run `LLMEngine.<name>` on every rank in lockstep; returns rank 0's result."""
+        return self._call(self.ranks, name, args, kwargs, want_result=True)
+
+    def call_first(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """A read-only call, on rank 0 alone."""
+        return self._call(self.ranks[:1], name, args, kwargs, want_result=True)
+
+    def _call(
+        self, ranks: list[RankHandle], name: str, args: tuple, kwargs: dict, want_result: bool
+    ) -> Any:
+        if self._broken:
+            raise RuntimeError(f"tensor-parallel engine is broken: {self._broken}")
+        for i, r in enumerate(ranks):
+            r.submit(name, args, kwargs, want_result and i == 0)
+        try:
+            replies = [r.reply(self.call_timeout_s) for r in ranks]
+        except (TimeoutError, RuntimeError) as e:
+            self._broken = f"{name}: {e}"
+            raise
+        kinds = {kind for kind, _ in replies}
+        if kinds == {"ok"}:
+            return replies[0][1]
+        errors = [v for kind, v in replies if kind == "error"]
+        if kinds == {"error"} and len({type(e) for e in errors}) == 1:
+            raise errors[0]  # the same refusal everywhere: state is still identical
+        self._broken = f"ranks disagreed on {name}: {replies}"
+        raise RuntimeError(f"tensor-parallel engine is broken: {self._broken}")
+
+    # -- the LLMEngine surface -----------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> None:
+        self._call(self.ranks, "add_request", (request_id, prompt, params), {}, False)
+
+    def step(self) -> list[RequestOutput]:
+        return self.call_all("step")
+
+    def abort(self, request_id: str) -> bool:
+        return self.call_all("abort", request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.call_first("has_unfinished")
+
+    def check_invariants(self) -> None:
+        self.call_all("check_invariants")
+
+    def generate(
+        self, prompts: Sequence[list[int] | str], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run prompts to completion; outputs in input order (a convenience for tests)."""
+        ids = [f"tp-{self._next_id + i}" for i in range(len(prompts))]
+        self._next_id += len(ids)
+        for rid, prompt in zip(ids, prompts, strict=True):
+            self.add_request(rid, prompt, params)
+        finished: dict[str, RequestOutput] = {}
+        while self.has_unfinished():
+            for out in self.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        return [finished[rid] for rid in ids]
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        for r in self.ranks:
+            r.close(timeout_s)
+        self.ranks = []
+        self._broken = self._broken or "shut down"
+
+    def __enter__(self) -> TPEngine:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.shutdown()

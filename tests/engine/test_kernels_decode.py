@@ -1,0 +1,65 @@
+"""Paged decode attention (Triton, under the interpreter) against its torch reference."""
+
+from __future__ import annotations
+
+import os
+
+# Read when `@triton.jit` runs: set before any kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from tests.engine.test_kernels_common import (
+    TOLERANCE,
+    make_paged_contexts,
+    padded_table,
+    poisoned,
+    to_page_one,
+)
+
+# (query heads, kv heads, head_dim, page, context lengths, splits, dtype): GQA ratios 1, 2,
+# 4 and MQA; lengths of 1 and at block boundaries; head sizes sampled sparingly.
+CASES = [
+    (4, 4, 64, 16, [1, 16, 17], 1, torch.float32),
+    (8, 2, 80, 32, [31, 32, 33, 64], 2, torch.float32),
+    (4, 1, 96, 16, [5, 48], 3, torch.bfloat16),
+    (2, 1, 128, 16, [1, 100], 4, torch.float16),
+    (4, 2, 256, 32, [40, 1], 2, torch.float32),
+]
+
+
+def run(q, ctx, splits, dtype):
+    out = poisoned(tuple(q.shape), dtype)
+    lens = torch.tensor(ctx.seq_lens, dtype=torch.int32)
+    return paged_decode_attention(
+        q, ctx.kv_layer, padded_table(ctx.block_ids), lens, 0.125, splits, out=out
+    )
+
+
+@pytest.mark.parametrize("hq,hk,dim,page,lens,splits,dtype", CASES)
+def test_matches_reference(hq, hk, dim, page, lens, splits, dtype) -> None:
+    ctx = make_paged_contexts(lens, hk, dim, page, dtype, seed=len(lens) + dim)
+    q = torch.randn(len(lens), hq, dim).to(dtype)
+    got = run(q, ctx, splits, dtype)
+    lens_t = torch.tensor(lens)
+    want = paged_decode_attention_ref(q, ctx.kv_layer, padded_table(ctx.block_ids), lens_t, 0.125)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want, **TOLERANCE[dtype])
+
+
+def test_block_size_16_gives_the_block_size_1_answer() -> None:
+    ctx = make_paged_contexts([1, 16, 33], 2, 64, 16, torch.float32, seed=1)
+    q = torch.randn(3, 4, 64)
+    paged = run(q, ctx, 1, torch.float32)
+    flat = run(q, to_page_one(ctx), 1, torch.float32)
+    torch.testing.assert_close(paged, flat, **TOLERANCE[torch.float32])
+
+
+def test_split_count_does_not_change_the_answer() -> None:
+    ctx = make_paged_contexts([3, 70], 1, 64, 16, torch.float32, seed=2)
+    q = torch.randn(2, 2, 64)
+    # More splits than a short context has tokens leaves splits empty; they must weigh 0.
+    one, many = run(q, ctx, 1, torch.float32), run(q, ctx, 5, torch.float32)
+    torch.testing.assert_close(one, many, **TOLERANCE[torch.float32])

@@ -1,0 +1,75 @@
+"""Paged prefill / extend attention (Triton, under the interpreter) against its reference."""
+
+from __future__ import annotations
+
+import os
+
+# Read when `@triton.jit` runs: set before any kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+from engine.kernels.prefill_attention import (
+    PrefillLayout,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+)
+from tests.engine.test_kernels_common import (
+    TOLERANCE,
+    PagedContexts,
+    make_paged_contexts,
+    poisoned,
+    to_page_one,
+)
+
+# (query heads, kv heads, head_dim, page, [(query_len, seq_len) per chunk], dtype):
+# fresh prompts (query_len == seq_len), extends over a cached prefix, a single-token chunk,
+# lengths on and around block boundaries, a chunk longer than one query tile (32 rows).
+CASES = [
+    (4, 2, 64, 16, [(16, 16), (1, 17), (5, 40)], torch.float32),
+    (4, 4, 80, 32, [(33, 33), (7, 32)], torch.float32),
+    (8, 1, 96, 16, [(3, 3), (17, 50)], torch.float16),
+    (2, 2, 128, 16, [(40, 47)], torch.bfloat16),
+    (4, 1, 256, 32, [(2, 65), (9, 9)], torch.float32),
+]
+LEADING_ROWS = 2  # rows before the chunks (the step's decode tokens): never touched
+
+
+def layout_for(ctx: PagedContexts, query_lens: list[int]) -> PrefillLayout:
+    starts = [LEADING_ROWS + sum(query_lens[:i]) for i in range(len(query_lens))]
+    return PrefillLayout.build(
+        starts, query_lens, ctx.seq_lens, ctx.block_ids, torch.device("cpu"), block_m=32
+    )
+
+
+def run(q: torch.Tensor, ctx: PagedContexts, query_lens: list[int]) -> torch.Tensor:
+    out = poisoned(tuple(q.shape), q.dtype)
+    return paged_prefill_attention(q, ctx.kv_layer, layout_for(ctx, query_lens), 0.1, out=out)
+
+
+@pytest.mark.parametrize("hq,hk,dim,page,chunks,dtype", CASES)
+def test_matches_reference(hq, hk, dim, page, chunks, dtype) -> None:
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], hk, dim, page, dtype, seed=dim + hq)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), hq, dim).to(dtype)
+    got = run(q, ctx, query_lens)
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout_for(ctx, query_lens), 0.1)
+    assert got[:LEADING_ROWS].isnan().all(), "rows outside the chunks were written"
+    assert not got[LEADING_ROWS:].isnan().any(), "a chunk row was left unwritten"
+    torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[dtype])
+
+
+def test_block_size_16_gives_the_block_size_1_answer() -> None:
+    chunks = [(4, 20), (16, 16), (1, 33)]
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], 1, 64, 16, torch.float32, seed=3)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), 2, 64)
+    paged = run(q, ctx, query_lens)
+    flat = run(q, to_page_one(ctx), query_lens)
+    torch.testing.assert_close(paged, flat, equal_nan=True, **TOLERANCE[torch.float32])
+
+
+def test_layout_rejects_a_chunk_longer_than_its_context() -> None:
+    with pytest.raises(ValueError, match="query_len"):
+        PrefillLayout.build([0], [5], [4], [[0]], torch.device("cpu"))
