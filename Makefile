@@ -1,9 +1,9 @@
-# Baton: `make demo` and `make test` each install what they need first (idempotent).
+# Baton: `make serve` and `make test` each install what they need first (idempotent).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 MODEL_DIR ?= models/tiny-llama
 
-.PHONY: install demo test lint format bench-engine
+.PHONY: install serve demo test lint format bench-engine
 
 install: .install-stamp
 
@@ -12,12 +12,16 @@ install: .install-stamp
 .install-stamp: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[test]"
-	@if ! command -v redis-server >/dev/null 2>&1; then \
+	@# System packages: redis-server (Redis store tests), chromium (dashboard browser test).
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && apt-get install -y -q redis-server; \
-		else echo "note: redis-server not found; Redis tests will be skipped"; fi; \
+			apt-get update -q && apt-get install -y -q redis-server chromium; \
+		else echo "note: redis-server/chromium missing; the tests needing them are skipped"; fi; \
 	fi
 	touch .install-stamp
+
+serve: install
+	$(PYTHON) -m router.cli serve
 
 demo: install
 	$(PYTHON) -m router.cli demo --model $(MODEL_DIR)

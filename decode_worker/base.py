@@ -49,6 +49,8 @@ class WorkerInfo:
     transport_backend: str
     transport_metadata: bytes
     pid: int
+    kv_bytes_per_block: int = 0
+    """Bytes of one block over all layers (what a transfer moves per block)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class WorkerBase:
             transport_backend=self.transport.backend,
             transport_metadata=self.transport.local_metadata(),
             pid=os.getpid(),
+            kv_bytes_per_block=self.llm.runner.kv_shape.bytes_per_block_all_layers,
         )
 
     def connect(self, peer_metadata: bytes) -> str:

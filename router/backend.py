@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.request import RequestOutput
 from core.sampling import SamplingParams
@@ -28,6 +28,8 @@ class GenerateRequest:
 class Backend(Protocol):
     model_name: str
     max_model_len: int
+    tokenizer: Any
+    """engine.tokenizer.Tokenizer (torch-free): encode, decode, apply_chat_template."""
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs (all tokens so far, visible text so far), the last one with

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import (
     CancelledError,
@@ -26,6 +26,28 @@ from router.backend import Backend, GenerateRequest
 from router.metrics import Metrics, RequestRecord
 
 DEFAULT_TIMEOUT_S = 300.0
+
+
+class TokenizerLike(Protocol):
+    """What the front doors use of `engine.tokenizer.Tokenizer` (torch-free)."""
+
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+
+def tokenizer_of(backend: Backend) -> TokenizerLike:
+    """The backend's tokenizer (`Backend.tokenizer`; not yet in the protocol's text)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    if tokenizer is None:
+        raise TypeError(f"{type(backend).__name__} has no tokenizer attribute")
+    return tokenizer  # type: ignore[no-any-return]
 
 
 def new_request_id(prefix: str) -> str:
@@ -71,8 +93,7 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
 
 
 def vocab_size_of(backend: Backend) -> int | None:
-    tokenizer = getattr(backend, "tokenizer", None)
-    return getattr(tokenizer, "vocab_size", None)
+    return getattr(getattr(backend, "tokenizer", None), "vocab_size", None)
 
 
 def outcome_of(error: BaseException | None) -> str:
@@ -93,7 +114,7 @@ def outcome_of(error: BaseException | None) -> str:
 
 async def run_tracked(
     backend: Backend, request: GenerateRequest, metrics: Metrics
-) -> AsyncIterator[RequestOutput]:
+) -> AsyncGenerator[RequestOutput]:
     """`backend.generate(request)`, recording TTFT, TPOT, latency and the outcome.
 
     Closing this iterator early closes the backend's, which aborts the request and frees
@@ -104,7 +125,8 @@ async def run_tracked(
     last: RequestOutput | None = None
     error: BaseException | None = None
     try:
-        async with aclosing(backend.generate(request)) as outputs:
+        outputs_iter: AsyncGenerator[RequestOutput] = backend.generate(request)  # type: ignore[assignment]
+        async with aclosing(outputs_iter) as outputs:
             async for out in outputs:
                 if first_token_at is None and out.token_ids:
                     first_token_at = time.monotonic()

@@ -5,6 +5,7 @@
       remove_worker(m, w)     a worker left: its entries leave every replica's view
       read(model)             context manager: the local PrefixIndex, locked for reading,
                               or None when the view cannot be trusted (degraded store)
+      longest_prefixes(m, h)  read(m) + PrefixIndex.longest_prefixes(h), the routing fast path
       sync(timeout)           block until everything published so far is in the local view
       close()                 stop background work; called exactly once by the owner
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from core.events import KVEventBatch
@@ -64,6 +65,15 @@ class IndexStore(abc.ABC):
         """The model's index, locked for the duration of the block (None when degraded)."""
         with self._lock:
             yield self._index(model) if self.healthy else None
+
+    def longest_prefixes(self, model: str, block_hashes: Sequence[int]) -> dict[str, int] | None:
+        """`read(model)` + `PrefixIndex.longest_prefixes` in one call, for the decision path
+        (no generator-based context manager): None when degraded."""
+        with self._lock:
+            if not self.healthy:
+                return None
+            index = self._indexes.get(model)
+            return index.longest_prefixes(block_hashes) if index is not None else {}
 
     @abc.abstractmethod
     def publish(self, batch: KVEventBatch) -> None: ...

@@ -12,6 +12,11 @@ A new report resets the counters (the worker now counts that work itself). When 
 says a request's prefill (or the whole request) is done, its contribution is subtracted only
 if it was routed in the current epoch; otherwise the report already accounted for it.
 Without any report, counters alone give the load (free blocks unknown: `has_capacity_info`).
+
+Pools (router.pool) are built on first use per (model, role) and dropped when the membership
+changes; every change of a worker's queued prefill tokens re-files it in the pools it belongs
+to, so the policies read the pool's min / max load without scanning it. Hence: WorkerStates
+are mutated only here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
+from router.pool import Pool
 
 ROLES = ("prefill", "decode", "unified")
 
@@ -76,7 +82,9 @@ class LoadTracker:
 
     workers: dict[str, WorkerState] = field(default_factory=dict)
     _tickets: dict[str, _Ticket] = field(default_factory=dict)
-    _pools: dict[tuple[str, str], list[WorkerState]] = field(default_factory=dict)
+    _pools: dict[tuple[str, str], Pool] = field(default_factory=dict)
+    # worker id -> (pool, position) for every built pool holding the worker
+    _filed_in: dict[str, list[tuple[Pool, int]]] = field(default_factory=dict)
 
     def add_worker(self, worker_id: str, role: str, model: str) -> WorkerState:
         if role not in ROLES:
@@ -84,12 +92,21 @@ class LoadTracker:
         state = self.workers.get(worker_id)
         if state is None or state.role != role or state.model != model:
             state = self.workers[worker_id] = WorkerState(worker_id, role, model)
-            self._pools.clear()
+            self._drop_pools()
         return state
 
     def remove_worker(self, worker_id: str) -> WorkerState | None:
-        self._pools.clear()
+        self._drop_pools()
         return self.workers.pop(worker_id, None)
+
+    def _drop_pools(self) -> None:
+        self._pools.clear()
+        self._filed_in.clear()
+
+    def _refile(self, worker: WorkerState) -> None:
+        """The worker's queued prefill tokens changed: keep its pools' load order true."""
+        for pool, i in self._filed_in.get(worker.worker_id, ()):
+            pool.refile(i)
 
     def report(self, load: WorkerLoad) -> bool:
         """Take a report; False if the worker is unknown (reports never add workers)."""
@@ -102,6 +119,7 @@ class LoadTracker:
         state.total_blocks = load.num_total_blocks
         state.epoch += 1
         state.pending_prefill_tokens = state.pending_requests = state.pending_blocks = 0
+        self._refile(state)
         return True
 
     def start(
@@ -118,6 +136,8 @@ class LoadTracker:
         prefill_worker = prefill if prefill is not None else decode
         prefill_worker.pending_prefill_tokens += prefill_tokens
         prefill_worker.num_routed += 1
+        if prefill_tokens:
+            self._refile(prefill_worker)
         decode.pending_requests += 1
         decode.pending_blocks += decode_blocks
         if prefill is not None:
@@ -139,6 +159,7 @@ class LoadTracker:
         p = ticket.prefill
         if p is not None and p.epoch == ticket.prefill_epoch:
             p.pending_prefill_tokens = max(0, p.pending_prefill_tokens - ticket.prefill_tokens)
+            self._refile(p)
         return True
 
     def request_done(self, request_id: str) -> bool:
@@ -157,15 +178,19 @@ class LoadTracker:
     def num_in_flight(self) -> int:
         return len(self._tickets)
 
-    def pool(self, model: str, role: str) -> list[WorkerState]:
+    def pool(self, model: str, role: str) -> Pool:
         """Workers that can serve `role` for `model` (unified workers serve both pools).
-        Cached until the membership changes; callers must not mutate the list."""
+        Cached until the membership changes; callers must not mutate it."""
         key = (model, role)
-        members = self._pools.get(key)
-        if members is None:
-            members = self._pools[key] = [
-                w
-                for w in self.workers.values()
-                if w.model == model and (w.role == role or w.role == "unified")
-            ]
-        return members
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = Pool(
+                [
+                    w
+                    for w in self.workers.values()
+                    if w.model == model and (w.role == role or w.role == "unified")
+                ]
+            )
+            for i, w in enumerate(pool.workers):
+                self._filed_in.setdefault(w.worker_id, []).append((pool, i))
+        return pool

@@ -3,6 +3,7 @@ laptop). Imports torch through the engine, so only import it where that is wante
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -34,8 +35,10 @@ class LocalBackend:
         except ValueError as e:
             self.engine.close_stream(request.request_id)
             raise InvalidRequestError(str(e)) from e
-        async for out in self.engine.stream(request.request_id, request.timeout_s):
-            yield out
+        stream = self.engine.stream(request.request_id, request.timeout_s)
+        async with contextlib.aclosing(stream) as outputs:  # closing early aborts
+            async for out in outputs:
+                yield out
 
     async def abort(self, request_id: str) -> None:
         await self.engine.call(lambda e: e.abort(request_id))

@@ -69,6 +69,8 @@ class TransferStats:
     num_blocks_skipped: int = 0
     """Prompt blocks the decode worker already held (multi-turn reuse): never sent."""
     prefill_on_decode: int = 0
+    wait_s: float = 0.0
+    """Total time decode workers waited for KV after the prefill's first token."""
 
 
 class ClusterBackend:
@@ -80,6 +82,7 @@ class ClusterBackend:
         tokenizer: Any,
         max_retries: int = 2,
         poll_interval_s: float = 0.05,
+        metrics: Any = None,
     ) -> None:
         self.controller = controller
         self.router = router
@@ -95,6 +98,9 @@ class ClusterBackend:
         """worker id -> controller Member (state ready)."""
         self.stats: dict[str, WorkerStats] = {}
         self.transfers = TransferStats()
+        self.metrics = metrics
+        """router.metrics.Metrics, if the front doors export them."""
+        self.kv_bytes_per_block = 0
         self._version = -1
         self._task: asyncio.Task | None = None
         self._resync: set[str] = set()
@@ -133,6 +139,8 @@ class ClusterBackend:
                 del self.workers[wid]
                 self.stats.pop(wid, None)
                 self.router.remove_worker(wid)
+                if self.metrics is not None:
+                    self.metrics.forget_worker(wid)
                 logger.info("router: worker %s left", wid)
         for wid, m in ready.items():
             if wid in self.workers:
@@ -142,6 +150,7 @@ class ClusterBackend:
                 self.model_id = info.model_id
                 self.max_model_len = info.max_model_len
                 self.block_size = info.block_size
+                self.kv_bytes_per_block = getattr(info, "kv_bytes_per_block", 0)
                 self.router.register_model(self.model_id, info.block_size)
             self.workers[wid] = m
             self.stats[wid] = WorkerStats(wid, m.role)
@@ -188,6 +197,13 @@ class ClusterBackend:
                 s.kv_usage = 1.0 - rep.load.num_free_blocks / total if total else 0.0
                 s.num_prompt_tokens = rep.num_prompt_tokens
                 s.num_cached_prompt_tokens = rep.num_cached_prompt_tokens
+                if self.metrics is not None:
+                    self.metrics.record_worker(
+                        m.worker_id, num_running=s.num_running, num_waiting=s.num_waiting,
+                        kv_usage=s.kv_usage, prefix_hit_rate=s.prefix_hit_rate,
+                        num_used_blocks=total - rep.load.num_free_blocks,
+                        num_free_blocks=rep.load.num_free_blocks,
+                    )
 
     # -- the request path ------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
@@ -264,6 +280,8 @@ class ClusterBackend:
             )
         except NoWorkerError as e:
             raise OverloadedError(f"no worker can take the request now: {e}", 2.0) from e
+        if self.metrics is not None:
+            self.metrics.record_router_decision(self.router.config.prefill_policy)
         decode = self.workers.get(decision.decode_worker_id)
         prefill = self.workers.get(decision.prefill_worker_id) if decision.prefill_worker_id else None
         if decode is None or (decision.prefill_worker_id and prefill is None):
@@ -272,6 +290,7 @@ class ClusterBackend:
         deadline = loop.time() + timeout_s
         stream = None
         finished = False
+        first_token_at: float | None = None
         try:
             if prefill is None:
                 self.transfers.prefill_on_decode += 1
@@ -291,6 +310,7 @@ class ClusterBackend:
                     max(0.1, deadline - loop.time()),
                 )
                 self.router.prefill_done(rid)
+                first_token_at = loop.time()
                 self.transfers.num_transfers += 1
                 self.transfers.num_blocks_sent += reply.num_blocks_sent
                 self.transfers.num_blocks_skipped += skip
@@ -304,6 +324,16 @@ class ClusterBackend:
                 )
             async for ref in stream:
                 out = await asyncio.wait_for(ref, max(0.1, deadline - loop.time()))
+                if prefill is not None and first_token_at is not None:
+                    # The decode side's first output comes once every layer has landed: the
+                    # time the KV transfer added after the prefill's first token.
+                    waited = loop.time() - first_token_at
+                    first_token_at = None
+                    self.transfers.wait_s += waited
+                    if self.metrics is not None:
+                        self.metrics.record_kv_transfer(
+                            reply.num_blocks_sent * self.kv_bytes_per_block, waited
+                        )
                 finished = out.finished
                 yield out
                 if finished:

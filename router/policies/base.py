@@ -3,8 +3,9 @@ tie-break / round-robin state.
 
     policy.choose(ctx) -> Choice
 
-`ctx.workers` is the pool (non-empty), `ctx.cached_blocks` the longest cached prefix of the
-prompt on each worker (workers with none are absent). A policy must not mutate `ctx` or the
+`ctx.workers` is the pool (non-empty; `ctx.pool_view()` adds its load order),
+`ctx.cached_blocks` the longest cached prefix of the prompt on each worker (workers with none
+are absent). A policy must not mutate `ctx` or the
 WorkerStates; the Router owns the accounting. Policies are looked up by name in a per-pool
 registry, so `round_robin`, `least_loaded` and `random` work for both pools and
 `cache_aware` means the prefill formula or the decode formula depending on the pool.
@@ -14,17 +15,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from router.load import WorkerState
+from router.pool import Pool
 
 POOLS = ("prefill", "decode")
 
 
-@dataclass(frozen=True, slots=True)
-class RouteContext:
-    """Everything a policy may look at for one request."""
+class RouteContext(NamedTuple):
+    """Everything a policy may look at for one request (a NamedTuple: cheap to build per
+    decision, immutable)."""
 
     workers: Sequence[WorkerState]
     cached_blocks: Mapping[str, int]
@@ -32,15 +33,28 @@ class RouteContext:
     num_prompt_tokens: int
     block_size: int
     num_output_tokens: int = 0
+    pool: Pool | None = None
+    """`workers` with their load order, when the caller keeps one (the Router's LoadTracker).
+    Policies that need it and find None build one from `workers`."""
+
+    def pool_view(self) -> Pool:
+        return self.pool if self.pool is not None else Pool(self.workers)
 
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """A policy's pick, why, and the terms of its formula (logged and put in the decision)."""
+class Choice(NamedTuple):
+    """A policy's pick, why, and the terms of its formula (logged and put in the decision).
+
+    The terms come as two parallel tuples: names (a per-policy constant, so the Router can
+    cache their prefixed forms) and values; `terms` zips them."""
 
     worker: WorkerState
     reason: str
-    terms: tuple[tuple[str, float], ...] = ()
+    term_names: tuple[str, ...] = ()
+    term_values: tuple[float, ...] = ()
+
+    @property
+    def terms(self) -> tuple[tuple[str, float], ...]:
+        return tuple(zip(self.term_names, self.term_values))
 
 
 class Policy(abc.ABC):

@@ -11,7 +11,8 @@ Algorithm (the code below follows it step by step):
        the prompt tokens w would still compute, the second the prefill work queued before it.
        Ties: smaller L_w, then rotation (so equal workers share the load). Workers with no
        cached block all cost compute_weight*T + queue_weight*L_w, so only the lightest of
-       them and the workers holding a prefix are scored: O(hits), not O(pool).
+       them and the workers holding a prefix are scored: O(hits), not O(pool). min / max /
+       lightest L come from the pool's sorted load order (router.pool), not a scan.
 
 Every decision returns the terms (cost, uncached tokens, queue of the winner, runner-up cost)
 so the Router can print them in its debug log line.
@@ -19,10 +20,11 @@ so the Router can print them in its debug log line.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from router.load import WorkerState
 from router.policies.base import Choice, Policy, RouteContext, register
+
+
+_GUARD_TERMS = ("max_load", "min_load")
+_COST_TERMS = ("cost", "uncached_tokens", "cached_blocks", "queued_tokens", "runner_up_cost")
 
 
 @register("cache_aware", pools=("prefill",))
@@ -45,54 +47,54 @@ class CacheAwarePrefill(Policy):
         self.balance_abs_tokens = balance_abs_tokens
         self.balance_rel = balance_rel
         self._turn = 0
-        self._pos: dict[str, int] = {}
-        self._pos_for: Sequence[WorkerState] | None = None
 
     def choose(self, ctx: RouteContext) -> Choice:
-        workers = ctx.workers
+        pool = ctx.pool_view()
+        workers = pool.workers
         n = len(workers)
         self._turn += 1
-        loads = [w.reported_waiting_tokens + w.pending_prefill_tokens for w in workers]
-        max_load, min_load = max(loads), min(loads)
+        max_load, min_load = pool.max_load, pool.min_load
         # Equal-load workers take turns: rotate which of them counts as "first".
-        lightest = [i for i, load in enumerate(loads) if load == min_load]
-        light_i = lightest[self._turn % len(lightest)]
+        light_i = pool.lightest(self._turn)
 
         # 1. Imbalance guard: absolute gap and ratio.
         if max_load - min_load > self.balance_abs_tokens and max_load > self.balance_rel * min_load:
-            terms = (("max_load", float(max_load)), ("min_load", float(min_load)))
-            return Choice(workers[light_i], "imbalance_least_loaded", terms)
+            values = (float(max_load), float(min_load))
+            return Choice(workers[light_i], "imbalance_least_loaded", _GUARD_TERMS, values)
 
         # 2. cost_w = compute_weight * (T - c_w * B) + queue_weight * L_w
         # A worker without cached blocks costs cw*T + qw*L_w, so among those the lightest
         # wins: only it and the workers with a cached prefix need their cost computed.
-        cached = ctx.cached_blocks
+        # The minimum of key (cost, L_w, rotation from light_i) wins; no list, no sort.
         tokens, block = ctx.num_prompt_tokens, ctx.block_size
         cw, qw = self.compute_weight, self.queue_weight
-        candidates = [light_i]
-        if cached:
-            pos = self._positions(workers)
-            candidates += [pos[w] for w in cached if w in pos]
-        costs = []
-        for i in candidates:
-            uncached = max(0, tokens - cached.get(workers[i].worker_id, 0) * block)
-            costs.append((cw * uncached + qw * loads[i], loads[i], (i - light_i) % n, i))
-        costs.sort()
-        best_i = costs[0][3]
-        winner = workers[best_i]
-        hit = cached.get(winner.worker_id, 0)
-        terms = (
-            ("cost", costs[0][0]),
-            ("uncached_tokens", float(max(0, tokens - hit * block))),
-            ("cached_blocks", float(hit)),
-            ("queued_tokens", float(loads[best_i])),
-            ("runner_up_cost", costs[1][0] if len(costs) > 1 else float("inf")),
+        cached = ctx.cached_blocks
+        best_i, best_load = light_i, min_load
+        best_hit = cached.get(workers[light_i].worker_id, 0)
+        best_cost = cw * max(0, tokens - best_hit * block) + qw * min_load
+        runner_up = float("inf")
+        position, load = pool.position, pool.load
+        for worker_id, hit in cached.items():
+            i = position.get(worker_id)
+            if i is None or i == light_i:  # outside this pool, or scored above
+                continue
+            uncached = tokens - hit * block
+            load_i = load(i)
+            cost = cw * (uncached if uncached > 0 else 0) + qw * load_i
+            if cost < best_cost or (
+                cost == best_cost
+                and (load_i, (i - light_i) % n) < (best_load, (best_i - light_i) % n)
+            ):
+                runner_up = best_cost
+                best_i, best_hit, best_load, best_cost = i, hit, load_i, cost
+            elif cost < runner_up:
+                runner_up = cost
+        values = (
+            best_cost,
+            float(max(0, tokens - best_hit * block)),
+            float(best_hit),
+            float(best_load),
+            runner_up,
         )
-        return Choice(winner, "cache_aware" if hit else "cache_aware_no_hit", terms)
-
-    def _positions(self, workers: Sequence[WorkerState]) -> dict[str, int]:
-        """worker id -> index in the pool; cached per pool list (stable until it changes)."""
-        if self._pos_for is not workers:
-            self._pos = {w.worker_id: i for i, w in enumerate(workers)}
-            self._pos_for = workers
-        return self._pos
+        reason = "cache_aware" if best_hit else "cache_aware_no_hit"
+        return Choice(workers[best_i], reason, _COST_TERMS, values)

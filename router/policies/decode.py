@@ -19,6 +19,10 @@ from __future__ import annotations
 from router.policies.base import Choice, Policy, RouteContext, register
 
 
+_TERMS = ("cost", "held_blocks", "need_blocks", "running", "kv_used")
+_NO_ROOM_TERMS = ("free_blocks",)
+
+
 @register("cache_aware", pools=("decode",))
 class CacheAwareDecode(Policy):
     name = "cache_aware"
@@ -45,36 +49,41 @@ class CacheAwareDecode(Policy):
         start = self._turn % n
         p = ctx.num_prompt_blocks
         out_blocks = -(-ctx.num_output_tokens // ctx.block_size)
-        max_running = max(w.running for w in workers) + 1
-        best, best_key, best_terms = None, (float("inf"), 0), ()
-        for k in range(n):
-            w = workers[(start + k) % n]
-            held = min(ctx.cached_blocks.get(w.worker_id, 0), p)
-            need = p - held + out_blocks
-            if w.has_capacity_info:
-                if w.free_blocks < need:
+        cached = ctx.cached_blocks
+        tw, bw, kw = self.transfer_weight, self.batch_weight, self.kv_weight
+        # WorkerState's properties, inlined: this loop is the one O(pool) part of a decision.
+        max_running = max([w.reported_running + w.pending_requests for w in workers]) + 1
+        best, best_held, best_used = None, 0, 0.0
+        best_key = (float("inf"), 0, 0)
+        for j, w in enumerate(workers):
+            held = cached.get(w.worker_id, 0)
+            if held > p:
+                held = p
+            if w.total_blocks > 0:  # has_capacity_info
+                free = max(0, w.reported_free_blocks - w.pending_blocks)
+                if free < p - held + out_blocks:
                     continue
-                used = 1.0 - w.free_blocks / w.total_blocks
+                used = 1.0 - free / w.total_blocks
             else:
                 used = 0.0
-            xfer = (p - held) / p if p else 0.0
+            running = w.reported_running + w.pending_requests
             cost = (
-                self.transfer_weight * xfer
-                + self.batch_weight * w.running / max_running
-                + self.kv_weight * used
+                tw * ((p - held) / p if p else 0.0) + bw * running / max_running + kw * used
             )
-            key = (cost, w.running)
+            # ties: fewer running, then rotation from `start`
+            key = (cost, running, (j - start) % n)
             if key < best_key:
-                best, best_key = w, key
-                best_terms = (
-                    ("cost", cost),
-                    ("held_blocks", float(held)),
-                    ("need_blocks", float(need)),
-                    ("running", float(w.running)),
-                    ("kv_used", used),
-                )
+                best, best_key, best_held, best_used = w, key, held, used
         if best is None:
             roomiest = max(workers, key=lambda w: (w.free_blocks, -w.running))
-            terms = (("free_blocks", float(roomiest.free_blocks)),)
-            return Choice(roomiest, "decode_no_room_most_free", terms)
-        return Choice(best, "cache_aware", best_terms)
+            return Choice(
+                roomiest, "decode_no_room_most_free", _NO_ROOM_TERMS, (float(roomiest.free_blocks),)
+            )
+        values = (
+            best_key[0],
+            float(best_held),
+            float(p - best_held + out_blocks),
+            float(best_key[1]),
+            best_used,
+        )
+        return Choice(best, "cache_aware", _TERMS, values)

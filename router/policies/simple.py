@@ -26,6 +26,9 @@ class RoundRobin(Policy):
         return Choice(worker, "round_robin")
 
 
+_LOAD = ("load",)
+
+
 @register("least_loaded")
 class LeastLoaded(Policy):
     """Smallest load: queued prefill tokens (prefill pool), running requests (decode pool)."""
@@ -35,7 +38,7 @@ class LeastLoaded(Policy):
     def choose(self, ctx: RouteContext) -> Choice:
         pool = self.pool
         worker = min(ctx.workers, key=lambda w: pool_load(w, pool))
-        return Choice(worker, "least_loaded", (("load", float(pool_load(worker, pool)[0])),))
+        return Choice(worker, "least_loaded", _LOAD, (float(pool_load(worker, pool)[0]),))
 
 
 @register("random")

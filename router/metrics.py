@@ -1,0 +1,227 @@
+"""Prometheus metrics of the front doors and the cluster, named in vLLM's style
+(`baton:time_to_first_token_seconds`, ...).
+
+One `Metrics` object owns its own `CollectorRegistry`, so several servers (or tests) in one
+process never clash. The front doors record requests (`observe_request`); the orchestrator
+and controller call `record_worker`, `record_kv_transfer`, `set_pool_size` and
+`record_router_decision`. `LiveStats` keeps the short per-second history the dashboard
+charts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
+
+_LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+_TPOT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+    0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+OUTCOMES = ("success", "invalid", "overloaded", "deadline", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished (or failed) request, as the front door saw it."""
+
+    outcome: str
+    """One of OUTCOMES."""
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    queue_s: float | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.ttft_s is None or self.e2e_s is None or self.num_output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.num_output_tokens - 1)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        self.ttft = Histogram(
+            "baton:time_to_first_token_seconds", "Time to first token.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "baton:time_per_output_token_seconds", "Time per output token after the first.",
+            buckets=_TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "baton:e2e_request_latency_seconds", "End-to-end request latency.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue = Histogram(
+            "baton:request_queue_time_seconds", "Time a request waited before it was scheduled.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.requests = Counter("baton:requests", "Requests by outcome.", ["outcome"], registry=r)
+        self.prompt_tokens = Counter("baton:prompt_tokens", "Prompt tokens.", registry=r)
+        self.generation_tokens = Counter("baton:generation_tokens", "Generated tokens.", registry=r)
+        self.cached_tokens = Counter(
+            "baton:prefix_cache_hit_tokens", "Prompt tokens served from a prefix cache.",
+            registry=r,
+        )  # fmt: skip
+        self.running = Gauge(
+            "baton:num_requests_running", "Requests running on a worker.", ["worker"],
+            registry=r,
+        )  # fmt: skip
+        self.waiting = Gauge(
+            "baton:num_requests_waiting", "Requests waiting on a worker.", ["worker"],
+            registry=r,
+        )  # fmt: skip
+        self.kv_usage = Gauge(
+            "baton:kv_cache_usage_perc", "Fraction of a worker's KV blocks in use (0..1).",
+            ["worker"], registry=r,
+        )  # fmt: skip
+        self.kv_blocks = Gauge(
+            "baton:num_kv_blocks", "KV blocks of a worker by state (used / free).",
+            ["worker", "state"], registry=r,
+        )  # fmt: skip
+        self.prefix_hit_rate = Gauge(
+            "baton:prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens per worker.",
+            ["worker"], registry=r,
+        )  # fmt: skip
+        self.kv_transfer_bytes = Counter(
+            "baton:kv_transfer_bytes", "KV cache bytes moved between workers.", registry=r
+        )
+        self.kv_transfer_seconds = Histogram(
+            "baton:kv_transfer_seconds", "Duration of one request's KV transfer.",
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
+        self.router_decisions = Counter(
+            "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r
+        )
+        for outcome in OUTCOMES:  # show zeros before the first request
+            self.requests.labels(outcome=outcome)
+        self.live = LiveStats()
+        self.known_workers: set[str] = set()
+        """Workers with series; `forget_worker` removes one."""
+
+    # -- front doors -------------------------------------------------------------------
+    def observe_request(self, rec: RequestRecord) -> None:
+        self.requests.labels(outcome=rec.outcome).inc()
+        self.prompt_tokens.inc(rec.num_prompt_tokens)
+        self.generation_tokens.inc(rec.num_output_tokens)
+        self.cached_tokens.inc(rec.num_cached_tokens)
+        for hist, value in (
+            (self.ttft, rec.ttft_s),
+            (self.tpot, rec.tpot_s),
+            (self.e2e, rec.e2e_s),
+            (self.queue, rec.queue_s),
+        ):
+            if value is not None:
+                hist.observe(value)
+        self.live.add(rec)
+
+    # -- orchestrator / controller -----------------------------------------------------
+    def record_worker(
+        self,
+        worker_id: str,
+        *,
+        num_running: int,
+        num_waiting: int,
+        kv_usage: float,
+        prefix_hit_rate: float,
+        num_used_blocks: int | None = None,
+        num_free_blocks: int | None = None,
+    ) -> None:
+        self.known_workers.add(worker_id)
+        self.running.labels(worker=worker_id).set(num_running)
+        self.waiting.labels(worker=worker_id).set(num_waiting)
+        self.kv_usage.labels(worker=worker_id).set(kv_usage)
+        self.prefix_hit_rate.labels(worker=worker_id).set(prefix_hit_rate)
+        if num_used_blocks is not None:
+            self.kv_blocks.labels(worker=worker_id, state="used").set(num_used_blocks)
+        if num_free_blocks is not None:
+            self.kv_blocks.labels(worker=worker_id, state="free").set(num_free_blocks)
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Drop a removed worker's series (so dashboards don't show it forever)."""
+        self.known_workers.discard(worker_id)
+        for gauge in (self.running, self.waiting, self.kv_usage, self.prefix_hit_rate):
+            with contextlib.suppress(KeyError):
+                gauge.remove(worker_id)
+        for state in ("used", "free"):
+            with contextlib.suppress(KeyError):
+                self.kv_blocks.remove(worker_id, state)
+
+    def record_kv_transfer(self, num_bytes: int, seconds: float) -> None:
+        self.kv_transfer_bytes.inc(num_bytes)
+        self.kv_transfer_seconds.observe(seconds)
+
+    def set_pool_size(self, pool: str, size: int) -> None:
+        self.pool_size.labels(pool=pool).set(size)
+
+    def record_router_decision(self, policy: str) -> None:
+        self.router_decisions.labels(policy=policy).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class LiveStats:
+    """Per-second buckets of the last `window_s` seconds, for the dashboard's charts.
+
+    Thread-safe: gRPC and HTTP handlers may record from different threads.
+    """
+
+    def __init__(self, window_s: int = 300, clock: Callable[[], float] = time.time) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        # second -> [requests, ttft_sum, ttft_n, tpot_sum, tpot_n, output_tokens]
+        self._buckets: deque[tuple[int, list[float]]] = deque()
+
+    def add(self, rec: RequestRecord) -> None:
+        now = int(self._clock())
+        with self._lock:
+            if not self._buckets or self._buckets[-1][0] != now:
+                self._buckets.append((now, [0.0] * 6))
+            b = self._buckets[-1][1]
+            b[0] += 1
+            if rec.ttft_s is not None:
+                b[1] += rec.ttft_s
+                b[2] += 1
+            if rec.tpot_s is not None:
+                b[3] += rec.tpot_s
+                b[4] += 1
+            b[5] += rec.num_output_tokens
+            self._trim(now)
+
+    def snapshot(self) -> dict[str, list[float | None] | list[float] | list[int]]:
+        """Columns over the window, one entry per second that saw a finished request:
+        `t` (unix seconds), mean `ttft_s`, mean `tpot_s`, `tokens_per_s`, `requests`."""
+        with self._lock:
+            self._trim(int(self._clock()))
+            rows = list(self._buckets)
+        return {
+            "t": [t for t, _ in rows],
+            "ttft_s": [b[1] / b[2] if b[2] else None for _, b in rows],
+            "tpot_s": [b[3] / b[4] if b[4] else None for _, b in rows],
+            "tokens_per_s": [b[5] for _, b in rows],
+            "requests": [int(b[0]) for _, b in rows],
+        }
+
+    def _trim(self, now: int) -> None:
+        while self._buckets and self._buckets[0][0] <= now - self.window_s:
+            self._buckets.popleft()

@@ -1,0 +1,80 @@
+"""The dashboard in a real headless Chromium (Debian `chromium`, driven by Playwright)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from router.admin_api import InProcessAdmin
+from router.http import HTTPServerThread
+from tests.frontdoor.conftest import ADMIN_TOKEN, API_KEY
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian chromium")
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, args=ARGS, headless=True
+        )
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        yield page
+        context.close()
+
+
+def test_wrong_token_is_refused(page, server: HTTPServerThread) -> None:  # type: ignore[no-untyped-def]
+    response = page.goto(f"{server.url}/admin?token=wrong")
+    assert response.status == 401
+    assert page.locator("#refused").is_visible()
+    assert page.locator(".pool").count() == 0
+
+
+def test_dashboard_shows_pools_and_scales_decode(  # type: ignore[no-untyped-def]
+    page, server: HTTPServerThread, admin: InProcessAdmin, backend
+) -> None:
+    # Some traffic first, so the charts have points.
+    httpx.post(
+        f"{server.url}/v1/completions",
+        timeout=30,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        json={"model": backend.model_name, "prompt": "hi", "max_tokens": 4},
+    ).raise_for_status()
+    response = page.goto(f"{server.url}/admin?token={ADMIN_TOKEN}")
+    assert response.status == 200
+    page.locator("#pool-prefill").wait_for()
+    page.locator("#pool-decode").wait_for()
+    assert "token=" not in page.url  # dropped from the address bar
+    decode_rows = page.locator("#pool-decode tr.worker")
+    before = len(admin.workers("decode"))
+    assert decode_rows.count() == before
+    page.click("#scale-decode-up")
+    page.wait_for_function(
+        f"document.querySelectorAll('#pool-decode tr.worker').length === {before + 1}",
+        timeout=TIMEOUT_MS,
+    )
+    new_ids = {w.worker_id for w in admin.workers("decode")}
+    shown = set(decode_rows.evaluate_all("rows => rows.map(r => r.dataset.workerId)"))
+    assert shown == new_ids and len(new_ids) == before + 1
+    assert "ready" in page.locator("#pool-decode").inner_text()
+    # The charts polled the stats endpoint and drew something other than "no requests".
+    page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')")

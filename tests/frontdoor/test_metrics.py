@@ -1,0 +1,72 @@
+"""The metrics the orchestrator records, and the dashboard's per-second history."""
+
+from __future__ import annotations
+
+from router.metrics import LiveStats, Metrics, RequestRecord
+
+
+def sample(m: Metrics, name: str, labels: dict[str, str] | None = None) -> float | None:
+    return m.registry.get_sample_value(name, labels or {})
+
+
+def test_orchestrator_hooks_export_vllm_style_names() -> None:
+    m = Metrics()
+    m.record_worker(
+        "decode-0",
+        num_running=3,
+        num_waiting=1,
+        kv_usage=0.5,
+        prefix_hit_rate=0.25,
+        num_used_blocks=8,
+        num_free_blocks=8,
+    )
+    m.record_kv_transfer(4096, 0.002)
+    m.set_pool_size("decode", 2)
+    m.record_router_decision("cache_aware")
+    assert sample(m, "baton:num_requests_running", {"worker": "decode-0"}) == 3
+    assert sample(m, "baton:num_requests_waiting", {"worker": "decode-0"}) == 1
+    assert sample(m, "baton:kv_cache_usage_perc", {"worker": "decode-0"}) == 0.5
+    assert sample(m, "baton:num_kv_blocks", {"worker": "decode-0", "state": "free"}) == 8
+    assert sample(m, "baton:prefix_cache_hit_rate", {"worker": "decode-0"}) == 0.25
+    assert sample(m, "baton:kv_transfer_bytes_total") == 4096
+    assert sample(m, "baton:kv_transfer_seconds_count") == 1
+    assert sample(m, "baton:pool_size", {"pool": "decode"}) == 2
+    assert sample(m, "baton:router_decisions_total", {"policy": "cache_aware"}) == 1
+    m.forget_worker("decode-0")
+    assert sample(m, "baton:num_requests_running", {"worker": "decode-0"}) is None
+    assert b"baton:pool_size" in m.exposition()
+
+
+def test_request_record_feeds_histograms_and_tpot() -> None:
+    m = Metrics()
+    rec = RequestRecord(
+        "success",
+        ttft_s=0.1,
+        e2e_s=0.5,
+        queue_s=0.01,
+        num_prompt_tokens=10,
+        num_output_tokens=5,
+        num_cached_tokens=4,
+    )
+    assert abs(rec.tpot_s - 0.1) < 1e-9  # type: ignore[operator]
+    m.observe_request(rec)
+    assert sample(m, "baton:requests_total", {"outcome": "success"}) == 1
+    assert sample(m, "baton:time_per_output_token_seconds_count") == 1
+    assert sample(m, "baton:prompt_tokens_total") == 10
+    assert sample(m, "baton:prefix_cache_hit_tokens_total") == 4
+
+
+def test_live_stats_buckets_per_second_and_forget_old() -> None:
+    now = [1000.0]
+    live = LiveStats(window_s=10, clock=lambda: now[0])
+    live.add(RequestRecord("success", ttft_s=0.2, e2e_s=1.2, num_output_tokens=11))
+    live.add(RequestRecord("success", ttft_s=0.4, e2e_s=1.4, num_output_tokens=11))
+    now[0] = 1001.5
+    live.add(RequestRecord("deadline", num_output_tokens=3))
+    snap = live.snapshot()
+    assert snap["t"] == [1000, 1001]
+    assert snap["ttft_s"][0] is not None and abs(snap["ttft_s"][0] - 0.3) < 1e-9
+    assert snap["tpot_s"][1] is None
+    assert snap["tokens_per_s"] == [22, 3]
+    now[0] = 1010.5
+    assert live.snapshot()["t"] == [1001]
