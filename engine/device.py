@@ -32,8 +32,16 @@ def resolve_attention_backend(name: str, device: torch.device) -> str:
     if name == "auto":
         # Triton kernels on CUDA; on CPU they would only run in the (slow) interpreter, so
         # the plain-torch paged path serves there.
-        return "triton" if device.type == "cuda" and has_triton() else "torch"
+        if device.type == "cuda":
+            return "triton" if has_triton() else "torch"
+        return "cpu" if _cpu_kernel_available() else "torch"
     return name
+
+
+def _cpu_kernel_available() -> bool:
+    from engine.attention.cpu_paged import load_kernel
+
+    return load_kernel() is not None
 
 
 @functools.cache

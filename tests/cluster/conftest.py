@@ -36,9 +36,7 @@ def always_disaggregate() -> RouterConfig:
     return RouterConfig(disagg_min_uncached_tokens=0)
 
 
-@pytest.fixture
-def cluster_factory(ray_session, loop_thread) -> Iterator[Any]:
-    """Start clusters (each with its own controller name); all are shut down after the test."""
+def _factory(loop_thread: Any) -> Iterator[Any]:
     started: list[Cluster] = []
 
     def start(spec: ClusterSpec, router_config: RouterConfig | None = None, name: str = "") -> Cluster:
@@ -55,3 +53,15 @@ def cluster_factory(ray_session, loop_thread) -> Iterator[Any]:
             loop_thread.run(cluster.close(), timeout=60)
         except Exception:
             pass
+
+
+@pytest.fixture
+def cluster_factory(ray_session, loop_thread) -> Iterator[Any]:
+    """Start clusters (each with its own controller name); all are shut down after the test."""
+    yield from _factory(loop_thread)
+
+
+@pytest.fixture(scope="module")
+def cluster_factory_module(ray_session, loop_thread) -> Iterator[Any]:
+    """The same, kept for a whole test module."""
+    yield from _factory(loop_thread)

@@ -117,3 +117,11 @@ def test_openai_example(open_servers: tuple[HTTPServerThread, GRPCServerThread])
 def test_grpc_example(open_servers: tuple[HTTPServerThread, GRPCServerThread]) -> None:
     out = run([sys.executable, "-c", GRPC_EXAMPLE], open_servers)
     assert out.strip()
+
+
+def test_readme_shows_exactly_these_examples() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    for snippet in (CURL_CHAT, CURL_STREAM, CURL_ADMIN, OPENAI_EXAMPLE, GRPC_EXAMPLE):
+        assert snippet in readme, snippet.splitlines()[0]

@@ -1,0 +1,238 @@
+"""Engine benchmark (issue 2): Baton's engine against transformers (and vLLM, when given a
+Python that has it) on the same checkpoint, same process, same thread count.
+
+    python -m bench.engine                      # small preset (~125M), float32, 2 threads
+    python -m bench.engine --scale 0.25         # quicker: every size scaled down
+    python -m bench.engine --vllm-python PATH   # add vLLM's offline LLM.generate
+
+Scenarios: (a) 1 prompt 128 -> 128 tokens; (b) 16 prompts of 512 -> 128; (c) 64 prompts that
+share a 1,024-token prefix plus 64 unique tokens -> 32, prefix cache on vs off. Prints a
+table (output tokens/s, TTFT, TPOT, start-up, ratios) and the batch-1 floor (weight bytes /
+memory bandwidth measured in this run); writes bench/results/engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+@dataclass
+class Run:
+    scenario: str
+    system: str
+    wall_s: float
+    output_tokens: int
+    ttft_mean_s: float
+    tpot_mean_s: float
+    prefill_done_s: float
+    """Time until every request had its first token (all prompts prefilled)."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+
+def scenario_prompts(name: str, scale: float, vocab: int) -> tuple[list[list[int]], int]:
+    rng = random.Random(0)
+
+    def toks(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(max(1, int(n)))]
+
+    if name == "a":
+        return [toks(128 * scale)], max(2, int(128 * scale))
+    if name == "b":
+        return [toks(512 * scale) for _ in range(16)], max(2, int(128 * scale))
+    prefix = toks(1024 * scale)
+    return [prefix + toks(64 * scale) for _ in range(64)], max(2, int(32 * scale))
+
+
+def run_ours(model: str, name: str, prompts: list[list[int]], max_tokens: int,
+             threads: int, prefix_cache: bool) -> tuple[Run, float]:
+    from engine import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(model, num_threads=threads, enable_prefix_caching=prefix_cache,
+              max_num_batched_tokens=4096, max_num_seqs=64)
+    llm.generate([prompts[0][:8]], SamplingParams(max_tokens=1))
+    startup = time.perf_counter() - start
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    if prefix_cache:
+        llm.engine.kv.pool.reset_prefix_cache()  # the warm-up must not help
+    t0 = time.monotonic()
+    outs = llm.generate(prompts, params)
+    wall = time.monotonic() - t0
+    n_out = sum(len(o.token_ids) for o in outs)
+    ttft = [o.timings.first_token - t0 for o in outs]
+    tpot = [o.timings.decode_s / max(1, len(o.token_ids) - 1) for o in outs]
+    label = "baton" + ("" if prefix_cache else " (no prefix cache)")
+    return Run(name, label, wall, n_out, sum(ttft) / len(ttft), sum(tpot) / len(tpot),
+               max(ttft)), startup
+
+
+def run_hf(model: str, name: str, prompts: list[list[int]], max_tokens: int) -> tuple[Run, float]:
+    from transformers import AutoModelForCausalLM
+
+    start = time.perf_counter()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    startup = time.perf_counter() - start
+    pad = hf.generation_config.pad_token_id or 0
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+
+    def generate(n: int) -> float:
+        t = time.monotonic()
+        with torch.no_grad():
+            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                        do_sample=False, pad_token_id=pad)
+        return time.monotonic() - t
+
+    generate(1)  # warm-up
+    ttft = generate(1)
+    wall = generate(max_tokens)
+    tpot = (wall - ttft) / max(1, max_tokens - 1)
+    return Run(name, "transformers", wall, len(prompts) * max_tokens, ttft, tpot, ttft), startup
+
+
+def run_vllm(python: str, model: str, name: str, prompts: list[list[int]], max_tokens: int,
+             threads: int) -> tuple[Run, float] | None:
+    script = f"""
+import json, time, os
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
+t0 = time.perf_counter()
+from vllm import LLM, SamplingParams
+llm = LLM({model!r}, dtype="float32", enable_prefix_caching=True)
+llm.generate([{{"prompt_token_ids": {prompts[0][:8]!r}}}], SamplingParams(max_tokens=1))
+startup = time.perf_counter() - t0
+prompts = json.loads(open(0).read())
+t = time.monotonic()
+outs = llm.generate([{{"prompt_token_ids": p}} for p in prompts],
+                    SamplingParams(max_tokens={max_tokens}, temperature=0, ignore_eos=True))
+wall = time.monotonic() - t
+ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs if o.metrics]
+print(json.dumps({{"wall": wall, "startup": startup, "ttft": ttft,
+                   "n": sum(len(o.outputs[0].token_ids) for o in outs)}}))
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run([python, "-c", script], input=json.dumps(prompts), text=True,
+                          capture_output=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        print(f"vLLM run failed: {proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    ttft = sum(r["ttft"]) / len(r["ttft"]) if r["ttft"] else float("nan")
+    tpot = (r["wall"] - ttft) / max(1, max_tokens - 1)
+    return Run(name, "vllm", r["wall"], r["n"], ttft, tpot, max(r["ttft"] or [ttft])), r["startup"]
+
+
+def memory_bandwidth(threads: int) -> float:
+    """Bytes/s streaming a 512 MiB fp32 tensor (read, reduce), best of 5."""
+    torch.set_num_threads(threads)
+    x = torch.ones(128 * 1024 * 1024)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+def weight_bytes(model: str) -> int:
+    return sum(f.stat().st_size for f in Path(model).glob("*.safetensors"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="models/small")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--scenarios", default="a,b,c")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--out", default=str(RESULTS / "engine.json"))
+    args = ap.parse_args(argv)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    torch.set_num_threads(args.threads)
+    if not (Path(args.model) / "config.json").exists():
+        from engine.tiny_model import make_tiny_model
+
+        print(f"making the small preset at {args.model} ...")
+        make_tiny_model(args.model, arch="llama", preset="small", seed=0)
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    bandwidth = memory_bandwidth(args.threads)
+    floor_s = weight_bytes(args.model) / bandwidth
+    runs: list[Run] = []
+    startups: dict[str, float] = {}
+    for name in args.scenarios.split(","):
+        prompts, max_tokens = scenario_prompts(name, args.scale, vocab)
+        print(f"scenario {name}: {len(prompts)} x {len(prompts[0])} -> {max_tokens}", flush=True)
+        run, startups["baton"] = run_ours(args.model, name, prompts, max_tokens, args.threads, True)
+        runs.append(run)
+        if name == "c":
+            runs.append(run_ours(args.model, name, prompts, max_tokens, args.threads, False)[0])
+        if not args.skip_hf:
+            run, startups["transformers"] = run_hf(args.model, name, prompts, max_tokens)
+            runs.append(run)
+        if args.vllm_python:
+            got = run_vllm(args.vllm_python, args.model, name, prompts, max_tokens, args.threads)
+            if got:
+                runs.append(got[0])
+                startups["vllm"] = got[1]
+    report(runs, startups, bandwidth, floor_s, args)
+    return 0
+
+
+def report(runs: list[Run], startups: dict[str, float], bandwidth: float, floor_s: float,
+           args: argparse.Namespace) -> None:
+    print(f"\n{'scen':4} {'system':26} {'tok/s':>8} {'TTFT s':>8} {'TPOT ms':>8} "
+          f"{'prefill s':>9} {'vs baton':>8}")
+    ours = {r.scenario: r for r in runs if r.system == "baton"}
+    for r in runs:
+        ratio = ours[r.scenario].tokens_per_s / r.tokens_per_s if r.scenario in ours else 0
+        print(f"{r.scenario:4} {r.system:26} {r.tokens_per_s:8.1f} {r.ttft_mean_s:8.2f} "
+              f"{r.tpot_mean_s * 1e3:8.1f} {r.prefill_done_s:9.2f} {ratio:7.2f}x")
+    summary: dict[str, object] = {}
+    if "a" in ours:
+        step = ours["a"].tpot_mean_s
+        summary["batch1_step_s"] = step
+        summary["batch1_vs_floor"] = step / floor_s
+        print(f"\nbatch-1 floor: {floor_s * 1e3:.1f} ms/token (weights / {bandwidth / 1e9:.1f} "
+              f"GB/s); measured step {step * 1e3:.1f} ms = {step / floor_s:.2f}x the floor")
+    for name, hf_name in (("b", "transformers"),):
+        hf = next((r for r in runs if r.scenario == name and r.system == hf_name), None)
+        if name in ours and hf:
+            summary["b_vs_transformers"] = ours[name].tokens_per_s / hf.tokens_per_s
+    off = next((r for r in runs if r.scenario == "c" and "no prefix" in r.system), None)
+    if "c" in ours and off:
+        summary["c_prefill_speedup_prefix_cache"] = off.prefill_done_s / ours["c"].prefill_done_s
+        print(f"prefix cache: all prompts prefilled in {ours['c'].prefill_done_s:.2f} s vs "
+              f"{off.prefill_done_s:.2f} s without ({summary['c_prefill_speedup_prefix_cache']:.1f}x)")
+    print("start-up to first token:", ", ".join(f"{k} {v:.1f} s" for k, v in startups.items()))
+    out = {
+        "machine": {"cpus": os.cpu_count(), "threads": args.threads, "python": platform.python_version(),
+                    "torch": torch.__version__, "memory_bandwidth_gbps": bandwidth / 1e9},
+        "model": args.model, "scale": args.scale,
+        "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in runs],
+        "startup_s": startups, "batch1_floor_s": floor_s, "summary": summary,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
