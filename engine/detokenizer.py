@@ -85,6 +85,15 @@ class IncrementalDetokenizer:
         self._text += delta
         return delta
 
+    def flush(self) -> str:
+        """The request ended: emit the held-back tail too (an incomplete character decodes
+        to U+FFFD, as a full decode of the output gives)."""
+        pending = self._decode(self._ids)[len(self._prefix_text) :]
+        delta = pending[self._num_emitted_pending :]
+        self._num_emitted_pending += len(delta)
+        self._text += delta
+        return delta
+
     def _decode(self, ids: list[int]) -> str:
         if not ids:
             return ""

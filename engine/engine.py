@@ -207,6 +207,8 @@ class LLMEngine:
             req.logprobs.append(s.logprob)
         req.detokenizer.append(s.token_id)
         decision = req.stop_checker.check(req.output_token_ids, req.detokenizer.text)
+        if decision.finished:
+            req.detokenizer.flush()
         req.text = req.stop_checker.visible_text(req.detokenizer.text, decision.finished)
         if decision.finished:
             req.finish_reason = decision.finish_reason

@@ -138,3 +138,12 @@ def test_kv_events_describe_the_cache(tiny_model_dir) -> None:
     assert any(isinstance(e, BlockRemoved) for e in batch2.events)
     load = engine.load()
     assert load.num_total_blocks == 6 and load.num_running == 0
+
+
+def test_final_text_equals_a_full_decode(llm: LLM) -> None:
+    # Random weights emit byte tokens that end mid-character: the finished text must still be
+    # exactly what decoding all output tokens gives.
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([prompt(n, 20 + 7 * n) for n in range(5, 60, 6)], params)
+    for out in outs:
+        assert out.text == llm.tokenizer.decode(out.token_ids)
