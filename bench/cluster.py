@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -26,12 +27,18 @@ from router.backend import GenerateRequest
 
 RESULTS = Path(__file__).parent / "results"
 MODEL_SHAPE = {  # ~20M parameters: a 1k-token prefill takes ~1 s on one CPU thread
-    "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "intermediate_size": 1536, "vocab_size": 4096,
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 1536,
+    "vocab_size": 4096,
 }
 
 
-def workload(n: int, rate: float, long_share: float, seed: int) -> list[tuple[float, list[int], int]]:
+def workload(
+    n: int, rate: float, long_share: float, seed: int
+) -> list[tuple[float, list[int], int]]:
     """(arrival s, prompt, max tokens): short chats (64-192 tokens) and long prompts (1-2k)."""
     rng = random.Random(seed)
     out = []
@@ -49,18 +56,22 @@ async def run_config(model_dir: str, mode: str, requests: list, threads: int) ->
     from router.routing import RouterConfig
 
     spec = ClusterSpec(
-        model_dir=model_dir, mode=mode,
+        model_dir=model_dir,
+        mode=mode,
         num_prefill=1 if mode == "disaggregated" else 0,
         num_decode=1 if mode == "disaggregated" else 2,
         engine=EngineConfig(num_kv_blocks=2048, max_num_batched_tokens=2048),
         num_threads=threads,
     )
-    cluster = await start_cluster(spec, RouterConfig(disagg_min_uncached_tokens=256),
-                                  controller_name=f"bench-{mode}")
+    cluster = await start_cluster(
+        spec, RouterConfig(disagg_min_uncached_tokens=256), controller_name=f"bench-{mode}"
+    )
     backend = cluster.backend
     try:
         # warm-up
-        async for _ in backend.generate(GenerateRequest("warm", [5] * 300, SamplingParams(max_tokens=2))):
+        async for _ in backend.generate(
+            GenerateRequest("warm", [5] * 300, SamplingParams(max_tokens=2))
+        ):
             pass
         backend.transfers.wait_s = 0.0
         t0 = time.monotonic()
@@ -75,18 +86,27 @@ async def run_config(model_dir: str, mode: str, requests: list, threads: int) ->
                 now = time.monotonic()
                 stamps.extend([now] * (len(out.token_ids) - n))
                 n = len(out.token_ids)
-            gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-            return {"long": len(prompt) > 1000, "ttft": stamps[0] - start,
-                    "tpot": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1),
-                    "max_gap": max(gaps, default=0.0), "e2e": stamps[-1] - start, "tokens": n}
+            gaps = [b - a for a, b in itertools.pairwise(stamps)]
+            return {
+                "long": len(prompt) > 1000,
+                "ttft": stamps[0] - start,
+                "tpot": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1),
+                "max_gap": max(gaps, default=0.0),
+                "e2e": stamps[-1] - start,
+                "tokens": n,
+            }
 
         results = await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))
         wall = time.monotonic() - t0
         ttft_sum = sum(r["ttft"] for r in results)
-        return {"mode": mode, "wall_s": wall, "results": results,
-                "kv_wait_s": backend.transfers.wait_s,
-                "kv_share_of_ttft": backend.transfers.wait_s / ttft_sum if ttft_sum else 0.0,
-                "transfers": backend.transfers.num_transfers}
+        return {
+            "mode": mode,
+            "wall_s": wall,
+            "results": results,
+            "kv_wait_s": backend.transfers.wait_s,
+            "kv_share_of_ttft": backend.transfers.wait_s / ttft_sum if ttft_sum else 0.0,
+            "transfers": backend.transfers.num_transfers,
+        }
     finally:
         await cluster.close()
 
@@ -127,15 +147,23 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"running {mode} ...", flush=True)
         runs.append(await run_config(str(model_dir.resolve()), mode, reqs, args.threads))
     rows = [summarize(r) for r in runs]
-    print(f"\n{'mode':14} {'tok/s':>7} {'TTFT':>7} {'TTFT p99':>9} {'short TTFT':>10} "
-          f"{'TPOT':>8} {'TPOT p99':>9} {'gap p99':>8} {'KV share':>8}")
+    print(
+        f"\n{'mode':14} {'tok/s':>7} {'TTFT':>7} {'TTFT p99':>9} {'short TTFT':>10} "
+        f"{'TPOT':>8} {'TPOT p99':>9} {'gap p99':>8} {'KV share':>8}"
+    )
     for r in rows:
-        print(f"{r['mode']:14} {r['throughput_tok_s']:7.1f} {r['ttft_mean_s']:6.2f}s "
-              f"{r['ttft_p99_s']:8.2f}s {r['short_ttft_mean_s'] or 0:9.2f}s "
-              f"{r['tpot_mean_ms']:6.1f}ms {r['tpot_p99_ms']:7.1f}ms "
-              f"{r['max_token_gap_p99_ms']:6.0f}ms {r['kv_share_of_ttft']:7.1%}")
-    out = {"args": vars(args), "summary": rows, "runs": runs,
-           "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        print(
+            f"{r['mode']:14} {r['throughput_tok_s']:7.1f} {r['ttft_mean_s']:6.2f}s "
+            f"{r['ttft_p99_s']:8.2f}s {r['short_ttft_mean_s'] or 0:9.2f}s "
+            f"{r['tpot_mean_ms']:6.1f}ms {r['tpot_p99_ms']:7.1f}ms "
+            f"{r['max_token_gap_p99_ms']:6.0f}ms {r['kv_share_of_ttft']:7.1%}"
+        )
+    out = {
+        "args": vars(args),
+        "summary": rows,
+        "runs": runs,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     RESULTS.mkdir(exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")

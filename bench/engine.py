@@ -59,13 +59,24 @@ def scenario_prompts(name: str, scale: float, vocab: int) -> tuple[list[list[int
     return [prefix + toks(64 * scale) for _ in range(64)], max(2, int(32 * scale))
 
 
-def run_ours(model: str, name: str, prompts: list[list[int]], max_tokens: int,
-             threads: int, prefix_cache: bool) -> tuple[Run, float]:
+def run_ours(
+    model: str,
+    name: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    threads: int,
+    prefix_cache: bool,
+) -> tuple[Run, float]:
     from engine import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model, num_threads=threads, enable_prefix_caching=prefix_cache,
-              max_num_batched_tokens=4096, max_num_seqs=64)
+    llm = LLM(
+        model,
+        num_threads=threads,
+        enable_prefix_caching=prefix_cache,
+        max_num_batched_tokens=4096,
+        max_num_seqs=64,
+    )
     llm.generate([prompts[0][:8]], SamplingParams(max_tokens=1))
     startup = time.perf_counter() - start
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -78,8 +89,9 @@ def run_ours(model: str, name: str, prompts: list[list[int]], max_tokens: int,
     ttft = [o.timings.first_token - t0 for o in outs]
     tpot = [o.timings.decode_s / max(1, len(o.token_ids) - 1) for o in outs]
     label = "baton" + ("" if prefix_cache else " (no prefix cache)")
-    return Run(name, label, wall, n_out, sum(ttft) / len(ttft), sum(tpot) / len(tpot),
-               max(ttft)), startup
+    return Run(
+        name, label, wall, n_out, sum(ttft) / len(ttft), sum(tpot) / len(tpot), max(ttft)
+    ), startup
 
 
 def run_hf(model: str, name: str, prompts: list[list[int]], max_tokens: int) -> tuple[Run, float]:
@@ -96,8 +108,14 @@ def run_hf(model: str, name: str, prompts: list[list[int]], max_tokens: int) -> 
     def generate(n: int) -> float:
         t = time.monotonic()
         with torch.no_grad():
-            hf.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                        do_sample=False, pad_token_id=pad)
+            hf.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=pad,
+            )
         return time.monotonic() - t
 
     generate(1)  # warm-up
@@ -107,8 +125,9 @@ def run_hf(model: str, name: str, prompts: list[list[int]], max_tokens: int) -> 
     return Run(name, "transformers", wall, len(prompts) * max_tokens, ttft, tpot, ttft), startup
 
 
-def run_vllm(python: str, model: str, name: str, prompts: list[list[int]], max_tokens: int,
-             threads: int) -> tuple[Run, float] | None:
+def run_vllm(
+    python: str, model: str, name: str, prompts: list[list[int]], max_tokens: int, threads: int
+) -> tuple[Run, float] | None:
     script = f"""
 import json, time, os
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "all")
@@ -127,8 +146,14 @@ print(json.dumps({{"wall": wall, "startup": startup, "ttft": ttft,
                    "n": sum(len(o.outputs[0].token_ids) for o in outs)}}))
 """
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.run([python, "-c", script], input=json.dumps(prompts), text=True,
-                          capture_output=True, env=env, timeout=3600)
+    proc = subprocess.run(
+        [python, "-c", script],
+        input=json.dumps(prompts),
+        text=True,
+        capture_output=True,
+        env=env,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         print(f"vLLM run failed: {proc.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -195,22 +220,33 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(runs: list[Run], startups: dict[str, float], bandwidth: float, floor_s: float,
-           args: argparse.Namespace) -> None:
-    print(f"\n{'scen':4} {'system':26} {'tok/s':>8} {'TTFT s':>8} {'TPOT ms':>8} "
-          f"{'prefill s':>9} {'vs baton':>8}")
+def report(
+    runs: list[Run],
+    startups: dict[str, float],
+    bandwidth: float,
+    floor_s: float,
+    args: argparse.Namespace,
+) -> None:
+    print(
+        f"\n{'scen':4} {'system':26} {'tok/s':>8} {'TTFT s':>8} {'TPOT ms':>8} "
+        f"{'prefill s':>9} {'vs baton':>8}"
+    )
     ours = {r.scenario: r for r in runs if r.system == "baton"}
     for r in runs:
         ratio = ours[r.scenario].tokens_per_s / r.tokens_per_s if r.scenario in ours else 0
-        print(f"{r.scenario:4} {r.system:26} {r.tokens_per_s:8.1f} {r.ttft_mean_s:8.2f} "
-              f"{r.tpot_mean_s * 1e3:8.1f} {r.prefill_done_s:9.2f} {ratio:7.2f}x")
+        print(
+            f"{r.scenario:4} {r.system:26} {r.tokens_per_s:8.1f} {r.ttft_mean_s:8.2f} "
+            f"{r.tpot_mean_s * 1e3:8.1f} {r.prefill_done_s:9.2f} {ratio:7.2f}x"
+        )
     summary: dict[str, object] = {}
     if "a" in ours:
         step = ours["a"].tpot_mean_s
         summary["batch1_step_s"] = step
         summary["batch1_vs_floor"] = step / floor_s
-        print(f"\nbatch-1 floor: {floor_s * 1e3:.1f} ms/token (weights / {bandwidth / 1e9:.1f} "
-              f"GB/s); measured step {step * 1e3:.1f} ms = {step / floor_s:.2f}x the floor")
+        print(
+            f"\nbatch-1 floor: {floor_s * 1e3:.1f} ms/token (weights / {bandwidth / 1e9:.1f} "
+            f"GB/s); measured step {step * 1e3:.1f} ms = {step / floor_s:.2f}x the floor"
+        )
     for name, hf_name in (("b", "transformers"),):
         hf = next((r for r in runs if r.scenario == name and r.system == hf_name), None)
         if name in ours and hf:
@@ -218,15 +254,25 @@ def report(runs: list[Run], startups: dict[str, float], bandwidth: float, floor_
     off = next((r for r in runs if r.scenario == "c" and "no prefix" in r.system), None)
     if "c" in ours and off:
         summary["c_prefill_speedup_prefix_cache"] = off.prefill_done_s / ours["c"].prefill_done_s
-        print(f"prefix cache: all prompts prefilled in {ours['c'].prefill_done_s:.2f} s vs "
-              f"{off.prefill_done_s:.2f} s without ({summary['c_prefill_speedup_prefix_cache']:.1f}x)")
+        print(
+            f"prefix cache: all prompts prefilled in {ours['c'].prefill_done_s:.2f} s vs "
+            f"{off.prefill_done_s:.2f} s without ({summary['c_prefill_speedup_prefix_cache']:.1f}x)"
+        )
     print("start-up to first token:", ", ".join(f"{k} {v:.1f} s" for k, v in startups.items()))
     out = {
-        "machine": {"cpus": os.cpu_count(), "threads": args.threads, "python": platform.python_version(),
-                    "torch": torch.__version__, "memory_bandwidth_gbps": bandwidth / 1e9},
-        "model": args.model, "scale": args.scale,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads": args.threads,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "memory_bandwidth_gbps": bandwidth / 1e9,
+        },
+        "model": args.model,
+        "scale": args.scale,
         "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in runs],
-        "startup_s": startups, "batch1_floor_s": floor_s, "summary": summary,
+        "startup_s": startups,
+        "batch1_floor_s": floor_s,
+        "summary": summary,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from core.sampling import SamplingParams
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams"]
 
 
-def __getattr__(name: str):  # noqa: ANN202 - lazy: importing `engine` must not load torch
+def __getattr__(name: str):
     if name == "LLM":
         from engine.llm import LLM
 

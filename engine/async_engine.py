@@ -41,9 +41,9 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.02) -> None:
         self.engine = engine
         self.idle_wait_s = idle_wait_s
-        self._commands: queue.SimpleQueue[tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]] = (
-            queue.SimpleQueue()
-        )
+        self._commands: queue.SimpleQueue[
+            tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]
+        ] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._streams_lock = threading.Lock()
         self._wake = threading.Event()

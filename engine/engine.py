@@ -108,7 +108,12 @@ class LLMEngine:
         """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
         logger.info(
             "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
-            worker_id, config.role, num_blocks, config.block_size, self.max_model_len, backend,
+            worker_id,
+            config.role,
+            num_blocks,
+            config.block_size,
+            self.max_model_len,
+            backend,
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -314,8 +319,11 @@ class LLMEngine:
         elif not events:
             return None
         batch = KVEventBatch(
-            worker_id=self.worker_id, seq=self._event_seq, events=events,
-            timestamp=time.time(), model=self.model_config.model_id,
+            worker_id=self.worker_id,
+            seq=self._event_seq,
+            events=events,
+            timestamp=time.time(),
+            model=self.model_config.model_id,
         )
         self._event_seq += 1
         return batch
@@ -329,8 +337,11 @@ class LLMEngine:
         if hashes:
             events.append(BlockStored(parent=None, block_hashes=hashes))
         batch = KVEventBatch(
-            worker_id=self.worker_id, seq=self._event_seq, events=events,
-            timestamp=time.time(), model=self.model_config.model_id,
+            worker_id=self.worker_id,
+            seq=self._event_seq,
+            events=events,
+            timestamp=time.time(),
+            model=self.model_config.model_id,
         )
         self._event_seq += 1
         return batch

@@ -27,7 +27,7 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - engine.tokenizer.Tokenizer
+    def tokenizer(self):
         return self.engine.tokenizer
 
     def generate(

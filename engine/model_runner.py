@@ -53,20 +53,31 @@ class ModelRunner:
         self.model.load_weights(iter_weights(model_config.model_dir, dtype))
         self.model.eval()
         logger.info(
-            "loaded %s (%s, %s) in %.1f s", model_config.model_id, model_config.architecture,
-            str(dtype).removeprefix("torch."), time.monotonic() - start,
+            "loaded %s (%s, %s) in %.1f s",
+            model_config.model_id,
+            model_config.architecture,
+            str(dtype).removeprefix("torch."),
+            time.monotonic() - start,
         )
         attn = self.model.model.layers[0].self_attn
         per_block = KVCacheShape(
-            model_config.num_hidden_layers, 1, config.block_size, attn.num_kv_heads,
-            model_config.head_dim, dtype,
+            model_config.num_hidden_layers,
+            1,
+            config.block_size,
+            attn.num_kv_heads,
+            model_config.head_dim,
+            dtype,
         )
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(
             per_block, config.kv_cache_memory_bytes
         )
         self.kv_shape = KVCacheShape(
-            per_block.num_layers, num_blocks, per_block.block_size, per_block.num_kv_heads,
-            per_block.head_dim, dtype,
+            per_block.num_layers,
+            num_blocks,
+            per_block.block_size,
+            per_block.num_kv_heads,
+            per_block.head_dim,
+            dtype,
         )
         self.kv_cache = allocate_kv_cache(self.kv_shape, device)
         self.sampler = Sampler(model_config.vocab_size, seed=config.seed)

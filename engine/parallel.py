@@ -49,5 +49,7 @@ SINGLE = TPGroup()
 
 def divide(numerator: int, denominator: int, what: str) -> int:
     if numerator % denominator != 0:
-        raise ValueError(f"{what}={numerator} is not divisible by tensor-parallel size {denominator}")
+        raise ValueError(
+            f"{what}={numerator} is not divisible by tensor-parallel size {denominator}"
+        )
     return numerator // denominator

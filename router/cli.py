@@ -54,8 +54,10 @@ def _run_demo(args: argparse.Namespace) -> int:
     ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
     for m, out in zip(messages, outs, strict=True):
-        print(f"> {m[0]['content']}\n{out.text!r}  [{len(out.token_ids)} tokens, "
-              f"{out.finish_reason}, ttft {out.timings.ttft_s:.3f} s]")
+        print(
+            f"> {m[0]['content']}\n{out.text!r}  [{len(out.token_ids)} tokens, "
+            f"{out.finish_reason}, ttft {out.timings.ttft_s:.3f} s]"
+        )
     elapsed = time.monotonic() - start
     print(f"model {model_dir} (random weights: the text is noise), {elapsed:.1f} s")
     return 0

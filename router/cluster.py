@@ -98,6 +98,8 @@ async def start_cluster(
     store = make_store("redis", url=spec.redis_url) if spec.redis_url else make_store("memory")
     router = Router(router_config, store=store)
     tokenizer = Tokenizer.from_dir(spec.model_dir)
-    backend = ClusterBackend(controller, router, os.path.basename(spec.model_dir.rstrip("/")), tokenizer)
+    backend = ClusterBackend(
+        controller, router, os.path.basename(spec.model_dir.rstrip("/")), tokenizer
+    )
     await backend.start()
     return Cluster(controller, backend, router, spec)

@@ -32,8 +32,9 @@ def resolve_model(model: str | None) -> Path:
     if model:
         path = Path(model).expanduser().resolve()
         if not (path / "config.json").exists():
-            raise SystemExit(f"baton serve: {path} is not a Hugging Face checkpoint folder "
-                             "(no config.json)")
+            raise SystemExit(
+                f"baton serve: {path} is not a Hugging Face checkpoint folder (no config.json)"
+            )
         return path
     path = DEFAULT_MODEL_DIR.resolve()
     if not (path / "config.json").exists():
@@ -44,7 +45,7 @@ def resolve_model(model: str | None) -> Path:
     return path
 
 
-def build_spec(args: argparse.Namespace, model_dir: Path):  # noqa: ANN201 - ClusterSpec
+def build_spec(args: argparse.Namespace, model_dir: Path):
     from router.cluster_spec import ClusterSpec
 
     device = args.device if args.device != "auto" else _detect_device()
@@ -98,7 +99,11 @@ async def _serve(args: argparse.Namespace) -> int:
     admin = ControllerAdmin(cluster.controller, cluster.backend)
     token = args.admin_token or secrets.token_urlsafe(24)
     app = create_app(
-        cluster.backend, admin, api_key=args.api_key, admin_token=token, metrics=metrics,
+        cluster.backend,
+        admin,
+        api_key=args.api_key,
+        admin_token=token,
+        metrics=metrics,
         request_timeout_s=args.request_timeout,
     )
     import uvicorn
@@ -107,8 +112,13 @@ async def _serve(args: argparse.Namespace) -> int:
         uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
     )
     grpc_server = await GRPCServer.start(
-        cluster.backend, admin, host=args.host, port=args.grpc_port, admin_token=token,
-        metrics=metrics, request_timeout_s=args.request_timeout,
+        cluster.backend,
+        admin,
+        host=args.host,
+        port=args.grpc_port,
+        admin_token=token,
+        metrics=metrics,
+        request_timeout_s=args.request_timeout,
     )
     http_task = asyncio.create_task(server.serve())
     while not server.started and not http_task.done():
@@ -120,7 +130,7 @@ async def _serve(args: argparse.Namespace) -> int:
     url = f"http://{args.host}:{args.port}"
     print(
         f"\nBaton is serving {cluster.backend.model_name} ({time.monotonic() - started:.0f} s)\n"
-        f"  OpenAI API   {url}/v1   (model \"{cluster.backend.model_name}\")\n"
+        f'  OpenAI API   {url}/v1   (model "{cluster.backend.model_name}")\n'
         f"  gRPC         {args.host}:{grpc_server.port}\n"
         f"  metrics      {url}/metrics\n"
         f"  dashboard    {url}/admin?token={token}\n"
@@ -131,8 +141,9 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await asyncio.wait([asyncio.create_task(stop.wait()), http_task],
-                       return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait(
+        [asyncio.create_task(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED
+    )
     logger.info("shutting down")
     server.should_exit = True
     await grpc_server.stop()

@@ -90,8 +90,8 @@ def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
 
 def get_backend(name: str) -> AttentionBackend:
     # Import for registration side effects; backends live in their own modules.
-    import engine.attention.cpu_paged  # noqa: F401
-    import engine.attention.torch_paged  # noqa: F401
+    import engine.attention.cpu_paged
+    import engine.attention.torch_paged
     import engine.attention.triton_backend  # noqa: F401
 
     if name not in _REGISTRY:

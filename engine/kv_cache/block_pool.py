@@ -100,7 +100,10 @@ class BlockPool:
                 self._free[block.block_id] = None
 
     def cache_blocks(
-        self, blocks: list[Block], hashes: list[BlockHash], tokens: list[tuple[int, ...]],
+        self,
+        blocks: list[Block],
+        hashes: list[BlockHash],
+        tokens: list[tuple[int, ...]],
         parent: BlockHash | None,
     ) -> None:
         """Name newly filled blocks by their chained hashes (one `stored` event for the run).

@@ -41,8 +41,11 @@ class KVCacheManager:
         parent = req.block_hashes[-1] if start else None
         req.block_hashes.extend(
             hash_prompt_blocks(
-                req.all_token_ids, self.block_size, self.root_hash,
-                start_parent=parent, start_block=start,
+                req.all_token_ids,
+                self.block_size,
+                self.root_hash,
+                start_parent=parent,
+                start_block=start,
             )
         )
 

@@ -34,8 +34,14 @@ class KVCacheShape:
         return self.block_bytes * self.num_layers
 
     def as_tuple(self) -> tuple[int, int, int, int, int, int]:
-        return (self.num_layers, self.num_blocks, 2, self.block_size, self.num_kv_heads,
-                self.head_dim)
+        return (
+            self.num_layers,
+            self.num_blocks,
+            2,
+            self.block_size,
+            self.num_kv_heads,
+            self.head_dim,
+        )
 
 
 def num_blocks_for_memory(shape_per_block: KVCacheShape, memory_bytes: int) -> int:

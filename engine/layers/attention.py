@@ -27,7 +27,9 @@ class SelfAttention(nn.Module):
         tp: TPGroup = SINGLE,
     ) -> None:
         super().__init__()
-        self.qkv_proj = QKVParallelLinear(hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp)
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp
+        )
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, False, tp)
         self.head_dim = head_dim
         self.num_heads = self.qkv_proj.num_heads

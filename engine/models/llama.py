@@ -81,7 +81,9 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup, dtype: torch.dtype):
+    def __init__(
+        self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup, dtype: torch.dtype
+    ):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         rotary = RotaryEmbedding(

@@ -16,6 +16,7 @@ started here for actors in one placement group and keep everything else.
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling import SamplingParams
 from engine.config import ModelConfig
-from engine.tp.ranks import ProcessRank, RankHandle, free_port
+from engine.tp.ranks import ProcessRank, RankHandle, Reply, free_port
+
+_REPLY_SLICE_S = 0.05
 
 
 def check_tp_size(model: ModelConfig, size: int) -> None:
@@ -68,6 +71,7 @@ class TPEngine:
         ranks: Sequence[RankHandle] | None = None,
     ) -> None:
         self.config = config
+        self.model_config = ModelConfig.from_dir(model_dir)
         self.call_timeout_s = call_timeout_s
         self._broken: str | None = None
         self._next_id = 0
@@ -119,26 +123,73 @@ class TPEngine:
         """A read-only call, on rank 0 alone."""
         return self._call(self.ranks[:1], name, args, kwargs, want_result=True)
 
+    def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run `<name>` on every rank; every rank's result, in rank order. For per-rank
+        state outside the lockstep engine (each rank's KV transport)."""
+        return self._call(self.ranks, name, args, kwargs, want_result=True, every=True)
+
+    @property
+    def broken(self) -> str | None:
+        """Why the engine can no longer be used, or None."""
+        return self._broken
+
+    @property
+    def requests(self) -> dict[str, None]:
+        """The ids of rank 0's live requests (AsyncEngine fails them when a step fails);
+        empty once broken. Needs a rank target with `request_ids()`."""
+        if self._broken:
+            return {}
+        try:
+            return dict.fromkeys(self.call_first("request_ids"))
+        except Exception:
+            return {}
+
     def _call(
-        self, ranks: list[RankHandle], name: str, args: tuple, kwargs: dict, want_result: bool
+        self,
+        ranks: list[RankHandle],
+        name: str,
+        args: tuple,
+        kwargs: dict,
+        want_result: bool,
+        every: bool = False,
     ) -> Any:
         if self._broken:
             raise RuntimeError(f"tensor-parallel engine is broken: {self._broken}")
         for i, r in enumerate(ranks):
-            r.submit(name, args, kwargs, want_result and i == 0)
+            r.submit(name, args, kwargs, want_result and (every or i == 0))
         try:
-            replies = [r.reply(self.call_timeout_s) for r in ranks]
+            replies = self._collect(ranks, name)
         except (TimeoutError, RuntimeError) as e:
             self._broken = f"{name}: {e}"
             raise
         kinds = {kind for kind, _ in replies}
         if kinds == {"ok"}:
-            return replies[0][1]
+            return [v for _, v in replies] if every else replies[0][1]
         errors = [v for kind, v in replies if kind == "error"]
         if kinds == {"error"} and len({type(e) for e in errors}) == 1:
             raise errors[0]  # the same refusal everywhere: state is still identical
         self._broken = f"ranks disagreed on {name}: {replies}"
         raise RuntimeError(f"tensor-parallel engine is broken: {self._broken}")
+
+    def _collect(self, ranks: list[RankHandle], name: str) -> list[Reply]:
+        """Every rank's reply, waiting on them in turn for `_REPLY_SLICE_S` each: a rank that
+        died is noticed within a slice even while a live rank blocks in a collective with
+        it (which would otherwise hold the driver until the call timeout)."""
+        deadline = time.monotonic() + self.call_timeout_s
+        replies: dict[int, Reply] = {}
+        while len(replies) < len(ranks):
+            for i, r in enumerate(ranks):
+                if i in replies:
+                    continue
+                try:
+                    replies[i] = r.reply(_REPLY_SLICE_S)
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"tensor-parallel rank {i} gave no reply to {name} within "
+                            f"{self.call_timeout_s} s"
+                        ) from None
+        return [replies[i] for i in range(len(ranks))]
 
     # -- the LLMEngine surface -----------------------------------------------------------
     def add_request(

@@ -1,6 +1,6 @@
 """The ranks of a tensor-parallel engine: how one is started, joins the group and serves
 the driver's calls (`rank_main`), and how the driver reaches it (`RankHandle`; `ProcessRank`
-for local processes, a Ray actor wrapper later).
+for local processes; the worker packages wrap Ray actors the same way).
 
 Wire protocol over the handle: the driver sends `(method, args, kwargs, want_result)` or
 None (stop); the rank answers `("ok", result or None)` or `("error", exception)`.
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import os
 import socket
 import traceback
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from core.config import EngineConfig
@@ -39,7 +41,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _portable(error: BaseException) -> BaseException:
+def portable_error(error: BaseException) -> BaseException:
     """The exception itself if it survives pickling, else a RuntimeError with its traceback."""
     import pickle
 
@@ -59,6 +61,45 @@ class RankHandle(Protocol):
     def close(self, timeout_s: float) -> None: ...
 
 
+def build_rank(
+    rank: int,
+    size: int,
+    init_method: str,
+    backend: str,
+    timeout_s: float,
+    factory: Callable[..., Any],
+    device_index: int | None = None,
+) -> Any:
+    """Join the group and build this rank's target with `factory(tp=group)` (an
+    `LLMEngine`, or a worker's rank that wraps one). `device_index` is the CUDA device of
+    this rank (default: the rank; 0 under Ray, which shows each actor only its own GPU)."""
+    if backend == "gloo" and "127.0.0.1" in init_method:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(rank if device_index is None else device_index)
+    group = init_tp_group(rank, size, init_method, backend, timeout_s)
+    return factory(tp=group)
+
+
+def serve_call(target: Any, name: str, args: tuple, kwargs: dict, want_result: bool) -> Reply:
+    """Run one driver call on this rank's target; a non-callable attribute is read."""
+    try:
+        value = getattr(target, name)
+        result = value(*args, **kwargs) if callable(value) else value
+        return ("ok", result if want_result else None)
+    except Exception as e:
+        return ("error", portable_error(e))
+
+
+def engine_factory(model_dir: str, config: EngineConfig, worker_id: str) -> Callable[..., Any]:
+    """The default rank target: a bare `LLMEngine` shard."""
+    from engine.engine import LLMEngine
+
+    return functools.partial(LLMEngine, model_dir, config, worker_id=worker_id)
+
+
 def rank_main(
     rank: int,
     size: int,
@@ -69,22 +110,15 @@ def rank_main(
     worker_id: str,
     timeout_s: float,
     conn: Any,
+    factory: Callable[..., Any] | None = None,
 ) -> None:
     """Body of a rank process: join the group, build the engine, serve calls until told to
     stop (None) or the driver goes away."""
     try:
-        if backend == "gloo" and "127.0.0.1" in init_method:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        if backend == "nccl":
-            import torch
-
-            torch.cuda.set_device(rank)  # before the group: NCCL binds the current device
-        from engine.engine import LLMEngine
-
-        group = init_tp_group(rank, size, init_method, backend, timeout_s)
-        engine = LLMEngine(model_dir, config, tp=group, worker_id=worker_id)
+        factory = factory or engine_factory(model_dir, config, worker_id)
+        target = build_rank(rank, size, init_method, backend, timeout_s, factory)
     except BaseException as e:  # report why this rank never came up, then exit
-        conn.send(("error", _portable(e)))
+        conn.send(("error", portable_error(e)))
         return
     conn.send(("ok", None))
     while True:
@@ -94,12 +128,7 @@ def rank_main(
             break
         if message is None:
             break
-        name, args, kwargs, want_result = message
-        try:
-            result = getattr(engine, name)(*args, **kwargs)
-            conn.send(("ok", result if want_result else None))
-        except Exception as e:
-            conn.send(("error", _portable(e)))
+        conn.send(serve_call(target, *message))
     import torch.distributed as dist
 
     dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -39,9 +40,13 @@ def always_disaggregate() -> RouterConfig:
 def _factory(loop_thread: Any) -> Iterator[Any]:
     started: list[Cluster] = []
 
-    def start(spec: ClusterSpec, router_config: RouterConfig | None = None, name: str = "") -> Cluster:
+    def start(
+        spec: ClusterSpec, router_config: RouterConfig | None = None, name: str = ""
+    ) -> Cluster:
         cluster = loop_thread.run(
-            start_cluster(spec, router_config, controller_name=name or f"ctl-{os.urandom(3).hex()}"),
+            start_cluster(
+                spec, router_config, controller_name=name or f"ctl-{os.urandom(3).hex()}"
+            ),
             timeout=300,
         )
         started.append(cluster)
@@ -49,10 +54,8 @@ def _factory(loop_thread: Any) -> Iterator[Any]:
 
     yield start
     for cluster in started:
-        try:
+        with contextlib.suppress(Exception):
             loop_thread.run(cluster.close(), timeout=60)
-        except Exception:
-            pass
 
 
 @pytest.fixture

@@ -39,7 +39,9 @@ def test_greedy_matches_transformers(
     assert cluster.backend.transfers.prefill_on_decode == 0
 
 
-def test_unified_mode_and_conditional_disaggregation(cluster_factory, loop_thread, tiny_model_dir) -> None:
+def test_unified_mode_and_conditional_disaggregation(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
     model_dir = tiny_model_dir("llama")
     # Default router config: prompts shorter than the threshold prefill on the decode worker.
     cluster = cluster_factory(make_spec(model_dir, num_prefill=1, num_decode=1))

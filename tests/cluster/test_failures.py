@@ -62,8 +62,11 @@ def check(outs: list, batch: list, model_dir) -> None:
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
 def test_kill_worker_mid_stream(cluster_factory, loop_thread, tiny_model_dir, victim: str) -> None:
     model_dir = tiny_model_dir("llama")
-    sizes = {"num_prefill": 2, "num_decode": 1} if victim == "prefill" else {
-        "num_prefill": 1, "num_decode": 2}
+    sizes = (
+        {"num_prefill": 2, "num_decode": 1}
+        if victim == "prefill"
+        else {"num_prefill": 1, "num_decode": 2}
+    )
     cluster = cluster_factory(make_spec(model_dir, **sizes), always_disaggregate())
     batch = prompts(6, 1000, [30, 70, 120, 45, 90, 200], seed=31)
     outs = run_with_kill(cluster, loop_thread, batch, victim)

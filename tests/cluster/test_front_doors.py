@@ -23,8 +23,9 @@ TOKEN = "cluster-admin-token"
 def served(request, tmp_path_factory):  # type: ignore[no-untyped-def]
     cluster_factory = request.getfixturevalue("cluster_factory_module")
     model_dir = request.getfixturevalue("tiny_model_dir")("llama")
-    cluster = cluster_factory(make_spec(model_dir, num_prefill=1, num_decode=1),
-                              always_disaggregate())
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
+    )
     metrics = Metrics()
     cluster.backend.metrics = metrics
     admin = ControllerAdmin(cluster.controller, cluster.backend)
@@ -47,8 +48,11 @@ def test_openai_client_through_the_cluster(served) -> None:  # type: ignore[no-u
     expected = oracle.hf_greedy(str(model_dir), tuple(prompt_ids), 8)
     assert reply.choices[0].text == cluster.backend.tokenizer.decode(expected)
     assert reply.usage.completion_tokens == 8 and reply.usage.prompt_tokens == 200
-    chunks = list(client.completions.create(
-        model=name, prompt=prompt_ids, max_tokens=8, temperature=0, stream=True))
+    chunks = list(
+        client.completions.create(
+            model=name, prompt=prompt_ids, max_tokens=8, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == reply.choices[0].text
     chat = client.chat.completions.create(
         model=name, messages=[{"role": "user", "content": "Tell me about batons."}], max_tokens=6
@@ -60,10 +64,11 @@ def test_openai_client_through_the_cluster(served) -> None:  # type: ignore[no-u
 def test_grpc_through_the_cluster(served) -> None:  # type: ignore[no-untyped-def]
     from router.client import BatonClient
 
-    cluster, http, grpc, _ = served
+    _, _, grpc, _ = served
     with BatonClient(grpc.target) as client:
-        text = "".join(c.text for c in client.generate("Hello, cluster", max_tokens=6,
-                                                       temperature=0))
+        text = "".join(
+            c.text for c in client.generate("Hello, cluster", max_tokens=6, temperature=0)
+        )
         reply = client.complete("Hello, cluster", max_tokens=6, temperature=0)
     assert text == reply.text
 
@@ -73,8 +78,12 @@ def test_metrics_show_the_cluster(served) -> None:  # type: ignore[no-untyped-de
 
     _, http, _, _ = served
     body = httpx.get(f"{http.url}/metrics", timeout=10).text
-    for name in ("baton:time_to_first_token_seconds", "baton:kv_cache_usage_perc",
-                 "baton:prefix_cache_hit_rate", "baton:kv_transfer_seconds"):
+    for name in (
+        "baton:time_to_first_token_seconds",
+        "baton:kv_cache_usage_perc",
+        "baton:prefix_cache_hit_rate",
+        "baton:kv_transfer_seconds",
+    ):
         assert name in body
 
 
@@ -84,11 +93,19 @@ def test_dashboard_scales_the_real_decode_pool(served) -> None:  # type: ignore[
     from playwright.sync_api import sync_playwright
 
     cluster, http, _, _ = served
-    args = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run"]
+    args = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+    ]
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            profile, executable_path=shutil.which("chromium"), args=args, headless=True)
+            profile, executable_path=shutil.which("chromium"), args=args, headless=True
+        )
         context.set_default_timeout(30_000)
         page = context.new_page()
         assert page.goto(f"{http.url}/admin?token=wrong").status == 401

@@ -20,7 +20,9 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:
     model_dir = tiny_model_dir("llama")
-    cluster = cluster_factory(make_spec(model_dir, num_prefill=2, num_decode=1), always_disaggregate())
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=2, num_decode=1), always_disaggregate()
+    )
     backend = cluster.backend
     [prefix] = prompts(1, 1000, [256], seed=11)
     tails = prompts(6, 1000, [20], seed=12)
@@ -46,7 +48,9 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
 
 def test_multi_turn_sends_only_new_blocks(cluster_factory, loop_thread, tiny_model_dir) -> None:
     model_dir = tiny_model_dir("llama")
-    cluster = cluster_factory(make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate())
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
+    )
     backend = cluster.backend
     [turn1] = prompts(1, 1000, [100], seed=21)
 

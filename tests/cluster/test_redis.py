@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_second_router_and_restarted_controller(
-    cluster_factory, loop_thread, tiny_model_dir, redis_server  # noqa: F811
+    cluster_factory,
+    loop_thread,
+    tiny_model_dir,
+    redis_server,  # noqa: F811
 ) -> None:
     model_dir = tiny_model_dir("llama")
     spec = make_spec(model_dir, num_prefill=1, num_decode=1, redis_url=redis_server.url)

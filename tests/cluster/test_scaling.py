@@ -18,7 +18,9 @@ PARAMS = SamplingParams(max_tokens=LONG, temperature=0.0, ignore_eos=True)
 
 def test_scale_up_and_down_while_streaming(cluster_factory, loop_thread, tiny_model_dir) -> None:
     model_dir = tiny_model_dir("llama")
-    cluster = cluster_factory(make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate())
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
+    )
     backend, controller = cluster.backend, cluster.controller
     batch = prompts(10, 1000, [20, 60, 100, 35, 150], seed=41)
 

@@ -14,22 +14,28 @@ pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain 
 def meta_for(tables: torch.Tensor, lens: torch.Tensor, block_size: int) -> AttentionMetadata:
     empty = torch.zeros(0, dtype=torch.long)
     return AttentionMetadata(
-        block_size=block_size, slot_blocks=empty, slot_offsets=empty,
-        num_decodes=len(lens), decode_block_tables=tables, decode_seq_lens=lens,
+        block_size=block_size,
+        slot_blocks=empty,
+        slot_offsets=empty,
+        num_decodes=len(lens),
+        decode_block_tables=tables,
+        decode_seq_lens=lens,
     )
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (12, 4), (6, 1)])
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
-def test_matches_torch_path(num_heads: int, num_kv_heads: int, head_dim: int,
-                            block_size: int) -> None:
+def test_matches_torch_path(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> None:
     gen = torch.Generator().manual_seed(num_heads * 1000 + head_dim + block_size)
     num_blocks, max_blocks = 300, 64 // block_size + 3
     kv = torch.randn(num_blocks, 2, block_size, num_kv_heads, head_dim, generator=gen)
     lengths = [1, block_size, block_size + 1, max_blocks * block_size, 7, 2 * block_size]
-    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks]
-                          for _ in lengths])  # scattered blocks, never shared
+    tables = torch.stack(
+        [torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in lengths]
+    )  # scattered blocks, never shared
     lens = torch.tensor(lengths)
     q = torch.randn(len(lengths), num_heads, head_dim, generator=gen)
     scale = head_dim**-0.5

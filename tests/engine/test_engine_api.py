@@ -54,10 +54,10 @@ def test_unknown_architecture_and_missing_folder(tmp_path, tiny_model_dir) -> No
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelConfigError, match="GPT2LMHeadModel"):
         LLMEngine(bad)
-    with pytest.raises(ModelConfigError, match="does not exist"):
+    with pytest.raises(ModelConfigError, match=r"does not exist"):
         LLMEngine(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ModelConfigError, match="config.json"):
+    with pytest.raises(ModelConfigError, match=r"config\.json"):
         LLMEngine(tmp_path / "empty")
 
 
@@ -69,8 +69,10 @@ def test_seeded_sampling_same_alone_or_in_batch(llm: LLM) -> None:
         SamplingParams(max_tokens=10, temperature=0.0),
         SamplingParams(max_tokens=10, temperature=1.3, seed=7),
     ]
-    outs = llm.generate([prompt(5, 50), prompt(40, 90), prompt(30), prompt(12, 7)],
-                        [others[0], others[1], params, others[2]])
+    outs = llm.generate(
+        [prompt(5, 50), prompt(40, 90), prompt(30), prompt(12, 7)],
+        [others[0], others[1], params, others[2]],
+    )
     assert outs[2].token_ids == alone
     assert llm.generate([prompt(30)], params)[0].token_ids == alone
 
@@ -80,8 +82,9 @@ def test_stop_string_is_cut_from_text(llm: LLM) -> None:
     full = llm.generate([prompt(25)], greedy)[0]
     assert len(full.text) > 6
     stop = full.text[4:7]
-    out = llm.generate([prompt(25)], SamplingParams(
-        max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]))[0]
+    out = llm.generate(
+        [prompt(25)], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop])
+    )[0]
     assert out.finish_reason == FinishReason.STOP and out.stop_reason == stop
     assert stop not in out.text and full.text.startswith(out.text)
 
@@ -91,8 +94,10 @@ def test_stop_token_ids_and_max_tokens(llm: LLM) -> None:
     full = llm.generate([prompt(9)], greedy)[0]
     assert full.finish_reason == FinishReason.LENGTH and len(full.token_ids) == 8
     target = full.token_ids[3]
-    out = llm.generate([prompt(9)], SamplingParams(
-        max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[target]))[0]
+    out = llm.generate(
+        [prompt(9)],
+        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[target]),
+    )[0]
     assert out.finish_reason == FinishReason.STOP and out.stop_reason == target
     assert out.token_ids[-1] == target and len(out.token_ids) <= 4
 
@@ -104,7 +109,7 @@ def test_logprobs_and_timings(llm: LLM) -> None:
         assert lp.token_id == tok and len(lp.top) == 3 and lp.top[0][0] == tok
     t = out.timings
     assert t.queued_s is not None and t.prefill_s is not None and t.decode_s is not None
-    assert 0 <= t.queued_s and 0 <= t.prefill_s and 0 <= t.decode_s
+    assert t.queued_s >= 0 and t.prefill_s >= 0 and t.decode_s >= 0
 
 
 def test_abort_frees_blocks(llm: LLM) -> None:

@@ -39,7 +39,9 @@ def hf_greedy(model_dir: str, prompt: tuple[int, ...]) -> list[int]:
 def check_parity(llm: LLM, model_dir: Path, prompts: list[list[int]]) -> None:
     outs = llm.generate(prompts, GREEDY)
     for prompt, out in zip(prompts, outs, strict=True):
-        assert out.token_ids == hf_greedy(str(model_dir), tuple(prompt)), f"prompt len {len(prompt)}"
+        assert out.token_ids == hf_greedy(str(model_dir), tuple(prompt)), (
+            f"prompt len {len(prompt)}"
+        )
     assert not llm.engine.has_unfinished()
     llm.engine.check_invariants()
     assert llm.engine.kv.pool.num_used_blocks == 0
@@ -86,7 +88,9 @@ def test_preemption(tiny_model_dir, arch: str) -> None:
     assert llm.engine.scheduler.num_preemptions > 0
 
 
-def hand_off(prefill: LLMEngine, decode: LLMEngine, prompts: list[list[int]]) -> dict[str, list[int]]:
+def hand_off(
+    prefill: LLMEngine, decode: LLMEngine, prompts: list[list[int]]
+) -> dict[str, list[int]]:
     """Prefill role -> in-process KV copy -> decode role, for a batch of prompts."""
     bs = prefill.config.block_size
     reservations = {}
