@@ -318,24 +318,19 @@ class LLMEngine:
             events.insert(0, AllBlocksCleared())  # a (re)started worker's view begins empty
         elif not events:
             return None
-        batch = KVEventBatch(
-            worker_id=self.worker_id,
-            seq=self._event_seq,
-            events=events,
-            timestamp=time.time(),
-            model=self.model_config.model_id,
-        )
-        self._event_seq += 1
-        return batch
+        return self._event_batch(events)
 
     def kv_snapshot(self) -> KVEventBatch:
         """Everything this engine caches, as one batch that replaces the receiver's view
         (a router that missed events asks for this)."""
         self.kv.pool.take_events()  # superseded by the snapshot
-        hashes = [h for h in self.kv.pool.cached_hashes()]
+        hashes = self.kv.pool.cached_hashes()
         events: list[KVEvent] = [AllBlocksCleared()]
         if hashes:
             events.append(BlockStored(parent=None, block_hashes=hashes))
+        return self._event_batch(events)
+
+    def _event_batch(self, events: list[KVEvent]) -> KVEventBatch:
         batch = KVEventBatch(
             worker_id=self.worker_id,
             seq=self._event_seq,
