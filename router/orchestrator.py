@@ -42,7 +42,11 @@ from router.routing import NoWorkerError, Router
 
 logger = logging.getLogger(__name__)
 
-_WORKER_GONE = (ActorDiedError, ActorUnavailableError, RayActorError, WorkerFailedError)
+_ACTOR_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
+_WORKER_GONE = (*_ACTOR_GONE, WorkerFailedError)
+_SUSPECT_S = 30.0
+"""How long a worker whose actor died stays out of routing unless the controller says
+otherwise (it usually reports the death within a health-check interval)."""
 
 
 @dataclass
@@ -104,6 +108,8 @@ class ClusterBackend:
         self._version = -1
         self._task: asyncio.Task | None = None
         self._resync: set[str] = set()
+        self._suspects: dict[str, float] = {}
+        """Workers whose actor died under a request, by when they were seen dead."""
         router.store.set_resync_callback(lambda _model, worker_id: self._resync.add(worker_id))
 
     # -- membership and reports ------------------------------------------------------------
@@ -126,6 +132,15 @@ class ClusterBackend:
 
     _prefill_pool_wanted = True
 
+    def _suspect(self, worker_id: str) -> None:
+        """An actor call failed because the actor is gone: stop routing to it now rather
+        than wait for the controller's next health check."""
+        self._suspects[worker_id] = time.monotonic()
+        if self.workers.pop(worker_id, None) is not None:
+            self.stats.pop(worker_id, None)
+            self.router.remove_worker(worker_id)
+            logger.warning("router: worker %s is gone; no longer routing to it", worker_id)
+
     async def sync_members(self) -> None:
         version, members = await self.controller.get_members.remote()
         desired = await self.controller.get_desired.remote()
@@ -142,8 +157,10 @@ class ClusterBackend:
                 if self.metrics is not None:
                     self.metrics.forget_worker(wid)
                 logger.info("router: worker %s left", wid)
+        now = time.monotonic()
+        self._suspects = {w: t for w, t in self._suspects.items() if now - t < _SUSPECT_S}
         for wid, m in ready.items():
-            if wid in self.workers:
+            if wid in self.workers or wid in self._suspects:
                 continue
             info = m.info
             if not self.model_id:
@@ -247,6 +264,14 @@ class ClusterBackend:
                 logger.warning("request %s: worker failed (%s); retrying with %d tokens done",
                                request.request_id, type(e).__name__, len(done_tokens))
                 await self.sync_members()
+            except OverloadedError:
+                if attempt == 1:
+                    raise
+                # A retry found no live worker for a pool: the controller is replacing it.
+                # Wait for it within the deadline rather than fail a half-served request.
+                attempt -= 1
+                await asyncio.sleep(0.5)
+                await self.sync_members()
             except TimeoutError as e:
                 raise DeadlineExceededError(
                     f"request {request.request_id} passed its deadline of {request.timeout_s} s"
@@ -291,6 +316,7 @@ class ClusterBackend:
         stream = None
         finished = False
         first_token_at: float | None = None
+        calling = decode  # the worker whose call is in flight: the one to blame if it dies
         try:
             if prefill is None:
                 self.transfers.prefill_on_decode += 1
@@ -302,6 +328,7 @@ class ClusterBackend:
                     decode.handle.reserve.remote(rid, prompt, params, timeout_s), timeout_s
                 )
                 skip = reservation.num_cached_tokens // self.block_size
+                calling = prefill
                 reply = await asyncio.wait_for(
                     prefill.handle.prefill.remote(
                         rid, prompt, params, decode.worker_id, reservation.block_ids, skip,
@@ -310,6 +337,7 @@ class ClusterBackend:
                     max(0.1, deadline - loop.time()),
                 )
                 self.router.prefill_done(rid)
+                calling = decode
                 first_token_at = loop.time()
                 self.transfers.num_transfers += 1
                 self.transfers.num_blocks_sent += reply.num_blocks_sent
@@ -338,6 +366,9 @@ class ClusterBackend:
                 yield out
                 if finished:
                     return
+        except _ACTOR_GONE:
+            self._suspect(calling.worker_id)
+            raise
         finally:
             self.router.request_done(rid)
             if not finished:  # cancelled, failed or timed out: free blocks on both sides

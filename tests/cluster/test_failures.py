@@ -59,15 +59,19 @@ def check(outs: list, batch: list, model_dir) -> None:
     assert sum(not isinstance(o, BaseException) for o in outs) >= len(batch) // 2
 
 
-@pytest.mark.parametrize("victim", ["decode", "prefill"])
-def test_kill_worker_mid_stream(cluster_factory, loop_thread, tiny_model_dir, victim: str) -> None:
+@pytest.mark.parametrize(
+    ("victim", "num_prefill", "num_decode"),
+    [("decode", 1, 2), ("prefill", 2, 1), ("decode", 1, 1)],
+    ids=["decode", "prefill", "only-decode"],
+)
+def test_kill_worker_mid_stream(
+    cluster_factory, loop_thread, tiny_model_dir, victim: str, num_prefill: int, num_decode: int
+) -> None:
+    """With a spare worker the retry goes there at once; killing the only decode worker
+    makes the retries wait for the controller's replacement, within the deadline."""
     model_dir = tiny_model_dir("llama")
-    sizes = (
-        {"num_prefill": 2, "num_decode": 1}
-        if victim == "prefill"
-        else {"num_prefill": 1, "num_decode": 2}
-    )
-    cluster = cluster_factory(make_spec(model_dir, **sizes), always_disaggregate())
+    spec = make_spec(model_dir, num_prefill=num_prefill, num_decode=num_decode)
+    cluster = cluster_factory(spec, always_disaggregate())
     batch = prompts(6, 1000, [30, 70, 120, 45, 90, 200], seed=31)
     outs = run_with_kill(cluster, loop_thread, batch, victim)
     check(outs, batch, model_dir)
