@@ -29,6 +29,7 @@ BlockHash = NewType("BlockHash", int)
 
 _HASH_FORMAT_VERSION = b"baton-block-hash-v1"
 _NEED_BYTESWAP = sys.byteorder != "little"
+_HEADER = struct.Struct("<QI")
 
 
 def model_root_hash(model_id: str, block_size: int) -> BlockHash:
@@ -51,7 +52,7 @@ def _token_bytes(token_ids: Sequence[int]) -> bytes:
 def hash_block(parent: BlockHash, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
     """Hash of one block given its parent's hash (or the model root for the first block)."""
     h = xxhash.xxh3_64()
-    h.update(struct.pack("<QI", parent, len(extra)))
+    h.update(_HEADER.pack(parent, len(extra)))
     h.update(extra)
     h.update(_token_bytes(token_ids))
     return BlockHash(h.intdigest())
@@ -71,9 +72,18 @@ def hash_prompt_blocks(
     block `start_block - 1`, so a growing sequence hashes each block once.
     """
     parent = root if start_parent is None else start_parent
-    hashes: list[BlockHash] = []
     num_full = len(token_ids) // block_size
-    for i in range(start_block, num_full):
-        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
+    if start_block >= num_full:
+        return []
+    # One bytes conversion for the whole prompt and a one-shot xxh3 per block: the same
+    # bytes as `hash_block`, ~3x faster (this runs once per request on the routing path).
+    data = _token_bytes(token_ids[start_block * block_size : num_full * block_size])
+    stride = 4 * block_size
+    header = _HEADER.pack
+    num_extra = len(extra)
+    digest = xxhash.xxh3_64_intdigest
+    hashes: list[BlockHash] = []
+    for off in range(0, len(data), stride):
+        parent = BlockHash(digest(header(parent, num_extra) + extra + data[off : off + stride]))
         hashes.append(parent)
     return hashes

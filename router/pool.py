@@ -34,13 +34,14 @@ def prefill_load(worker: WorkerState) -> int:
 class Pool:
     """Workers that can serve one role of one model, in a fixed order. Not thread-safe."""
 
-    __slots__ = ("workers", "position", "_loads", "_by_load")
+    __slots__ = ("_by_load", "loads", "position", "workers")
 
     def __init__(self, workers: Sequence[WorkerState]) -> None:
         self.workers: list[WorkerState] = list(workers)
         self.position: dict[str, int] = {w.worker_id: i for i, w in enumerate(self.workers)}
-        self._loads = [prefill_load(w) for w in self.workers]
-        self._by_load = sorted((load, i) for i, load in enumerate(self._loads))
+        # L of each position as last filed; read-only outside this class
+        self.loads = [prefill_load(w) for w in self.workers]
+        self._by_load = sorted((load, i) for i, load in enumerate(self.loads))
 
     def __len__(self) -> int:
         return len(self.workers)
@@ -53,15 +54,12 @@ class Pool:
 
     @property
     def min_load(self) -> int:
+        """Smallest L in the pool (like max_load and lightest: the pool must be non-empty)."""
         return self._by_load[0][0]
 
     @property
     def max_load(self) -> int:
         return self._by_load[-1][0]
-
-    def load(self, i: int) -> int:
-        """L of the worker at position i, as last filed."""
-        return self._loads[i]
 
     def lightest(self, turn: int) -> int:
         """Position of the (turn mod k)-th of the k workers at the minimum load, in pool order,
@@ -73,15 +71,15 @@ class Pool:
     def refile(self, i: int) -> None:
         """The load of the worker at position i may have changed: re-file it."""
         new = prefill_load(self.workers[i])
-        old = self._loads[i]
+        old = self.loads[i]
         if new != old:
             by_load = self._by_load
             del by_load[bisect_left(by_load, (old, i))]
             insort(by_load, (new, i))
-            self._loads[i] = new
+            self.loads[i] = new
 
     def check(self) -> None:
         """Invariant (tests): the filed order is the sorted current loads."""
         loads = [prefill_load(w) for w in self.workers]
-        if loads != self._loads or self._by_load != sorted(zip(loads, range(len(loads)))):
-            raise AssertionError(f"pool loads filed {self._loads}, actual {loads}")
+        if loads != self.loads or self._by_load != sorted(zip(loads, range(len(loads)))):
+            raise AssertionError(f"pool loads filed {self.loads}, actual {loads}")

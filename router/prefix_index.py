@@ -227,18 +227,16 @@ class PrefixIndex:
         owners_get = self._owners.get
         mask = self._live_mask
         found: dict[str, int] = {}
-        depth = 0
-        for h in block_hashes:
+        for depth, h in enumerate(block_hashes):
             kept = owners_get(h, 0) & mask
             if kept != mask:
                 if depth:
-                    self._record(mask & ~kept, depth, found)
+                    self._record(mask ^ kept, depth, found)  # kept is a subset of mask
                 mask = kept
                 if not mask:
                     return found
-            depth += 1
-        if depth:
-            self._record(mask, depth, found)
+        if mask and block_hashes:
+            self._record(mask, len(block_hashes), found)
         return found
 
     def _record(self, bits: int, depth: int, found: dict[str, int]) -> None:

@@ -23,6 +23,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -32,9 +33,12 @@ from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
 from router.decision import RoutingDecision
 from router.index_store import IndexStore, InProcessStore, ResyncCallback
 from router.load import LoadTracker
-from router.policies import RouteContext, make_policy
+from router.policies import Choice, RouteContext, make_policy
 
 logger = logging.getLogger(__name__)
+
+_NO_HITS: Mapping[str, int] = MappingProxyType({})
+"""`cached` of a degraded decision: no worker holds anything as far as we know."""
 
 
 class NoWorkerError(RuntimeError):
@@ -80,6 +84,7 @@ class Router:
         self._models: dict[str, _ModelSpec] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self._term_names: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
 
     # ---- membership ----------------------------------------------------------------------
 
@@ -153,20 +158,26 @@ class Router:
             hashes = block_hashes  # type: ignore[assignment]
             tokens = num_prompt_tokens if num_prompt_tokens is not None else 0
             tokens = max(tokens, len(hashes) * spec.block_size)
-        # 2. cached prefix per worker
-        with self.store.read(model) as index:
-            cached = index.longest_prefixes(hashes) if index is not None else {}
-        degraded = index is None
+        # 2. cached prefix per worker (None: degraded store, route by load alone)
+        cached = self.store.longest_prefixes(model, hashes)
+        degraded = cached is None
         with self._lock:
             return self._decide(
-                model, spec, hashes, tokens, cached, num_output_tokens, request_id, degraded
+                model,
+                spec,
+                len(hashes),
+                tokens,
+                _NO_HITS if cached is None else cached,
+                num_output_tokens,
+                request_id,
+                degraded,
             )
 
     def _decide(
         self,
         model: str,
         spec: _ModelSpec,
-        hashes: Sequence[int],
+        num_blocks: int,
         tokens: int,
         cached: Mapping[str, int],
         num_output_tokens: int,
@@ -174,32 +185,47 @@ class Router:
         degraded: bool,
     ) -> RoutingDecision:
         cfg = self.config
-        num_blocks = len(hashes)
         block = spec.block_size
+        loads = self._loads
         # 3. decode worker
-        decode_pool = self._loads.pool(model, "decode")
-        if not decode_pool:
+        decode_pool = loads.pool(model, "decode")
+        if not decode_pool.workers:
             raise NoWorkerError(f"model {model!r} has no decode (or unified) worker")
-        ctx = RouteContext(decode_pool, cached, num_blocks, tokens, block, num_output_tokens)
-        d_choice = self._decode.choose(ctx)
+        d_choice = self._decode.choose(
+            RouteContext(
+                decode_pool.workers,
+                cached,
+                num_blocks,
+                tokens,
+                block,
+                num_output_tokens,
+                decode_pool,
+            )
+        )
         d = d_choice.worker
         d_cached = cached.get(d.worker_id, 0)
         # 4. conditional disaggregation
-        prefill_pool = self._loads.pool(model, "prefill")
+        prefill_pool = loads.pool(model, "prefill")
         d_uncached = max(0, tokens - d_cached * block)
         p_choice = None
-        if not prefill_pool:
+        if not prefill_pool.workers:
             reason = "no_prefill_pool"
         elif d_uncached < cfg.disagg_min_uncached_tokens:
             reason = "short_uncached_prefill_on_decode"
-        elif (
-            min([w.reported_waiting_tokens + w.pending_prefill_tokens for w in prefill_pool])
-            >= cfg.prefill_saturation_tokens
-        ):
+        elif prefill_pool.min_load >= cfg.prefill_saturation_tokens:
             reason = "prefill_saturated_prefill_on_decode"
         else:
-            ctx = RouteContext(prefill_pool, cached, num_blocks, tokens, block, num_output_tokens)
-            p_choice = self._prefill.choose(ctx)
+            p_choice = self._prefill.choose(
+                RouteContext(
+                    prefill_pool.workers,
+                    cached,
+                    num_blocks,
+                    tokens,
+                    block,
+                    num_output_tokens,
+                    prefill_pool,
+                )
+            )
             reason = "unified" if p_choice.worker is d else p_choice.reason
         p = p_choice.worker if p_choice is not None and p_choice.worker is not d else None
         p_cached = cached.get(p.worker_id, 0) if p is not None else 0
@@ -207,10 +233,8 @@ class Router:
         rid = request_id if request_id is not None else f"route-{next(self._ids)}"
         prefill_tokens = max(0, tokens - p_cached * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
-        self._loads.start(rid, p, prefill_tokens, d, decode_blocks)
-        terms = tuple(("prefill_" + k, v) for k, v in (p_choice.terms if p_choice else ())) + tuple(
-            ("decode_" + k, v) for k, v in d_choice.terms
-        )
+        loads.start(rid, p, prefill_tokens, d, decode_blocks)
+        terms = self._terms(p_choice, d_choice)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "route %s model=%s blocks=%d prefill=%s (%s; cost_w = w_c*(T - c_w*B) + w_q*L_w) "
@@ -226,18 +250,34 @@ class Router:
                 degraded,
             )
         return RoutingDecision(
-            request_id=rid,
-            model=model,
-            prefill_worker_id=p.worker_id if p is not None else None,
-            decode_worker_id=d.worker_id,
-            num_prompt_blocks=num_blocks,
-            num_prompt_tokens=tokens,
-            prefill_cached_blocks=p_cached,
-            decode_cached_blocks=d_cached,
-            reason=reason,
-            terms=terms,
-            index_degraded=degraded,
+            rid,
+            model,
+            p.worker_id if p is not None else None,
+            d.worker_id,
+            num_blocks,
+            tokens,
+            p_cached,
+            d_cached,
+            reason,
+            terms,
+            degraded,
         )
+
+    def _terms(self, p_choice: Choice | None, d_choice: Choice) -> tuple[tuple[str, float], ...]:
+        """The decision's terms: the policies' names, prefixed by pool (cached per name set,
+        since policies use constant names), zipped with their values."""
+        p_names = p_choice.term_names if p_choice is not None else ()
+        key = (p_names, d_choice.term_names)
+        names = self._term_names.get(key)
+        if names is None:
+            if len(self._term_names) >= 256:  # only a policy with ad-hoc names gets here
+                self._term_names.clear()
+            names = self._term_names[key] = tuple(
+                ["prefill_" + k for k in p_names] + ["decode_" + k for k in d_choice.term_names]
+            )
+        if p_choice is None:
+            return tuple(zip(names, d_choice.term_values))
+        return tuple(zip(names, p_choice.term_values + d_choice.term_values))
 
     # ---- introspection / lifecycle -------------------------------------------------------
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from router.policies.base import Choice, Policy, RouteContext, register
 
-
 _GUARD_TERMS = ("max_load", "min_load")
 _COST_TERMS = ("cost", "uncached_tokens", "cached_blocks", "queued_tokens", "runner_up_cost")
 
@@ -73,13 +72,13 @@ class CacheAwarePrefill(Policy):
         best_hit = cached.get(workers[light_i].worker_id, 0)
         best_cost = cw * max(0, tokens - best_hit * block) + qw * min_load
         runner_up = float("inf")
-        position, load = pool.position, pool.load
+        position, loads = pool.position, pool.loads
         for worker_id, hit in cached.items():
             i = position.get(worker_id)
             if i is None or i == light_i:  # outside this pool, or scored above
                 continue
             uncached = tokens - hit * block
-            load_i = load(i)
+            load_i = loads[i]
             cost = cw * (uncached if uncached > 0 else 0) + qw * load_i
             if cost < best_cost or (
                 cost == best_cost

@@ -12,12 +12,14 @@ request in its running batch. Algorithm:
            + kv_weight       * (1 - free_w / total_w)
     pick the cheapest feasible worker (ties: fewer running, then rotation);
     if none is feasible, the one with the most free blocks (it will queue or preempt).
+
+Every worker's cost depends on the pool-wide max running, so this is one pass over the pool
+(the decode pool is the small one); the terms are built for the winner only.
 """
 
 from __future__ import annotations
 
 from router.policies.base import Choice, Policy, RouteContext, register
-
 
 _TERMS = ("cost", "held_blocks", "need_blocks", "running", "kv_used")
 _NO_ROOM_TERMS = ("free_blocks",)
@@ -60,16 +62,16 @@ class CacheAwareDecode(Policy):
             if held > p:
                 held = p
             if w.total_blocks > 0:  # has_capacity_info
-                free = max(0, w.reported_free_blocks - w.pending_blocks)
+                free = w.reported_free_blocks - w.pending_blocks
+                if free < 0:
+                    free = 0
                 if free < p - held + out_blocks:
                     continue
                 used = 1.0 - free / w.total_blocks
             else:
                 used = 0.0
             running = w.reported_running + w.pending_requests
-            cost = (
-                tw * ((p - held) / p if p else 0.0) + bw * running / max_running + kw * used
-            )
+            cost = tw * ((p - held) / p if p else 0.0) + bw * running / max_running + kw * used
             # ties: fewer running, then rotation from `start`
             key = (cost, running, (j - start) % n)
             if key < best_key:
