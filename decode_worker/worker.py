@@ -8,14 +8,18 @@ Request paths it serves:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from core.errors import InvalidRequestError, OverloadedError, WorkerFailedError
 from core.request import RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
-from decode_worker.base import WorkerBase
+from decode_worker.base import WorkerBase, WorkerSpec
+from decode_worker.group import EngineGroup
 from engine.engine import NoCapacityError, Reservation
+from kv_transfer import Role
 
 logger = logging.getLogger(__name__)
 
@@ -23,23 +27,31 @@ logger = logging.getLogger(__name__)
 class DecodeWorker(WorkerBase):
     engine_role = "unified"
 
+    def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
+        super().__init__(spec, placement)
+        self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
+        """request id -> resolves when every rank reported its RECV (None: all ok)."""
+
     async def reserve(
         self, request_id: str, token_ids: list[int], params: SamplingParams, timeout_s: float
     ) -> Reservation:
-        """Reserve blocks for the prompt and arm the transport to receive its KV. Blocks this
-        worker already caches for the prefix are reused: the sender skips them."""
+        """Reserve blocks for the prompt and arm every rank's transport to receive its KV
+        heads. Blocks this worker already caches for the prefix are reused: the sender
+        skips them. The block ids are the same on every rank (lockstep schedulers)."""
         if self.draining:
             raise OverloadedError(f"{self.worker_id} is draining")
+
+        def reserve(g: EngineGroup) -> Reservation:
+            res = g.call_all("reserve", request_id, token_ids, params, timeout_s)
+            self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
+            return res
+
         try:
-            res = await self.engine.call(lambda e: e.reserve(request_id, token_ids, params))
+            res = await self.engine.call(reserve)
         except NoCapacityError as e:
             raise OverloadedError(str(e)) from e
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
-        skip = res.num_cached_tokens // self.llm.config.block_size
-        self.transport.expect(
-            request_id, res.block_ids[skip:], self.llm.model_config.num_hidden_layers, timeout_s
-        )
         self.account_prompt(len(token_ids), res.num_cached_tokens)
         return res
 
@@ -50,24 +62,24 @@ class DecodeWorker(WorkerBase):
         logprob: TokenLogprob | None,
         timeout_s: float,
     ) -> AsyncIterator[RequestOutput]:
-        """Wait until every layer of the prompt's KV landed, then join the running batch and
-        stream outputs (cumulative) until the request finishes."""
-        from kv_transfer import Role
-
+        """Wait until every rank received every layer of the prompt's KV, then join the
+        running batch and stream outputs (cumulative) until the request finishes."""
+        arrival = self._arrivals.pop(request_id, None)
+        if arrival is None:
+            raise WorkerFailedError(f"no reservation waiting for KV under {request_id!r}")
         try:
-            result = await asyncio.to_thread(
-                self.transport.wait, request_id, Role.RECV, timeout_s
-            )
+            error = await asyncio.wait_for(asyncio.wrap_future(arrival), timeout_s)
         except TimeoutError as e:
             await self.abort(request_id)
-            raise WorkerFailedError(f"KV for {request_id} did not arrive within {timeout_s} s") from e
-        if not result.ok:
-            await self.abort(request_id)
-            raise WorkerFailedError(f"KV transfer for {request_id} failed: {result.error}")
+            raise WorkerFailedError(
+                f"KV for {request_id} did not arrive within {timeout_s} s"
+            ) from e
+        if error is not None:  # the reservation was already freed on every rank
+            raise WorkerFailedError(f"KV transfer for {request_id} failed: {error}")
         self.engine.open_stream(request_id)
         try:
             out = await self.engine.call(
-                lambda e: e.admit_transferred(request_id, first_token, logprob)
+                lambda g: g.call_all("admit_transferred", request_id, first_token, logprob)
             )
         except KeyError as e:
             self.engine.close_stream(request_id)
@@ -79,6 +91,10 @@ class DecodeWorker(WorkerBase):
         async for out in self.engine.stream(request_id, timeout_s):
             yield out
 
+    async def abort(self, request_id: str) -> bool:
+        self._arrivals.pop(request_id, None)
+        return await super().abort(request_id)
+
     async def generate(
         self, request_id: str, token_ids: list[int], params: SamplingParams, timeout_s: float
     ) -> AsyncIterator[RequestOutput]:
@@ -87,7 +103,9 @@ class DecodeWorker(WorkerBase):
             raise OverloadedError(f"{self.worker_id} is draining")
         self.engine.open_stream(request_id)
         try:
-            await self.engine.call(lambda e: e.add_request(request_id, token_ids, params))
+            await self.engine.call(
+                lambda g: g.call_all("add_request", request_id, token_ids, params)
+            )
         except ValueError as e:
             self.engine.close_stream(request_id)
             raise InvalidRequestError(str(e)) from e

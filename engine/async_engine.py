@@ -50,6 +50,9 @@ class AsyncEngine:
         self._stopped = threading.Event()
         self.after_step: list[Callable[[], None]] = []
         self.num_steps = 0
+        self.error: Exception | None = None
+        """The last step's failure while the engine keeps failing (None once a step works):
+        what a health check reports."""
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -126,13 +129,18 @@ class AsyncEngine:
     def _run(self) -> None:
         while not self._stopped.is_set():
             self._run_commands()
-            if self.engine.has_unfinished():
-                try:
-                    outputs = self.engine.step()
-                except Exception as e:  # a failed step must not hang every client
+            try:
+                busy = self.engine.has_unfinished()
+                outputs = self.engine.step() if busy else []
+            except Exception as e:  # a failed step must not hang every client
+                if self.error is None:
                     logger.exception("engine step failed; failing the running requests")
-                    self._fail_all(e)
-                    continue
+                self.error = e
+                self._fail_all(e)
+                self._wake.wait(self.idle_wait_s)  # a broken engine: don't spin
+                continue
+            self.error = None
+            if busy:
                 self.num_steps += 1
                 for out in outputs:
                     self._publish(out.request_id, out)
@@ -159,9 +167,15 @@ class AsyncEngine:
                 fut.set_exception(e)
 
     def _fail_all(self, error: Exception) -> None:
-        for request_id in list(self.engine.requests):
-            self.engine.abort(request_id)
+        """Every open stream gets the error; the engine frees what it still can."""
+        with self._streams_lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
             self._publish(request_id, WorkerFailedError(f"engine step failed: {error}"))
+            try:
+                self.engine.abort(request_id)
+            except Exception:
+                logger.exception("abort of %s failed on a broken engine", request_id)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stopped.set()

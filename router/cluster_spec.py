@@ -18,6 +18,10 @@ class ClusterSpec:
     transport: str = "auto"
     num_threads: int = 1
     tp: int = 1
+    """Tensor-parallel size of every worker, unless the pool's own size below is given."""
+    prefill_tp: int | None = None
+    decode_tp: int | None = None
+    """Per-pool TP sizes; they must be equal (KV moves from prefill rank r to decode rank r)."""
     device: str = "cpu"
     redis_url: str | None = None
     worker_start_timeout_s: float = 180.0
@@ -31,6 +35,21 @@ class ClusterSpec:
             raise ValueError("at least one decode (or unified) worker is needed")
         if self.num_prefill < 0:
             raise ValueError("the prefill pool size cannot be negative")
+        sizes = {"tp": self.tp, "prefill_tp": self.prefill_tp, "decode_tp": self.decode_tp}
+        for name, value in sizes.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.mode == "disaggregated" and self.tp_of("prefill") != self.tp_of("decode"):
+            raise ValueError(
+                f"prefill workers would run tp={self.tp_of('prefill')} and decode workers "
+                f"tp={self.tp_of('decode')}: KV moves from each prefill rank to the matching "
+                "decode rank, so both pools need the same tensor-parallel size"
+            )
+
+    def tp_of(self, pool: str) -> int:
+        """The tensor-parallel size of a pool's workers."""
+        own = {"prefill": self.prefill_tp, "decode": self.decode_tp}.get(pool)
+        return own if own is not None else self.tp
 
     def initial_pools(self) -> dict[str, int]:
         if self.mode == "unified":

@@ -14,6 +14,7 @@ worker packages, to start their actors.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -41,11 +42,15 @@ class Member:
     info: Any = None
     """decode_worker.base.WorkerInfo once ready."""
     started_at: float = 0.0
+    placement: Any = None
+    """The placement group of a worker with tp > 1 (removed with the worker)."""
 
 
 class Controller:
     def __init__(self, spec: ClusterSpec) -> None:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         self.spec = spec
         self.desired = spec.initial_pools()
         self.members: dict[str, Member] = {}
@@ -177,7 +182,9 @@ class Controller:
         checks = [ping(m) for m in self.members.values() if m.state in ("ready", "draining")]
         for m, alive in await asyncio.gather(*checks):
             if not alive and self.members.get(m.worker_id) is m:
-                logger.warning("controller: worker %s (%s) is dead; replacing it", m.worker_id, m.role)
+                logger.warning(
+                    "controller: worker %s (%s) is dead; replacing it", m.worker_id, m.role
+                )
                 self.num_restarts += 1
                 self._kill(m)
                 del self.members[m.worker_id]
@@ -198,11 +205,24 @@ class Controller:
             "max_restarts": 0,
             "max_concurrency": 1000,
         }
-        if spec.device == "cuda":
-            options["num_gpus"] = spec.tp
+        tp = spec.tp_of(pool)
+        placement = None
+        if tp > 1:  # ranks are actors in one placement group on one node (ray_ranks.py)
+            from decode_worker.ray_ranks import create_tp_placement
+
+            try:
+                placement, pg_options = await create_tp_placement(
+                    pool, tp, spec.device, spec.worker_start_timeout_s
+                )
+            except Exception as e:
+                logger.error("controller: cannot place %s: %s", worker_id, e)
+                return
+            options.update(pg_options)
+        elif spec.device == "cuda":
+            options["num_gpus"] = 1
             options["num_cpus"] = 1
         else:
-            options["num_cpus"] = spec.tp
+            options["num_cpus"] = 1
         wspec = WorkerSpec(
             worker_id=worker_id,
             role=pool,
@@ -210,9 +230,10 @@ class Controller:
             engine=replace(spec.engine, device=spec.device),
             transport=spec.transport,
             num_threads=spec.num_threads,
+            tp=tp,
         )
-        handle = ray.remote(cls).options(**options).remote(wspec)
-        member = Member(worker_id, pool, "starting", handle, None, time.time())
+        handle = ray.remote(cls).options(**options).remote(wspec, placement)
+        member = Member(worker_id, pool, "starting", handle, None, time.time(), placement)
         self.members[worker_id] = member
         logger.info("controller: starting %s", worker_id)
         try:
@@ -230,8 +251,13 @@ class Controller:
         if self.members.get(worker_id) is member:
             self.members[worker_id] = replace(member, state="ready", info=info)
             self._bump()
-            logger.info("controller: %s ready (pid %d, KV transport %s, %d blocks)",
-                        worker_id, info.pid, info.transport_backend, info.num_kv_blocks)
+            logger.info(
+                "controller: %s ready (pid %d, KV transport %s, %d blocks)",
+                worker_id,
+                info.pid,
+                info.transport_backend,
+                info.num_kv_blocks,
+            )
 
     async def _connect_peers(self, member: Member, info: Any) -> None:
         """Prefill workers talk to decode workers (and back, for acknowledgements)."""
@@ -239,7 +265,8 @@ class Controller:
             return
         other = "decode" if member.role == "prefill" else "prefill"
         peers = [
-            m for m in self.members.values()
+            m
+            for m in self.members.values()
             if m.role == other and m.info is not None and m.state in ("starting", "ready")
         ]
         for peer in peers:
@@ -249,10 +276,8 @@ class Controller:
     async def _disconnect_everywhere(self, worker_id: str) -> None:
         for m in self.members.values():
             if m.state == "ready":
-                try:
+                with contextlib.suppress(Exception):
                     await asyncio.wait_for(m.handle.disconnect.remote(worker_id), 5.0)
-                except Exception:
-                    pass
 
     async def _drain_member(self, m: Member) -> None:
         if m.worker_id not in self.members:
@@ -273,7 +298,9 @@ class Controller:
         logger.info("controller: %s stopped", m.worker_id)
 
     def _kill(self, m: Member) -> None:
-        try:
+        with contextlib.suppress(Exception):
             ray.kill(m.handle, no_restart=True)
-        except Exception:
-            pass
+        if m.placement is not None:  # also ends the worker's rank actors
+            from decode_worker.ray_ranks import remove_tp_placement
+
+            remove_tp_placement(m.placement)

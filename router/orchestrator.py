@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from core.errors import (
+    BatonError,
     DeadlineExceededError,
     InvalidRequestError,
     OverloadedError,
@@ -44,6 +45,16 @@ logger = logging.getLogger(__name__)
 
 _ACTOR_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
 _WORKER_GONE = (*_ACTOR_GONE, WorkerFailedError)
+
+
+def _retryable(e: BaseException) -> bool:
+    """The worker, not the request, failed: the actor is gone, a worker said so, or a worker
+    raised something that is not one of our request errors (a broken engine)."""
+    if isinstance(e, _WORKER_GONE):
+        return True
+    return isinstance(e, RayTaskError) and not isinstance(e, BatonError)
+
+
 _SUSPECT_S = 30.0
 """How long a worker whose actor died stays out of routing unless the controller says
 otherwise (it usually reports the death within a health-check interval)."""
@@ -63,7 +74,11 @@ class WorkerStats:
 
     @property
     def prefix_hit_rate(self) -> float:
-        return self.num_cached_prompt_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+        return (
+            self.num_cached_prompt_tokens / self.num_prompt_tokens
+            if self.num_prompt_tokens
+            else 0.0
+        )
 
 
 @dataclass
@@ -126,8 +141,10 @@ class ClusterBackend:
 
     def is_ready(self) -> bool:
         roles = {m.role for m in self.workers.values()}
-        return "unified" in roles or {"prefill", "decode"} <= roles or (
-            "decode" in roles and not self._prefill_pool_wanted
+        return (
+            "unified" in roles
+            or {"prefill", "decode"} <= roles
+            or ("decode" in roles and not self._prefill_pool_wanted)
         )
 
     _prefill_pool_wanted = True
@@ -216,8 +233,11 @@ class ClusterBackend:
                 s.num_cached_prompt_tokens = rep.num_cached_prompt_tokens
                 if self.metrics is not None:
                     self.metrics.record_worker(
-                        m.worker_id, num_running=s.num_running, num_waiting=s.num_waiting,
-                        kv_usage=s.kv_usage, prefix_hit_rate=s.prefix_hit_rate,
+                        m.worker_id,
+                        num_running=s.num_running,
+                        num_waiting=s.num_waiting,
+                        kv_usage=s.kv_usage,
+                        prefix_hit_rate=s.prefix_hit_rate,
                         num_used_blocks=total - rep.load.num_free_blocks,
                         num_free_blocks=rep.load.num_free_blocks,
                     )
@@ -252,18 +272,6 @@ class ClusterBackend:
                     last = out
                     yield self._merge(request, out, done_tokens, done_text, done_logprobs)
                 return
-            except _WORKER_GONE as e:
-                if last is not None:  # keep what the client has already seen
-                    done_tokens = done_tokens + list(last.token_ids)
-                    done_text = done_text + last.text
-                    done_logprobs = done_logprobs + list(last.logprobs or [])
-                if attempt > self.max_retries:
-                    raise WorkerFailedError(
-                        f"request {request.request_id} failed after {attempt} attempts: {e}"
-                    ) from e
-                logger.warning("request %s: worker failed (%s); retrying with %d tokens done",
-                               request.request_id, type(e).__name__, len(done_tokens))
-                await self.sync_members()
             except OverloadedError:
                 if attempt == 1:
                     raise
@@ -276,6 +284,24 @@ class ClusterBackend:
                 raise DeadlineExceededError(
                     f"request {request.request_id} passed its deadline of {request.timeout_s} s"
                 ) from e
+            except Exception as e:
+                if not _retryable(e):
+                    raise
+                if last is not None:  # keep what the client has already seen
+                    done_tokens = done_tokens + list(last.token_ids)
+                    done_text = done_text + last.text
+                    done_logprobs = done_logprobs + list(last.logprobs or [])
+                if attempt > self.max_retries:
+                    raise WorkerFailedError(
+                        f"request {request.request_id} failed after {attempt} attempts: {e}"
+                    ) from e
+                logger.warning(
+                    "request %s: worker failed (%s); retrying with %d tokens done",
+                    request.request_id,
+                    type(e).__name__,
+                    len(done_tokens),
+                )
+                await self.sync_members()
 
     def _merge(
         self,
@@ -308,7 +334,9 @@ class ClusterBackend:
         if self.metrics is not None:
             self.metrics.record_router_decision(self.router.config.prefill_policy)
         decode = self.workers.get(decision.decode_worker_id)
-        prefill = self.workers.get(decision.prefill_worker_id) if decision.prefill_worker_id else None
+        prefill = (
+            self.workers.get(decision.prefill_worker_id) if decision.prefill_worker_id else None
+        )
         if decode is None or (decision.prefill_worker_id and prefill is None):
             raise WorkerFailedError("the routed worker just left the cluster")
         loop = asyncio.get_running_loop()
@@ -331,7 +359,12 @@ class ClusterBackend:
                 calling = prefill
                 reply = await asyncio.wait_for(
                     prefill.handle.prefill.remote(
-                        rid, prompt, params, decode.worker_id, reservation.block_ids, skip,
+                        rid,
+                        prompt,
+                        params,
+                        decode.worker_id,
+                        reservation.block_ids,
+                        skip,
                         timeout_s,
                     ),
                     max(0.1, deadline - loop.time()),
@@ -366,8 +399,9 @@ class ClusterBackend:
                 yield out
                 if finished:
                     return
-        except _ACTOR_GONE:
-            self._suspect(calling.worker_id)
+        except Exception as e:
+            if _retryable(e) and not isinstance(e, WorkerFailedError):
+                self._suspect(calling.worker_id)  # dead, or its engine is broken
             raise
         finally:
             self.router.request_done(rid)
