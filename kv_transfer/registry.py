@@ -6,8 +6,11 @@ back to `local` (same-process peers only); the choice and the reason are logged.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import subprocess
+import sys
 from collections.abc import Callable
 
 import torch
@@ -41,14 +44,31 @@ def backend_names() -> list[str]:
     return list(_BACKENDS)
 
 
+@functools.cache
 def unavailable_reason(name: str) -> str | None:
-    """None if backend `name` can be used here, else why not."""
+    """None if backend `name` can be used here, else why not.
+
+    The probe imports the backend in a child process: the nixl and ucxx wheels each bundle
+    their own UCX, and a process that loads both aborts, so a process imports only the
+    backend it actually uses.
+    """
     if name not in _BACKENDS:
         return f"unknown backend {name!r}; known: {sorted(_BACKENDS)}"
+    module = _BACKENDS[name][1]
+    if module in sys.modules:
+        return None
     try:
-        importlib.import_module(_BACKENDS[name][1])
-    except Exception as exc:  # a broken binary wheel raises more than ImportError
-        return f"{_BACKENDS[name][1]} does not import: {exc}"
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import {module}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"probing {module} failed: {exc}"
+    if probe.returncode != 0:  # a broken binary wheel fails in more ways than ImportError
+        lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
+        return f"{module} does not import: {lines[-1]}"
     return None
 
 
