@@ -16,6 +16,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk, get_backen
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.kv_cache.manager import KVCacheManager, cdiv
+from engine.layers import cpu_gemm
 from engine.kv_cache.tensor import KVCacheShape, allocate_kv_cache, num_blocks_for_memory
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
@@ -52,6 +53,8 @@ class ModelRunner:
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         self.model.load_weights(iter_weights(model_config.model_dir, dtype))
         self.model.eval()
+        if cpu_gemm.enabled(device, dtype):
+            logger.info("packed %d linear layers for oneDNN", cpu_gemm.pack_model(self.model))
         logger.info(
             "loaded %s (%s, %s) in %.1f s",
             model_config.model_id,

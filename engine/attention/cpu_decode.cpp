@@ -5,12 +5,14 @@
 //   kv_layer     [num_blocks, 2, bs, Hk, D]       float32, contiguous (one layer's cache)
 //   block_tables [B, M] int64   seq_lens [B] int64   out [B, Hq, D]
 //
-// Work item = (sequence, KV head): pass 1 scores every position for the G query heads of the
-// group, a softmax per head, pass 2 accumulates V. Parallel over work items with torch's
-// own thread pool (at::parallel_for), so torch.set_num_threads governs it.
+// Work item = one sequence: pass 1 scores every position for every query head (a GQA
+// group's heads share each K row read), a softmax per head, pass 2 accumulates V. Parallel
+// over sequences with torch's own thread pool (at::parallel_for), so torch.set_num_threads
+// governs it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -50,22 +52,31 @@ void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
   const int64_t blk_stride = 2 * v_offset;
   const float fscale = static_cast<float>(scale);
 
-  at::parallel_for(0, B * Hk, 1, [&](int64_t begin, int64_t end) {
+  // One work item per sequence: a block's K (then V) rows for all heads are one contiguous
+  // stretch of memory, so the cache is streamed, not strided.
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> probs;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / Hk, h = item % Hk;
+    for (int64_t b = begin; b < end; ++b) {
       const int64_t L = sl[b];
       TORCH_CHECK(L >= 1 && L <= M * bs, "cpu paged decode: sequence length outside its table");
-      probs.assign(G * L, 0.f);
-      const float* qh = qp + (b * Hq + h * G) * D;
-      // pass 1: scores
-      for (int64_t t = 0; t < L; ++t) {
-        const float* k = kvp + bt[b * M + t / bs] * blk_stride + (t % bs) * tok_stride + h * D;
-        for (int64_t g = 0; g < G; ++g) probs[g * L + t] = fscale * dot(qh + g * D, k, D);
+      const int64_t num_blocks = (L + bs - 1) / bs;
+      const int64_t* table = bt + b * M;
+      probs.assign(Hq * L, 0.f);
+      const float* qb = qp + b * Hq * D;
+      // pass 1: scores[head][position]
+      for (int64_t i = 0; i < num_blocks; ++i) {
+        const float* k = kvp + table[i] * blk_stride;
+        const int64_t n = std::min(bs, L - i * bs);
+        for (int64_t j = 0; j < n; ++j, k += tok_stride) {
+          const int64_t t = i * bs + j;
+          for (int64_t hq = 0; hq < Hq; ++hq) {
+            probs[hq * L + t] = fscale * dot(qb + hq * D, k + (hq / G) * D, D);
+          }
+        }
       }
       // softmax per query head
-      for (int64_t g = 0; g < G; ++g) {
-        float* p = probs.data() + g * L;
+      for (int64_t hq = 0; hq < Hq; ++hq) {
+        float* p = probs.data() + hq * L;
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
         float sum = 0.f;
@@ -77,12 +88,17 @@ void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
         for (int64_t t = 0; t < L; ++t) p[t] *= inv;
       }
       // pass 2: weighted sum of V
-      float* oh = op + (b * Hq + h * G) * D;
-      for (int64_t i = 0; i < G * D; ++i) oh[i] = 0.f;
-      for (int64_t t = 0; t < L; ++t) {
-        const float* v =
-            kvp + bt[b * M + t / bs] * blk_stride + v_offset + (t % bs) * tok_stride + h * D;
-        for (int64_t g = 0; g < G; ++g) axpy(probs[g * L + t], v, oh + g * D, D);
+      float* ob = op + b * Hq * D;
+      for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
+      for (int64_t i = 0; i < num_blocks; ++i) {
+        const float* v = kvp + table[i] * blk_stride + v_offset;
+        const int64_t n = std::min(bs, L - i * bs);
+        for (int64_t j = 0; j < n; ++j, v += tok_stride) {
+          const int64_t t = i * bs + j;
+          for (int64_t hq = 0; hq < Hq; ++hq) {
+            axpy(probs[hq * L + t], v + (hq / G) * D, ob + hq * D, D);
+          }
+        }
       }
     }
   });

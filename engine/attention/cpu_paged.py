@@ -24,16 +24,32 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("cpu_decode.cpp")
 
 
+def _isa_flags() -> tuple[str, list[str]]:
+    """Vector ISA flags this CPU supports (the build is cached per flag set, so a machine
+    without AVX2 never loads a build that needs it)."""
+    try:
+        cpu_flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        cpu_flags = []
+    if "avx2" in cpu_flags and "fma" in cpu_flags:
+        return "avx2", ["-mavx2", "-mfma"]
+    return "generic", []
+
+
 @functools.cache
 def load_kernel() -> Any | None:
     """The compiled extension module, or None if it cannot be built here."""
     try:
         from torch.utils.cpp_extension import load
 
+        isa, isa_flags = _isa_flags()
+        # -fopenmp: at::parallel_for is header code that parallelises with OpenMP pragmas;
+        # without it the kernel would run on one thread.
         return load(
-            name="baton_cpu_decode",
+            name=f"baton_cpu_decode_{isa}",
             sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-fopenmp-simd", "-ffp-contract=fast"],
+            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", *isa_flags],
+            extra_ldflags=["-fopenmp"],
             verbose=False,
         )
     except Exception as e:  # no compiler, no headers: the torch path still works

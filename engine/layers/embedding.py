@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers import cpu_gemm
 from engine.parallel import SINGLE, TPGroup
 
 
@@ -51,10 +52,16 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__(vocab_size, hidden_size, tp)
 
+        self.packed: torch.Tensor | None = None
+        """oneDNN-packed weight on CPU (engine/layers/cpu_gemm.py), set after loading."""
+
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = F.linear(hidden, self.weight)
+        if self.packed is not None:
+            logits = cpu_gemm.linear(hidden, self.packed, None)
+        else:
+            logits = F.linear(hidden, self.weight)
         logits = self.tp.all_gather_last_dim(logits)
         return logits[..., : self.vocab_size]
