@@ -16,8 +16,8 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk, get_backen
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.kv_cache.manager import KVCacheManager, cdiv
-from engine.layers import cpu_gemm
 from engine.kv_cache.tensor import KVCacheShape, allocate_kv_cache, num_blocks_for_memory
+from engine.layers import cpu_gemm
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
