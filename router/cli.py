@@ -69,6 +69,20 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    try:
+        from bench.serve import build_arg_parser
+    except ImportError:  # an installed package without the repo's bench/ folder
+        return
+    build_arg_parser(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from bench.serve import run_from_args
+
+    return run_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO")
@@ -82,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the cluster and its front doors")
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)
+    bench = sub.add_parser(
+        "bench", help="open-loop load against a serving cluster (bench/serve.py)"
+    )
+    bench.set_defaults(func=_run_bench, bench_parser=bench)
+    _add_bench_arguments(bench)
     return parser
 
 

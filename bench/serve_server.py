@@ -1,0 +1,147 @@
+"""`baton serve` as a subprocess the benchmark owns: free ports, wait for /health, and stop
+it by PID however the run ends.
+
+The server is started in a new session, so it leads its own process group: Ray's GCS,
+raylet and worker processes it spawns join that group. Stopping sends SIGTERM to the server
+(it shuts its cluster down cleanly), and only if that times out SIGKILLs the group it leads,
+which holds nothing but processes this benchmark started.
+
+`python -m bench.serve_server <serve flags>` runs `baton serve` with one change for
+`--mode unified`: the router keeps every prefill on the worker that decodes the request.
+Without it the router may pick a *different* unified worker as prefill worker for prompts
+of >= 256 uncached tokens and call `.prefill` on it, which a unified (DecodeWorker) actor
+does not have (HTTP 500). Colocated is what the unified baseline means (DESIGN.md), so the
+benchmark measures that until the router does it itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A `baton serve` subprocess on free 127.0.0.1 ports; a context manager."""
+
+    def __init__(
+        self, serve_args: list[str], log_path: Path, start_timeout_s: float = 240.0
+    ) -> None:
+        self.port, self.grpc_port = free_port(), free_port()
+        self.serve_args = serve_args
+        self.log_path = log_path
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bench.serve_server", *self.serve_args,
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--grpc-port", str(self.grpc_port)]  # fmt: skip
+
+    def start(self) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until stop()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=env, cwd=Path(__file__).resolve().parents[1],
+        )  # fmt: skip
+        log.close()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"baton serve exited with {self.proc.returncode} before it was healthy; "
+                    f"see {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"baton serve not healthy after {self.start_timeout_s:.0f} s; "
+                           f"see {self.log_path}")  # fmt: skip
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
+        # The group this server leads (its Ray processes), if anything of it is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.wait(10)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.stop()
+
+
+def _tail(path: Path, num_lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except OSError:
+        return ""
+
+
+def _colocate_unified() -> None:
+    """Make the router keep unified prefills on the decoding worker (see the module doc)."""
+    import router.routing as routing
+
+    base = routing.RouterConfig
+
+    class ColocatedRouterConfig(base):  # type: ignore[misc, valid-type]
+        def __init__(self, **kwargs: object) -> None:
+            kwargs.setdefault("disagg_min_uncached_tokens", 1 << 30)
+            super().__init__(**kwargs)
+
+    routing.RouterConfig = ColocatedRouterConfig  # type: ignore[misc]
+
+
+def main(argv: list[str]) -> int:
+    from router.cli import main as baton_main
+
+    if "unified" in argv and argv[argv.index("unified") - 1] == "--mode":
+        _colocate_unified()
+    return baton_main(["serve", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
