@@ -143,7 +143,7 @@ async def main_async(args: argparse.Namespace) -> None:
     init_ray()
     reqs = workload(args.requests, args.rate, args.long_share, args.seed)
     runs = []
-    for mode in ("unified", "disaggregated"):
+    for mode in ("disaggregated", "unified"):
         print(f"running {mode} ...", flush=True)
         runs.append(await run_config(str(model_dir.resolve()), mode, reqs, args.threads))
     rows = [summarize(r) for r in runs]

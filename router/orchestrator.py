@@ -339,6 +339,9 @@ class ClusterBackend:
         )
         if decode is None or (decision.prefill_worker_id and prefill is None):
             raise WorkerFailedError("the routed worker just left the cluster")
+        if prefill is not None and prefill.role != "prefill":
+            prefill = None  # a unified worker prefills its own requests: no transfer
+
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         stream = None
