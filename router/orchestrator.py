@@ -121,6 +121,8 @@ class ClusterBackend:
         """router.metrics.Metrics, if the front doors export them."""
         self.kv_bytes_per_block = 0
         self._version = -1
+        self._prefill_pool_wanted = True
+        """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
         self._task: asyncio.Task | None = None
         self._resync: set[str] = set()
         self._suspects: dict[str, float] = {}
@@ -147,8 +149,6 @@ class ClusterBackend:
             or ("decode" in roles and not self._prefill_pool_wanted)
         )
 
-    _prefill_pool_wanted = True
-
     def _suspect(self, worker_id: str) -> None:
         """An actor call failed because the actor is gone: stop routing to it now rather
         than wait for the controller's next health check."""
@@ -160,11 +160,12 @@ class ClusterBackend:
 
     async def sync_members(self) -> None:
         version, members = await self.controller.get_members.remote()
-        desired = await self.controller.get_desired.remote()
-        self._prefill_pool_wanted = desired.get("prefill", 0) > 0
         if version == self._version:
             return
         self._version = version
+        # Pool sizes only matter when membership changed (scaling bumps the version too).
+        desired = await self.controller.get_desired.remote()
+        self._prefill_pool_wanted = desired.get("prefill", 0) > 0
         ready = {m.worker_id: m for m in members if m.state == "ready"}
         for wid in list(self.workers):
             if wid not in ready:
