@@ -99,7 +99,11 @@ async def start_cluster(
     router = Router(router_config, store=store)
     tokenizer = Tokenizer.from_dir(spec.model_dir)
     backend = ClusterBackend(
-        controller, router, os.path.basename(spec.model_dir.rstrip("/")), tokenizer
+        controller,
+        router,
+        os.path.basename(spec.model_dir.rstrip("/")),
+        tokenizer,
+        prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
     )
     await backend.start()
     return Cluster(controller, backend, router, spec)

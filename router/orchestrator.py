@@ -2,7 +2,8 @@
 
 For each request (DESIGN.md, "Request path"):
 
-  1. the router picks a decode worker D and, unless D prefills it itself, a prefill worker P
+  1. the router picks a decode worker D and, unless D prefills it itself, a prefill worker P;
+     the request waits its turn in P's admission queue (router.prefill_gate)
   2. D reserves blocks (reusing its cached prefix) and arms its transport    -> block ids
   3. P prefills (reusing its own cached prefix), sending each layer's KV into D's blocks
      as soon as the layer is done                                             -> first token
@@ -39,6 +40,7 @@ from core.errors import (
 )
 from core.request import RequestOutput
 from router.backend import GenerateRequest
+from router.prefill_gate import PrefillGate
 from router.routing import NoWorkerError, Router
 
 logger = logging.getLogger(__name__)
@@ -102,7 +104,10 @@ class ClusterBackend:
         max_retries: int = 2,
         poll_interval_s: float = 0.05,
         metrics: Any = None,
+        prefill_queue_tokens: int = 4096,
     ) -> None:
+        """`prefill_queue_tokens`: uncached prompt tokens admitted to one prefill worker at a
+        time (router.prefill_gate); about two engine steps' token budget."""
         self.controller = controller
         self.router = router
         self.model_name = model_name
@@ -117,6 +122,7 @@ class ClusterBackend:
         """worker id -> controller Member (state ready)."""
         self.stats: dict[str, WorkerStats] = {}
         self.transfers = TransferStats()
+        self.gate = PrefillGate(prefill_queue_tokens)
         self.metrics = metrics
         """router.metrics.Metrics, if the front doors export them."""
         self.kv_bytes_per_block = 0
@@ -172,6 +178,7 @@ class ClusterBackend:
                 del self.workers[wid]
                 self.stats.pop(wid, None)
                 self.router.remove_worker(wid)
+                self.gate.drop_worker(wid)
                 if self.metrics is not None:
                     self.metrics.forget_worker(wid)
                 logger.info("router: worker %s left", wid)
@@ -349,6 +356,7 @@ class ClusterBackend:
         finished = False
         first_token_at: float | None = None
         calling = decode  # the worker whose call is in flight: the one to blame if it dies
+        gated = False
         try:
             if prefill is None:
                 self.transfers.prefill_on_decode += 1
@@ -356,6 +364,11 @@ class ClusterBackend:
                     rid, prompt, params, timeout_s
                 )
             else:
+                uncached = len(prompt) - decision.prefill_cached_blocks * self.block_size
+                await self.gate.acquire(
+                    prefill.worker_id, rid, uncached, max(0.1, deadline - loop.time())
+                )
+                gated = True
                 reservation = await asyncio.wait_for(
                     decode.handle.reserve.remote(rid, prompt, params, timeout_s), timeout_s
                 )
@@ -374,6 +387,8 @@ class ClusterBackend:
                     max(0.1, deadline - loop.time()),
                 )
                 self.router.prefill_done(rid)
+                self.gate.release(prefill.worker_id, rid)
+                gated = False
                 calling = decode
                 first_token_at = loop.time()
                 self.transfers.num_transfers += 1
@@ -409,6 +424,8 @@ class ClusterBackend:
             raise
         finally:
             self.router.request_done(rid)
+            if gated:
+                self.gate.release(prefill.worker_id, rid)  # type: ignore[union-attr]
             if not finished:  # cancelled, failed or timed out: free blocks on both sides
                 if stream is not None:
                     with contextlib.suppress(Exception):
