@@ -12,7 +12,7 @@ install: .install-stamp
 .install-stamp: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[test]"
-	$(PYTHON) -c "from engine.attention.cpu_paged import load_kernel; load_kernel()"
+	$(PYTHON) -c "from engine import cpu_kernels; cpu_kernels.load_all()"
 	@# System packages: redis-server (Redis store tests), chromium (dashboard browser test).
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \

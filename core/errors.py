@@ -30,6 +30,11 @@ class OverloadedError(BatonError):
         self.retry_after_s = retry_after_s
 
 
+class KVCapacityError(OverloadedError):
+    """A worker has no free KV blocks for the prompt right now (running requests will free
+    some): the front door waits and retries before giving up with 429."""
+
+
 class DeadlineExceededError(BatonError):
     """The request ran past its deadline; its blocks have been freed."""
 
@@ -49,3 +54,12 @@ class CancelledError(BatonError):
 
     status = 499
     code = "cancelled"
+
+
+def error_message(e: BaseException) -> str:
+    """What a client is told. An error raised inside a worker actor arrives wrapped by Ray,
+    whose text starts with the actor's repr and a traceback: give the worker's own message."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and cause is not e:
+        e = cause
+    return str(e) or type(e).__name__

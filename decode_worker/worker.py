@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from core.errors import InvalidRequestError, OverloadedError, WorkerFailedError
+from core.errors import InvalidRequestError, KVCapacityError, OverloadedError, WorkerFailedError
 from core.request import RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
 from decode_worker.base import WorkerBase, WorkerSpec
@@ -49,7 +49,7 @@ class DecodeWorker(WorkerBase):
         try:
             res = await self.engine.call(reserve)
         except NoCapacityError as e:
-            raise OverloadedError(str(e)) from e
+            raise KVCapacityError(f"{self.worker_id}: {e}") from e
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
         self.account_prompt(len(token_ids), res.num_cached_tokens)

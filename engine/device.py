@@ -53,6 +53,18 @@ def has_triton() -> bool:
     return True
 
 
+def cpu_fused_ops(x: torch.Tensor):  # -> the compiled module or None
+    """The fused CPU elementwise kernels (engine/cpu_kernels/fused.cpp) for a contiguous
+    float32 2-D CPU tensor; None elsewhere, or with BATON_FUSED_KERNELS=0."""
+    if x.is_cuda or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+        return None
+    if os.environ.get("BATON_FUSED_KERNELS", "1") == "0":
+        return None
+    from engine import cpu_kernels
+
+    return cpu_kernels.load("fused")
+
+
 def use_fused_kernels(x: torch.Tensor) -> bool:
     """Layers run their Triton kernel (norm, rotary) on CUDA tensors when triton is there;
     BATON_FUSED_KERNELS=0 keeps the plain-torch ops (e.g. to bisect a GPU mismatch)."""

@@ -35,6 +35,7 @@ from core.errors import (
     BatonError,
     DeadlineExceededError,
     InvalidRequestError,
+    KVCapacityError,
     OverloadedError,
     WorkerFailedError,
 )
@@ -105,14 +106,17 @@ class ClusterBackend:
         poll_interval_s: float = 0.05,
         metrics: Any = None,
         prefill_queue_tokens: int = 4096,
+        max_kv_wait_s: float = 30.0,
     ) -> None:
         """`prefill_queue_tokens`: uncached prompt tokens admitted to one prefill worker at a
-        time (router.prefill_gate); about two engine steps' token budget."""
+        time (router.prefill_gate); about two engine steps' token budget. `max_kv_wait_s`:
+        how long a request waits for a decode worker's KV blocks to free up before 429."""
         self.controller = controller
         self.router = router
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.max_retries = max_retries
+        self.max_kv_wait_s = max_kv_wait_s
         self.poll_interval_s = poll_interval_s
         self.model_id = ""
         self.max_model_len = 0
@@ -369,9 +373,7 @@ class ClusterBackend:
                     prefill.worker_id, rid, uncached, max(0.1, deadline - loop.time())
                 )
                 gated = True
-                reservation = await asyncio.wait_for(
-                    decode.handle.reserve.remote(rid, prompt, params, timeout_s), timeout_s
-                )
+                reservation = await self._reserve(decode, rid, prompt, params, deadline)
                 skip = reservation.num_cached_tokens // self.block_size
                 calling = prefill
                 reply = await asyncio.wait_for(
@@ -434,6 +436,27 @@ class ClusterBackend:
                     if m is not None:
                         with contextlib.suppress(Exception):
                             m.handle.abort.remote(rid)
+
+    async def _reserve(
+        self, decode: Any, rid: str, prompt: list[int], params: Any, deadline: float
+    ) -> Any:
+        """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
+        requests to free blocks (bounded by the deadline and `max_kv_wait_s`) rather than
+        refuse at once: a burst is queued, as a single engine would queue it."""
+        loop = asyncio.get_running_loop()
+        give_up = min(deadline, loop.time() + self.max_kv_wait_s)
+        delay = 0.02
+        while True:
+            timeout = max(0.1, deadline - loop.time())
+            try:
+                return await asyncio.wait_for(
+                    decode.handle.reserve.remote(rid, prompt, params, timeout), timeout
+                )
+            except KVCapacityError:
+                if loop.time() + delay >= give_up:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
     async def abort(self, request_id: str) -> None:
         for m in list(self.workers.values()):

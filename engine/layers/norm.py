@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.device import use_fused_kernels
+from engine.device import cpu_fused_ops, use_fused_kernels
 
 
 class RMSNorm(nn.Module):
@@ -30,6 +30,12 @@ class RMSNorm(nn.Module):
             from engine.kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual)
+        ops = cpu_fused_ops(x)
+        if ops is not None and (residual is None or residual.is_contiguous()):
+            if residual is None:
+                return ops.rms_norm(x, self.weight, self.eps), x
+            out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)
+            return out, summed
         if residual is not None:
             x = x + residual
         return self._norm(x), x

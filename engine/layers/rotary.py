@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.device import use_fused_kernels
+from engine.device import cpu_fused_ops, use_fused_kernels
 
 
 def _base_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -73,9 +73,19 @@ class RotaryEmbedding(nn.Module):
             from engine.kernels.rotary import apply_rotary
 
             return apply_rotary(positions, q, k, self.cos, self.sin)  # in place
+        ops = cpu_fused_ops(self.cos)
+        if ops is not None and _heads_contiguous(q) and _heads_contiguous(k):
+            q_out, k_out = ops.rotary(positions, q, k, self.cos, self.sin)
+            return q_out, k_out
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:
+    return (
+        x.dim() == 3 and x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+    )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

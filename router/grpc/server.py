@@ -26,6 +26,7 @@ from core.errors import (
     InvalidRequestError,
     OverloadedError,
     WorkerFailedError,
+    error_message,
 )
 from core.request import RequestOutput
 from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
@@ -55,7 +56,7 @@ async def _abort(context: grpc.aio.ServicerContext, e: BatonError) -> None:
     if isinstance(e, OverloadedError):
         retry = str(max(1, math.ceil(e.retry_after_s)))
         context.set_trailing_metadata((("retry-after", retry),))
-    await context.abort(code, str(e) or type(e).__name__)
+    await context.abort(code, error_message(e))
 
 
 class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.errors import BatonError, OverloadedError
+from core.errors import BatonError, OverloadedError, error_message
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +62,13 @@ def baton_error_response(e: BatonError) -> JSONResponse:
     headers = None
     if isinstance(e, OverloadedError):
         headers = {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
-    return error_response(e.status, str(e) or type(e).__name__, e.code, headers=headers)
+    return error_response(e.status, error_message(e), e.code, headers=headers)
 
 
 def sse_error(e: BaseException) -> str:
     """An error after the stream started: one `data:` event in the same shape."""
     if isinstance(e, BatonError):
-        body = error_body(e.status, str(e), e.code)
+        body = error_body(e.status, error_message(e), e.code)
     else:
         body = error_body(500, "internal error", "internal_error")
     return f"data: {json.dumps(body)}\n\n"

@@ -73,3 +73,28 @@ def test_bad_request_is_a_clear_error(cluster_factory, loop_thread, tiny_model_d
     # and the cluster still serves
     out = loop_thread.run(collect(cluster.backend, "ok", [5, 6, 7], GREEDY))
     assert len(out.token_ids) == MAX_TOKENS
+
+
+def test_burst_beyond_decode_kv_queues_instead_of_refusing(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    """Eight 200-token prompts at once against 32 KV blocks per worker (two requests' worth):
+    the prefill gate and the reservation wait queue them; none is refused, all are exact."""
+    from core.config import EngineConfig
+
+    model_dir = tiny_model_dir("llama")
+    spec = make_spec(model_dir, engine=EngineConfig(num_kv_blocks=32, max_num_batched_tokens=256))
+    cluster = cluster_factory(spec, always_disaggregate())
+    assert cluster.backend.gate.max_tokens == 512
+    batch = prompts(8, 1000, [200, 190, 210, 180], seed=41)
+
+    async def run() -> list:
+        return await asyncio.gather(
+            *(collect(cluster.backend, f"q{i}", p, GREEDY, 240.0) for i, p in enumerate(batch))
+        )
+
+    outs = loop_thread.run(run(), timeout=300)
+    for p, out in zip(batch, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+    assert cluster.backend.transfers.num_transfers == len(batch)
+    assert cluster.backend.gate.num_waiting() == 0

@@ -1,4 +1,4 @@
-"""The CPU decode kernel (engine/attention/cpu_decode.cpp) against the torch paged path."""
+"""The CPU decode kernel (engine/cpu_kernels/paged_decode.cpp) against the torch paged path."""
 
 from __future__ import annotations
 
