@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import random
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,7 +223,18 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a CI timeout, `kill PID`) unwinds like Ctrl-C, so each ServerProcess's exit
+    stops its server instead of leaving it and its Ray cluster running."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_comparison(args: argparse.Namespace) -> int:
+    _exit_on_sigterm()
     model_dir = ensure_bench_model(args.model)
     names = list(EXPERIMENTS) if args.compare == "all" else [args.compare]
     for name in names:
