@@ -214,10 +214,11 @@ def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and cases")
+    parser.add_argument("--cases", default="nixl-shm,nixl-tcp,ucx-shm,ucx-tcp")
     parser.add_argument("--out", default="bench/results/kv_transfer.json")
     args = parser.parse_args()
     sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB]
-    cases = [("nixl", "shm"), ("nixl", "tcp"), ("ucx", "shm"), ("ucx", "tcp")]
+    cases = [tuple(c.split("-")) for c in args.cases.split(",")]
     if args.quick:
         sizes, cases = [64 * KiB, 16 * MiB], cases[:1]
     print(f"{'case':10} {'size':>13} {'kind':4} {'latency':>12} {'1-at-a-time':>7} {'window':>7}")
