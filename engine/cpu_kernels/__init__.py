@@ -6,19 +6,59 @@ kernel file is one extension module, compiled with the vector ISA this CPU suppo
 cached under TORCH_EXTENSIONS_DIR under a name that includes a hash of its sources (so an
 edited kernel is rebuilt, not a stale build loaded). If building fails, `load` returns None
 and callers keep the plain torch path.
+
+A process loads an already built module straight from its file, without torch's build lock:
+a worker killed while holding that lock (a scale-down, a crash during start-up) would
+otherwise leave a lock file that every later process waits on forever. Only a missing or
+unloadable build goes through the builder, and a lock older than any build is removed first.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 _HEADERS = ("vec_math.h",)
+_STALE_LOCK_S = 600.0
+"""A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
+
+
+def _build_root() -> Path:
+    default = Path.home() / ".cache" / "torch_extensions"
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR", default)) / "baton"
+
+
+def _import_built(name: str, build_dir: Path) -> Any | None:
+    path = build_dir / f"{name}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception as e:  # a half-written file from an interrupted build: rebuild it
+        logger.warning("CPU kernel %s at %s does not load (%s); rebuilding", name, path, e)
+        return None
+
+
+def _clear_stale_lock(build_dir: Path) -> None:
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
+            lock.unlink()
+            logger.warning("removed a stale build lock %s", lock)
+    except FileNotFoundError:
+        pass
 
 
 def _isa_flags() -> tuple[str, list[str]]:
@@ -37,6 +77,7 @@ def _isa_flags() -> tuple[str, list[str]]:
 def load(name: str) -> Any | None:
     """The compiled module of `<name>.cpp`, or None if it cannot be built here."""
     try:
+        import torch  # noqa: F401  (the module links against libtorch: load it first)
         from torch.utils.cpp_extension import load as build
 
         source = _DIR / f"{name}.cpp"
@@ -44,14 +85,22 @@ def load(name: str) -> Any | None:
         for header in _HEADERS:
             digest.update((_DIR / header).read_bytes())
         isa, isa_flags = _isa_flags()
+        full_name = f"baton_{name}_{isa}_{digest.hexdigest()[:10]}"
+        build_dir = _build_root() / full_name
+        module = _import_built(full_name, build_dir)
+        if module is not None:
+            return module
+        build_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(build_dir)
         # -fopenmp: at::parallel_for is header code that parallelises with OpenMP pragmas;
         # without it the kernels would run on one thread.
         return build(
-            name=f"baton_{name}_{isa}_{digest.hexdigest()[:10]}",
+            name=full_name,
             sources=[str(source)],
             extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", *isa_flags],
             extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(_DIR)],
+            build_directory=str(build_dir),
             verbose=False,
         )
     except Exception as e:  # no compiler, no headers: the torch path still works
