@@ -55,10 +55,14 @@ def has_triton() -> bool:
 
 def cpu_fused_ops(x: torch.Tensor):  # -> the compiled module or None
     """The fused CPU elementwise kernels (engine/cpu_kernels/fused.cpp) for a contiguous
-    float32 2-D CPU tensor; None elsewhere, or with BATON_FUSED_KERNELS=0."""
+    float32 2-D CPU tensor, when BATON_CPU_FUSED=1; None otherwise.
+
+    Opt-in for now: they help the offline engine, but in the disaggregated serving benchmark
+    (docs/performance.md) the decode worker's TPOT was worse with them on (36 -> 47-67 ms
+    median at 2 req/s) and back at 36 ms with them off, for reasons not yet understood."""
     if x.is_cuda or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
         return None
-    if os.environ.get("BATON_FUSED_KERNELS", "1") == "0":
+    if os.environ.get("BATON_CPU_FUSED", "0") != "1":
         return None
     from engine import cpu_kernels
 

@@ -43,11 +43,12 @@ def test_rms_norm_and_residual_add(rows: int, cols: int) -> None:
 
 
 def test_layers_use_them_and_agree_with_the_torch_path(monkeypatch) -> None:
+    monkeypatch.setenv("BATON_CPU_FUSED", "1")
     x, res = torch.randn(9, 64), torch.randn(9, 64)
     norm = RMSNorm(64, 1e-6)
     norm.weight.data = torch.randn(64)
     fused = norm(x, res), silu_and_mul(torch.cat([x, res], 1))
-    monkeypatch.setenv("BATON_FUSED_KERNELS", "0")
+    monkeypatch.setenv("BATON_CPU_FUSED", "0")
     plain = norm(x, res), silu_and_mul(torch.cat([x, res], 1))
     torch.testing.assert_close(fused[0][0], plain[0][0])
     torch.testing.assert_close(fused[0][1], plain[0][1])
@@ -64,9 +65,12 @@ def test_bad_inputs_are_clear_errors() -> None:
 
 
 @pytest.mark.parametrize(("tokens", "head_dim"), [(1, 64), (5, 16), (300, 128)])
-def test_rotary_matches_the_torch_path_on_strided_qkv_slices(tokens: int, head_dim: int) -> None:
+def test_rotary_matches_the_torch_path_on_strided_qkv_slices(
+    tokens: int, head_dim: int, monkeypatch
+) -> None:
     from engine.layers.rotary import RotaryEmbedding, _rotate
 
+    monkeypatch.setenv("BATON_CPU_FUSED", "1")
     rope = RotaryEmbedding(head_dim, 4096, 10000.0, None, torch.float32)
     hq, hk = 6, 2
     qkv = torch.randn(tokens, (hq + 2 * hk) * head_dim)  # q and k are strided views of it
