@@ -112,9 +112,7 @@ class PrefillGate:
         return q.in_flight_tokens if q else 0
 
     def num_waiting(self, worker_id: str | None = None) -> int:
-        queues = (
-            self._queues.values()
-            if worker_id is None
-            else [q for w, q in self._queues.items() if w == worker_id]
-        )
-        return sum(len(q.waiting) for q in queues)
+        if worker_id is not None:
+            q = self._queues.get(worker_id)
+            return len(q.waiting) if q else 0
+        return sum(len(q.waiting) for q in self._queues.values())
