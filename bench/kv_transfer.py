@@ -10,7 +10,8 @@ ucx_perftest and nixlbench measure bandwidth), bytes moved / wall time; the one-
 figure (bytes / latency) is reported beside it. "few" = one contiguous run of blocks (one region),
 "many" = every other block (one region per 64 KiB block). TTFT: N layers of simulated
 compute (a sleep: the CPU is free, as while a GPU computes), per-layer sends vs one send
-after the last layer; hidden = 1 - exposed_per_layer / exposed_after_last.
+after the last layer; exposed = TTFT - the same compute with no transfer (measured, as a
+sleep overshoots); hidden = 1 - exposed_per_layer / exposed_after_last.
 """
 
 from __future__ import annotations
@@ -43,14 +44,17 @@ TLS = {
 
 
 def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict) -> None:
-    os.environ["UCX_TLS"] = TLS[(backend, tls)]
+    if (backend, tls) in TLS:
+        os.environ["UCX_TLS"] = TLS[(backend, tls)]
     import torch
 
+    from engine.kv_cache.shared_memory import shared_zeros
     from kv_transfer import KVCacheSpec, Role, create_transport
 
     torch.set_num_threads(1)
     spec = KVCacheSpec(**spec_kwargs)
-    kv = torch.full(spec.shape, 1.0, dtype=torch.float16)  # touch every page up front
+    # In a memfd as the engine allocates it (the shm backend maps it); every page touched.
+    kv = shared_zeros(spec.shape, torch.float16).fill_(1.0)
     transport = create_transport(kv, spec, "bench", backend=backend, loopback=True)
     conn.send(transport.local_metadata())
     peer = transport.add_peer(conn.recv())
@@ -83,14 +87,14 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict) -> None:
                 assert transport.wait(request_id, Role.SEND, 10).ok
             conn.send(elapsed)
         elif command == "ttft":
-            request_id, src, dst, compute_s, per_layer = args
+            request_id, src, dst, compute_s, mode = args
             start = time.perf_counter()
             handles = []
             for layer in range(spec.num_layers):
                 time.sleep(compute_s)
-                if per_layer:
+                if mode == "per_layer":
                     handles.append(transport.send(request_id, src, peer, dst, [layer]))
-            if not per_layer:
+            if mode == "after_last":
                 handles.append(
                     transport.send(request_id, src, peer, dst, list(range(spec.num_layers)))
                 )
@@ -194,14 +198,17 @@ def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float)
             compute_ms=compute_ms,
             bytes_per_layer=blocks_per_layer * 64 * KiB,
         )
-        for mode, per_layer in (("after_last", False), ("per_layer", True)):
+        # compute_only: the same sleeps with no transfer, measured (a sleep overshoots by a
+        # fraction of a millisecond, which must not count as exposed transfer time).
+        for mode in ("compute_only", "after_last", "per_layer"):
             runs = []
             for i in range(4):
                 request_id = f"ttft-{mode}-{i}"
-                pair.call(1, "expect", [(request_id, dst, TTFT_SPEC["num_layers"])])
-                runs.append(pair.call(0, "ttft", request_id, src, dst, compute_ms / 1e3, per_layer))
+                if mode != "compute_only":
+                    pair.call(1, "expect", [(request_id, dst, TTFT_SPEC["num_layers"])])
+                runs.append(pair.call(0, "ttft", request_id, src, dst, compute_ms / 1e3, mode))
             out[f"ttft_{mode}_ms"] = statistics.median(runs[1:]) * 1e3
-        compute_total = TTFT_SPEC["num_layers"] * compute_ms
+        compute_total = out["ttft_compute_only_ms"]
         exposed_end = out["ttft_after_last_ms"] - compute_total
         exposed_layer = out["ttft_per_layer_ms"] - compute_total
         out["compute_only_ms"] = compute_total
@@ -214,7 +221,7 @@ def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and cases")
-    parser.add_argument("--cases", default="nixl-shm,nixl-tcp,ucx-shm,ucx-tcp")
+    parser.add_argument("--cases", default="shm-map,nixl-shm,nixl-tcp,ucx-shm,ucx-tcp")
     parser.add_argument("--out", default="bench/results/kv_transfer.json")
     args = parser.parse_args()
     sizes = [64 * KiB, MiB, 16 * MiB, 256 * MiB]

@@ -8,7 +8,8 @@ Module map
     api.py         the Transport interface, SendHandle, TransferResult, FailureHook
     transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
     protocol.py    the protocol state machine (runs on the I/O thread)
-    driver.py      the backend seam; nixl_driver.py, ucx_driver.py, local_driver.py
+    driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
+                   host: peers map each other's memfd cache), local_driver.py
     registry.py    backend registry, auto-selection, create_transport()
 
 Setup. Each worker registers its ONE cache tensor
@@ -30,7 +31,8 @@ Protocol (the decode side pulls):
     earlier message for it, layers in range and not seen before, dst ids == the
     reservation, src ids inside the sender's registered cache. Then it PULLS the bytes into
     its reserved blocks (nixl: one READ of all regions; ucx: it posts tagged receives into
-    the blocks; local: a copy). Anything else fails the request.
+    the blocks; shm: a memcpy from the sender's cache, mapped read-only; local: a copy).
+    Anything else fails the request.
  4. When a pull completes, decode answers LayersDone(layers); the prefill side may reuse
     those source blocks once its SendHandle completes.
  5. When every layer landed, decode reports RECV ok (poll/wait). Nothing reads the
@@ -54,7 +56,14 @@ waiting for its own deadline), and the FailureHook runs so the engine frees the 
 The hook runs only once the backend can no longer touch the blocks (uncancellable nixl
 READs are waited out). ucxx exposes no per-request cancel: after a ucx receive times out,
 a sender that is still alive and did not get the Abort could still complete a posted
-receive; a dead sender cannot. A dead peer with ucx is detected at the deadline.
+receive; a dead sender cannot. A dead peer with ucx is detected at the deadline; with shm
+a dead receiver at the sender's next message (broken pipe), a dead sender at the deadline.
+
+Backends and when to use which: `nixl` (auto's first choice) and `ucx` work across nodes
+and, with NIXL, for VRAM. `shm` is for prefill and decode workers on one host with their
+caches in host memory: UCX reaches a peer's memory there only through the kernel (cma,
+5-9 GB/s measured), a mapped memcpy runs at memory speed. It is never picked by `auto`
+(whether peers share a host is known only at connect); choose it with `backend="shm"`.
 """
 
 from kv_transfer.api import (

@@ -78,6 +78,11 @@ class Driver(ABC):
     def state(self, op: Any) -> OpState:
         """Poll an op; raise nothing (a failure is OpState.FAILED)."""
 
+    def wait_fds(self) -> list[int]:
+        """File descriptors that become readable when a message arrives; the I/O thread
+        waits on them instead of polling. Empty (the default): it polls."""
+        return []
+
     def release(self, op: Any) -> bool:
         """Free an op's resources; False if it may still access memory (retry later)."""
         return True

@@ -12,6 +12,7 @@ Sender                                   Receiver (reserved dst blocks via expec
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -19,13 +20,14 @@ from kv_transfer.api import Role, SendHandle, TransferResult
 from kv_transfer.driver import OpState
 from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
 from kv_transfer.layout import KVCacheSpec, Region, pair_regions
-from kv_transfer.requests import RecvState, SendState, expired
+from kv_transfer.requests import RecvState, SendState
 
 if TYPE_CHECKING:
     from kv_transfer.transport import DriverTransport
 
 logger = logging.getLogger(__name__)
 
+_DEADLINE_SCAN_S = 0.001
 _FINISHED_MEMORY = 4096  # how many finished request ids we remember, to quiet late messages
 
 
@@ -39,6 +41,10 @@ class ProtocolMixin:
         # once they settle: their blocks must not be released while memory may be touched.
         self._zombies: list[tuple[list[Any], TransferResult]] = []
         self._finished: OrderedDict[str, None] = OrderedDict()
+        # Requests with pulls in flight, so a step looks at those and not at every
+        # reservation (a decode worker may hold hundreds waiting for their first layer).
+        self._pulling: set[str] = set()
+        self._next_deadline_check = 0.0
 
     def _active(self: DriverTransport) -> bool:
         return bool(self._recvs or self._sends or self._zombies)
@@ -116,6 +122,7 @@ class ProtocolMixin:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
             return
         recv.ops.append((op, list(msg.layers)))
+        self._pulling.add(recv.request_id)
 
     def _check_ready(
         self: DriverTransport, recv: RecvState, msg: LayersReady, peer_spec: KVCacheSpec
@@ -242,7 +249,11 @@ class ProtocolMixin:
 
     def _check_ops(self: DriverTransport) -> bool:
         progressed = False
-        for recv in list(self._recvs.values()):
+        for request_id in list(self._pulling):
+            recv = self._recvs.get(request_id)
+            if recv is None or not recv.ops:
+                self._pulling.discard(request_id)
+                continue
             for op, layers in list(recv.ops):
                 state = self.driver.state(op)
                 if state is OpState.PENDING:
@@ -279,11 +290,17 @@ class ProtocolMixin:
         return progressed
 
     def _check_deadlines(self: DriverTransport) -> None:
+        # Deadlines are seconds long: a scan per millisecond is plenty, and a scan per step
+        # would cost O(requests) on every message.
+        now = time.monotonic()
+        if now < self._next_deadline_check:
+            return
+        self._next_deadline_check = now + _DEADLINE_SCAN_S
         for recv in list(self._recvs.values()):
-            if expired(recv.deadline):
+            if recv.deadline < now:
                 self._fail_recv(recv, f"deadline passed with {recv.describe()}")
         for send in list(self._sends.values()):
-            if expired(send.deadline):
+            if send.deadline < now:
                 self._fail_send(send, f"deadline passed with {send.describe()}")
 
     def _bury(self: DriverTransport, ops: list[Any], result: TransferResult) -> None:

@@ -29,6 +29,7 @@ DriverClass = Callable[[torch.Tensor, KVCacheSpec, str], Driver]
 _BACKENDS: dict[str, tuple[str, str]] = {
     "nixl": ("kv_transfer.nixl_driver:NixlDriver", "nixl._api"),
     "ucx": ("kv_transfer.ucx_driver:UcxDriver", "ucxx._lib.libucxx"),
+    "shm": ("kv_transfer.shm_driver:ShmDriver", "mmap"),
     "local": ("kv_transfer.local_driver:LocalDriver", "torch"),
 }
 AUTO_ORDER = ("nixl", "ucx", "local")
@@ -118,7 +119,7 @@ def create_transport(
     if not kv.is_contiguous():
         raise ValueError("KV tensor must be contiguous: it is registered as one region")
     chosen = select_backend(backend)
-    if chosen != "local":
+    if chosen in ("nixl", "ucx"):
         apply_ucx_defaults(loopback=loopback)
     driver_class = _driver_class(chosen)
     return DriverTransport(

@@ -5,7 +5,6 @@ Owned by the transport's I/O thread only: no locks here.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +60,3 @@ class SendState:
             if not handle.done() and self.acked.issuperset(handle.layers):
                 handle._finish(None)
         self.handles = [h for h in self.handles if not h.done()]
-
-
-def expired(deadline: float) -> bool:
-    return time.monotonic() > deadline

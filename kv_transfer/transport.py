@@ -4,17 +4,21 @@ Threads: callers enqueue commands; one I/O thread owns the driver and every requ
 so the protocol below runs single-threaded. Results go back through a Condition.
 
 The I/O loop, per step: run queued commands -> read control messages -> poll pulls and
-sends -> enforce deadlines. It polls every ~0.2 ms while anything is in flight and sleeps
-up to 5 ms when idle (a queued command wakes it at once).
+sends -> enforce deadlines. Between steps it waits in select() on a wake pipe (a queued
+command wakes it at once) plus whatever fds the driver says signal new messages (`shm`:
+its sockets, so a message is handled as it arrives), for at most ~0.2 ms while anything is
+in flight (backends without fds are polled) and 5 ms when idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import queue
 import random
+import select
 import threading
 import time
 from collections import OrderedDict
@@ -83,7 +87,9 @@ class DriverTransport(ProtocolMixin, Transport):
         self._tag_salt = random.getrandbits(20)
         self._tag_counter = itertools.count(1)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._cond = threading.Condition()
         self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
         self._init_protocol()
@@ -196,9 +202,11 @@ class DriverTransport(ProtocolMixin, Transport):
             return
         self._call(lambda: self._fail_all("transport closed"))
         self._stop = True
-        self._wake.set()
+        self._wake_up()
         self._thread.join(timeout=10.0)
         self.driver.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     # --- plumbing --------------------------------------------------------------------------
 
@@ -206,7 +214,7 @@ class DriverTransport(ProtocolMixin, Transport):
         if self._stop:
             raise TransferError(f"transport {self.name} is closed")
         self._commands.put(command)
-        self._wake.set()
+        self._wake_up()
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the I/O thread and return its result (re-raising its exception)."""
@@ -259,6 +267,12 @@ class DriverTransport(ProtocolMixin, Transport):
                 busy = False
             if busy:
                 continue
-            self._wake.wait(_ACTIVE_POLL_S if self._active() else _IDLE_POLL_S)
-            self._wake.clear()
+            timeout = _ACTIVE_POLL_S if self._active() else _IDLE_POLL_S
+            select.select([self._wake_r, *self.driver.wait_fds()], [], [], timeout)
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
         self._drain_commands()
+
+    def _wake_up(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # a full pipe: a wake-up is pending anyway
+            os.write(self._wake_w, b"x")

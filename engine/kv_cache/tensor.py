@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kv_cache.shared_memory import shared_zeros
+
 
 @dataclass(frozen=True)
 class KVCacheShape:
@@ -50,5 +52,8 @@ def num_blocks_for_memory(shape_per_block: KVCacheShape, memory_bytes: int) -> i
 
 def allocate_kv_cache(shape: KVCacheShape, device: torch.device) -> torch.Tensor:
     # Zeros, not empty: masked-out slots still enter the attention matmul as 0 * value,
-    # and uninitialised memory could hold NaN.
+    # and uninitialised memory could hold NaN. On CPU in shared memory, so a same-host KV
+    # transport can map it (see shared_memory.py).
+    if device.type == "cpu":
+        return shared_zeros(shape.as_tuple(), shape.dtype)
     return torch.zeros(shape.as_tuple(), dtype=shape.dtype, device=device)

@@ -98,3 +98,22 @@ def test_burst_beyond_decode_kv_queues_instead_of_refusing(
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
     assert cluster.backend.transfers.num_transfers == len(batch)
     assert cluster.backend.gate.num_waiting() == 0
+
+
+def test_greedy_matches_transformers_over_shm(cluster_factory, loop_thread, tiny_model_dir) -> None:
+    """The same-host `shm` transport: the decode worker maps the prefill worker's cache."""
+    model_dir = tiny_model_dir("llama")
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1, transport="shm"), always_disaggregate()
+    )
+    batch = prompts(4, 1000, [9, 70, 150, 31], seed=11)
+
+    async def run() -> list:
+        return await asyncio.gather(
+            *(collect(cluster.backend, f"s{i}", p, GREEDY) for i, p in enumerate(batch))
+        )
+
+    outs = loop_thread.run(run())
+    for p, out in zip(batch, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+    assert cluster.backend.transfers.num_transfers == len(batch)

@@ -24,14 +24,19 @@ TLS_CHOICES = {
 }
 
 
-def make_cache(spec_kwargs: dict[str, Any], seed: int) -> Any:
+def make_cache(spec_kwargs: dict[str, Any], seed: int, shared: bool = False) -> Any:
+    """The cache a seed fills; `shared` puts it in a memfd, as the engine does on CPU (the
+    `shm` backend needs that)."""
     import torch
 
+    from engine.kv_cache.shared_memory import shared_zeros
     from kv_transfer import KVCacheSpec
 
     spec = KVCacheSpec(**spec_kwargs)
     gen = torch.Generator().manual_seed(seed)
     kv = torch.randn(spec.shape, generator=gen, dtype=torch.float32).to(getattr(torch, spec.dtype))
+    if shared:
+        kv = shared_zeros(tuple(kv.shape), kv.dtype).copy_(kv)
     return spec, kv
 
 
@@ -43,7 +48,7 @@ def peer_main(conn: Connection, backend: str, tls: str, spec_kwargs: dict, seed:
     from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    spec, kv = make_cache(spec_kwargs, seed)
+    spec, kv = make_cache(spec_kwargs, seed, shared=backend == "shm")
     failures: list[dict] = []
     transport = create_transport(
         kv,

@@ -1,4 +1,5 @@
-"""The protocol end to end over the `local` backend (two transports in this process)."""
+"""The protocol end to end over the `local` and `shm` backends (two transports in this
+process; `shm` maps its own process's memfd exactly as it would a peer's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import threading
 import pytest
 import torch
 
+from engine.kv_cache.shared_memory import shared_zeros
 from kv_transfer import (
     IncompatiblePeerError,
     KVCacheSpec,
@@ -15,22 +17,26 @@ from kv_transfer import (
     TransferResult,
     create_transport,
 )
+from kv_transfer.driver import DriverError
 
 SPEC = KVCacheSpec(num_layers=3, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
 
 
 class Side:
-    def __init__(self, spec: KVCacheSpec, seed: int, model_id: str = "m") -> None:
-        self.kv = torch.randn(spec.shape, generator=torch.Generator().manual_seed(seed)).half()
+    def __init__(
+        self, spec: KVCacheSpec, seed: int, model_id: str = "m", backend: str = "local"
+    ) -> None:
+        kv = torch.randn(spec.shape, generator=torch.Generator().manual_seed(seed)).half()
+        self.kv = shared_zeros(spec.shape, kv.dtype).copy_(kv) if backend == "shm" else kv
         self.failures: list[TransferResult] = []
         self.transport = create_transport(
-            self.kv, spec, model_id, backend="local", on_failure=self.failures.append
+            self.kv, spec, model_id, backend=backend, on_failure=self.failures.append
         )
 
 
-@pytest.fixture
-def sides():
-    prefill, decode = Side(SPEC, 1), Side(SPEC, 2)
+@pytest.fixture(params=["local", "shm"])
+def sides(request):
+    prefill, decode = Side(SPEC, 1, backend=request.param), Side(SPEC, 2, backend=request.param)
     to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
     decode.transport.add_peer(prefill.transport.local_metadata())
     yield prefill, decode, to_decode
@@ -121,3 +127,8 @@ def test_hook_runs_on_io_thread_once_per_failure(sides) -> None:
     decode.transport.cancel("c")
     assert not decode.transport.wait("c", Role.RECV, 10).ok
     assert len(threads) == 1 and threads[0].startswith("kv-io-")
+
+
+def test_shm_refuses_a_cache_outside_shared_memory() -> None:
+    with pytest.raises(DriverError, match="shared file mapping"):
+        create_transport(torch.zeros(SPEC.shape, dtype=torch.float16), SPEC, "m", backend="shm")

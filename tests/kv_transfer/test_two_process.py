@@ -81,7 +81,7 @@ def test_tcp_transfer_is_byte_exact(backend: str) -> None:
             peer.stop()
 
 
-@pytest.fixture(scope="class", params=["nixl", "ucx"])
+@pytest.fixture(scope="class", params=["nixl", "ucx", "shm"])
 def trio(request):
     sender, receivers, peer_ids = _start(request.param, "shm", num_receivers=2)
     yield sender, receivers, peer_ids
