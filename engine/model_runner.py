@@ -54,7 +54,7 @@ class ModelRunner:
         self.model.load_weights(iter_weights(model_config.model_dir, dtype))
         self.model.eval()
         if cpu_gemm.enabled(device, dtype):
-            logger.info("packed %d linear layers for oneDNN", cpu_gemm.pack_model(self.model))
+            logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
         logger.info(
             "loaded %s (%s, %s) in %.1f s",
             model_config.model_id,

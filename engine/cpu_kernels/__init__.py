@@ -110,4 +110,4 @@ def load(name: str) -> Any | None:
 
 def load_all() -> bool:
     """Build every kernel now (the install step calls this so a server starts fast)."""
-    return all(load(n) is not None for n in ("paged_decode", "fused"))
+    return all(load(n) is not None for n in ("paged_decode", "fused", "skinny_gemm"))

@@ -1,52 +1,63 @@
-"""Linear layers on CPU through oneDNN with pre-packed weights.
+"""Linear layers on CPU: our skinny GEMM for decode-sized batches, MKL for the rest.
 
-Why: PyTorch's default CPU linear (MKL sgemm) is slow for the small batches of decode: on
-the 2-core machines here a 125M model's weights stream at ~13 GB/s at batch 1 and ~7 GB/s
-at batch 16, while oneDNN with weights reordered once into its blocked layout reaches
-~23 GB/s and ~17 GB/s, and is ~25% faster for prefill-sized batches too (measured: see
-bench/engine.py). The packed tensor replaces the dense weight after loading, so memory
-does not grow. BATON_ONEDNN=0 keeps the plain path.
+Why: at decode sizes (a few rows per step) the weights stream from DRAM once per step and
+the GEMM is as much memory- as compute-bound. PyTorch's default CPU linear (MKL sgemm)
+streams them at ~5 GB/s at 16 rows here; oneDNN with weights reordered into its blocked
+layout, used before, at ~8 GB/s; `engine/cpu_kernels/skinny_gemm.cpp`, on the checkpoint's
+own [N, K] layout, takes 20-45% less time than oneDNN at 1-16 rows and is still ahead at
+64 (weights streamed, the 125M preset's shapes; numbers in docs/performance.md). Above
+`SKINNY_MAX_ROWS` (prefill chunks) MKL, oneDNN-prepacked and oneDNN-plain measured within
+a few percent of each other at 768 rows, so MKL runs them and no second, repacked copy of
+the weights is kept. BATON_CPU_GEMM=0 keeps the plain torch path everywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-_BATCH_HINT = 16
-"""oneDNN picks its blocking for this many rows; any row count works."""
+SKINNY_MAX_ROWS = 64
+
+
+@functools.cache
+def _kernel() -> Any | None:
+    from engine import cpu_kernels
+
+    module = cpu_kernels.load("skinny_gemm")
+    return module if module is not None and module.available else None
 
 
 def enabled(device: torch.device, dtype: torch.dtype) -> bool:
     return (
         device.type == "cpu"
         and dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
-        and os.environ.get("BATON_ONEDNN", "1") != "0"
+        and os.environ.get("BATON_CPU_GEMM", "1") != "0"
+        and _kernel() is not None
     )
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _BATCH_HINT)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias for a float32 CPU `x` of any leading shape."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows > SKINNY_MAX_ROWS or x.shape[-1] % 8:
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1]).contiguous()
+    y = _kernel().skinny_linear(x2, weight, bias)
+    return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
-
-
-def pack_model(model: nn.Module) -> int:
-    """Pack every layer that has a `packed` slot; returns how many. Dense weights that no
-    other module shares are released."""
-    shared = {id(p) for name, p in model.named_parameters() if "embed_tokens" in name}
+def enable(model: nn.Module) -> int:
+    """Route every layer with a `use_cpu_gemm` flag through `linear`; returns how many."""
     count = 0
     for module in model.modules():
-        if not hasattr(module, "packed") or getattr(module, "weight", None) is None:
-            continue
-        weight = module.weight
-        module.packed = pack(weight)
-        if id(weight) not in shared:
-            weight.data = torch.empty(0, dtype=weight.dtype)
-        count += 1
+        if hasattr(module, "use_cpu_gemm") and getattr(module, "weight", None) is not None:
+            if not module.weight.is_contiguous():
+                module.weight.data = module.weight.data.contiguous()
+            module.use_cpu_gemm = True
+            count += 1
     return count

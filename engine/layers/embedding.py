@@ -52,15 +52,15 @@ class ParallelLMHead(VocabParallelEmbedding):
     def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
         super().__init__(vocab_size, hidden_size, tp)
 
-        self.packed: torch.Tensor | None = None
-        """oneDNN-packed weight on CPU (engine/layers/cpu_gemm.py), set after loading."""
+        self.use_cpu_gemm = False
+        """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.packed is not None:
-            logits = cpu_gemm.linear(hidden, self.packed, None)
+        if self.use_cpu_gemm:
+            logits = cpu_gemm.linear(hidden, self.weight, None)
         else:
             logits = F.linear(hidden, self.weight)
         logits = self.tp.all_gather_last_dim(logits)

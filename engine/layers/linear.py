@@ -52,8 +52,8 @@ class ColumnParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(self.out_per_rank), False)
             _set_loader(self.bias, self._load_rows)
-        self.packed: torch.Tensor | None = None
-        """oneDNN-packed weight on CPU (engine/layers/cpu_gemm.py), set after loading."""
+        self.use_cpu_gemm = False
+        """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
 
     def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
         shard = loaded.narrow(0, self.tp.rank * self.out_per_rank, self.out_per_rank)
@@ -61,8 +61,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(shard)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return cpu_gemm.linear(x, self.packed, self.bias)
+        if self.use_cpu_gemm:
+            return cpu_gemm.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -159,7 +159,7 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), False)
             _set_loader(self.bias, default_weight_loader)
-        self.packed: torch.Tensor | None = None
+        self.use_cpu_gemm = False
 
     def _load_cols(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
         shard = loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank)
@@ -168,12 +168,12 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            if self.packed is not None:
-                return cpu_gemm.linear(x, self.packed, self.bias)
+            if self.use_cpu_gemm:
+                return cpu_gemm.linear(x, self.weight, self.bias)
             return F.linear(x, self.weight, self.bias)
         # Bias once, after the sum, so it is not counted size times.
-        if self.packed is not None:
-            y = self.tp.all_reduce(cpu_gemm.linear(x, self.packed, None))
+        if self.use_cpu_gemm:
+            y = self.tp.all_reduce(cpu_gemm.linear(x, self.weight, None))
         else:
             y = self.tp.all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
