@@ -33,7 +33,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache per worker, GiB")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--transport", default="auto", help="KV transport: auto, nixl, ucx, shm (workers on one host), local")
+    p.add_argument("--transport", default="auto",
+                   help="KV transport: auto, nixl, ucx, shm (workers on one host), local")
     p.add_argument("--api-key", default=None, help="require this bearer token on the API")
     p.add_argument("--admin-token", default=None,
                    help="admin API / dashboard token (default: generated and printed)")
