@@ -16,13 +16,21 @@ pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
 
 
-@pytest.mark.parametrize(("num_prefill", "num_decode"), [(1, 1), (2, 2)])
+# shm: the same-host transport, the decode worker maps the prefill worker's cache.
+@pytest.mark.parametrize(
+    ("num_prefill", "num_decode", "transport"), [(1, 1, "auto"), (2, 2, "auto"), (1, 1, "shm")]
+)
 def test_greedy_matches_transformers(
-    cluster_factory, loop_thread, tiny_model_dir, num_prefill: int, num_decode: int
+    cluster_factory,
+    loop_thread,
+    tiny_model_dir,
+    num_prefill: int,
+    num_decode: int,
+    transport: str,
 ) -> None:
     model_dir = tiny_model_dir("llama")
     cluster = cluster_factory(
-        make_spec(model_dir, num_prefill=num_prefill, num_decode=num_decode),
+        make_spec(model_dir, num_prefill=num_prefill, num_decode=num_decode, transport=transport),
         always_disaggregate(),
     )
     batch = prompts(8, 1000, [3, 17, 40, 90, 130, 33, 64, 200], seed=num_prefill)
@@ -98,22 +106,3 @@ def test_burst_beyond_decode_kv_queues_instead_of_refusing(
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
     assert cluster.backend.transfers.num_transfers == len(batch)
     assert cluster.backend.gate.num_waiting() == 0
-
-
-def test_greedy_matches_transformers_over_shm(cluster_factory, loop_thread, tiny_model_dir) -> None:
-    """The same-host `shm` transport: the decode worker maps the prefill worker's cache."""
-    model_dir = tiny_model_dir("llama")
-    cluster = cluster_factory(
-        make_spec(model_dir, num_prefill=1, num_decode=1, transport="shm"), always_disaggregate()
-    )
-    batch = prompts(4, 1000, [9, 70, 150, 31], seed=11)
-
-    async def run() -> list:
-        return await asyncio.gather(
-            *(collect(cluster.backend, f"s{i}", p, GREEDY) for i, p in enumerate(batch))
-        )
-
-    outs = loop_thread.run(run())
-    for p, out in zip(batch, outs, strict=True):
-        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
-    assert cluster.backend.transfers.num_transfers == len(batch)
