@@ -31,7 +31,8 @@ Protocol (the decode side pulls):
     earlier message for it, layers in range and not seen before, dst ids == the
     reservation, src ids inside the sender's registered cache. Then it PULLS the bytes into
     its reserved blocks (nixl: one READ of all regions; ucx: it posts tagged receives into
-    the blocks; shm: a memcpy from the sender's cache, mapped read-only; local: a copy).
+    the blocks; shm: one native copy of the blocks from the sender's cache, mapped
+    read-only; local: a copy).
     Anything else fails the request.
  4. When a pull completes, decode answers LayersDone(layers); the prefill side may reuse
     those source blocks once its SendHandle completes.

@@ -46,11 +46,15 @@ class SendHandle:
     def __init__(self, request_id: str, layers: Sequence[int]) -> None:
         self.request_id = request_id
         self.layers = tuple(layers)
-        self._event = threading.Event()
         self._error: str | None = None
+        self._done = False
+        # Held until the handle finishes; waiters take and hand it back. A bare lock, not a
+        # threading.Event (a Condition in Python): one is made per layer per request.
+        self._lock = threading.Lock()
+        self._lock.acquire()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     @property
     def error(self) -> str | None:
@@ -58,15 +62,19 @@ class SendHandle:
 
     def wait(self, timeout_s: float) -> None:
         """Block until acknowledged; raise TransferError on failure or TimeoutError."""
-        if not self._event.wait(timeout_s):
-            raise TimeoutError(f"send of {self.request_id} layers {self.layers} still pending")
+        if not self._done:
+            if not self._lock.acquire(timeout=max(timeout_s, 0.0)):
+                raise TimeoutError(f"send of {self.request_id} layers {self.layers} still pending")
+            self._lock.release()
         if self._error is not None:
             raise TransferError(self._error)
 
     def _finish(self, error: str | None) -> None:
-        if not self._event.is_set():
+        """I/O thread only (so never twice at once)."""
+        if not self._done:
             self._error = error
-            self._event.set()
+            self._done = True
+            self._lock.release()
 
 
 class Transport(ABC):

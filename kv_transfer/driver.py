@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from kv_transfer.layout import KVCacheSpec, Region
+from kv_transfer.layout import KVCacheSpec, Region, pair_regions_layers
 
 
 class OpState(enum.Enum):
@@ -36,6 +37,9 @@ class Driver(ABC):
     """
 
     name: str = ""
+    streams_bytes: bool = False
+    """True if the sender's `post_ready` sends the bytes (and so needs the regions); False
+    if the receiver pulls them from memory the sender registered."""
 
     def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
         self.kv = kv
@@ -73,6 +77,20 @@ class Driver(ABC):
     @abstractmethod
     def pull(self, peer: str, tag: int, regions: list[Region]) -> Any:
         """Receiver side: bring the regions' bytes from `peer` into our cache. Returns an op."""
+
+    def pull_blocks(
+        self,
+        peer: str,
+        tag: int,
+        layers: Sequence[int],
+        src_block_ids: Sequence[int],
+        dst_block_ids: Sequence[int],
+        peer_spec: KVCacheSpec,
+    ) -> Any:
+        """`pull` of these blocks of these layers (peer_spec: the sender's cache). A backend
+        that can copy blocks natively overrides this and skips the per-region list."""
+        regions = pair_regions_layers(peer_spec, self.spec, layers, src_block_ids, dst_block_ids)
+        return self.pull(peer, tag, regions)
 
     @abstractmethod
     def state(self, op: Any) -> OpState:

@@ -93,19 +93,23 @@ class KVCacheSpec:
 
     def check_layers(self, layers: Sequence[int]) -> None:
         """Raise ValueError unless `layers` are distinct layer indices of this cache."""
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"duplicate layer in {list(layers)}")
-        for layer in layers:
-            if not 0 <= layer < self.num_layers:
-                raise ValueError(f"layer {layer} outside [0, {self.num_layers})")
+        _check_indices(layers, self.num_layers, "layer")
 
     def check_block_ids(self, block_ids: Sequence[int], what: str = "block id") -> None:
         """Raise ValueError unless `block_ids` are distinct blocks of this cache."""
-        if len(set(block_ids)) != len(block_ids):
-            raise ValueError(f"duplicate {what} in {list(block_ids)}")
-        for block_id in block_ids:
-            if not 0 <= block_id < self.num_blocks:
-                raise ValueError(f"{what} {block_id} outside [0, {self.num_blocks})")
+        _check_indices(block_ids, self.num_blocks, what)
+
+
+def _check_indices(values: Sequence[int], bound: int, what: str) -> None:
+    """Distinct and inside [0, bound). Builtins over the whole list, a Python loop only to
+    name the culprit: this runs on every per-layer send, on the caller's thread."""
+    if not values:
+        return
+    if len(set(values)) != len(values):
+        raise ValueError(f"duplicate {what} in {list(values)}")
+    if min(values) < 0 or max(values) >= bound:
+        bad = next(v for v in values if not 0 <= v < bound)
+        raise ValueError(f"{what} {bad} outside [0, {bound})")
 
 
 def dtype_name(dtype: object) -> str:
@@ -123,20 +127,46 @@ def pair_regions(
     """Regions that copy block src_block_ids[i] of `layer` onto dst_block_ids[i], merged
     wherever both sides continue consecutively. Both specs have equal block_bytes (the
     handshake checks it); their num_blocks may differ."""
+    return pair_regions_layers(src_spec, dst_spec, [layer], src_block_ids, dst_block_ids)
+
+
+def pair_regions_layers(
+    src_spec: KVCacheSpec,
+    dst_spec: KVCacheSpec,
+    layers: Sequence[int],
+    src_block_ids: Sequence[int],
+    dst_block_ids: Sequence[int],
+) -> list[Region]:
+    """`pair_regions` for each of `layers`, in order. The block pairing is the same in every
+    layer, so it is worked out once and shifted by each layer's offset on either side."""
     if len(src_block_ids) != len(dst_block_ids):
         raise ValueError(
             f"{len(src_block_ids)} source blocks but {len(dst_block_ids)} destination blocks"
         )
     block_bytes = src_spec.block_bytes
+    runs: list[list[int]] = []  # [src block, dst block, number of blocks]
+    n = len(src_block_ids)
+    if n and _is_run(src_block_ids) and _is_run(dst_block_ids):  # the usual case, in C
+        runs.append([src_block_ids[0], dst_block_ids[0], n])
+    else:
+        prev_src = prev_dst = -2
+        for src, dst in zip(src_block_ids, dst_block_ids):
+            if runs and src == prev_src + 1 and dst == prev_dst + 1:
+                runs[-1][2] += 1
+            else:
+                runs.append([src, dst, 1])
+            prev_src, prev_dst = src, dst
+    base = [(src * block_bytes, dst * block_bytes, n * block_bytes) for src, dst, n in runs]
+    src_layer_bytes = src_spec.num_blocks * block_bytes
+    dst_layer_bytes = dst_spec.num_blocks * block_bytes
     regions: list[Region] = []
-    prev_src = prev_dst = -2
-    for src, dst in zip(src_block_ids, dst_block_ids):
-        if regions and src == prev_src + 1 and dst == prev_dst + 1:
-            src_off, dst_off, nbytes = regions[-1]
-            regions[-1] = (src_off, dst_off, nbytes + block_bytes)
-        else:
-            regions.append(
-                (src_spec.block_offset(layer, src), dst_spec.block_offset(layer, dst), block_bytes)
-            )
-        prev_src, prev_dst = src, dst
+    for layer in layers:
+        src_shift, dst_shift = layer * src_layer_bytes, layer * dst_layer_bytes
+        regions += [(s + src_shift, d + dst_shift, n) for s, d, n in base]
     return regions
+
+
+def _is_run(block_ids: Sequence[int]) -> bool:
+    """Consecutive ascending ids (b, b + 1, ...)."""
+    first = block_ids[0]
+    return list(block_ids) == list(range(first, first + len(block_ids)))

@@ -11,6 +11,8 @@ Sender                                   Receiver (reserved dst blocks via expec
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kv_transfer.api import Role, SendHandle, TransferResult
 from kv_transfer.driver import OpState
 from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
-from kv_transfer.layout import KVCacheSpec, Region, pair_regions
+from kv_transfer.layout import KVCacheSpec, pair_regions_layers
 from kv_transfer.requests import RecvState, SendState
 
 if TYPE_CHECKING:
@@ -27,7 +29,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_DEADLINE_SCAN_S = 0.001
 _FINISHED_MEMORY = 4096  # how many finished request ids we remember, to quiet late messages
 
 
@@ -44,7 +45,11 @@ class ProtocolMixin:
         # Requests with pulls in flight, so a step looks at those and not at every
         # reservation (a decode worker may hold hundreds waiting for their first layer).
         self._pulling: set[str] = set()
-        self._next_deadline_check = 0.0
+        self._streaming: set[str] = set()  # the same for sends with backend ops (byte streams)
+        # Min-heap of (deadline, sequence, state): a step looks at the earliest only. Entries
+        # of finished requests stay until their deadline passes and are skipped then.
+        self._deadlines: list[tuple[float, int, RecvState | SendState]] = []
+        self._deadline_seq = itertools.count()
 
     def _active(self: DriverTransport) -> bool:
         return bool(self._recvs or self._sends or self._zombies)
@@ -82,7 +87,9 @@ class ProtocolMixin:
             logger.error("%s: request %s already has a reservation", self.name, request_id)
             return
         self._finished.pop(request_id, None)
-        self._recvs[request_id] = RecvState(request_id, block_ids, layers, deadline)
+        recv = RecvState(request_id, block_ids, layers, deadline)
+        self._recvs[request_id] = recv
+        heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 
     def _on_ready(self: DriverTransport, msg: LayersReady) -> None:
         peer_spec = self._peers.get(msg.sender)
@@ -111,18 +118,34 @@ class ProtocolMixin:
             return
         recv.peer = msg.sender
         recv.claimed.update(msg.layers)
-        regions: list[Region] = []
-        for layer in msg.layers:
-            regions += pair_regions(
-                peer_spec, self.spec, layer, msg.src_block_ids, msg.dst_block_ids
-            )
         try:
-            op = self.driver.pull(msg.sender, msg.tag, regions)
+            op = self.driver.pull_blocks(
+                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_spec
+            )
         except Exception as exc:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
             return
+        if self.driver.state(op) is OpState.DONE:  # a synchronous copy (shm, local)
+            self._landed(recv, op, msg.layers)
+            return
         recv.ops.append((op, list(msg.layers)))
         self._pulling.add(recv.request_id)
+
+    def _landed(self: DriverTransport, recv: RecvState, op: Any, layers: list[int]) -> bool:
+        """A pull finished: acknowledge its layers; publish the request if it is complete.
+        False if the request ended here (complete, or failed because the ack failed)."""
+        self.driver.release(op)
+        recv.landed.update(layers)
+        assert recv.peer is not None
+        self._tell(recv.peer, LayersDone(recv.request_id, self.name, layers))
+        if recv.request_id not in self._recvs:
+            return False  # the acknowledgement failed and failed the request
+        if not recv.complete():
+            return True
+        del self._recvs[recv.request_id]
+        self._remember(recv.request_id)
+        self._publish(TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids))
+        return False
 
     def _check_ready(
         self: DriverTransport, recv: RecvState, msg: LayersReady, peer_spec: KVCacheSpec
@@ -137,10 +160,9 @@ class ProtocolMixin:
                 return f"layer {layer} outside [0, {recv.num_layers})"
             if layer in recv.claimed:
                 return f"layer {layer} sent twice"
-        if len(msg.dst_block_ids) != len(recv.block_ids) or set(msg.dst_block_ids) != set(
-            recv.block_ids
-        ):
-            return f"destination blocks {msg.dst_block_ids} are not the reservation"
+        dst = msg.dst_block_ids
+        if len(dst) != len(recv.block_ids) or set(dst) != recv.block_set:
+            return f"destination blocks {dst} are not the reservation"
         if len(msg.src_block_ids) != len(msg.dst_block_ids):
             return "source and destination block counts differ"
         try:
@@ -177,6 +199,7 @@ class ProtocolMixin:
             self._finished.pop(handle.request_id, None)
             send = SendState(handle.request_id, peer, self.spec.num_layers, deadline)
             self._sends[handle.request_id] = send
+            heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), send))
         elif send.peer != peer:
             handle._finish(f"request {handle.request_id} is already being sent to {send.peer}")
             return
@@ -187,9 +210,13 @@ class ProtocolMixin:
         send.posted.update(layers)
         send.block_ids.update(src)
         send.handles.append(handle)
-        regions: list[Region] = []
-        for layer in layers:
-            regions += pair_regions(self.spec, peer_spec, layer, src, dst)
+        # Only byte-stream backends send the bytes themselves; the others let the receiver
+        # pull, and it works the regions out from the message.
+        regions = (
+            pair_regions_layers(self.spec, peer_spec, layers, src, dst)
+            if self.driver.streams_bytes
+            else []
+        )
         msg = LayersReady(handle.request_id, self.name, layers, src, dst, tag)
         try:
             op = self.driver.post_ready(peer, encode(msg), tag, regions)
@@ -198,6 +225,7 @@ class ProtocolMixin:
             return
         if op is not None:
             send.ops.append(op)
+            self._streaming.add(send.request_id)
 
     def _on_done(self: DriverTransport, msg: LayersDone) -> None:
         send = self._sends.get(msg.request_id)
@@ -263,19 +291,13 @@ class ProtocolMixin:
                     self._fail_recv(recv, f"pulling layers {layers} from {recv.peer} failed")
                     break
                 recv.ops.remove((op, layers))
-                self.driver.release(op)
-                recv.landed.update(layers)
-                assert recv.peer is not None
-                self._tell(recv.peer, LayersDone(recv.request_id, self.name, layers))
-                if recv.request_id not in self._recvs:
-                    break  # the acknowledgement failed and failed the request
-                if recv.complete():
-                    del self._recvs[recv.request_id]
-                    self._remember(recv.request_id)
-                    self._publish(
-                        TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids)
-                    )
-        for send in list(self._sends.values()):
+                if not self._landed(recv, op, layers):
+                    break
+        for request_id in list(self._streaming):
+            send = self._sends.get(request_id)
+            if send is None:
+                self._streaming.discard(request_id)
+                continue
             if any(self.driver.state(op) is OpState.FAILED for op in send.ops):
                 progressed = True
                 self._fail_send(send, f"sending to {send.peer} failed")
@@ -290,18 +312,14 @@ class ProtocolMixin:
         return progressed
 
     def _check_deadlines(self: DriverTransport) -> None:
-        # Deadlines are seconds long: a scan per millisecond is plenty, and a scan per step
-        # would cost O(requests) on every message.
         now = time.monotonic()
-        if now < self._next_deadline_check:
-            return
-        self._next_deadline_check = now + _DEADLINE_SCAN_S
-        for recv in list(self._recvs.values()):
-            if recv.deadline < now:
-                self._fail_recv(recv, f"deadline passed with {recv.describe()}")
-        for send in list(self._sends.values()):
-            if send.deadline < now:
-                self._fail_send(send, f"deadline passed with {send.describe()}")
+        while self._deadlines and self._deadlines[0][0] < now:
+            _, _, state = heapq.heappop(self._deadlines)
+            if isinstance(state, RecvState):
+                if self._recvs.get(state.request_id) is state:
+                    self._fail_recv(state, f"deadline passed with {state.describe()}")
+            elif self._sends.get(state.request_id) is state:
+                self._fail_send(state, f"deadline passed with {state.describe()}")
 
     def _bury(self: DriverTransport, ops: list[Any], result: TransferResult) -> None:
         """Publish `result` once none of `ops` can touch memory any more."""

@@ -26,6 +26,9 @@ class RecvState:
     ops: list[tuple[Any, list[int]]] = field(default_factory=list)
     """Pulls in flight, with the layers each brings."""
 
+    def __post_init__(self) -> None:
+        self.block_set = frozenset(self.block_ids)
+
     def complete(self) -> bool:
         return len(self.landed) == self.num_layers
 

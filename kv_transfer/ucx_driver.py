@@ -41,6 +41,7 @@ def _data_tag(tag: int, index: int) -> int:
 
 class UcxDriver(Driver):
     name = "ucx"
+    streams_bytes = True
 
     def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
         super().__init__(kv, spec, agent_name)

@@ -1,10 +1,11 @@
 """C++ kernels for the CPU path, built once per machine with torch's extension builder.
 
 Why our own: PyTorch has no paged attention for CPU and runs each elementwise op of the
-SiLU-gate and the RMSNorm as its own pass over memory; Triton has no CPU backend. Each
-kernel file is one extension module, compiled with the vector ISA this CPU supports and
-cached under TORCH_EXTENSIONS_DIR under a name that includes a hash of its sources (so an
-edited kernel is rebuilt, not a stale build loaded). If building fails, `load` returns None
+SiLU-gate and the RMSNorm as its own pass over memory; Triton has no CPU backend. (The shm
+KV transfer's block copy lives here too: the same build and cache.) Each kernel file is one
+extension module, compiled with the vector ISA this CPU supports and cached under
+TORCH_EXTENSIONS_DIR under a name that includes a hash of its sources (so an edited kernel
+is rebuilt, not a stale build loaded). If building fails, `load` returns None
 and callers keep the plain torch path.
 
 A process loads an already built module straight from its file, without torch's build lock:
@@ -110,4 +111,6 @@ def load(name: str) -> Any | None:
 
 def load_all() -> bool:
     """Build every kernel now (the install step calls this so a server starts fast)."""
-    return all(load(n) is not None for n in ("paged_decode", "fused", "skinny_gemm"))
+    return all(
+        load(n) is not None for n in ("paged_decode", "fused", "skinny_gemm", "copy_blocks")
+    )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from kv_transfer import CompatRecord, IncompatiblePeerError, KVCacheSpec, pair_regions
 from kv_transfer.handshake import PeerInfo, decode_peer_info, encode
+from kv_transfer.layout import pair_regions_layers
 
 SPEC = KVCacheSpec(num_layers=3, num_blocks=10, block_size=4, num_kv_heads=2, head_dim=8)
 
@@ -28,11 +31,29 @@ def test_regions_merge_only_where_both_sides_are_consecutive() -> None:
     ]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_regions_of_several_layers_are_each_layers_regions(seed: int) -> None:
+    rng = random.Random(seed)
+    other = KVCacheSpec(num_layers=3, num_blocks=17, block_size=4, num_kv_heads=2, head_dim=8)
+    n = rng.randint(1, 10)
+    if seed % 2:  # one run on both sides: the fast path
+        src, dst = list(range(3, 3 + n)), list(range(7, 7 + n))
+    else:
+        src, dst = rng.sample(range(SPEC.num_blocks), n), rng.sample(range(17), n)
+    layers = rng.sample(range(3), rng.randint(1, 3))
+    expected = [r for layer in layers for r in pair_regions(SPEC, other, layer, src, dst)]
+    assert pair_regions_layers(SPEC, other, layers, src, dst) == expected
+    assert sum(nbytes for _, _, nbytes in expected) == n * len(layers) * SPEC.block_bytes
+
+
 def test_bad_ids_and_specs_are_refused() -> None:
     with pytest.raises(ValueError, match="outside"):
         SPEC.check_block_ids([10])
     with pytest.raises(ValueError, match="duplicate"):
         SPEC.check_block_ids([1, 1])
+    with pytest.raises(ValueError, match="block id -1 outside"):
+        SPEC.check_block_ids([2, -1, 3])
+    SPEC.check_block_ids([])
     with pytest.raises(ValueError, match="layer 3"):
         SPEC.check_layers([3])
     with pytest.raises(ValueError, match="dtype"):

@@ -4,6 +4,7 @@ process; `shm` maps its own process's memfd exactly as it would a peer's)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from kv_transfer import (
     IncompatiblePeerError,
     KVCacheSpec,
     Role,
+    SendHandle,
     TransferError,
     TransferResult,
     create_transport,
@@ -132,3 +134,68 @@ def test_hook_runs_on_io_thread_once_per_failure(sides) -> None:
 def test_shm_refuses_a_cache_outside_shared_memory() -> None:
     with pytest.raises(DriverError, match="shared file mapping"):
         create_transport(torch.zeros(SPEC.shape, dtype=torch.float16), SPEC, "m", backend="shm")
+
+
+def test_changed_block_lists_are_checked_again(sides) -> None:
+    prefill, decode, to_decode = sides
+    src, dst = [0, 1], [3, 4]
+    decode.transport.expect("m", dst, timeout_s=10)
+    prefill.transport.send("m", src, to_decode, dst, [0])
+    src[1] = 12  # the same list object, changed after a send that checked it
+    with pytest.raises(ValueError, match="source block id 12 outside"):
+        prefill.transport.send("m", src, to_decode, dst, [1])
+    prefill.transport.send("m", (0, 1), to_decode, (3, 4), [1])  # tuples: converted, checked
+    prefill.transport.send("m", [0, 1], to_decode, [3, 4], [2])
+    assert decode.transport.wait("m", Role.RECV, 10).ok
+    assert prefill.transport.wait("m", Role.SEND, 10).ok
+
+
+def test_a_reused_request_id_keeps_only_its_own_deadline(sides) -> None:
+    prefill, decode, to_decode = sides
+    decode.transport.expect("again", [5], timeout_s=0.2)
+    decode.transport.cancel("again")
+    assert not decode.transport.wait("again", Role.RECV, 10).ok
+    decode.transport.expect("again", [5], timeout_s=10)
+    time.sleep(0.4)  # the first reservation's deadline passes
+    for layer in range(SPEC.num_layers):
+        prefill.transport.send("again", [2], to_decode, [5], [layer])
+    assert decode.transport.wait("again", Role.RECV, 10).ok
+    assert torch.equal(decode.kv[:, 5], prefill.kv[:, 2])
+
+
+def test_shm_without_the_native_copy_lands_the_same_bytes() -> None:
+    prefill, decode = Side(SPEC, 1, backend="shm"), Side(SPEC, 2, backend="shm")
+    try:
+        decode.transport.driver._native = None  # the per-region memmove fallback
+        to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
+        decode.transport.add_peer(prefill.transport.local_metadata())
+        decode.transport.expect("r", [9, 2, 3], timeout_s=10)
+        prefill.transport.send("r", [4, 5, 0], to_decode, [9, 2, 3], [0, 1, 2])
+        assert decode.transport.wait("r", Role.RECV, 10).ok
+        assert torch.equal(decode.kv[:, [9, 2, 3]], prefill.kv[:, [4, 5, 0]])
+    finally:
+        prefill.transport.close()
+        decode.transport.close()
+
+
+def test_send_handle_waiters_see_the_outcome() -> None:
+    handle = SendHandle("h", [0, 1])
+    with pytest.raises(TimeoutError, match="layers \\(0, 1\\) still pending"):
+        handle.wait(0.01)
+    outcomes: list[str] = []
+
+    def waiter() -> None:
+        try:
+            handle.wait(10)
+            outcomes.append("ok")
+        except TransferError as exc:
+            outcomes.append(str(exc))
+
+    threads = [threading.Thread(target=waiter) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    handle._finish("peer gone")
+    handle._finish(None)  # only the first outcome counts
+    for thread in threads:
+        thread.join(10)
+    assert outcomes == ["peer gone"] * 3 and handle.done() and handle.error == "peer gone"
