@@ -28,6 +28,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 _HEADERS = ("vec_math.h",)
+_KERNELS = ("paged_decode", "fused", "skinny_gemm", "copy_blocks")
 _STALE_LOCK_S = 600.0
 """A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
 
@@ -111,6 +112,4 @@ def load(name: str) -> Any | None:
 
 def load_all() -> bool:
     """Build every kernel now (the install step calls this so a server starts fast)."""
-    return all(
-        load(n) is not None for n in ("paged_decode", "fused", "skinny_gemm", "copy_blocks")
-    )
+    return all(load(name) is not None for name in _KERNELS)
