@@ -85,11 +85,16 @@ class KVCacheSpec:
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.elem_size
 
     @property
+    def layer_bytes(self) -> int:
+        """Distance between the same block of two consecutive layers."""
+        return self.num_blocks * self.block_bytes
+
+    @property
     def total_bytes(self) -> int:
-        return self.num_layers * self.num_blocks * self.block_bytes
+        return self.num_layers * self.layer_bytes
 
     def block_offset(self, layer: int, block_id: int) -> int:
-        return (layer * self.num_blocks + block_id) * self.block_bytes
+        return layer * self.layer_bytes + block_id * self.block_bytes
 
     def check_layers(self, layers: Sequence[int]) -> None:
         """Raise ValueError unless `layers` are distinct layer indices of this cache."""
@@ -157,11 +162,9 @@ def pair_regions_layers(
                 runs.append([src, dst, 1])
             prev_src, prev_dst = src, dst
     base = [(src * block_bytes, dst * block_bytes, n * block_bytes) for src, dst, n in runs]
-    src_layer_bytes = src_spec.num_blocks * block_bytes
-    dst_layer_bytes = dst_spec.num_blocks * block_bytes
     regions: list[Region] = []
     for layer in layers:
-        src_shift, dst_shift = layer * src_layer_bytes, layer * dst_layer_bytes
+        src_shift, dst_shift = layer * src_spec.layer_bytes, layer * dst_spec.layer_bytes
         regions += [(s + src_shift, d + dst_shift, n) for s, d, n in base]
     return regions
 

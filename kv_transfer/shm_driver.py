@@ -234,16 +234,15 @@ class ShmDriver(Driver):
         if self._native is None:
             return super().pull_blocks(peer, tag, layers, src_block_ids, dst_block_ids, peer_spec)
         state = self._peer(peer)
-        block_bytes = self.spec.block_bytes
         try:
             self._native.copy_blocks(
                 self._base,
                 self._nbytes,
-                self.spec.num_blocks * block_bytes,
+                self.spec.layer_bytes,
                 state.base,
                 state.nbytes,
-                peer_spec.num_blocks * block_bytes,
-                block_bytes,
+                peer_spec.layer_bytes,
+                self.spec.block_bytes,
                 layers,
                 src_block_ids,
                 dst_block_ids,
