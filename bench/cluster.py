@@ -23,7 +23,7 @@ from pathlib import Path
 
 from core.config import EngineConfig
 from core.sampling import SamplingParams
-from router.backend import GenerateRequest
+from router.frontdoor.backend import GenerateRequest
 
 RESULTS = Path(__file__).parent / "results"
 MODEL_SHAPE = {  # ~20M parameters: a 1k-token prefill takes ~1 s on one CPU thread
@@ -51,9 +51,9 @@ def workload(
 
 
 async def run_config(model_dir: str, mode: str, requests: list, threads: int) -> dict:
-    from router.cluster import start_cluster
-    from router.cluster_spec import ClusterSpec
-    from router.routing import RouterConfig
+    from router.cluster.bringup import start_cluster
+    from router.cluster.spec import ClusterSpec
+    from router.routing.router import RouterConfig
 
     spec = ClusterSpec(
         model_dir=model_dir,
@@ -135,7 +135,7 @@ def summarize(run: dict) -> dict:
 
 async def main_async(args: argparse.Namespace) -> None:
     from engine.tiny_model import make_tiny_model
-    from router.cluster import init_ray
+    from router.cluster.bringup import init_ray
 
     model_dir = Path(args.model)
     if not (model_dir / "config.json").exists():

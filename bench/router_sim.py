@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench.workloads import TraceRequest, multi_turn, read_jsonl, shared_prefix
 from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
-from router.routing import Router, RouterConfig
+from router.routing.router import Router, RouterConfig
 
 
 class SimWorker:
@@ -150,7 +150,7 @@ def make_routers(policy: str, num_workers: int, replicas: int, redis_url: str | 
     for _ in range(replicas):
         store = None
         if redis_url:
-            from router.redis_store import RedisStore
+            from router.routing.index.redis_store import RedisStore
 
             store = RedisStore(url=redis_url, namespace=ns, poll_ms=5)
         cfg = RouterConfig(prefill_policy=policy, disagg_min_uncached_tokens=0)

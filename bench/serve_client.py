@@ -93,7 +93,7 @@ async def stream_grpc(stub: Any, req: BenchRequest, result: RequestResult) -> No
     """The same over gRPC `GenerateService.Generate` (a message per batch of new tokens)."""
     import grpc
 
-    from router.client import build_request
+    from router.frontdoor.grpc.client import build_request
 
     msg = build_request(
         req.prompt_token_ids, max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True

@@ -136,7 +136,7 @@ def _colocate_unified() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from router.cli import main as baton_main
+    from router.cli.main import main as baton_main
 
     if "unified" in argv and argv[argv.index("unified") - 1] == "--mode":
         _colocate_unified()

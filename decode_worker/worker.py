@@ -16,10 +16,10 @@ from typing import Any
 from core.errors import InvalidRequestError, KVCapacityError, OverloadedError, WorkerFailedError
 from core.request import RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
-from decode_worker.base import WorkerBase, WorkerSpec
-from decode_worker.group import EngineGroup
 from engine.engine import NoCapacityError, Reservation
 from kv_transfer import Role
+from worker.base import WorkerBase, WorkerSpec
+from worker.group import EngineGroup
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `prefill()` tells every rank the prompt and its destination (decode worker, reserved block
 ids, blocks to skip). In the step that completes the prompt, each rank's KV connector
-(decode_worker.rank.WorkerRank.begin_step) sends that rank's heads of each layer to the
+(worker.rank.WorkerRank.begin_step) sends that rank's heads of each layer to the
 matching rank of the decode worker the moment the model finishes the layer, so the
 transfer overlaps the remaining layers. The first token goes back to the caller; the
 blocks stay held until every rank's transfer finished (acknowledged or failed), then
@@ -19,12 +19,12 @@ from typing import Any
 from core.errors import DeadlineExceededError, InvalidRequestError, OverloadedError
 from core.request import RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
-from decode_worker.base import WorkerBase, WorkerSpec
-from decode_worker.group import EngineGroup
-from decode_worker.rank import Destination
-from decode_worker.tracker import Outcome
 from engine.engine import PrefillResult
 from kv_transfer import Role
+from worker.base import WorkerBase, WorkerSpec
+from worker.group import EngineGroup
+from worker.rank import Destination
+from worker.tracker import Outcome
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
-"""The control plane: the cluster-wide prefix index, routing policies, and (to come) request
-orchestration, the pool controller and the front doors. Torch-free: imports `core` only."""
+"""The control plane, in four parts that import one way (docs/architecture.md):
 
-from router.decision import RoutingDecision
-from router.index_store import make_store
-from router.routing import NoWorkerError, Router, RouterConfig
+    routing/    pure decisions: the router, its prefix index and stores, policies, load
+    frontdoor/  the backend contract, request validation, OpenAI HTTP, gRPC, metrics, admin
+    cluster/    the Ray side: controller, bring-up, membership, the request path
+    cli/        `baton serve`, `baton make-tiny-model`, ...
 
-__all__ = ["NoWorkerError", "Router", "RouterConfig", "RoutingDecision", "make_store"]
+`routing` and `frontdoor` are torch-free and Ray-free; `cluster` starts the worker actors.
+"""

@@ -14,9 +14,10 @@ from bench import serve_workloads as wl
 from bench.serve import build_arg_parser, run_from_args, served_model
 from bench.serve_client import run_load, scrape_metrics
 from core.config import EngineConfig
-from router.grpc import GRPCServerThread
-from router.http import HTTPServerThread, create_app
-from router.local_backend import LocalBackend
+from router.frontdoor.http.app import create_app
+from tests.support.grpc_server import GRPCServerThread
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 torch.set_num_threads(1)
 SPACE = wl.TokenSpace(16, 1000)

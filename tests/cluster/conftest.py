@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from core.config import EngineConfig
-from router.cluster import Cluster, init_ray, start_cluster
-from router.cluster_spec import ClusterSpec
-from router.routing import RouterConfig
+from router.cluster.bringup import Cluster, init_ray, start_cluster
+from router.cluster.spec import ClusterSpec
+from router.routing.router import RouterConfig
 
 MAX_TOKENS = 10
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from core.request import RequestOutput
 from core.sampling import SamplingParams
-from router.backend import GenerateRequest
+from router.frontdoor.backend import GenerateRequest
 
 
 async def collect(

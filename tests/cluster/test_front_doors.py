@@ -8,12 +8,13 @@ import tempfile
 
 import pytest
 
-from router.cluster_admin import ControllerAdmin
-from router.grpc import GRPCServerThread
-from router.http import HTTPServerThread, create_app
-from router.metrics import Metrics
+from router.cluster.admin import ControllerAdmin
+from router.frontdoor.http.app import create_app
+from router.frontdoor.metrics import Metrics
 from tests import oracle
 from tests.cluster.conftest import always_disaggregate, make_spec
+from tests.support.grpc_server import GRPCServerThread
+from tests.support.http_server import HTTPServerThread
 
 pytestmark = pytest.mark.slow
 TOKEN = "cluster-admin-token"
@@ -62,7 +63,7 @@ def test_openai_client_through_the_cluster(served) -> None:  # type: ignore[no-u
 
 
 def test_grpc_through_the_cluster(served) -> None:  # type: ignore[no-untyped-def]
-    from router.client import BatonClient
+    from router.frontdoor.grpc.client import BatonClient
 
     _, _, grpc, _ = served
     with BatonClient(grpc.target) as client:

@@ -9,9 +9,9 @@ import pytest
 import ray
 
 from core.sampling import SamplingParams
-from router.controller import Controller
-from router.index_store import make_store
-from router.routing import Router
+from router.cluster.controller import Controller
+from router.routing.index import make_store
+from router.routing.router import Router
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect, prompts
 from tests.router.conftest import redis_server  # noqa: F401 - the session fixture

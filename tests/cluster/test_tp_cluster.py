@@ -58,7 +58,7 @@ def test_tp_mismatch_between_pools_is_refused(tiny_model_dir) -> None:
 def test_tp_mismatch_between_workers_is_refused() -> None:
     # The handshake of two workers refuses too, naming both TP sizes (defence in depth for
     # workers started by hand or by another controller).
-    from decode_worker.group import decode_group_metadata, encode_group_metadata
+    from worker.group import decode_group_metadata, encode_group_metadata
 
     meta = encode_group_metadata("prefill-0", [b"rank0", b"rank1"])
     with pytest.raises(ValueError, match=r"prefill-0 runs tp=2 but decode-1 runs tp=1"):

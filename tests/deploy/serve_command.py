@@ -7,7 +7,7 @@ import argparse
 import re
 import shlex
 
-from router.cli import build_parser
+from router.cli.main import build_parser
 
 _SHELL_OPERATOR = re.compile(r"^[();<>|&]+$")
 _KUBELET_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")

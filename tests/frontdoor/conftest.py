@@ -12,11 +12,12 @@ import torch
 
 from core.config import EngineConfig
 from engine.tiny_model import make_tiny_model
-from router.admin_api import InProcessAdmin
-from router.grpc import GRPCServerThread
-from router.http import HTTPServerThread, create_app
-from router.local_backend import LocalBackend
-from router.metrics import Metrics
+from router.frontdoor.admin_api import InProcessAdmin
+from router.frontdoor.http.app import create_app
+from router.frontdoor.metrics import Metrics
+from tests.support.grpc_server import GRPCServerThread
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 torch.set_num_threads(1)
 

@@ -16,9 +16,10 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from core.config import EngineConfig
-from router.http import HTTPServerThread, create_app
-from router.local_backend import LocalBackend
+from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import wait_until_idle
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 CONTEXT = 48
 REQUEST_TIMEOUT_S = 20.0  # a hang fails the test instead of stalling the suite

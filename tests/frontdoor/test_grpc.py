@@ -9,10 +9,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from proto.baton.v1 import generate_pb2
-from router.client import BatonClient
-from router.grpc import GRPCServerThread
-from router.local_backend import LocalBackend
+from router.frontdoor.grpc.client import BatonClient
 from tests.frontdoor.conftest import ADMIN_TOKEN, MAX_MODEL_LEN, engine_usage, wait_until_idle
+from tests.support.grpc_server import GRPCServerThread
+from tests.support.local_backend import LocalBackend
 
 
 @pytest.fixture()

@@ -9,10 +9,11 @@ import pytest
 
 from core.errors import OverloadedError
 from core.request import RequestOutput
-from router.backend import GenerateRequest
-from router.http import HTTPServerThread, create_app
-from router.local_backend import LocalBackend
+from router.frontdoor.backend import GenerateRequest
+from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import API_KEY, MAX_MODEL_LEN, engine_usage, wait_until_idle
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.metrics import LiveStats, Metrics, RequestRecord
+from router.frontdoor.metrics import LiveStats, Metrics, RequestRecord
 
 
 def sample(m: Metrics, name: str, labels: dict[str, str] | None = None) -> float | None:

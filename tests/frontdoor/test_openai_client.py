@@ -8,10 +8,10 @@ import openai
 import pytest
 
 from core.sampling import SamplingParams
-from router.backend import GenerateRequest
-from router.http import HTTPServerThread
-from router.local_backend import LocalBackend
+from router.frontdoor.backend import GenerateRequest
 from tests.frontdoor.conftest import API_KEY
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 CHAT = [{"role": "user", "content": "Tell me about batons."}]
 

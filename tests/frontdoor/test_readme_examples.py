@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.admin_api import InProcessAdmin
-from router.grpc import GRPCServerThread
-from router.http import HTTPServerThread, create_app
-from router.local_backend import LocalBackend
+from router.frontdoor.admin_api import InProcessAdmin
+from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import ADMIN_TOKEN
+from tests.support.grpc_server import GRPCServerThread
+from tests.support.http_server import HTTPServerThread
+from tests.support.local_backend import LocalBackend
 
 CURL_CHAT = """\
 curl -s http://127.0.0.1:8000/v1/chat/completions \\
@@ -51,7 +52,7 @@ for chunk in stream:
     print(chunk.choices[0].text, end="", flush=True)
 """
 GRPC_EXAMPLE = """\
-from router.client import BatonClient
+from router.frontdoor.grpc.client import BatonClient
 
 with BatonClient("127.0.0.1:50051") as client:
     for chunk in client.generate("Tell me about batons.", max_tokens=32):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
-from router.prefix_index import PrefixIndex
+from router.routing.index.prefix_index import PrefixIndex
 
 ROOT = model_root_hash("prop", 1)
 WORKERS = ["w0", "w1", "w2"]

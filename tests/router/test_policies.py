@@ -8,9 +8,9 @@ import pytest
 
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
-from router.load import WorkerState
-from router.policies import RouteContext, make_policy, policy_names
-from router.routing import NoWorkerError, Router, RouterConfig
+from router.routing.load import WorkerState
+from router.routing.policies import RouteContext, make_policy, policy_names
+from router.routing.router import NoWorkerError, Router, RouterConfig
 
 TOKENS = list(range(640))  # 40 blocks of 16
 HASHES = hash_prompt_blocks(TOKENS, 16, model_root_hash("m", 16))

@@ -1,4 +1,4 @@
-"""The pools' sorted load order (router.pool) stays true under any accounting sequence."""
+"""The pools' sorted load order (router.routing.pool) stays true under any accounting sequence."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.events import WorkerLoad
-from router.load import LoadTracker
-from router.policies import RouteContext, make_policy
-from router.pool import Pool, prefill_load
+from router.routing.load import LoadTracker
+from router.routing.policies import RouteContext, make_policy
+from router.routing.pool import Pool, prefill_load
 from tests.router.test_policies import ws
 
 WORKERS = [("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"), ("u0", "unified")]

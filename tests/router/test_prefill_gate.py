@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from core.errors import WorkerFailedError
-from router.prefill_gate import PrefillGate
+from router.cluster.prefill_gate import PrefillGate
 
 
 def run(coro):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
-from router.prefix_index import ApplyOutcome, PrefixIndex
+from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
 
 ROOT = model_root_hash("m", 4)
 

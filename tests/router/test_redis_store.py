@@ -11,8 +11,8 @@ import pytest
 
 from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
-from router.redis_store import RedisStore
-from router.routing import Router, RouterConfig
+from router.routing.index.redis_store import RedisStore
+from router.routing.router import Router, RouterConfig
 
 TOKENS = list(range(160))  # 10 blocks of 16
 HASHES = hash_prompt_blocks(TOKENS, 16, model_root_hash("m", 16))
@@ -105,7 +105,7 @@ def test_gap_is_purged_in_redis_and_resync_requested_once(redis_server) -> None:
 
 
 def test_redis_outage_degrades_to_load_routing_and_recovers(own_redis, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="router.redis_store")
+    caplog.set_level(logging.WARNING, logger="router.routing.index.redis_store")
     resyncs: list = []
     router = make_router(own_redis.url, "outage", resyncs)
     try:

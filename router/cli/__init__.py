@@ -1,0 +1,1 @@
+"""`baton`: the command line (`baton serve`, `baton demo`, `baton make-tiny-model`, plugins)."""

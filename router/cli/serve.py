@@ -1,0 +1,156 @@
+"""`baton serve`: start (or join) Ray, bring up the pools, serve HTTP and gRPC until Ctrl-C.
+
+With no arguments: a local single-node Ray, the tiny demo model (made on first run), one
+prefill and one decode worker on CPU, the in-process prefix index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+
+from core.config import EngineConfig
+
+logger = logging.getLogger("baton.serve")
+DEFAULT_MODEL_DIR = Path("models/tiny-llama")
+
+
+def _env_fallbacks(args: argparse.Namespace) -> None:
+    """Secrets may come from the environment (Kubernetes Secrets), not the command line."""
+    args.admin_token = args.admin_token or os.environ.get("BATON_ADMIN_TOKEN") or None
+    args.api_key = args.api_key or os.environ.get("BATON_API_KEY") or None
+    args.redis = args.redis or os.environ.get("BATON_REDIS_URL") or None
+
+
+def resolve_model(model: str | None) -> Path:
+    if model:
+        path = Path(model).expanduser().resolve()
+        if not (path / "config.json").exists():
+            raise SystemExit(
+                f"baton serve: {path} is not a Hugging Face checkpoint folder (no config.json)"
+            )
+        return path
+    path = DEFAULT_MODEL_DIR.resolve()
+    if not (path / "config.json").exists():
+        from engine.tiny_model import make_tiny_model
+
+        logger.info("no --model given: making the tiny demo model at %s", path)
+        make_tiny_model(path, arch="llama", preset="tiny", seed=0)
+    return path
+
+
+def build_spec(args: argparse.Namespace, model_dir: Path):
+    from router.cluster.spec import ClusterSpec
+
+    device = args.device if args.device != "auto" else _detect_device()
+    engine = EngineConfig(
+        kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        dtype=args.dtype,
+        tp_size=args.tp,
+    )
+    return ClusterSpec(
+        model_dir=str(model_dir),
+        mode=args.mode,
+        num_prefill=args.prefill if args.mode == "disaggregated" else 0,
+        num_decode=args.decode if args.mode == "disaggregated" else args.prefill + args.decode,
+        engine=engine,
+        transport=args.transport,
+        num_threads=args.threads,
+        tp=args.tp,
+        device=device,
+        redis_url=args.redis,
+    )
+
+
+def _detect_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from router.cluster.admin import ControllerAdmin
+    from router.cluster.bringup import init_ray, start_cluster
+    from router.frontdoor.grpc.server import GRPCServer
+    from router.frontdoor.http.app import create_app
+    from router.frontdoor.metrics import Metrics
+    from router.routing.router import RouterConfig
+
+    started = time.monotonic()
+    model_dir = resolve_model(args.model)
+    spec = build_spec(args, model_dir)
+    logger.info("starting Ray (%s)", args.address or "local, 127.0.0.1")
+    init_ray(args.address)
+    pools = ", ".join(f"{n} {p}" for p, n in spec.initial_pools().items())
+    logger.info("bringing up the pools (%s) for %s", pools, model_dir)
+    cluster = await start_cluster(
+        spec, RouterConfig(prefill_policy=args.policy, decode_policy=args.decode_policy)
+    )
+    metrics = Metrics()
+    cluster.backend.metrics = metrics
+    admin = ControllerAdmin(cluster.controller, cluster.backend)
+    token = args.admin_token or secrets.token_urlsafe(24)
+    app = create_app(
+        cluster.backend,
+        admin,
+        api_key=args.api_key,
+        admin_token=token,
+        metrics=metrics,
+        request_timeout_s=args.request_timeout,
+    )
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="off")
+    )
+    grpc_server = await GRPCServer.start(
+        cluster.backend,
+        admin,
+        host=args.host,
+        port=args.grpc_port,
+        admin_token=token,
+        metrics=metrics,
+        request_timeout_s=args.request_timeout,
+    )
+    http_task = asyncio.create_task(server.serve())
+    while not server.started and not http_task.done():
+        await asyncio.sleep(0.05)
+    if http_task.done():
+        await grpc_server.stop()
+        await cluster.close()
+        raise SystemExit(f"baton serve: could not serve HTTP on {args.host}:{args.port}")
+    url = f"http://{args.host}:{args.port}"
+    print(
+        f"\nBaton is serving {cluster.backend.model_name} ({time.monotonic() - started:.0f} s)\n"
+        f'  OpenAI API   {url}/v1   (model "{cluster.backend.model_name}")\n'
+        f"  gRPC         {args.host}:{grpc_server.port}\n"
+        f"  metrics      {url}/metrics\n"
+        f"  dashboard    {url}/admin?token={token}\n"
+        f"Ctrl-C stops it.\n",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await asyncio.wait(
+        [asyncio.create_task(stop.wait()), http_task], return_when=asyncio.FIRST_COMPLETED
+    )
+    logger.info("shutting down")
+    server.should_exit = True
+    await grpc_server.stop()
+    await cluster.close(kill_workers=args.address is None)
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    _env_fallbacks(args)
+    return asyncio.run(_serve(args))

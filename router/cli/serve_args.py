@@ -1,0 +1,69 @@
+"""The flags of `baton serve`, in one place: the CLI, the deploy configs' tests and the docs
+all read them from here."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 50051
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        help="local Hugging Face checkpoint folder (default: make the tiny demo model)",
+    )
+    p.add_argument("--prefill", type=int, default=1, help="prefill workers (disaggregated mode)")
+    p.add_argument("--decode", type=int, default=1, help="decode workers (disaggregated mode)")
+    p.add_argument(
+        "--mode",
+        choices=["disaggregated", "unified"],
+        default="disaggregated",
+        help="unified: every worker runs both phases (the colocated baseline)",
+    )
+    p.add_argument(
+        "--policy",
+        default="cache_aware",
+        help="prefill routing policy: cache_aware, least_loaded, round_robin, random",
+    )
+    p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
+    p.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="share the prefix index and controller state through Redis",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="join an existing Ray cluster ('auto' or host:port); default: start one",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="front-door bind address")
+    p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP port")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every worker")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (CPU)")
+    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache per worker, GiB")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument(
+        "--transport",
+        default="auto",
+        help="KV transport: auto, nixl, ucx, shm (workers on one host), local",
+    )
+    p.add_argument("--api-key", default=None, help="require this bearer token on the API")
+    p.add_argument(
+        "--admin-token",
+        default=None,
+        help="admin API / dashboard token (default: generated and printed)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds before a request is failed with a deadline error",
+    )

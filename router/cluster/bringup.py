@@ -1,0 +1,109 @@
+"""Bringing a cluster up: Ray, the controller, the router and the orchestrating backend.
+
+Used by `baton serve` and by the end-to-end tests, so both start the same thing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from router.cluster.spec import ClusterSpec
+from router.routing.router import Router, RouterConfig
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "baton"
+
+# Measured settings that keep a single-node Ray on loopback and quiet (ENVIRONMENT.md).
+_RAY_ENV = {
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "disabled",
+    "UCX_NET_DEVICES": "lo",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join `address`, or start a local single-node Ray on 127.0.0.1 with logical
+    resources for every pool."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        return
+    for key, value in _RAY_ENV.items():  # single-node only: never on a real cluster
+        os.environ.setdefault(key, value)
+    # Logical CPUs, not cores: workers pin their own threads; this only bounds how many
+    # actors fit on the node.
+    cpus = num_cpus or max(16, os.cpu_count() or 1)
+    ray.init(
+        namespace=NAMESPACE,
+        num_cpus=cpus,
+        resources={"prefill": 64, "decode": 64, "unified": 64},
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=True,
+        logging_level=logging.WARNING,
+    )
+
+
+@dataclass
+class Cluster:
+    controller: Any
+    backend: Any
+    """router.cluster.request_path.ClusterBackend"""
+    router: Router
+    spec: ClusterSpec
+
+    async def close(self, kill_workers: bool = True) -> None:
+        await self.backend.close()
+        self.router.close()
+        if kill_workers:
+            import ray
+
+            await self.controller.shutdown.remote()
+            ray.kill(self.controller, no_restart=True)
+
+
+async def start_cluster(
+    spec: ClusterSpec,
+    router_config: RouterConfig | None = None,
+    ready_timeout_s: float = 300.0,
+    controller_name: str | None = None,
+) -> Cluster:
+    """Start (or attach to) the controller, wait until every pool is up, and build the
+    router and backend of this front-door process. Ray must be initialised."""
+    import ray
+
+    from engine.tokenizer import Tokenizer
+    from router.cluster.controller import CONTROLLER_NAME, Controller
+    from router.cluster.request_path import ClusterBackend
+    from router.routing.index import make_store
+
+    name = controller_name or CONTROLLER_NAME
+    controller = (
+        ray.remote(Controller)
+        .options(name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000)
+        .remote(spec)
+    )
+    await controller.start.remote()
+    if not await controller.wait_ready.remote(ready_timeout_s):
+        raise RuntimeError(f"the cluster's pools did not come up within {ready_timeout_s} s")
+    store = make_store("redis", url=spec.redis_url) if spec.redis_url else make_store("memory")
+    router = Router(router_config, store=store)
+    tokenizer = Tokenizer.from_dir(spec.model_dir)
+    backend = ClusterBackend(
+        controller,
+        router,
+        os.path.basename(spec.model_dir.rstrip("/")),
+        tokenizer,
+        prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
+    )
+    await backend.start()
+    return Cluster(controller, backend, router, spec)

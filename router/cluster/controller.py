@@ -1,0 +1,306 @@
+"""The pool controller: a named Ray actor that owns the desired size of each pool.
+
+It starts worker actors (each asks for its resources plus a custom `prefill` / `decode` /
+`unified` resource so pools can be pinned to node types), connects every prefill worker's
+transport with every decode worker's, health-checks all of them, restarts dead ones,
+and drains workers on scale-down (stop admitting, finish what runs, then exit). With Redis
+the desired sizes live there, so a restarted controller keeps them.
+
+Front doors poll `members()` (a version number changes with every membership change) and
+route only to workers in state `ready`. This is the only router module that imports the
+worker packages, to start their actors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+
+from router.cluster.spec import ClusterSpec
+
+logger = logging.getLogger(__name__)
+
+CONTROLLER_NAME = "baton-controller"
+_REDIS_KEY = "baton:controller:pools"
+
+
+@dataclass(frozen=True)
+class Member:
+    worker_id: str
+    role: str
+    state: str
+    """starting | ready | draining | dead"""
+    handle: Any
+    info: Any = None
+    """worker.base.WorkerInfo once ready."""
+    started_at: float = 0.0
+    placement: Any = None
+    """The placement group of a worker with tp > 1 (removed with the worker)."""
+
+
+class Controller:
+    def __init__(self, spec: ClusterSpec) -> None:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        self.spec = spec
+        self.desired = spec.initial_pools()
+        self.members: dict[str, Member] = {}
+        self.version = 0
+        self.num_restarts = 0
+        self._ids = itertools.count()
+        self._redis = None
+        if spec.redis_url:
+            self._load_desired_from_redis()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    # -- persistence -------------------------------------------------------------------------
+    def _load_desired_from_redis(self) -> None:
+        import redis
+
+        try:
+            self._redis = redis.Redis.from_url(self.spec.redis_url, socket_timeout=2.0)
+            saved = self._redis.get(_REDIS_KEY)
+        except Exception as e:  # Redis down: start from the spec, say so
+            logger.warning("controller: Redis unavailable (%s); using the pool sizes given", e)
+            return
+        if saved:
+            loaded = json.loads(saved)
+            if set(loaded) == set(self.desired):
+                logger.info("controller: restored pool sizes %s from Redis", loaded)
+                self.desired = {k: int(v) for k, v in loaded.items()}
+        self._save_desired()
+
+    def _save_desired(self) -> None:
+        if self._redis is None:
+            return
+        try:
+            self._redis.set(_REDIS_KEY, json.dumps(self.desired))
+        except Exception as e:
+            logger.warning("controller: could not save pool sizes to Redis: %s", e)
+
+    # -- public API (actor methods) ----------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._reconcile_forever())
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        await self.start()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(self._count(pool, ("ready",)) >= n for pool, n in self.desired.items()):
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    def get_members(self) -> tuple[int, list[Member]]:
+        return self.version, list(self.members.values())
+
+    def get_desired(self) -> dict[str, int]:
+        return dict(self.desired)
+
+    async def scale(self, pool: str, size: int) -> dict[str, int]:
+        if pool not in self.desired:
+            raise ValueError(f"unknown pool {pool!r}; pools: {sorted(self.desired)}")
+        if size < (1 if pool in ("decode", "unified") else 0) or size > 64:
+            raise ValueError(f"pool {pool} size must be in [{int(pool != 'prefill')}, 64]")
+        self.desired[pool] = size
+        self._save_desired()
+        logger.info("controller: pool %s scaled to %d", pool, size)
+        asyncio.get_running_loop().create_task(self._reconcile_once())
+        return dict(self.desired)
+
+    async def drain(self, worker_id: str) -> None:
+        """Take one worker out of service for good (its pool shrinks by one)."""
+        m = self.members.get(worker_id)
+        if m is None:
+            raise KeyError(f"no worker {worker_id!r}")
+        if self.desired[m.role] <= (1 if m.role != "prefill" else 0):
+            raise ValueError(f"pool {m.role} cannot shrink below its minimum")
+        self.desired[m.role] -= 1
+        self._save_desired()
+        await self._drain_member(m)
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for m in list(self.members.values()):
+            self._kill(m)
+        self.members.clear()
+
+    # -- reconciliation ----------------------------------------------------------------------
+    def _count(self, pool: str, states: tuple[str, ...]) -> int:
+        return sum(1 for m in self.members.values() if m.role == pool and m.state in states)
+
+    def _bump(self) -> None:
+        self.version += 1
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            try:
+                await self._reconcile_once()
+            except Exception:
+                logger.exception("controller: reconcile failed")
+            await asyncio.sleep(self.spec.health_interval_s)
+
+    async def _reconcile_once(self) -> None:
+        async with self._lock:
+            await self._health_check()
+            starts = []
+            for pool, want in self.desired.items():
+                have = self._count(pool, ("starting", "ready"))
+                for _ in range(want - have):
+                    starts.append(self._start_worker(pool))
+                for m in self._pick_for_scale_down(pool, have - want):
+                    asyncio.get_running_loop().create_task(self._drain_member(m))
+        if starts:
+            await asyncio.gather(*starts, return_exceptions=True)
+
+    def _pick_for_scale_down(self, pool: str, n: int) -> list[Member]:
+        if n <= 0:
+            return []
+        ready = [m for m in self.members.values() if m.role == pool and m.state == "ready"]
+        return sorted(ready, key=lambda m: m.started_at, reverse=True)[:n]  # newest first
+
+    async def _health_check(self) -> None:
+        async def ping(m: Member) -> tuple[Member, bool]:
+            try:
+                await asyncio.wait_for(m.handle.ping.remote(), self.spec.health_timeout_s)
+                return m, True
+            except Exception:
+                return m, False
+
+        checks = [ping(m) for m in self.members.values() if m.state in ("ready", "draining")]
+        for m, alive in await asyncio.gather(*checks):
+            if not alive and self.members.get(m.worker_id) is m:
+                logger.warning(
+                    "controller: worker %s (%s) is dead; replacing it", m.worker_id, m.role
+                )
+                self.num_restarts += 1
+                self._kill(m)
+                del self.members[m.worker_id]
+                self._bump()
+                await self._disconnect_everywhere(m.worker_id)
+
+    async def _start_worker(self, pool: str) -> None:
+        from decode_worker.worker import DecodeWorker
+        from prefill_worker.worker import PrefillWorker
+        from worker.base import WorkerSpec
+
+        spec = self.spec
+        worker_id = f"{pool}-{next(self._ids)}"
+        cls = PrefillWorker if pool == "prefill" else DecodeWorker
+        options: dict[str, Any] = {
+            "name": f"baton-{worker_id}",
+            "resources": {pool: 1},
+            "max_restarts": 0,
+            "max_concurrency": 1000,
+        }
+        tp = spec.tp_of(pool)
+        placement = None
+        if tp > 1:  # ranks are actors in one placement group on one node (ray_ranks.py)
+            from worker.ray_ranks import create_tp_placement
+
+            try:
+                placement, pg_options = await create_tp_placement(
+                    pool, tp, spec.device, spec.worker_start_timeout_s
+                )
+            except Exception as e:
+                logger.error("controller: cannot place %s: %s", worker_id, e)
+                return
+            options.update(pg_options)
+        elif spec.device == "cuda":
+            options["num_gpus"] = 1
+            options["num_cpus"] = 1
+        else:
+            options["num_cpus"] = 1
+        wspec = WorkerSpec(
+            worker_id=worker_id,
+            role=pool,
+            model_dir=spec.model_dir,
+            engine=replace(spec.engine, device=spec.device),
+            transport=spec.transport,
+            num_threads=spec.num_threads,
+            tp=tp,
+        )
+        handle = ray.remote(cls).options(**options).remote(wspec, placement)
+        member = Member(worker_id, pool, "starting", handle, None, time.time(), placement)
+        self.members[worker_id] = member
+        logger.info("controller: starting %s", worker_id)
+        try:
+            info = await asyncio.wait_for(handle.info.remote(), spec.worker_start_timeout_s)
+            # Record the info before connecting: a peer that comes up concurrently then
+            # sees it and connects both ways itself (add_peer is idempotent).
+            member = replace(member, info=info)
+            self.members[worker_id] = member
+            await self._connect_peers(member, info)
+        except Exception as e:
+            logger.error("controller: worker %s failed to start: %s", worker_id, e)
+            self._kill(member)
+            self.members.pop(worker_id, None)
+            return
+        if self.members.get(worker_id) is member:
+            self.members[worker_id] = replace(member, state="ready", info=info)
+            self._bump()
+            logger.info(
+                "controller: %s ready (pid %d, KV transport %s, %d blocks)",
+                worker_id,
+                info.pid,
+                info.transport_backend,
+                info.num_kv_blocks,
+            )
+
+    async def _connect_peers(self, member: Member, info: Any) -> None:
+        """Prefill workers talk to decode workers (and back, for acknowledgements)."""
+        if member.role == "unified":
+            return
+        other = "decode" if member.role == "prefill" else "prefill"
+        peers = [
+            m
+            for m in self.members.values()
+            if m.role == other and m.info is not None and m.state in ("starting", "ready")
+        ]
+        for peer in peers:
+            await peer.handle.connect.remote(info.transport_metadata)
+            await member.handle.connect.remote(peer.info.transport_metadata)
+
+    async def _disconnect_everywhere(self, worker_id: str) -> None:
+        for m in self.members.values():
+            if m.state == "ready":
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(m.handle.disconnect.remote(worker_id), 5.0)
+
+    async def _drain_member(self, m: Member) -> None:
+        if m.worker_id not in self.members:
+            return
+        self.members[m.worker_id] = replace(m, state="draining")
+        self._bump()
+        logger.info("controller: draining %s", m.worker_id)
+        try:
+            left = await asyncio.wait_for(m.handle.drain.remote(60.0), 90.0)
+            if left:
+                logger.warning("controller: %s drained with %d requests left", m.worker_id, left)
+        except Exception as e:
+            logger.warning("controller: drain of %s failed: %s", m.worker_id, e)
+        self._kill(m)
+        self.members.pop(m.worker_id, None)
+        self._bump()
+        await self._disconnect_everywhere(m.worker_id)
+        logger.info("controller: %s stopped", m.worker_id)
+
+    def _kill(self, m: Member) -> None:
+        with contextlib.suppress(Exception):
+            ray.kill(m.handle, no_restart=True)
+        if m.placement is not None:  # also ends the worker's rank actors
+            from worker.ray_ranks import remove_tp_placement
+
+            remove_tp_placement(m.placement)

@@ -1,0 +1,136 @@
+"""Between `baton.v1` protobuf messages and Baton's own types: prompts to token ids,
+sampling fields to `SamplingParams`, outputs to responses, cluster state to `ClusterState`.
+
+Bad input raises `core.errors.InvalidRequestError`, which the servicer answers with
+INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.errors import InvalidRequestError
+from core.request import FinishReason, RequestOutput, TokenLogprob
+from core.sampling import SamplingParams
+from proto.baton.v1 import admin_pb2, generate_pb2
+from router.frontdoor.admin_api import ClusterState
+from router.frontdoor.requests import make_params, resolve_max_tokens
+
+DEFAULT_MAX_TOKENS = 16
+_FINISH = {
+    FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
+    FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
+    FinishReason.ABORT: generate_pb2.FINISH_REASON_ABORT,
+}
+_WORKER_STATES = {
+    "starting": admin_pb2.WORKER_STATE_STARTING,
+    "ready": admin_pb2.WORKER_STATE_READY,
+    "draining": admin_pb2.WORKER_STATE_DRAINING,
+    "dead": admin_pb2.WORKER_STATE_DEAD,
+}
+# Optional scalar fields copied as they are when set.
+_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+    "frequency_penalty", "repetition_penalty",
+)  # fmt: skip
+
+
+def prompt_token_ids(
+    msg: generate_pb2.GenerateRequest | generate_pb2.TokenizeRequest, tokenizer: Any
+) -> list[int]:
+    kind = msg.WhichOneof("prompt")
+    add_special = msg.add_special_tokens if msg.HasField("add_special_tokens") else True
+    if kind == "text":
+        return tokenizer.encode(msg.text, add_special_tokens=add_special)
+    if kind == "token_ids":
+        return list(msg.token_ids.ids)
+    if kind == "chat":
+        if not msg.chat.messages:
+            raise InvalidRequestError("chat.messages: at least one message is required")
+        messages = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as e:
+            raise InvalidRequestError(f"chat.messages: {e}") from e
+        return tokenizer.encode(text, add_special_tokens=False)
+    raise InvalidRequestError("prompt: set one of text, token_ids or chat")
+
+
+def sampling_params(
+    msg: generate_pb2.SamplingParams, num_prompt_tokens: int, max_model_len: int
+) -> SamplingParams:
+    fields: dict[str, Any] = {f: getattr(msg, f) for f in _SAMPLING_FIELDS if msg.HasField(f)}
+    requested = msg.max_tokens if msg.HasField("max_tokens") else None
+    if requested == 0:
+        raise InvalidRequestError("sampling.max_tokens: must be >= 1")
+    room = max_model_len - num_prompt_tokens
+    max_tokens = resolve_max_tokens(
+        requested if requested is not None else min(DEFAULT_MAX_TOKENS, room),
+        num_prompt_tokens,
+        max_model_len,
+    )
+    return make_params(
+        max_tokens=max_tokens,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        **fields,
+    )
+
+
+def _logprob(item: TokenLogprob) -> generate_pb2.TokenLogprob:
+    return generate_pb2.TokenLogprob(
+        token_id=item.token_id,
+        logprob=item.logprob,
+        top=[generate_pb2.TopLogprob(token_id=t, logprob=v) for t, v in item.top],
+    )
+
+
+def response(
+    out: RequestOutput, request_id: str, num_sent_tokens: int = 0, num_sent_chars: int = 0
+) -> generate_pb2.GenerateResponse:
+    """What `out` adds after the first `num_sent_tokens` tokens / `num_sent_chars` chars."""
+    msg = generate_pb2.GenerateResponse(
+        request_id=request_id,
+        token_ids=out.token_ids[num_sent_tokens:],
+        text=out.text[num_sent_chars:],
+        logprobs=[_logprob(x) for x in (out.logprobs or [])[num_sent_tokens:]],
+        finished=out.finished,
+    )
+    if out.finished:
+        msg.finish_reason = _FINISH.get(
+            out.finish_reason or FinishReason.STOP, generate_pb2.FINISH_REASON_UNSPECIFIED
+        )
+        msg.usage.CopyFrom(
+            generate_pb2.Usage(
+                prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=len(out.token_ids),
+                cached_tokens=out.num_cached_tokens,
+            )
+        )
+    return msg
+
+
+def cluster_state(state: ClusterState) -> admin_pb2.ClusterState:
+    return admin_pb2.ClusterState(
+        pools=[
+            admin_pb2.Pool(
+                name=p.name,
+                desired_size=p.desired_size,
+                workers=[
+                    admin_pb2.Worker(
+                        worker_id=w.worker_id,
+                        role=w.role,
+                        state=_WORKER_STATES.get(w.state, admin_pb2.WORKER_STATE_UNSPECIFIED),
+                        num_running=w.num_running,
+                        num_waiting=w.num_waiting,
+                        kv_usage=w.kv_usage,
+                        prefix_hit_rate=w.prefix_hit_rate,
+                    )
+                    for w in p.workers
+                ],
+            )
+            for p in state.pools
+        ]
+    )

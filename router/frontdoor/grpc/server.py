@@ -1,0 +1,220 @@
+"""The gRPC front door (grpc.aio): `baton.v1.GenerateService`, `baton.v1.AdminService`,
+the standard `grpc.health.v1` health service and server reflection.
+
+Deadlines and cancellation propagate: a call's remaining deadline becomes the request's
+timeout, and a cancelled (or expired) call cancels the handler task, which closes the
+backend stream, which aborts the request and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import math
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from core.errors import (
+    BatonError,
+    CancelledError,
+    DeadlineExceededError,
+    InvalidRequestError,
+    OverloadedError,
+    WorkerFailedError,
+    error_message,
+)
+from core.request import RequestOutput
+from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
+from router.frontdoor.admin_api import ClusterAdmin
+from router.frontdoor.backend import Backend, GenerateRequest
+from router.frontdoor.grpc import convert
+from router.frontdoor.metrics import Metrics
+from router.frontdoor.requests import (
+    check_prompt,
+    new_request_id,
+    run_tracked,
+    tokenizer_of,
+    vocab_size_of,
+)
+
+logger = logging.getLogger(__name__)
+_HEALTH_POLL_S = 1.0
+_STATUS = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    OverloadedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    DeadlineExceededError: grpc.StatusCode.DEADLINE_EXCEEDED,
+    WorkerFailedError: grpc.StatusCode.UNAVAILABLE,
+    CancelledError: grpc.StatusCode.CANCELLED,
+}
+SERVICE_NAMES = (
+    generate_pb2.DESCRIPTOR.services_by_name["GenerateService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: BatonError) -> None:
+    code = next((c for t, c in _STATUS.items() if isinstance(e, t)), grpc.StatusCode.INTERNAL)
+    if isinstance(e, OverloadedError):
+        retry = str(max(1, math.ceil(e.retry_after_s)))
+        context.set_trailing_metadata((("retry-after", retry),))
+    await context.abort(code, error_message(e))
+
+
+class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
+    def __init__(self, backend: Backend, metrics: Metrics, request_timeout_s: float) -> None:
+        self.backend = backend
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+
+    def _request(
+        self, msg: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> GenerateRequest:
+        b = self.backend
+        ids = convert.prompt_token_ids(msg, tokenizer_of(b))
+        check_prompt(ids, b.max_model_len, vocab_size_of(b))
+        params = convert.sampling_params(msg.sampling, len(ids), b.max_model_len)
+        remaining = context.time_remaining()
+        timeout = self.request_timeout_s if remaining is None else remaining
+        rid = msg.request_id or new_request_id("grpc")
+        return GenerateRequest(rid, ids, params, min(timeout, self.request_timeout_s))
+
+    async def Generate(
+        self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        try:
+            req = self._request(request, context)
+            num_tokens = num_chars = 0
+            async for out in run_tracked(self.backend, req, self.metrics):
+                if len(out.token_ids) == num_tokens and not out.finished:
+                    continue
+                yield convert.response(out, req.request_id, num_tokens, num_chars)
+                num_tokens, num_chars = len(out.token_ids), len(out.text)
+        except BatonError as e:
+            await _abort(context, e)
+
+    async def GenerateUnary(
+        self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> generate_pb2.GenerateResponse:
+        try:
+            req = self._request(request, context)
+            last: RequestOutput | None = None
+            async for out in run_tracked(self.backend, req, self.metrics):
+                last = out
+        except BatonError as e:
+            await _abort(context, e)
+        if last is None:
+            await context.abort(grpc.StatusCode.INTERNAL, "the backend returned no output")
+        return convert.response(last, req.request_id)  # type: ignore[arg-type]
+
+    async def Tokenize(
+        self, request: generate_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
+    ) -> generate_pb2.TokenizeResponse:
+        try:
+            ids = convert.prompt_token_ids(request, tokenizer_of(self.backend))
+        except BatonError as e:
+            await _abort(context, e)
+        return generate_pb2.TokenizeResponse(
+            token_ids=ids, max_model_len=self.backend.max_model_len
+        )
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    """Needs `authorization: Bearer <admin token>` metadata on every call."""
+
+    def __init__(self, admin: ClusterAdmin, token: str) -> None:
+        self.admin = admin
+        self.token = token
+
+    async def _check(self, context: grpc.aio.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata() or ())
+        scheme, _, offered = str(metadata.get("authorization", "")).partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip(), self.token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "admin token required")
+
+    async def _state(self) -> admin_pb2.ClusterState:
+        return convert.cluster_state(await self.admin.state())
+
+    async def GetClusterState(self, request, context):  # type: ignore[no-untyped-def]
+        await self._check(context)
+        return await self._state()
+
+    async def ScalePool(self, request, context):  # type: ignore[no-untyped-def]
+        await self._check(context)
+        try:
+            await self.admin.scale(request.pool, request.size)
+        except BatonError as e:
+            await _abort(context, e)
+        return await self._state()
+
+    async def DrainWorker(self, request, context):  # type: ignore[no-untyped-def]
+        await self._check(context)
+        try:
+            await self.admin.drain(request.worker_id)
+        except InvalidRequestError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return await self._state()
+
+
+class GRPCServer:
+    """A started `grpc.aio` server; create with `await GRPCServer.start(...)` on the loop
+    that will serve it (the backend's streams live on that loop)."""
+
+    def __init__(self, server: grpc.aio.Server, port: int, health_task: asyncio.Task) -> None:
+        self.server = server
+        self.port = port
+        self._health_task = health_task
+
+    @classmethod
+    async def start(
+        cls,
+        backend: Backend,
+        admin: ClusterAdmin | None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        admin_token: str,
+        metrics: Metrics | None = None,
+        request_timeout_s: float = 300.0,
+    ) -> GRPCServer:
+        server = grpc.aio.server()
+        metrics = metrics or Metrics()
+        generate_pb2_grpc.add_GenerateServiceServicer_to_server(
+            GenerateServicer(backend, metrics, request_timeout_s), server
+        )
+        names = [SERVICE_NAMES[0]]
+        if admin is not None:
+            admin_pb2_grpc.add_AdminServiceServicer_to_server(
+                AdminServicer(admin, admin_token), server
+            )
+            names.append(SERVICE_NAMES[1])
+        health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health, server)
+        names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+        reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot bind gRPC on {host}:{port}")
+        await server.start()
+        task = asyncio.get_running_loop().create_task(_track_health(backend, health))
+        logger.info("gRPC listening on %s:%d", host, bound)
+        return cls(server, bound, task)
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        self._health_task.cancel()
+        await self.server.stop(grace_s)
+
+
+async def _track_health(backend: Backend, health: health_aio.HealthServicer) -> None:
+    """Mirror `backend.is_ready()` into the health service ("" and GenerateService)."""
+    serving = health_pb2.HealthCheckResponse.SERVING
+    not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+    while True:
+        status = serving if backend.is_ready() else not_serving
+        for name in ("", SERVICE_NAMES[0]):
+            await health.set(name, status)
+        await asyncio.sleep(_HEALTH_POLL_S)

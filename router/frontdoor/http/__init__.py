@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP front door (FastAPI): `create_app(backend, admin, ...)`."""

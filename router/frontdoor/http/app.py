@@ -1,0 +1,119 @@
+"""The HTTP front door: an OpenAI-compatible API, health, Prometheus metrics and the admin
+dashboard, as one FastAPI app over any `Backend` (the cluster or a `LocalBackend`)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from router.frontdoor.admin_api import ClusterAdmin
+from router.frontdoor.backend import Backend
+from router.frontdoor.http.admin_routes import _bearer, admin_router, refresh_cluster_metrics
+from router.frontdoor.http.chat import create_chat_completion
+from router.frontdoor.http.completions import create_completion
+from router.frontdoor.http.context import ServerContext
+from router.frontdoor.http.errors import APIError, install_error_handlers
+from router.frontdoor.http.protocol import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from router.frontdoor.metrics import CONTENT_TYPE_LATEST, Metrics
+
+logger = logging.getLogger(__name__)
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse}
+    for status in (400, 401, 404, 429, 499, 500, 503, 504)
+}  # fmt: skip
+_METRICS_REFRESH_TIMEOUT_S = 5.0
+
+
+def create_app(
+    backend: Backend,
+    admin: ClusterAdmin | None = None,
+    *,
+    api_key: str | None = None,
+    admin_token: str | None = None,
+    metrics: Metrics | None = None,
+    request_timeout_s: float = 300.0,
+) -> FastAPI:
+    """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`)."""
+    metrics = metrics or Metrics()
+    if admin_token is None:
+        admin_token = secrets.token_urlsafe(24)
+        logger.warning("admin token (dashboard: /admin?token=...): %s", admin_token)
+    ctx = ServerContext(backend, metrics, request_timeout_s)
+    app = FastAPI(title="Baton", version="1", description="OpenAI-compatible LLM serving.")
+    app.state.admin_token = admin_token
+    app.state.metrics = metrics
+    app.state.context = ctx
+    install_error_handlers(app)
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        offered = _bearer(request)
+        if offered is None or not hmac.compare_digest(offered, api_key):
+            raise APIError(401, "missing or invalid API key", "invalid_api_key")
+
+    def check_model(model: str) -> None:
+        if model != backend.model_name:
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist; this server serves {backend.model_name!r}",
+                "model_not_found",
+                "model",
+            )
+
+    api = [Depends(check_api_key)]
+
+    @app.get("/v1/models", dependencies=api, response_model=ModelList, responses=_ERRORS)
+    async def models() -> ModelList:
+        card = ModelCard(id=backend.model_name, created=0, max_model_len=backend.max_model_len)
+        return ModelList(data=[card])
+
+    @app.post(
+        "/v1/completions", dependencies=api, response_model=CompletionResponse,
+        responses=_ERRORS,
+    )  # fmt: skip
+    async def completions(body: CompletionRequest) -> object:
+        check_model(body.model)
+        return await create_completion(body, ctx)
+
+    @app.post(
+        "/v1/chat/completions", dependencies=api, response_model=ChatCompletionResponse,
+        responses=_ERRORS,
+    )  # fmt: skip
+    async def chat_completions(body: ChatCompletionRequest) -> object:
+        check_model(body.model)
+        return await create_chat_completion(body, ctx)
+
+    @app.get("/health", responses={503: {"model": ErrorResponse}})
+    async def health() -> JSONResponse:
+        if backend.is_ready():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        if admin is not None:
+            try:
+                await asyncio.wait_for(
+                    refresh_cluster_metrics(admin, metrics), _METRICS_REFRESH_TIMEOUT_S
+                )
+            except Exception:  # a slow controller must not break scraping
+                logger.warning("could not refresh cluster metrics", exc_info=True)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(admin_router(admin, admin_token, metrics))
+    return app

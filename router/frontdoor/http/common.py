@@ -1,0 +1,108 @@
+"""Pieces chat and completions share: sampling parameters from the request body, usage,
+finish reasons, token strings for logprobs, and server-sent events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import BaseModel
+
+from core.errors import InvalidRequestError
+from core.request import FinishReason, RequestOutput
+from core.sampling import SamplingParams
+from router.frontdoor.backend import Backend
+from router.frontdoor.http.errors import sse_error
+from router.frontdoor.http.protocol import PromptTokensDetails, SamplingFields, Usage
+from router.frontdoor.requests import make_params
+
+DONE_EVENT = "data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    stop = body.stop
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and len(stop) > 16:
+        raise InvalidRequestError("stop: at most 16 stop strings")
+    return make_params(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        seed=body.seed,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        stop=tuple(stop or ()),
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+    )
+
+
+def finish_reason(out: RequestOutput) -> str | None:
+    if not out.finished:
+        return None
+    if out.finish_reason is None:
+        return "stop"
+    return str(out.finish_reason) if out.finish_reason != FinishReason.ERROR else "error"
+
+
+def usage(prompt_lens: list[int], outputs: list[RequestOutput], n: int) -> Usage:
+    """`outputs` in choice order, `n` choices per prompt. Prompt tokens count once per
+    prompt (not per choice), as OpenAI does; cached tokens take each prompt's best choice."""
+    num_prompt = sum(prompt_lens)
+    num_completion = sum(len(o.token_ids) for o in outputs)
+    num_cached = sum(
+        max(o.num_cached_tokens for o in outputs[i * n : (i + 1) * n])
+        for i in range(len(prompt_lens))
+    )
+    return Usage(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_completion,
+        total_tokens=num_prompt + num_completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=min(num_prompt, num_cached)),
+    )
+
+
+class TokenText:
+    """Token id -> its text, decoded alone (what OpenAI puts in logprobs), memoized."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._tokenizer: Any = getattr(backend, "tokenizer", None)
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            if self._tokenizer is None:
+                text = f"<{token_id}>"
+            else:
+                text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            self._cache[token_id] = text
+        return text
+
+
+def sse(obj: BaseModel) -> str:
+    return f"data: {obj.model_dump_json()}\n\n"
+
+
+async def sse_stream(events: AsyncIterator[str], on_close: Callable[[], Any]) -> AsyncIterator[str]:
+    """Events, an error event if the stream fails midway, then `[DONE]`; `on_close` runs
+    however it ends (client gone included), so the backend requests are cancelled."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as e:
+        yield sse_error(e)
+    finally:
+        await on_close()
+    yield DONE_EVENT

@@ -1,0 +1,105 @@
+"""The routing-policy interface: one call per decision, pure apart from the policy's own
+tie-break / round-robin state.
+
+    policy.choose(ctx) -> Choice
+
+`ctx.workers` is the pool (non-empty; `ctx.pool_view()` adds its load order),
+`ctx.cached_blocks` the longest cached prefix of the prompt on each worker (workers with none
+are absent). A policy must not mutate `ctx` or the
+WorkerStates; the Router owns the accounting. Policies are looked up by name in a per-pool
+registry, so `round_robin`, `least_loaded` and `random` work for both pools and
+`cache_aware` means the prefill formula or the decode formula depending on the pool.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+from router.routing.load import WorkerState
+from router.routing.pool import Pool
+
+POOLS = ("prefill", "decode")
+
+
+class RouteContext(NamedTuple):
+    """Everything a policy may look at for one request (a NamedTuple: cheap to build per
+    decision, immutable)."""
+
+    workers: Sequence[WorkerState]
+    cached_blocks: Mapping[str, int]
+    num_prompt_blocks: int
+    num_prompt_tokens: int
+    block_size: int
+    num_output_tokens: int = 0
+    pool: Pool | None = None
+    """`workers` with their load order, when the caller keeps one (the Router's LoadTracker).
+    Policies that need it and find None build one from `workers`."""
+
+    def pool_view(self) -> Pool:
+        return self.pool if self.pool is not None else Pool(self.workers)
+
+
+class Choice(NamedTuple):
+    """A policy's pick, why, and the terms of its formula (logged and put in the decision).
+
+    The terms come as two parallel tuples: names (a per-policy constant, so the Router can
+    cache their prefixed forms) and values; `terms` zips them."""
+
+    worker: WorkerState
+    reason: str
+    term_names: tuple[str, ...] = ()
+    term_values: tuple[float, ...] = ()
+
+    @property
+    def terms(self) -> tuple[tuple[str, float], ...]:
+        return tuple(zip(self.term_names, self.term_values))
+
+
+class Policy(abc.ABC):
+    """Chooses one worker of a pool for a request."""
+
+    name: ClassVar[str]
+
+    def __init__(self, pool: str) -> None:
+        if pool not in POOLS:
+            raise ValueError(f"unknown pool {pool!r}; choose from {POOLS}")
+        self.pool = pool
+
+    @abc.abstractmethod
+    def choose(self, ctx: RouteContext) -> Choice: ...
+
+
+def pool_load(worker: WorkerState, pool: str) -> tuple[int, int]:
+    """The "load" ties and the least-loaded fallback compare, per pool (smaller is lighter)."""
+    if pool == "prefill":
+        return (worker.queued_prefill_tokens, worker.running)
+    return (worker.running, -worker.free_blocks)
+
+
+_REGISTRY: dict[tuple[str, str], Callable[..., Policy]] = {}
+
+
+def register(name: str, pools: Sequence[str] = POOLS) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: make `name` selectable for the given pools."""
+
+    def deco(cls: type[Policy]) -> type[Policy]:
+        for pool in pools:
+            _REGISTRY[(pool, name)] = cls
+        return cls
+
+    return deco
+
+
+def make_policy(name: str, pool: str, **kwargs: Any) -> Policy:
+    try:
+        cls = _REGISTRY[(pool, name)]
+    except KeyError:
+        names = sorted(n for p, n in _REGISTRY if p == pool)
+        raise ValueError(f"unknown {pool} policy {name!r}; choose from {names}") from None
+    return cls(pool, **kwargs)
+
+
+def policy_names(pool: str) -> list[str]:
+    return sorted(n for p, n in _REGISTRY if p == pool)

@@ -1,0 +1,295 @@
+"""The Router: one synchronous object the front doors and the orchestrator call.
+
+Request path of `route` (all in memory; Redis I/O, if any, runs in the store's threads):
+
+    1. hash the prompt's full blocks with core.hashing (or take the caller's hashes)
+    2. read the longest cached prefix per worker from the index (skipped when degraded)
+    3. decode pool: the decode policy picks D
+    4. conditional disaggregation: D prefills the prompt itself when
+         - the prefill pool is empty, or
+         - the prompt's part D does not hold is shorter than `disagg_min_uncached_tokens`, or
+         - the prefill pool is saturated: min queued prefill tokens >= `prefill_saturation_tokens`
+       otherwise the prefill policy picks P (P == D for a unified worker means "on D")
+    5. account the request as in flight (router.routing.load) and return a RoutingDecision
+
+The cluster reports progress with `prefill_done(request_id)` and `request_done(request_id)`.
+Thread-safe: one lock for load state and policies, the store's lock for the index.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import msgspec
+
+from core.events import KVEventBatch, WorkerLoad
+from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
+from router.routing.decision import RoutingDecision
+from router.routing.index.store import IndexStore, InProcessStore, ResyncCallback
+from router.routing.load import LoadTracker
+from router.routing.policies import Choice, RouteContext, make_policy
+
+logger = logging.getLogger(__name__)
+
+_NO_HITS: Mapping[str, int] = MappingProxyType({})
+"""`cached` of a degraded decision: no worker holds anything as far as we know."""
+
+
+class NoWorkerError(RuntimeError):
+    """No worker can serve the request (empty decode pool for the model)."""
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    prefill_policy: str = "cache_aware"
+    decode_policy: str = "cache_aware"
+    prefill_policy_args: Mapping[str, Any] = field(default_factory=dict)
+    decode_policy_args: Mapping[str, Any] = field(default_factory=dict)
+    disagg_min_uncached_tokens: int = 256
+    prefill_saturation_tokens: int = 1 << 20
+    default_block_size: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelSpec:
+    block_size: int
+    root: BlockHash
+    extra: bytes
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig | None = None,
+        store: IndexStore | None = None,
+        on_resync: ResyncCallback | None = None,
+    ) -> None:
+        self.config = config or RouterConfig()
+        self.store = store if store is not None else InProcessStore()
+        if on_resync is not None:
+            self.store.set_resync_callback(on_resync)
+        self._prefill = make_policy(
+            self.config.prefill_policy, "prefill", **self.config.prefill_policy_args
+        )
+        self._decode = make_policy(
+            self.config.decode_policy, "decode", **self.config.decode_policy_args
+        )
+        self._loads = LoadTracker()
+        self._models: dict[str, _ModelSpec] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._term_names: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
+
+    # ---- membership ----------------------------------------------------------------------
+
+    def register_model(self, model: str, block_size: int | None = None, extra: bytes = b"") -> None:
+        size = block_size or self.config.default_block_size
+        self._models[model] = _ModelSpec(size, model_root_hash(model, size), extra)
+
+    def add_worker(self, worker_id: str, role: str, model: str = "") -> None:
+        """Register a worker; the store asks it for a cache snapshot (on_resync)."""
+        if model not in self._models:
+            self.register_model(model)
+        with self._lock:
+            self._loads.add_worker(worker_id, role, model)
+        self.store.add_worker(model, worker_id)
+
+    def remove_worker(self, worker_id: str) -> None:
+        """The worker left: its load state and index entries go (in every replica)."""
+        with self._lock:
+            state = self._loads.remove_worker(worker_id)
+        if state is not None:
+            self.store.remove_worker(state.model, worker_id)
+
+    # ---- inputs --------------------------------------------------------------------------
+
+    def apply(self, batch: KVEventBatch) -> None:
+        """Feed a worker's KV events (an empty `model` means the worker's registered model)."""
+        if not batch.model:
+            state = self._loads.workers.get(batch.worker_id)
+            if state is not None and state.model:
+                batch = msgspec.structs.replace(batch, model=state.model)
+        self.store.publish(batch)
+
+    def report_load(self, load: WorkerLoad) -> None:
+        with self._lock:
+            if not self._loads.report(load):
+                logger.debug("load report from unknown worker %s ignored", load.worker_id)
+
+    def prefill_done(self, request_id: str) -> None:
+        with self._lock:
+            self._loads.prefill_done(request_id)
+
+    def request_done(self, request_id: str) -> None:
+        """The request finished, failed or was cancelled: release its in-flight accounting."""
+        with self._lock:
+            self._loads.request_done(request_id)
+
+    # ---- decision ------------------------------------------------------------------------
+
+    def route(
+        self,
+        model: str,
+        token_ids: Sequence[int] | None = None,
+        *,
+        block_hashes: Sequence[int] | None = None,
+        num_prompt_tokens: int | None = None,
+        num_output_tokens: int = 0,
+        request_id: str | None = None,
+    ) -> RoutingDecision:
+        spec = self._models.get(model)
+        if spec is None:
+            raise NoWorkerError(f"model {model!r} has no workers")
+        # 1. the prompt's chain
+        if (token_ids is None) == (block_hashes is None):
+            raise ValueError("pass exactly one of token_ids and block_hashes")
+        if token_ids is not None:
+            hashes: Sequence[int] = hash_prompt_blocks(
+                token_ids, spec.block_size, spec.root, spec.extra
+            )
+            tokens = len(token_ids)
+        else:
+            hashes = block_hashes  # type: ignore[assignment]
+            tokens = num_prompt_tokens if num_prompt_tokens is not None else 0
+            tokens = max(tokens, len(hashes) * spec.block_size)
+        # 2. cached prefix per worker (None: degraded store, route by load alone)
+        cached = self.store.longest_prefixes(model, hashes)
+        degraded = cached is None
+        with self._lock:
+            return self._decide(
+                model,
+                spec,
+                len(hashes),
+                tokens,
+                _NO_HITS if cached is None else cached,
+                num_output_tokens,
+                request_id,
+                degraded,
+            )
+
+    def _decide(
+        self,
+        model: str,
+        spec: _ModelSpec,
+        num_blocks: int,
+        tokens: int,
+        cached: Mapping[str, int],
+        num_output_tokens: int,
+        request_id: str | None,
+        degraded: bool,
+    ) -> RoutingDecision:
+        cfg = self.config
+        block = spec.block_size
+        loads = self._loads
+        # 3. decode worker
+        decode_pool = loads.pool(model, "decode")
+        if not decode_pool.workers:
+            raise NoWorkerError(f"model {model!r} has no decode (or unified) worker")
+        d_choice = self._decode.choose(
+            RouteContext(
+                decode_pool.workers,
+                cached,
+                num_blocks,
+                tokens,
+                block,
+                num_output_tokens,
+                decode_pool,
+            )
+        )
+        d = d_choice.worker
+        d_cached = cached.get(d.worker_id, 0)
+        # 4. conditional disaggregation
+        prefill_pool = loads.pool(model, "prefill")
+        d_uncached = max(0, tokens - d_cached * block)
+        p_choice = None
+        if not prefill_pool.workers:
+            reason = "no_prefill_pool"
+        elif d_uncached < cfg.disagg_min_uncached_tokens:
+            reason = "short_uncached_prefill_on_decode"
+        elif prefill_pool.min_load >= cfg.prefill_saturation_tokens:
+            reason = "prefill_saturated_prefill_on_decode"
+        else:
+            p_choice = self._prefill.choose(
+                RouteContext(
+                    prefill_pool.workers,
+                    cached,
+                    num_blocks,
+                    tokens,
+                    block,
+                    num_output_tokens,
+                    prefill_pool,
+                )
+            )
+            reason = "unified" if p_choice.worker is d else p_choice.reason
+        p = p_choice.worker if p_choice is not None and p_choice.worker is not d else None
+        p_cached = cached.get(p.worker_id, 0) if p is not None else 0
+        # 5. accounting
+        rid = request_id if request_id is not None else f"route-{next(self._ids)}"
+        prefill_tokens = max(0, tokens - p_cached * block) if p is not None else d_uncached
+        decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
+        loads.start(rid, p, prefill_tokens, d, decode_blocks)
+        terms = self._terms(p_choice, d_choice)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "route %s model=%s blocks=%d prefill=%s (%s; cost_w = w_c*(T - c_w*B) + w_q*L_w) "
+                "decode=%s (%s) terms=%s degraded=%s",
+                rid,
+                model,
+                num_blocks,
+                p.worker_id if p else None,
+                reason,
+                d.worker_id,
+                d_choice.reason,
+                dict(terms),
+                degraded,
+            )
+        return RoutingDecision(
+            rid,
+            model,
+            p.worker_id if p is not None else None,
+            d.worker_id,
+            num_blocks,
+            tokens,
+            p_cached,
+            d_cached,
+            reason,
+            terms,
+            degraded,
+        )
+
+    def _terms(self, p_choice: Choice | None, d_choice: Choice) -> tuple[tuple[str, float], ...]:
+        """The decision's terms: the policies' names, prefixed by pool (cached per name set,
+        since policies use constant names), zipped with their values."""
+        p_names = p_choice.term_names if p_choice is not None else ()
+        key = (p_names, d_choice.term_names)
+        names = self._term_names.get(key)
+        if names is None:
+            if len(self._term_names) >= 256:  # only a policy with ad-hoc names gets here
+                self._term_names.clear()
+            names = self._term_names[key] = tuple(
+                ["prefill_" + k for k in p_names] + ["decode_" + k for k in d_choice.term_names]
+            )
+        if p_choice is None:
+            return tuple(zip(names, d_choice.term_values))
+        return tuple(zip(names, p_choice.term_values + d_choice.term_values))
+
+    # ---- introspection / lifecycle -------------------------------------------------------
+
+    def worker_load(self, worker_id: str) -> tuple[int, int, int] | None:
+        """(queued prefill tokens, running, free blocks) as the policies see them."""
+        with self._lock:
+            w = self._loads.workers.get(worker_id)
+            return None if w is None else (w.queued_prefill_tokens, w.running, w.free_blocks)
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._loads.num_in_flight
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,1 @@
+"""Test doubles and harnesses: in-process backends and admins, servers on threads."""

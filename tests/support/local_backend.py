@@ -1,0 +1,50 @@
+"""`Backend` over one in-process engine: the front doors without a cluster (tests, a
+laptop). Imports torch through the engine, so only import it where that is wanted."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from core.config import EngineConfig
+from core.errors import InvalidRequestError
+from core.request import RequestOutput
+from router.frontdoor.backend import GenerateRequest
+
+
+class LocalBackend:
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+        from engine.async_engine import AsyncEngine
+        from engine.engine import LLMEngine
+
+        engine = LLMEngine(model_dir, config)
+        self.engine = AsyncEngine(engine)
+        self.tokenizer = engine.tokenizer
+        self.model_name = Path(model_dir).name
+        self.max_model_len = engine.max_model_len
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        self.engine.open_stream(request.request_id)
+        try:
+            await self.engine.call(
+                lambda e: e.add_request(
+                    request.request_id, request.prompt_token_ids, request.params
+                )
+            )
+        except ValueError as e:
+            self.engine.close_stream(request.request_id)
+            raise InvalidRequestError(str(e)) from e
+        stream = self.engine.stream(request.request_id, request.timeout_s)
+        async with contextlib.aclosing(stream) as outputs:  # closing early aborts
+            async for out in outputs:
+                yield out
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.call(lambda e: e.abort(request_id))
+
+    def is_ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.engine.stop()
