@@ -1,4 +1,4 @@
-"""The Lua side of the Redis index store (router.routing.index.redis_store): each script runs atomically,
+"""The Lua side of the Redis index store (redis_store.py): each script runs atomically,
 so a worker's set, its last seq and the stream entry always change together."""
 
 from __future__ import annotations

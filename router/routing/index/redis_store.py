@@ -10,7 +10,7 @@ Keys (prefix `ns`, default "baton:kv"):
 
 Write path (`publish`, any replica): the batch goes into a bounded queue; a publisher thread
 drains it in pipelines of Lua calls. One Lua call applies the sequence rule of
-router.routing.index.prefix_index to the worker's set (purge on gap / restart, skip duplicates), applies
+prefix_index.py to the worker's set (purge on gap / restart, skip duplicates), applies
 the events to the set, and XADDs the batch, atomically. So the sets are always the
 materialised stream, and a snapshot of the sets plus the stream's last id is a consistent cut.
 

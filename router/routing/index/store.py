@@ -10,7 +10,7 @@
       close()                 stop background work; called exactly once by the owner
 
 `InProcessStore` (the embedded default) applies events synchronously under one lock.
-`RedisStore` (router.routing.index.redis_store) sends them through a Redis stream and applies them from a
+`RedisStore` (redis_store.py) sends them through a Redis stream and applies them from a
 background thread, so several router replicas share one view and the decision path never
 waits on Redis I/O.
 
