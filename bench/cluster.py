@@ -79,13 +79,10 @@ async def run_config(model_dir: str, mode: str, requests: list, threads: int) ->
         async def one(i: int, at: float, prompt: list[int], max_tokens: int) -> dict:
             await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
             start = time.monotonic()
-            stamps = []
-            n = 0
+            stamps: list[float] = []
             params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
             async for out in backend.generate(GenerateRequest(f"{mode}-{i}", prompt, params)):
-                now = time.monotonic()
-                stamps.extend([now] * (len(out.token_ids) - n))
-                n = len(out.token_ids)
+                stamps.extend([time.monotonic()] * len(out.new_token_ids))
             gaps = [b - a for a, b in itertools.pairwise(stamps)]
             return {
                 "long": len(prompt) > 1000,
@@ -93,7 +90,7 @@ async def run_config(model_dir: str, mode: str, requests: list, threads: int) ->
                 "tpot": (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1),
                 "max_gap": max(gaps, default=0.0),
                 "e2e": stamps[-1] - start,
-                "tokens": n,
+                "tokens": len(stamps),
             }
 
         results = await asyncio.gather(*(one(i, *r) for i, r in enumerate(requests)))

@@ -8,14 +8,14 @@ blocks in families that share their first 32 blocks, each chain stored on one pr
 
   route_hashes   prompts of 64 blocks that reuse a random indexed chain up to a random depth
                  and continue with new blocks: Router.route(block_hashes=...), then
-                 request_done (so in-flight state stays bounded). The front door hashes a
+                 closes its ticket (so in-flight state stays bounded). The front door hashes a
                  prompt once, so this is the decision cost proper.
   route_tokens   the same with 1,024 token ids: includes core.hashing of 64 blocks.
   hash_only      core.hashing.hash_prompt_blocks of those 1,024 tokens alone.
 
 p50 / p99 are wall-clock per decision (route only); cpu_p50 / cpu_p99 the same in thread CPU
 time, which a busy shared machine does not inflate by preempting us; decisions_per_s (and
-_per_cpu_s) count the whole loop (route + request_done). The first `--warmup` decisions of
+_per_cpu_s) count the whole loop (route + closing the ticket). The first `--warmup` decisions of
 each kind are not counted.
 
 The machine is shared and noisy, so each (code tree, W) is measured `--repeats` times in a
@@ -92,7 +92,7 @@ def _percentiles(lat_ns: list[int], prefix: str = "") -> dict[str, float]:
 def measure(router: Any, prompts: list, as_tokens: bool, warmup: int) -> dict[str, float]:
     """Wall-clock latency per decision, and the thread's CPU time per decision (immune to the
     preemption a shared machine adds to wall p99; it includes ~1 µs of clock reads)."""
-    route, done = router.route, router.request_done
+    route = router.route
     wall, cpu = time.perf_counter_ns, time.thread_time_ns
     lat: list[int] = []
     cpu_lat: list[int] = []
@@ -106,13 +106,13 @@ def measure(router: Any, prompts: list, as_tokens: bool, warmup: int) -> dict[st
         c0 = cpu()
         t0 = wall()
         if as_tokens:
-            route("m", p, request_id=rid)
+            ticket = route("m", p, request_id=rid)
         else:
-            route("m", block_hashes=p, request_id=rid)
+            ticket = route("m", block_hashes=p, request_id=rid)
         t1 = wall()
         cpu_lat.append(cpu() - c0)
         lat.append(t1 - t0)
-        done(rid)
+        ticket.close()
     t_all, cpu_all = wall() - t_all, cpu() - cpu_all
     return {
         "decisions": len(lat),

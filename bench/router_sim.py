@@ -34,6 +34,7 @@ from pathlib import Path
 from bench.workloads import TraceRequest, multi_turn, read_jsonl, shared_prefix
 from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
 from router.routing.router import Router, RouterConfig
+from router.routing.ticket import Ticket
 
 
 class SimWorker:
@@ -100,14 +101,12 @@ def simulate(
 ) -> dict:
     workers = [SimWorker(f"p{i}", capacity) for i in range(num_workers)]
     by_id = {w.worker_id: w for w in workers}
-    done: list[tuple[float, str, int]] = []  # (finish ms, request id, router index)
+    done: list[tuple[float, int, Ticket]] = []  # (finish ms, arrival order, its ticket)
     cached_tokens = prompt_tokens = 0
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         while done and done[0][0] <= now:
-            _, rid, ri = heapq.heappop(done)
-            routers[ri].prefill_done(rid)
-            routers[ri].request_done(rid)
+            heapq.heappop(done)[2].close()
         if n % report_every == 0:
             for w in workers:
                 w.backlog = [(f, t) for f, t in w.backlog if f > now]
@@ -121,9 +120,11 @@ def simulate(
                 router.store.sync(10)
         ri = n % len(routers)
         rid = f"q{n}"
-        decision = routers[ri].route(
+        ticket = routers[ri].route(
             "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=rid
         )
+        ticket.admit()  # no gate here: the simulated worker queues it (its backlog)
+        decision = ticket.decision
         w = by_id[decision.prefill_worker_id or ""]
         hit, batch = w.serve(r["hash_ids"])
         routers[int(w.worker_id[1:]) % len(routers)].apply(batch)
@@ -133,7 +134,7 @@ def simulate(
         w.busy_until = max(now, w.busy_until) + service
         w.work_ms += service
         w.backlog.append((w.busy_until, uncached))
-        heapq.heappush(done, (w.busy_until, rid, ri))
+        heapq.heappush(done, (w.busy_until, n, ticket))
         cached_tokens += hit_tokens
         prompt_tokens += r["input_length"]
     work = [w.work_ms for w in workers]

@@ -290,6 +290,13 @@ def _jsonable(args: argparse.Namespace) -> dict[str, Any]:
                                                               | type(None))}  # fmt: skip
 
 
+def register_command(sub: argparse._SubParsersAction) -> None:
+    """`baton bench`: registered through the `baton.commands` entry point (pyproject.toml)."""
+    bench = sub.add_parser("bench", help="open-loop load against a serving cluster")
+    build_arg_parser(bench)
+    bench.set_defaults(func=run_from_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_arg_parser(argparse.ArgumentParser(prog="baton bench", description=__doc__))
     return run_from_args(parser.parse_args(argv))

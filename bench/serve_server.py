@@ -6,12 +6,7 @@ raylet and worker processes it spawns join that group. Stopping sends SIGTERM to
 (it shuts its cluster down cleanly), and only if that times out SIGKILLs the group it leads,
 which holds nothing but processes this benchmark started.
 
-`python -m bench.serve_server <serve flags>` runs `baton serve` with one change for
-`--mode unified`: the router keeps every prefill on the worker that decodes the request.
-Without it the router may pick a *different* unified worker as prefill worker for prompts
-of >= 256 uncached tokens and call `.prefill` on it, which a unified (DecodeWorker) actor
-does not have (HTTP 500). Colocated is what the unified baseline means (DESIGN.md), so the
-benchmark measures that until the router does it itself.
+`python -m bench.serve_server <serve flags>` runs `baton serve <serve flags>`.
 """
 
 from __future__ import annotations
@@ -121,25 +116,9 @@ def _tail(path: Path, num_lines: int = 20) -> str:
         return ""
 
 
-def _colocate_unified() -> None:
-    """Make the router keep unified prefills on the decoding worker (see the module doc)."""
-    import router.routing as routing
-
-    base = routing.RouterConfig
-
-    class ColocatedRouterConfig(base):  # type: ignore[misc, valid-type]
-        def __init__(self, **kwargs: object) -> None:
-            kwargs.setdefault("disagg_min_uncached_tokens", 1 << 30)
-            super().__init__(**kwargs)
-
-    routing.RouterConfig = ColocatedRouterConfig  # type: ignore[misc]
-
-
 def main(argv: list[str]) -> int:
     from router.cli.main import main as baton_main
 
-    if "unified" in argv and argv[argv.index("unified") - 1] == "--mode":
-        _colocate_unified()
     return baton_main(["serve", *argv])
 
 

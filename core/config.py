@@ -4,9 +4,8 @@ cluster controller can build and ship it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Role = Literal["unified", "prefill", "decode"]
+from core.roles import WorkerRole
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,8 @@ class EngineConfig:
     max_model_len: int | None = None
     """Context cap; None: the model's max positions (and never more than the cache holds)."""
     enable_prefix_caching: bool = True
-    role: Role = "unified"
+    role: WorkerRole = WorkerRole.UNIFIED
+    """The engine's role; a decode worker's engine runs `unified` (it may prefill too)."""
     dtype: str = "auto"
     """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
     device: str = "auto"
@@ -42,7 +42,6 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
-        if self.role not in ("unified", "prefill", "decode"):
-            raise ValueError(f"role must be unified, prefill or decode, got {self.role!r}")
+        object.__setattr__(self, "role", WorkerRole.parse(self.role))
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -55,7 +55,8 @@ class KVEventBatch(msgspec.Struct, frozen=True):
 
 
 class WorkerLoad(msgspec.Struct, frozen=True):
-    """A worker's periodic load report, used by the routing policies."""
+    """A worker's periodic load report: what the routing policies weigh, and what the
+    metrics and the admin view show of the worker."""
 
     worker_id: str
     role: str
@@ -65,6 +66,21 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     num_free_blocks: int
     num_total_blocks: int
     timestamp: float = 0.0
+    num_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int = 0
+    """Prompt tokens seen since the worker started, and those its prefix cache served."""
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV blocks in use, 0..1."""
+        total = self.num_total_blocks
+        return 1.0 - self.num_free_blocks / total if total else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Cached prompt tokens / prompt tokens over the worker's life, 0..1."""
+        n = self.num_prompt_tokens
+        return self.num_cached_prompt_tokens / n if n else 0.0
 
 
 _event_encoder = msgspec.msgpack.Encoder()

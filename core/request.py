@@ -1,9 +1,21 @@
-"""Request outcome types shared by the engine, the workers and the front doors."""
+"""Request types shared by the engine, the workers and the front doors: the request a
+worker's engine is handed, the delta every engine step emits, and the whole output that
+whoever needs it accumulates from the deltas.
+
+    front door --GenerateRequest--> cluster --EngineRequest--> worker engines
+    front door <--OutputDelta-----  cluster <--OutputDelta---  (one per step: only what is new)
+    RequestOutput = the deltas of one request, accumulated (offline API, non-streaming replies)
+"""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from core.errors import InvalidRequestError
+from core.hashing import BlockHash
+from core.sampling import SamplingParams
 
 
 class FinishReason(enum.StrEnum):
@@ -54,20 +66,86 @@ class RequestTimings:
         return None if self.first_token is None else self.first_token - self.arrival
 
 
-@dataclass
-class RequestOutput:
-    """What a finished (or streaming) request has produced so far."""
+def check_prompt(prompt_token_ids: Sequence[int], max_model_len: int, vocab_size: int) -> None:
+    """The one check of a prompt: non-empty, room for at least one generated token, ids in
+    the vocabulary. Raises InvalidRequestError (a ValueError) naming what is wrong."""
+    if not prompt_token_ids:
+        raise InvalidRequestError("the prompt is empty")
+    if len(prompt_token_ids) >= max_model_len:
+        raise InvalidRequestError(
+            f"the prompt has {len(prompt_token_ids)} tokens; this model's context holds "
+            f"{max_model_len} (prompt plus at least one generated token)"
+        )
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
+        raise InvalidRequestError(
+            f"prompt token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
+        )
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A request as an engine takes it: its prompt checked (`check_prompt`) and, when the
+    router saw it first, the chained hashes of the prompt's full blocks, so the engine's
+    prefix cache reuses them instead of hashing the prompt again. Engines trust both."""
 
     request_id: str
     prompt_token_ids: list[int]
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    params: SamplingParams
+    block_hashes: tuple[BlockHash, ...] = ()
+    """Hashes of the leading full blocks (any number, even none), from `core.hashing`."""
+
+
+@dataclass(kw_only=True)
+class RequestProgress:
+    """Where a request stands after its latest step (what both an output delta and the
+    accumulated output carry)."""
+
     finished: bool = False
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     """The stop string or stop token id that ended the request, if any."""
     num_cached_tokens: int = 0
-    """Prompt tokens whose KV came from the prefix cache (or over the wire, in decode role)."""
-    logprobs: list[TokenLogprob] | None = None
+    """Prompt tokens whose KV came from a prefix cache (or over the wire, in decode role)."""
     timings: RequestTimings = field(default_factory=RequestTimings)
     error: str | None = None
+
+
+@dataclass
+class OutputDelta(RequestProgress):
+    """What one engine step added to one request: only the new tokens, their logprobs and
+    the newly visible text (vLLM v1's engine-core outputs). Nothing here grows with the
+    length of the output; whoever needs the whole accumulates (`RequestOutput.add`)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str = ""
+    new_logprobs: list[TokenLogprob] | None = None
+    """None when the request asked for no logprobs."""
+
+
+@dataclass
+class RequestOutput(RequestProgress):
+    """Everything a request has produced so far: its deltas, accumulated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+
+    def add(self, delta: OutputDelta) -> RequestOutput:
+        """Append one delta (in order); returns self."""
+        self.token_ids.extend(delta.new_token_ids)
+        self.text += delta.new_text
+        if delta.new_logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = []
+            self.logprobs.extend(delta.new_logprobs)
+        self.finished = delta.finished
+        self.finish_reason = delta.finish_reason
+        self.stop_reason = delta.stop_reason
+        self.num_cached_tokens = delta.num_cached_tokens
+        self.timings = delta.timings
+        self.error = delta.error
+        return self

@@ -1,8 +1,8 @@
 """The decode worker actor (also the `unified` worker: same class, both phases).
 
 Request paths it serves:
-  disaggregated   reserve() -> [prefill worker writes KV] -> admit() streams tokens
-  on this worker  generate() streams tokens (conditional disaggregation, unified mode)
+  disaggregated   reserve() -> [prefill worker writes KV] -> admit() streams deltas
+  on this worker  generate() streams deltas (conditional disaggregation, unified mode)
 """
 
 from __future__ import annotations
@@ -13,47 +13,44 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from core.errors import InvalidRequestError, KVCapacityError, OverloadedError, WorkerFailedError
-from core.request import RequestOutput, TokenLogprob
-from core.sampling import SamplingParams
+from core.errors import KVCapacityError, WorkerFailedError
+from core.request import EngineRequest, OutputDelta, TokenLogprob
+from core.roles import WorkerRole
+from decode_worker.rank import DecodeRank
 from engine.engine import NoCapacityError, Reservation
 from kv_transfer import Role
-from worker.base import WorkerBase, WorkerSpec
+from worker.base import WorkerBase
 from worker.group import EngineGroup
+from worker.records import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
 
 class DecodeWorker(WorkerBase):
-    engine_role = "unified"
+    engine_role = WorkerRole.UNIFIED
+    rank_class = DecodeRank
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
         super().__init__(spec, placement)
         self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
         """request id -> resolves when every rank reported its RECV (None: all ok)."""
 
-    async def reserve(
-        self, request_id: str, token_ids: list[int], params: SamplingParams, timeout_s: float
-    ) -> Reservation:
+    async def reserve(self, request: EngineRequest, timeout_s: float) -> Reservation:
         """Reserve blocks for the prompt and arm every rank's transport to receive its KV
         heads. Blocks this worker already caches for the prefix are reused: the sender
         skips them. The block ids are the same on every rank (lockstep schedulers)."""
-        if self.draining:
-            raise OverloadedError(f"{self.worker_id} is draining")
+        self._check_admitting()
+        request_id = request.request_id
 
         def reserve(g: EngineGroup) -> Reservation:
-            res = g.call_all("reserve", request_id, token_ids, params, timeout_s)
+            res = g.call_all("reserve", request, timeout_s)
             self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
             return res
 
         try:
-            res = await self.engine.call(reserve)
+            return await self.engine.call(reserve)
         except NoCapacityError as e:
             raise KVCapacityError(f"{self.worker_id}: {e}") from e
-        except ValueError as e:
-            raise InvalidRequestError(str(e)) from e
-        self.account_prompt(len(token_ids), res.num_cached_tokens)
-        return res
 
     async def admit(
         self,
@@ -61,9 +58,10 @@ class DecodeWorker(WorkerBase):
         first_token: int,
         logprob: TokenLogprob | None,
         timeout_s: float,
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> AsyncIterator[OutputDelta]:
         """Wait until every rank received every layer of the prompt's KV, then join the
-        running batch and stream outputs (cumulative) until the request finishes."""
+        running batch and stream deltas (the first carries the first token) until the
+        request finishes."""
         arrival = self._arrivals.pop(request_id, None)
         if arrival is None:
             raise WorkerFailedError(f"no reservation waiting for KV under {request_id!r}")
@@ -96,22 +94,15 @@ class DecodeWorker(WorkerBase):
         return await super().abort(request_id)
 
     async def generate(
-        self, request_id: str, token_ids: list[int], params: SamplingParams, timeout_s: float
-    ) -> AsyncIterator[RequestOutput]:
+        self, request: EngineRequest, timeout_s: float
+    ) -> AsyncIterator[OutputDelta]:
         """Prefill and decode here (unified mode; conditional disaggregation)."""
-        if self.draining:
-            raise OverloadedError(f"{self.worker_id} is draining")
-        self.engine.open_stream(request_id)
+        self._check_admitting()
+        self.engine.open_stream(request.request_id)
         try:
-            await self.engine.call(
-                lambda g: g.call_all("add_request", request_id, token_ids, params)
-            )
-        except ValueError as e:
-            self.engine.close_stream(request_id)
-            raise InvalidRequestError(str(e)) from e
-        first = True
-        async for out in self.engine.stream(request_id, timeout_s):
-            if first:
-                self.account_prompt(len(token_ids), out.num_cached_tokens)
-                first = False
+            await self.engine.call(lambda g: g.call_all("enqueue", request))
+        except BaseException:
+            self.engine.close_stream(request.request_id)
+            raise
+        async for out in self.engine.stream(request.request_id, timeout_s):
             yield out

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from core.errors import DeadlineExceededError, WorkerFailedError
-from core.request import RequestOutput
+from core.request import OutputDelta
 from engine.engine import LLMEngine
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ T = TypeVar("T")
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[RequestOutput | BaseException]
+    queue: asyncio.Queue[OutputDelta | BaseException]
 
 
 class AsyncEngine:
@@ -85,8 +85,8 @@ class AsyncEngine:
 
     async def stream(
         self, request_id: str, timeout_s: float | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Outputs of `request_id` until one is finished. On timeout or when the consumer
+    ) -> AsyncIterator[OutputDelta]:
+        """Output deltas of `request_id` until one is finished. On timeout or when the consumer
         stops early, the request is aborted (its blocks freed)."""
         with self._streams_lock:
             s = self._streams.get(request_id)
@@ -115,15 +115,11 @@ class AsyncEngine:
             if not finished:
                 self.submit(lambda e: e.abort(request_id))
 
-    def _publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
+    def _publish(self, request_id: str, item: OutputDelta | BaseException) -> None:
         with self._streams_lock:
             s = self._streams.get(request_id)
         if s is not None and not s.loop.is_closed():
             s.loop.call_soon_threadsafe(s.queue.put_nowait, item)
-
-    def publish(self, request_id: str, item: RequestOutput | BaseException) -> None:
-        """Push an output or an error to a request's stream (from any thread)."""
-        self._publish(request_id, item)
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:

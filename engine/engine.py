@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 
 from core.config import EngineConfig
+from core.errors import InvalidRequestError
 from core.events import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
-from core.request import FinishReason, RequestOutput, TokenLogprob
+from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
+from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -54,7 +56,7 @@ class PrefillResult:
     block_ids: list[int]
     num_prompt_tokens: int
     num_cached_tokens: int
-    output: RequestOutput
+    output: OutputDelta
     """`finished` when the first token already ends the request (nothing left to decode;
     the blocks are still held until `release`)."""
 
@@ -124,35 +126,30 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
     ) -> Request:
-        """Queue a request; a bad one raises ValueError and changes nothing."""
-        req = self._new_request(request_id, prompt, params, arrival_time)
-        self.requests[request_id] = req
+        """Check and queue a request; a bad one raises ValueError and changes nothing."""
+        return self.enqueue(self.prepare(request_id, prompt, params), arrival_time)
+
+    def prepare(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> EngineRequest:
+        """A prompt (text or token ids) checked against this engine, as `enqueue` and
+        `reserve` take it. Raises ValueError (InvalidRequestError) if it is bad."""
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        check_prompt(token_ids, self.max_model_len, self.model_config.vocab_size)
+        return EngineRequest(request_id, token_ids, params or SamplingParams())
+
+    def enqueue(self, request: EngineRequest, arrival_time: float | None = None) -> Request:
+        """Queue a prepared request (checked by `prepare`, or by the cluster's front door)."""
+        req = self._new_request(request, arrival_time)
+        self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
 
-    def _new_request(
-        self,
-        request_id: str,
-        prompt: str | list[int],
-        params: SamplingParams | None,
-        arrival_time: float | None,
-    ) -> Request:
-        params = params or SamplingParams()
+    def _new_request(self, request: EngineRequest, arrival_time: float | None) -> Request:
+        request_id, token_ids, params = request.request_id, request.prompt_token_ids, request.params
         if request_id in self.requests or request_id in self._held:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        if not token_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens; this model's context holds "
-                f"{self.max_model_len} (prompt plus at least one generated token)"
-            )
-        req = Request(request_id, token_ids, params)
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes))
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
         req.generator = make_generator(params.seed)
@@ -179,9 +176,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
+    def num_in_flight(self) -> int:
+        """Requests that still hold blocks here: scheduled, or parked / reserved."""
+        return self.scheduler.num_unfinished + len(self._held)
+
     # -- the step ------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run, process outputs. Returns an output for every request that got a
+    def step(self) -> list[OutputDelta]:
+        """Schedule, run, process outputs. Returns a delta for every request that got a
         token or finished this step."""
         batch = self.scheduler.schedule()
         if not batch:
@@ -202,69 +203,79 @@ class LLMEngine:
             self.kv_connector.end_step()
         return outputs
 
-    def _process(self, s: SampledToken) -> RequestOutput:
+    def _process(self, s: SampledToken) -> OutputDelta:
         req = s.request
         now = time.monotonic()
         if req.timings.first_token is None:
             req.timings.first_token = now
         req.append_token(s.token_id)
-        if req.logprobs is not None and s.logprob is not None:
-            req.logprobs.append(s.logprob)
-        req.detokenizer.append(s.token_id)
-        decision = req.stop_checker.check(req.output_token_ids, req.detokenizer.text)
+        detok = req.detokenizer
+        detok.append(s.token_id)
+        decision = req.stop_checker.check(req.output_token_ids, detok.text)
         if decision.finished:
-            req.detokenizer.flush()
-        req.text = req.stop_checker.visible_text(req.detokenizer.text, decision.finished)
-        if decision.finished:
+            detok.flush()
             req.finish_reason = decision.finish_reason
             req.stop_reason = decision.stop_reason
             req.timings.finished = now
-        if self.config.role == "prefill" and len(req.output_token_ids) == 1:
-            return self._park_prefilled(req, s, decision.finished)
+        visible = req.stop_checker.visible_len(detok.text, decision.finished)
+        new_text = detok.text[req.num_sent_chars : visible]
+        req.num_sent_chars = max(req.num_sent_chars, visible)
+        new_logprobs = None if req.params.logprobs is None else [s.logprob]
+        if self.config.role == WorkerRole.PREFILL and len(req.output_token_ids) == 1:
+            return self._park_prefilled(req, s, decision.finished, new_text, new_logprobs)
         if decision.finished:
             self.scheduler.finish(req)
             self.requests.pop(req.request_id, None)
-        return self._output(req)
+        return self._delta(req, s.token_id, new_text, new_logprobs)
 
-    def _output(self, req: Request) -> RequestOutput:
-        return RequestOutput(
+    def _delta(
+        self,
+        req: Request,
+        token_id: int,
+        new_text: str,
+        new_logprobs: list[TokenLogprob | None] | None,
+        finished: bool | None = None,
+    ) -> OutputDelta:
+        return OutputDelta(
             request_id=req.request_id,
-            prompt_token_ids=req.prompt_token_ids,
-            token_ids=list(req.output_token_ids),
-            text=req.text,
-            finished=req.status == RequestStatus.FINISHED,
+            new_token_ids=[token_id],
+            new_text=new_text,
+            new_logprobs=new_logprobs,  # type: ignore[arg-type]
+            finished=req.status == RequestStatus.FINISHED if finished is None else finished,
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
             num_cached_tokens=max(req.num_cached_tokens, 0),
-            logprobs=list(req.logprobs) if req.logprobs is not None else None,
             timings=req.timings,
         )
 
     # -- prefill role --------------------------------------------------------------------
-    def _park_prefilled(self, req: Request, s: SampledToken, finished: bool) -> RequestOutput:
+    def _park_prefilled(
+        self,
+        req: Request,
+        s: SampledToken,
+        finished: bool,
+        new_text: str,
+        new_logprobs: list[TokenLogprob | None] | None,
+    ) -> OutputDelta:
         """Take the request out of the batch but keep its blocks until `release`: a
         transfer may still be reading them (even when the first token ended the request)."""
-        out = self._output(req)
-        out.finished = finished
+        out = self._delta(req, s.token_id, new_text, new_logprobs, finished)
         self.scheduler.running.remove(req)
         req.status = RequestStatus.FINISHED
         self.requests.pop(req.request_id, None)
         self._held[req.request_id] = req
-        self._prefilled.append(self._prefill_result(req, s, out, self.kv.block_ids(req.request_id)))
-        return out
-
-    def _prefill_result(
-        self, req: Request, s: SampledToken, out: RequestOutput, block_ids: list[int]
-    ) -> PrefillResult:
-        return PrefillResult(
-            request_id=req.request_id,
-            first_token=s.token_id,
-            logprob=s.logprob,
-            block_ids=block_ids,
-            num_prompt_tokens=req.num_prompt_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0),
-            output=out,
+        self._prefilled.append(
+            PrefillResult(
+                request_id=req.request_id,
+                first_token=s.token_id,
+                logprob=s.logprob,
+                block_ids=self.kv.block_ids(req.request_id),
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_cached_tokens=max(req.num_cached_tokens, 0),
+                output=out,
+            )
         )
+        return out
 
     def take_prefilled(self) -> list[PrefillResult]:
         results, self._prefilled = self._prefilled, []
@@ -278,12 +289,10 @@ class LLMEngine:
             self.kv.free(req)
 
     # -- decode role ---------------------------------------------------------------------
-    def reserve(
-        self, request_id: str, prompt: list[int], params: SamplingParams | None = None
-    ) -> Reservation:
+    def reserve(self, request: EngineRequest) -> Reservation:
         """Reserve blocks for a prompt whose KV another engine computes. Blocks this engine
         already caches for the prompt's prefix are reused and need not be sent."""
-        req = self._new_request(request_id, prompt, params, None)
+        req = self._new_request(request, None)
         hits = self.kv.get_computed_blocks(req)
         num_hit_tokens = len(hits) * self.kv.block_size
         if not self.kv.allocate_slots(req, req.num_prompt_tokens - num_hit_tokens, hits):
@@ -293,13 +302,16 @@ class LLMEngine:
             )
         req.num_computed_tokens = num_hit_tokens
         req.num_cached_tokens = num_hit_tokens
+        self.kv.record_prompt(req.num_prompt_tokens, num_hit_tokens)
         req.status = RequestStatus.WAITING_FOR_KV
-        self._held[request_id] = req
-        return Reservation(request_id, self.kv.block_ids(request_id), num_hit_tokens)
+        self._held[request.request_id] = req
+        return Reservation(
+            request.request_id, self.kv.block_ids(request.request_id), num_hit_tokens
+        )
 
     def admit_transferred(
         self, request_id: str, first_token: int, logprob: TokenLogprob | None = None
-    ) -> RequestOutput:
+    ) -> OutputDelta:
         """The reserved blocks now hold the prompt's KV: join the running batch."""
         req = self._held.pop(request_id, None)
         if req is None or req.status != RequestStatus.WAITING_FOR_KV:
@@ -352,6 +364,8 @@ class LLMEngine:
             num_free_blocks=self.kv.pool.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             timestamp=time.time(),
+            num_prompt_tokens=self.kv.num_prompt_tokens,
+            num_cached_prompt_tokens=self.kv.num_cached_prompt_tokens,
         )
 
     def check_invariants(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling import SamplingParams
+from engine.completion import run_to_completion
 from engine.engine import LLMEngine
 
 Prompt = str | list[int]
@@ -53,18 +54,15 @@ class LLM:
                     f"{len(param_list)} sampling params for {len(prompt_list)} prompts"
                 )
         requests = [
-            self.engine._new_request(f"llm-{next(self._ids)}", p, sp, None)
+            self.engine.prepare(f"llm-{next(self._ids)}", p, sp)
             for p, sp in zip(prompt_list, param_list, strict=True)
         ]
-        finished: dict[str, RequestOutput] = {}
-        for req in requests:
-            self.engine.requests[req.request_id] = req
-            self.engine.scheduler.add(req)
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
-        return [finished[r.request_id] for r in requests]
+        for request in requests:
+            self.engine.enqueue(request)
+        outputs = run_to_completion(
+            self.engine, {r.request_id: r.prompt_token_ids for r in requests}
+        )
+        return [outputs[r.request_id] for r in requests]
 
     def chat(
         self,

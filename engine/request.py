@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.hashing import BlockHash
-from core.request import FinishReason, RequestTimings, TokenLogprob
+from core.request import FinishReason, RequestTimings
 from core.sampling import SamplingParams
 
 
@@ -41,7 +41,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[BlockHash] = field(default_factory=list)
     """Chained hashes of every full block of `all_token_ids`, extended as tokens arrive."""
-    logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     num_preemptions: int = 0
@@ -50,16 +49,14 @@ class Request:
     generator: Any = None
     detokenizer: Any = None
     stop_checker: Any = None
-    text: str = ""
-    visible_text_len: int = 0
-    """How much of `text` the client has been sent (stop strings are held back)."""
+    num_sent_chars: int = 0
+    """How much of the detokenizer's text the outputs have carried so far (text that may
+    still turn out to be part of a stop string is held back)."""
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
         self.timings.arrival = self.arrival_time
-        if self.params.logprobs is not None:
-            self.logprobs = []
 
     @property
     def num_prompt_tokens(self) -> int:

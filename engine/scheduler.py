@@ -88,8 +88,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             req.num_computed_tokens += num_hit_tokens
-            if req.num_cached_tokens < 0:
+            if req.num_cached_tokens < 0:  # first scheduled
                 req.num_cached_tokens = min(num_hit_tokens, req.num_prompt_tokens)
+                self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
             if req.timings.first_scheduled is None:
                 req.timings.first_scheduled = time.monotonic()
             req.status = RequestStatus.RUNNING

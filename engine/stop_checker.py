@@ -17,7 +17,7 @@ A stop condition beats LENGTH on the same token: the answer did end naturally.
 Usage, once per new token, after appending it to the detokenizer:
 
     decision = checker.check(output_token_ids, detokenizer.text)
-    visible = checker.visible_text(detokenizer.text, decision.finished)
+    visible = detokenizer.text[: checker.visible_len(detokenizer.text, decision.finished)]
 """
 
 from __future__ import annotations
@@ -88,23 +88,24 @@ class StopChecker:
         )
         return self._decision
 
-    def visible_text(self, text: str, finished: bool) -> str:
-        """The text the client may see now.
+    def visible_len(self, text: str, finished: bool) -> int:
+        """How much of `text` the client may see now (a prefix: this many characters).
 
         Finished by a stop token or string: the text up to the cut. Finished otherwise: all
         of it. Running: all but the longest suffix that could still grow into a stop string
         (a suffix that is a prefix of one), so streamed text never shows part of a stop string
-        that is later cut.
+        that is later cut. It never shrinks from one step to the next, so outputs can carry
+        it as deltas.
         """
         if finished:
-            return text if self._cut is None else text[: self._cut]
+            return len(text) if self._cut is None else self._cut
         if not self._stop_strings:
-            return text
+            return len(text)
         for length in range(min(self._max_stop_len, len(text)), 0, -1):
             suffix = text[-length:]
             if any(stop.startswith(suffix) for stop in self._stop_strings):
-                return text[:-length]
-        return text
+                return len(text) - length
+        return len(text)
 
     def _check_stop_token(self, token_id: int, text_before: int) -> StopDecision | None:
         if token_id in self._eos_token_ids:

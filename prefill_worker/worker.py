@@ -2,7 +2,7 @@
 
 `prefill()` tells every rank the prompt and its destination (decode worker, reserved block
 ids, blocks to skip). In the step that completes the prompt, each rank's KV connector
-(worker.rank.WorkerRank.begin_step) sends that rank's heads of each layer to the
+(`prefill_worker.rank.PrefillRank.begin_step`) sends that rank's heads of each layer to the
 matching rank of the decode worker the moment the model finishes the layer, so the
 transfer overlaps the remaining layers. The first token goes back to the caller; the
 blocks stay held until every rank's transfer finished (acknowledged or failed), then
@@ -16,14 +16,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import DeadlineExceededError, InvalidRequestError, OverloadedError
-from core.request import RequestOutput, TokenLogprob
-from core.sampling import SamplingParams
+from core.errors import DeadlineExceededError
+from core.request import EngineRequest, OutputDelta, TokenLogprob
+from core.roles import WorkerRole
 from engine.engine import PrefillResult
 from kv_transfer import Role
-from worker.base import WorkerBase, WorkerSpec
+from prefill_worker.rank import Destination, PrefillRank
+from worker.base import WorkerBase
 from worker.group import EngineGroup
-from worker.rank import Destination
+from worker.records import WorkerSpec
 from worker.tracker import Outcome
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 class PrefillReply:
     first_token: int
     logprob: TokenLogprob | None
-    output: RequestOutput
-    """`finished` when the first token already ends the request."""
+    output: OutputDelta
+    """The first token's delta; `finished` when it already ends the request."""
     num_cached_tokens: int
     """Prompt tokens this worker took from its own prefix cache."""
     num_blocks_sent: int
@@ -47,7 +48,8 @@ class _Waiter:
 
 
 class PrefillWorker(WorkerBase):
-    engine_role = "prefill"
+    engine_role = WorkerRole.PREFILL
+    rank_class = PrefillRank
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
         super().__init__(spec, placement)
@@ -56,37 +58,34 @@ class PrefillWorker(WorkerBase):
 
     async def prefill(
         self,
-        request_id: str,
-        token_ids: list[int],
-        params: SamplingParams,
+        request: EngineRequest,
         peer: str,
         dst_block_ids: list[int],
         skip_blocks: int,
         timeout_s: float,
     ) -> PrefillReply:
         """`peer` is the decode worker's id; rank r sends to its rank r."""
-        if self.draining:
-            raise OverloadedError(f"{self.worker_id} is draining")
+        self._check_admitting()
+        request_id = request.request_id
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), loop)
         dest = Destination(peer, list(dst_block_ids), skip_blocks, timeout_s)
 
         def start(g: EngineGroup) -> None:
-            g.call_all("add_prefill", request_id, token_ids, params, dest)
+            g.call_all("add_prefill", request, dest)
             self.tracker.add(request_id, Role.SEND)
 
         self.waiters[request_id] = waiter
         try:
             await self.engine.call(start)
-        except ValueError as e:
+        except BaseException:
             self.waiters.pop(request_id, None)
-            raise InvalidRequestError(str(e)) from e
+            raise
         try:
             result = await asyncio.wait_for(waiter.future, timeout_s)
         except TimeoutError as e:
             await self.abort(request_id)
             raise DeadlineExceededError(f"prefill of {request_id} exceeded {timeout_s} s") from e
-        self.account_prompt(len(token_ids), result.num_cached_tokens)
         num_sent = max(0, len(result.block_ids) - skip_blocks)
         return PrefillReply(
             result.first_token, result.logprob, result.output, result.num_cached_tokens, num_sent

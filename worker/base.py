@@ -1,98 +1,46 @@
 """What every worker actor shares: one engine (over `tp` ranks) on its own thread, one KV
 transport per rank, and the reports the router reads (KV events, load).
 
-At tp=1 the one rank (`worker.rank.WorkerRank`) lives in this actor; at tp>1 the
-ranks are actors of the worker's placement group (`worker.ray_ranks`) driven in
+At tp=1 the one rank (`rank_class`, a `worker.rank.WorkerRank`) lives in this actor; at
+tp>1 the ranks are actors of the worker's placement group (`worker.ray_ranks`) driven in
 lockstep by `engine.tp.TPEngine`. The worker never touches an engine directly: every call
 runs on the engine thread through `EngineGroup` (see group.py), so the code below is the
 same for both. Transfers are tracked per rank and aggregated (tracker.py).
 
-Kept in `decode_worker` because a decode worker is the general case (it can also prefill
-for itself); the prefill worker builds on it. Plain Python: the controller wraps these
-classes with `ray.remote` when it starts them (Ray appears only where actors start).
+Plain Python: the controller wraps the role classes (`prefill_worker.worker.PrefillWorker`,
+`decode_worker.worker.DecodeWorker`) with `ray.remote` when it starts them (Ray appears only
+where actors start).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from dataclasses import replace
+from typing import Any, ClassVar
 
 from core.config import EngineConfig
-from core.errors import WorkerFailedError
-from core.events import KVEventBatch, WorkerLoad
+from core.errors import OverloadedError, WorkerFailedError
+from core.events import KVEventBatch
+from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
 from kv_transfer import Role
-from worker.group import (
-    EngineGroup,
-    LocalGroup,
-    decode_group_metadata,
-    encode_group_metadata,
-)
+from worker.group import EngineGroup, LocalGroup, decode_group_metadata, encode_group_metadata
 from worker.rank import WorkerRank
+from worker.records import WorkerInfo, WorkerReport, WorkerSpec
+from worker.threads import pin_threads
 from worker.tracker import Outcome, TransferTracker
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything needed to start one worker; built by the controller."""
-
-    worker_id: str
-    role: str
-    """prefill | decode | unified (the engine role is unified for decode workers, so they
-    can also prefill for themselves: conditional disaggregation)."""
-    model_dir: str
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    transport: str = "auto"
-    num_threads: int = 1
-    tp: int = 1
-    """Tensor-parallel ranks (tp>1: rank actors in the placement group given to the
-    worker, see ray_ranks.py)."""
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    worker_id: str
-    role: str
-    model_id: str
-    block_size: int
-    num_kv_blocks: int
-    max_model_len: int
-    transport_backend: str
-    transport_metadata: bytes
-    """worker.group.GroupMetadata: one transport handshake per rank."""
-    pid: int
-    tp: int = 1
-    kv_bytes_per_block: int = 0
-    """Bytes of one block over all layers (what a transfer moves per block)."""
-
-
-@dataclass(frozen=True)
-class WorkerReport:
-    """Polled by the front door: the KV events since the last poll, and the load."""
-
-    events: KVEventBatch | None
-    load: WorkerLoad
-    num_prompt_tokens: int
-    num_cached_prompt_tokens: int
-    """Prefix-cache hit totals since start (the worker's hit rate is their ratio)."""
-
-
-def pin_threads(num_threads: int) -> None:
-    """Share the machine sanely: a fixed, small number of threads per worker process."""
-    os.environ["OMP_NUM_THREADS"] = str(num_threads)
-    torch.set_num_threads(num_threads)
-
-
 class WorkerBase:
-    engine_role = "unified"
+    engine_role: ClassVar[WorkerRole]
+    """The role its engine runs in (a decode worker's engine is unified: it may prefill)."""
+    rank_class: ClassVar[type[WorkerRank]]
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
         logging.basicConfig(
@@ -102,26 +50,19 @@ class WorkerBase:
         self.spec = spec
         self.worker_id = spec.worker_id
         start = time.monotonic()
-        config = EngineConfig(
-            **{**spec.engine.__dict__, "role": self.engine_role, "tp_size": spec.tp}
-        )
+        config = replace(spec.engine, role=self.engine_role, tp_size=spec.tp)
         self.group: EngineGroup = self._start_ranks(spec, config, placement)
-        self.facts = self.group.call_first("describe")
-        self.rank_metadata: list[bytes] = self.group.call_each("kv_metadata")
+        metadata = encode_group_metadata(spec.worker_id, self.group.call_each("kv_metadata"))
+        self._info: WorkerInfo = self.group.call_first("describe", metadata, os.getpid())
         self.tracker = TransferTracker(spec.tp)
         self.engine = AsyncEngine(self.group)  # type: ignore[arg-type]
         self.engine.after_step.append(self._after_step)
-        self.num_prompt_tokens = 0
-        self.num_cached_prompt_tokens = 0
         self.draining = False
         logger.info("worker %s (%s, tp=%d) ready in %.1f s", spec.worker_id, spec.role, spec.tp,
                     time.monotonic() - start)  # fmt: skip
 
-    @staticmethod
-    def _start_ranks(spec: WorkerSpec, config: EngineConfig, placement: Any) -> EngineGroup:
-        rank = functools.partial(
-            WorkerRank, spec.model_dir, config, spec.worker_id, spec.transport, spec.num_threads
-        )
+    def _start_ranks(self, spec: WorkerSpec, config: EngineConfig, placement: Any) -> EngineGroup:
+        rank = functools.partial(self.rank_class, spec, config)
         if spec.tp == 1:
             return LocalGroup(rank())  # the fast path: no extra process
         from engine.config import ModelConfig
@@ -131,6 +72,10 @@ class WorkerBase:
         check_tp_size(ModelConfig.from_dir(spec.model_dir), spec.tp)
         ranks = start_ray_ranks(spec.tp, config.device, rank, placement)
         return TPEngine(spec.model_dir, config, spec.worker_id, ranks=ranks)
+
+    def _check_admitting(self) -> None:
+        if self.draining:
+            raise OverloadedError(f"{self.worker_id} is draining")
 
     # -- transfers (engine thread) -----------------------------------------------------------
     def _after_step(self) -> None:
@@ -155,19 +100,7 @@ class WorkerBase:
 
     # -- actor methods shared by both kinds --------------------------------------------------
     def info(self) -> WorkerInfo:
-        f = self.facts
-        return WorkerInfo(
-            worker_id=self.worker_id,
-            role=self.spec.role,
-            model_id=f.model_id,
-            block_size=f.block_size,
-            num_kv_blocks=f.num_kv_blocks,
-            max_model_len=f.max_model_len,
-            transport_backend=f.transport_backend,
-            transport_metadata=encode_group_metadata(self.worker_id, self.rank_metadata),
-            pid=os.getpid(),
-            tp=self.spec.tp,
-        )
+        return self._info
 
     async def connect(self, peer_metadata: bytes) -> str:
         """Connect each rank to the matching rank of a peer worker (same TP size only)."""
@@ -180,7 +113,7 @@ class WorkerBase:
 
     async def report(self) -> WorkerReport:
         events, load = await self.engine.call(lambda g: g.call_all("report_state"))
-        return WorkerReport(events, load, self.num_prompt_tokens, self.num_cached_prompt_tokens)
+        return WorkerReport(events, load)
 
     async def snapshot(self) -> KVEventBatch:
         return await self.engine.call(lambda g: g.call_all("kv_snapshot"))
@@ -206,8 +139,6 @@ class WorkerBase:
     async def drain(self, timeout_s: float = 60.0) -> int:
         """Stop admitting, wait for running requests to finish; returns how many were left
         when the timeout hit (0: clean)."""
-        import asyncio
-
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -217,10 +148,6 @@ class WorkerBase:
                 return 0
             await asyncio.sleep(0.05)
         return await self.engine.call(lambda g: g.call_first("num_in_flight"))
-
-    def account_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
-        self.num_prompt_tokens += num_prompt_tokens
-        self.num_cached_prompt_tokens += num_cached_tokens
 
     def shutdown(self) -> None:
         self.engine.stop()

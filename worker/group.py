@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from core.request import RequestOutput
+from core.request import OutputDelta
 from worker.rank import WorkerRank
 
 GROUP_METADATA_VERSION = 1
@@ -26,7 +26,7 @@ class EngineGroup(Protocol):
     def call_all(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
     def call_first(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
     def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]: ...
-    def step(self) -> list[RequestOutput]: ...
+    def step(self) -> list[OutputDelta]: ...
     def has_unfinished(self) -> bool: ...
     def abort(self, request_id: str) -> bool: ...
     def shutdown(self) -> None: ...
@@ -48,7 +48,7 @@ class LocalGroup:
     def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
         return [self.call_all(name, *args, **kwargs)]
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[OutputDelta]:
         return self.rank.engine.step()
 
     def has_unfinished(self) -> bool:
@@ -56,10 +56,6 @@ class LocalGroup:
 
     def abort(self, request_id: str) -> bool:
         return self.rank.abort(request_id)
-
-    @property
-    def requests(self) -> dict[str, Any]:
-        return self.rank.engine.requests
 
     def shutdown(self) -> None:
         self.rank.close()

@@ -31,6 +31,9 @@ class KVCacheManager:
         self._blocks: dict[str, list[Block]] = {}
         self._num_hashed: dict[str, int] = {}
         """Per request: how many of its leading blocks are already named in the cache."""
+        self.num_prompt_tokens = 0
+        self.num_cached_prompt_tokens = 0
+        """Totals over this cache's life: its prefix-hit rate is their ratio."""
 
     # -- hashing -------------------------------------------------------------------------
     def update_hashes(self, req: Request) -> None:
@@ -65,6 +68,11 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits
+
+    def record_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """A request's prefix-cache lookup is final (it was first scheduled or reserved)."""
+        self.num_prompt_tokens += num_prompt_tokens
+        self.num_cached_prompt_tokens += num_cached_tokens
 
     # -- allocation ----------------------------------------------------------------------
     def num_blocks_needed(self, req: Request, num_new_tokens: int, num_hit_blocks: int) -> int:

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from core.config import EngineConfig
-from core.request import RequestOutput
+from core.request import OutputDelta, RequestOutput
 from core.sampling import SamplingParams
+from engine.completion import run_to_completion
 from engine.config import ModelConfig
 from engine.tp.ranks import ProcessRank, RankHandle, Reply, free_port
 
@@ -133,17 +134,6 @@ class TPEngine:
         """Why the engine can no longer be used, or None."""
         return self._broken
 
-    @property
-    def requests(self) -> dict[str, None]:
-        """The ids of rank 0's live requests (AsyncEngine fails them when a step fails);
-        empty once broken. Needs a rank target with `request_ids()`."""
-        if self._broken:
-            return {}
-        try:
-            return dict.fromkeys(self.call_first("request_ids"))
-        except Exception:
-            return {}
-
     def _call(
         self,
         ranks: list[RankHandle],
@@ -197,7 +187,7 @@ class TPEngine:
     ) -> None:
         self._call(self.ranks, "add_request", (request_id, prompt, params), {}, False)
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[OutputDelta]:
         return self.call_all("step")
 
     def abort(self, request_id: str) -> bool:
@@ -210,19 +200,15 @@ class TPEngine:
         self.call_all("check_invariants")
 
     def generate(
-        self, prompts: Sequence[list[int] | str], params: SamplingParams | None = None
+        self, prompts: Sequence[list[int]], params: SamplingParams | None = None
     ) -> list[RequestOutput]:
         """Run prompts to completion; outputs in input order (a convenience for tests)."""
         ids = [f"tp-{self._next_id + i}" for i in range(len(prompts))]
         self._next_id += len(ids)
         for rid, prompt in zip(ids, prompts, strict=True):
             self.add_request(rid, prompt, params)
-        finished: dict[str, RequestOutput] = {}
-        while self.has_unfinished():
-            for out in self.step():
-                if out.finished:
-                    finished[out.request_id] = out
-        return [finished[rid] for rid in ids]
+        outputs = run_to_completion(self, dict(zip(ids, prompts, strict=True)))
+        return [outputs[rid] for rid in ids]
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         for r in self.ranks:

@@ -1,7 +1,10 @@
 """`baton`: the command line.
 
 Subcommands import their heavy dependencies (torch, the engine) lazily, so `baton --help`
-is instant and the router package stays torch-free.
+is instant and the router package stays torch-free. Packages installed beside Baton may add
+subcommands through the `baton.commands` entry point group (a function that takes the
+subparsers); `baton bench` comes that way from the benchmark package, which the router
+never imports.
 """
 
 from __future__ import annotations
@@ -9,58 +12,25 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
-from pathlib import Path
+from importlib.metadata import entry_points
 
 from router.cli.serve_args import add_serve_arguments
 
-DEFAULT_MODEL_DIR = Path("models/tiny-llama")
+PLUGIN_GROUP = "baton.commands"
+
+logger = logging.getLogger(__name__)
 
 
-def _add_make_tiny_model(sub: argparse._SubParsersAction) -> None:
-    from engine.tiny_model import build_arg_parser, run_from_args
+def _run_make_tiny_model(args: argparse.Namespace) -> int:
+    from engine.tiny_model import run_from_args
 
-    p = sub.add_parser(
-        "make-tiny-model",
-        help="write a random-weight checkpoint in Hugging Face format (tests, demos, benches)",
-    )
-    build_arg_parser(p)
-    p.set_defaults(func=run_from_args)
-
-
-def _ensure_model(model_dir: Path) -> Path:
-    if (model_dir / "config.json").exists():
-        return model_dir
-    from engine.tiny_model import make_tiny_model
-
-    logging.info("no model at %s: making the tiny demo model there", model_dir)
-    return Path(make_tiny_model(model_dir, arch="llama", preset="tiny", seed=0))
+    return run_from_args(args)
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from engine import LLM, SamplingParams
+    from router.cli.demo import run_demo
 
-    model_dir = _ensure_model(Path(args.model))
-    start = time.monotonic()
-    llm = LLM(model_dir, num_threads=args.threads)
-    messages = [
-        [{"role": "user", "content": "Tell me about batons."}],
-        [{"role": "user", "content": "What is a relay race?"}],
-    ]
-    tok = llm.tokenizer
-    prompts = [
-        tok.encode(tok.apply_chat_template(m, add_generation_prompt=True), add_special_tokens=False)
-        for m in messages
-    ]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0))
-    for m, out in zip(messages, outs, strict=True):
-        print(
-            f"> {m[0]['content']}\n{out.text!r}  [{len(out.token_ids)} tokens, "
-            f"{out.finish_reason}, ttft {out.timings.ttft_s:.3f} s]"
-        )
-    elapsed = time.monotonic() - start
-    print(f"model {model_dir} (random weights: the text is noise), {elapsed:.1f} s")
-    return 0
+    return run_demo(args)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -69,38 +39,35 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-def _add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    try:
-        from bench.serve import build_arg_parser
-    except ImportError:  # an installed package without the repo's bench/ folder
-        return
-    build_arg_parser(p)
-
-
-def _run_bench(args: argparse.Namespace) -> int:
-    from bench.serve import run_from_args
-
-    return run_from_args(args)
+def _add_plugins(sub: argparse._SubParsersAction) -> None:
+    for entry in entry_points(group=PLUGIN_GROUP):
+        try:
+            entry.load()(sub)
+        except ImportError as e:  # a plugin whose dependencies are missing: say, go on
+            logger.debug("baton command %s unavailable: %s", entry.name, e)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
-    _add_make_tiny_model(sub)
+    from engine.tiny_model import build_arg_parser as add_tiny_model_arguments
+
+    tiny = sub.add_parser(
+        "make-tiny-model",
+        help="write a random-weight checkpoint in Hugging Face format (tests, demos, benches)",
+    )
+    add_tiny_model_arguments(tiny)
+    tiny.set_defaults(func=_run_make_tiny_model)
     demo = sub.add_parser("demo", help="generate with the engine in this process")
-    demo.add_argument("--model", default=str(DEFAULT_MODEL_DIR))
+    demo.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
     demo.add_argument("--max-tokens", type=int, default=24)
     demo.add_argument("--threads", type=int, default=2)
     demo.set_defaults(func=_run_demo)
     serve = sub.add_parser("serve", help="start the cluster and its front doors")
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)
-    bench = sub.add_parser(
-        "bench", help="open-loop load against a serving cluster (bench/serve.py)"
-    )
-    bench.set_defaults(func=_run_bench, bench_parser=bench)
-    _add_bench_arguments(bench)
+    _add_plugins(sub)
     return parser
 
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from core.config import EngineConfig
+from router.cli.model_dir import resolve_model
 
 logger = logging.getLogger("baton.serve")
-DEFAULT_MODEL_DIR = Path("models/tiny-llama")
 
 
 def _env_fallbacks(args: argparse.Namespace) -> None:
@@ -26,23 +26,6 @@ def _env_fallbacks(args: argparse.Namespace) -> None:
     args.admin_token = args.admin_token or os.environ.get("BATON_ADMIN_TOKEN") or None
     args.api_key = args.api_key or os.environ.get("BATON_API_KEY") or None
     args.redis = args.redis or os.environ.get("BATON_REDIS_URL") or None
-
-
-def resolve_model(model: str | None) -> Path:
-    if model:
-        path = Path(model).expanduser().resolve()
-        if not (path / "config.json").exists():
-            raise SystemExit(
-                f"baton serve: {path} is not a Hugging Face checkpoint folder (no config.json)"
-            )
-        return path
-    path = DEFAULT_MODEL_DIR.resolve()
-    if not (path / "config.json").exists():
-        from engine.tiny_model import make_tiny_model
-
-        logger.info("no --model given: making the tiny demo model at %s", path)
-        make_tiny_model(path, arch="llama", preset="tiny", seed=0)
-    return path
 
 
 def build_spec(args: argparse.Namespace, model_dir: Path):
@@ -85,7 +68,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from router.routing.router import RouterConfig
 
     started = time.monotonic()
-    model_dir = resolve_model(args.model)
+    model_dir = resolve_model(args.model, "serve")
     spec = build_spec(args, model_dir)
     logger.info("starting Ray (%s)", args.address or "local, 127.0.0.1")
     init_ray(args.address)
@@ -95,8 +78,8 @@ async def _serve(args: argparse.Namespace) -> int:
         spec, RouterConfig(prefill_policy=args.policy, decode_policy=args.decode_policy)
     )
     metrics = Metrics()
-    cluster.backend.metrics = metrics
-    admin = ControllerAdmin(cluster.controller, cluster.backend)
+    cluster.use_metrics(metrics)
+    admin = ControllerAdmin(cluster.controller, cluster.membership)
     token = args.admin_token or secrets.token_urlsafe(24)
     app = create_app(
         cluster.backend,

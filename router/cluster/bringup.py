@@ -1,4 +1,5 @@
-"""Bringing a cluster up: Ray, the controller, the router and the orchestrating backend.
+"""Bringing a cluster up: Ray, the controller, and this front door's router, membership and
+request path.
 
 Used by `baton serve` and by the end-to-end tests, so both start the same thing.
 """
@@ -8,10 +9,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from core.roles import WorkerRole
+from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
+from router.frontdoor.metrics import Metrics
+from router.routing.index import make_store
 from router.routing.router import Router, RouterConfig
+
+if TYPE_CHECKING:  # it imports ray, which must not happen before init_ray sets its env
+    from router.cluster.request_path import RequestPath
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +53,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     ray.init(
         namespace=NAMESPACE,
         num_cpus=cpus,
-        resources={"prefill": 64, "decode": 64, "unified": 64},
+        resources={role.value: 64 for role in WorkerRole},
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
         log_to_driver=True,
@@ -56,13 +64,18 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 @dataclass
 class Cluster:
     controller: Any
-    backend: Any
-    """router.cluster.request_path.ClusterBackend"""
+    membership: Membership
+    backend: RequestPath
+    """What the front doors serve through (router.frontdoor.backend.Backend)."""
     router: Router
     spec: ClusterSpec
 
+    def use_metrics(self, metrics: Metrics) -> None:
+        """Record routing decisions and KV transfers into the front doors' metrics."""
+        self.backend.metrics = metrics
+
     async def close(self, kill_workers: bool = True) -> None:
-        await self.backend.close()
+        await self.membership.close()
         self.router.close()
         if kill_workers:
             import ray
@@ -78,13 +91,12 @@ async def start_cluster(
     controller_name: str | None = None,
 ) -> Cluster:
     """Start (or attach to) the controller, wait until every pool is up, and build the
-    router and backend of this front-door process. Ray must be initialised."""
+    router, membership and request path of this front-door process. Ray must be initialised."""
     import ray
 
     from engine.tokenizer import Tokenizer
     from router.cluster.controller import CONTROLLER_NAME, Controller
-    from router.cluster.request_path import ClusterBackend
-    from router.routing.index import make_store
+    from router.cluster.request_path import RequestPath
 
     name = controller_name or CONTROLLER_NAME
     controller = (
@@ -97,13 +109,13 @@ async def start_cluster(
         raise RuntimeError(f"the cluster's pools did not come up within {ready_timeout_s} s")
     store = make_store("redis", url=spec.redis_url) if spec.redis_url else make_store("memory")
     router = Router(router_config, store=store)
-    tokenizer = Tokenizer.from_dir(spec.model_dir)
-    backend = ClusterBackend(
-        controller,
+    membership = Membership(controller, router)
+    backend = RequestPath(
+        membership,
         router,
+        Tokenizer.from_dir(spec.model_dir),
         os.path.basename(spec.model_dir.rstrip("/")),
-        tokenizer,
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
     )
-    await backend.start()
-    return Cluster(controller, backend, router, spec)
+    await membership.start()
+    return Cluster(controller, membership, backend, router, spec)

@@ -24,6 +24,7 @@ from typing import Any
 
 import ray
 
+from core.roles import WorkerRole
 from router.cluster.spec import ClusterSpec
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class Member:
     """starting | ready | draining | dead"""
     handle: Any
     info: Any = None
-    """worker.base.WorkerInfo once ready."""
+    """worker.records.WorkerInfo once ready."""
     started_at: float = 0.0
     placement: Any = None
     """The placement group of a worker with tp > 1 (removed with the worker)."""
@@ -111,8 +112,9 @@ class Controller:
     async def scale(self, pool: str, size: int) -> dict[str, int]:
         if pool not in self.desired:
             raise ValueError(f"unknown pool {pool!r}; pools: {sorted(self.desired)}")
-        if size < (1 if pool in ("decode", "unified") else 0) or size > 64:
-            raise ValueError(f"pool {pool} size must be in [{int(pool != 'prefill')}, 64]")
+        smallest = _min_size(pool)
+        if not smallest <= size <= 64:
+            raise ValueError(f"pool {pool} size must be in [{smallest}, 64]")
         self.desired[pool] = size
         self._save_desired()
         logger.info("controller: pool %s scaled to %d", pool, size)
@@ -124,7 +126,7 @@ class Controller:
         m = self.members.get(worker_id)
         if m is None:
             raise KeyError(f"no worker {worker_id!r}")
-        if self.desired[m.role] <= (1 if m.role != "prefill" else 0):
+        if self.desired[m.role] <= _min_size(m.role):
             raise ValueError(f"pool {m.role} cannot shrink below its minimum")
         self.desired[m.role] -= 1
         self._save_desired()
@@ -198,7 +200,7 @@ class Controller:
 
         spec = self.spec
         worker_id = f"{pool}-{next(self._ids)}"
-        cls = PrefillWorker if pool == "prefill" else DecodeWorker
+        cls = PrefillWorker if pool == WorkerRole.PREFILL else DecodeWorker
         options: dict[str, Any] = {
             "name": f"baton-{worker_id}",
             "resources": {pool: 1},
@@ -225,7 +227,7 @@ class Controller:
             options["num_cpus"] = 1
         wspec = WorkerSpec(
             worker_id=worker_id,
-            role=pool,
+            role=WorkerRole.parse(pool),
             model_dir=spec.model_dir,
             engine=replace(spec.engine, device=spec.device),
             transport=spec.transport,
@@ -261,9 +263,9 @@ class Controller:
 
     async def _connect_peers(self, member: Member, info: Any) -> None:
         """Prefill workers talk to decode workers (and back, for acknowledgements)."""
-        if member.role == "unified":
+        if member.role == WorkerRole.UNIFIED:
             return
-        other = "decode" if member.role == "prefill" else "prefill"
+        other = WorkerRole.DECODE if member.role == WorkerRole.PREFILL else WorkerRole.PREFILL
         peers = [
             m
             for m in self.members.values()
@@ -304,3 +306,9 @@ class Controller:
             from worker.ray_ranks import remove_tp_placement
 
             remove_tp_placement(m.placement)
+
+
+def _min_size(pool: str) -> int:
+    """The prefill pool may be empty (decode workers then prefill themselves); the others
+    need a worker."""
+    return 0 if pool == WorkerRole.PREFILL else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
+from core.roles import WorkerRole
 
 
 @dataclass(frozen=True)
@@ -39,19 +40,20 @@ class ClusterSpec:
         for name, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.mode == "disaggregated" and self.tp_of("prefill") != self.tp_of("decode"):
+        prefill_tp, decode_tp = self.tp_of(WorkerRole.PREFILL), self.tp_of(WorkerRole.DECODE)
+        if self.mode == "disaggregated" and prefill_tp != decode_tp:
             raise ValueError(
-                f"prefill workers would run tp={self.tp_of('prefill')} and decode workers "
-                f"tp={self.tp_of('decode')}: KV moves from each prefill rank to the matching "
+                f"prefill workers would run tp={prefill_tp} and decode workers "
+                f"tp={decode_tp}: KV moves from each prefill rank to the matching "
                 "decode rank, so both pools need the same tensor-parallel size"
             )
 
     def tp_of(self, pool: str) -> int:
         """The tensor-parallel size of a pool's workers."""
-        own = {"prefill": self.prefill_tp, "decode": self.decode_tp}.get(pool)
+        own = {WorkerRole.PREFILL: self.prefill_tp, WorkerRole.DECODE: self.decode_tp}.get(pool)
         return own if own is not None else self.tp
 
-    def initial_pools(self) -> dict[str, int]:
+    def initial_pools(self) -> dict[WorkerRole, int]:
         if self.mode == "unified":
-            return {"unified": self.num_decode + self.num_prefill}
-        return {"prefill": self.num_prefill, "decode": self.num_decode}
+            return {WorkerRole.UNIFIED: self.num_decode + self.num_prefill}
+        return {WorkerRole.PREFILL: self.num_prefill, WorkerRole.DECODE: self.num_decode}

@@ -1,9 +1,9 @@
 """What the front doors (HTTP, gRPC) call: one `Backend` interface.
 
-The cluster's orchestrator implements it (prefill -> KV transfer -> decode across Ray
-workers); `LocalBackend` implements it with one in-process engine (tests, laptops). The
-front doors know nothing else: they validate, tokenize, call `generate`, and map
-`core.errors` exceptions to statuses.
+The cluster's request path implements it (router.cluster.request_path: prefill -> KV
+transfer -> decode across Ray workers); tests implement it over one in-process engine. The
+front doors know nothing else: they tokenize, call `generate`, accumulate the deltas they
+need, and map `core.errors` exceptions to statuses.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.request import RequestOutput
+from core.request import OutputDelta
 from core.sampling import SamplingParams
 
 
@@ -29,16 +29,15 @@ class Backend(Protocol):
     model_name: str
     max_model_len: int
     tokenizer: Any
-    """engine.tokenizer.Tokenizer (torch-free): encode, decode, apply_chat_template."""
+    """engine.tokenizer.Tokenizer (torch-free): encode, decode, encode_chat."""
 
-    def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs (all tokens so far, visible text so far), the last one with
-        `finished=True`. Raises core.errors.* (InvalidRequestError, OverloadedError,
+    def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
+        """Checks the prompt (`core.request.check_prompt`: the one check on its way in),
+        then yields what each step adds, the last delta with `finished=True`. Raises
+        core.errors.* (InvalidRequestError before any output, OverloadedError,
         DeadlineExceededError, WorkerFailedError). Closing the iterator early cancels the
         request and frees its blocks everywhere."""
         ...
-
-    async def abort(self, request_id: str) -> None: ...
 
     def is_ready(self) -> bool:
         """True when a request can be served now (both pools have a live worker)."""

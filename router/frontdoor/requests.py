@@ -1,45 +1,29 @@
-"""What the HTTP and gRPC front doors share: turning validated input into a
-`GenerateRequest`, and running it against the backend while recording its metrics.
+"""What the HTTP and gRPC front doors share on the way in: chat messages to token ids,
+sampling parameters from request fields, the output budget, request ids.
 
-Torch-free: imports only `core`, the `Backend` interface and the metrics.
+The prompt itself is checked once, by the backend (`core.request.check_prompt` at the
+cluster's entry); a bad one raises InvalidRequestError before any output, which each door
+answers with its own status (HTTP 400, gRPC INVALID_ARGUMENT). Torch-free.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
-from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from typing import Any, Protocol
 
-from core.errors import (
-    CancelledError,
-    DeadlineExceededError,
-    InvalidRequestError,
-    OverloadedError,
-    WorkerFailedError,
-)
-from core.request import RequestOutput
+from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
-from router.frontdoor.backend import Backend, GenerateRequest
-from router.frontdoor.metrics import Metrics, RequestRecord
-
-DEFAULT_TIMEOUT_S = 300.0
+from router.frontdoor.backend import Backend
 
 
 class TokenizerLike(Protocol):
     """What the front doors use of `engine.tokenizer.Tokenizer` (torch-free)."""
 
-    vocab_size: int
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
 
 
 def tokenizer_of(backend: Backend) -> TokenizerLike:
@@ -48,6 +32,15 @@ def tokenizer_of(backend: Backend) -> TokenizerLike:
     if tokenizer is None:
         raise TypeError(f"{type(backend).__name__} has no tokenizer attribute")
     return tokenizer  # type: ignore[no-any-return]
+
+
+def encode_chat(tokenizer: TokenizerLike, messages: list[dict[str, Any]], field: str) -> list[int]:
+    """The chat through the model's template, as token ids; a template that rejects the
+    messages is the client's error, named by `field`."""
+    try:
+        return tokenizer.encode_chat(messages)
+    except ValueError as e:  # engine.tokenizer.ChatTemplateError
+        raise InvalidRequestError(f"{field}: {e}") from e
 
 
 def new_request_id(prefix: str) -> str:
@@ -63,25 +56,12 @@ def make_params(**fields: Any) -> SamplingParams:
         raise InvalidRequestError(str(e)) from e
 
 
-def check_prompt(prompt_token_ids: list[int], max_model_len: int, vocab_size: int | None) -> None:
-    if not prompt_token_ids:
-        raise InvalidRequestError("the prompt is empty")
-    if len(prompt_token_ids) >= max_model_len:
-        raise InvalidRequestError(
-            f"the prompt has {len(prompt_token_ids)} tokens; this model's context holds "
-            f"{max_model_len} tokens (prompt plus at least one generated token)"
-        )
-    if vocab_size is not None:
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}"
-            )
-
-
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int) -> int:
-    """`requested` if the context has room for it; None means "up to the context"."""
+    """`requested` if the context has room for it; None means "up to the context". A prompt
+    that leaves no room at all is refused by the backend's prompt check, with its message."""
     room = max_model_len - num_prompt_tokens
+    if room < 1:
+        return requested or 1
     if requested is None:
         return room
     if requested > room:
@@ -90,63 +70,3 @@ def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_
             f"and this model's context holds {max_model_len}, leaving room for {room}"
         )
     return requested
-
-
-def vocab_size_of(backend: Backend) -> int | None:
-    return getattr(getattr(backend, "tokenizer", None), "vocab_size", None)
-
-
-def outcome_of(error: BaseException | None) -> str:
-    if error is None:
-        return "success"
-    if isinstance(error, InvalidRequestError):
-        return "invalid"
-    if isinstance(error, OverloadedError):
-        return "overloaded"
-    if isinstance(error, DeadlineExceededError):
-        return "deadline"
-    if isinstance(error, CancelledError | asyncio.CancelledError | GeneratorExit):
-        return "cancelled"
-    if isinstance(error, WorkerFailedError):
-        return "failed"
-    return "failed"
-
-
-async def run_tracked(
-    backend: Backend, request: GenerateRequest, metrics: Metrics
-) -> AsyncGenerator[RequestOutput]:
-    """`backend.generate(request)`, recording TTFT, TPOT, latency and the outcome.
-
-    Closing this iterator early closes the backend's, which aborts the request and frees
-    its blocks; the outcome is then `cancelled`.
-    """
-    start = time.monotonic()
-    first_token_at: float | None = None
-    last: RequestOutput | None = None
-    error: BaseException | None = None
-    try:
-        outputs_iter: AsyncGenerator[RequestOutput] = backend.generate(request)  # type: ignore[assignment]
-        async with aclosing(outputs_iter) as outputs:
-            async for out in outputs:
-                if first_token_at is None and out.token_ids:
-                    first_token_at = time.monotonic()
-                last = out
-                yield out
-    except BaseException as e:
-        error = e
-        raise
-    finally:
-        if error is None and (last is None or not last.finished):
-            error = CancelledError("the client went away")
-        end = time.monotonic()
-        metrics.observe_request(
-            RequestRecord(
-                outcome=outcome_of(error),
-                ttft_s=None if first_token_at is None else first_token_at - start,
-                e2e_s=end - start if error is None else None,
-                queue_s=None if last is None else last.timings.queued_s,
-                num_prompt_tokens=len(request.prompt_token_ids),
-                num_output_tokens=0 if last is None else len(last.token_ids),
-                num_cached_tokens=0 if last is None else last.num_cached_tokens,
-            )
-        )

@@ -1,97 +1,80 @@
-"""Worker load as the router sees it: the last report plus its own in-flight accounting.
+"""The router's one in-flight ledger: worker load as the last report plus what was routed
+since, and what each routed request added to it.
 
-A `WorkerLoad` report is a snapshot the worker took at some moment; requests the router sent
-since then are not in it. So each worker keeps an *epoch* (reports received) and counters of
-work routed in the current epoch:
+A `WorkerLoad` report is a snapshot the worker took at some moment; requests routed since
+then are not in it. So each worker keeps an *epoch* (reports received) and counters of work
+routed in the current epoch:
 
-    queued_prefill_tokens = report.num_waiting_tokens + prefill tokens routed since the report
-    running               = report.num_running        + requests routed since the report
-    free_blocks           = report.num_free_blocks    - blocks reserved since the report
+    L_w (queued prefill tokens) = report.num_waiting_tokens + admitted since the report
+                                  + routed here, still waiting at the prefill gate
+    running                     = report.num_running        + requests routed since
+    free_blocks                 = report.num_free_blocks    - blocks reserved since
 
-A new report resets the counters (the worker now counts that work itself). When the cluster
-says a request's prefill (or the whole request) is done, its contribution is subtracted only
-if it was routed in the current epoch; otherwise the report already accounted for it.
-Without any report, counters alone give the load (free blocks unknown: `has_capacity_info`).
+A new report resets the since-the-report counters (the worker now counts that work
+itself); tokens still at the gate are never in a report and stay. Each routed request gets
+one `Charge`, which moves through its stages exactly once each
 
-Pools (router.routing.pool) are built on first use per (model, role) and dropped when the membership
-changes; every change of a worker's queued prefill tokens re-files it in the pools it belongs
-to, so the policies read the pool's min / max load without scanning it. Hence: WorkerStates
-are mutated only here.
+    GATED --admit--> ADMITTED --prefill_done--> PREFILLED --close--> CLOSED
+      `-------------------prefill_done / close ----------------------^
+
+and takes back only what is still charged (a since-the-report part only in its own epoch).
+A request prefilled by its decode worker is admitted at once (no gate).
+
+Pools (router.routing.pool) are built on first use per (model, role) and dropped when the
+membership changes; every change of a worker's L_w re-files it in the pools it belongs to,
+so the policies read a pool's min / max load without scanning it. Hence WorkerStates are
+mutated only here. Not thread-safe: the Router holds its lock around every call.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
+from core.roles import WorkerRole
 from router.routing.pool import Pool
-
-ROLES = ("prefill", "decode", "unified")
-
-
-@dataclass(slots=True)
-class WorkerState:
-    """Mutable per-worker load; owned by LoadTracker, read by the policies."""
-
-    worker_id: str
-    role: str
-    model: str
-    reported_waiting_tokens: int = 0
-    reported_running: int = 0
-    reported_free_blocks: int = 0
-    total_blocks: int = 0
-    epoch: int = 0
-    pending_prefill_tokens: int = 0
-    pending_requests: int = 0
-    pending_blocks: int = 0
-    num_routed: int = 0
-
-    @property
-    def queued_prefill_tokens(self) -> int:
-        return self.reported_waiting_tokens + self.pending_prefill_tokens
-
-    @property
-    def running(self) -> int:
-        return self.reported_running + self.pending_requests
-
-    @property
-    def has_capacity_info(self) -> bool:
-        return self.total_blocks > 0
-
-    @property
-    def free_blocks(self) -> int:
-        return max(0, self.reported_free_blocks - self.pending_blocks)
+from router.routing.worker_state import WorkerState
 
 
-@dataclass(slots=True)
-class _Ticket:
-    """What one routed request added, so it can be taken back exactly once."""
+class Stage(enum.IntEnum):
+    GATED = 0
+    ADMITTED = 1
+    PREFILLED = 2
+    CLOSED = 3
 
-    prefill: WorkerState | None
-    prefill_epoch: int
+
+@dataclass(slots=True, eq=False)
+class Charge:
+    """What one routed request added to the ledger."""
+
+    prefill: WorkerState
+    """The worker that prefills: the prefill worker, or the decode worker itself."""
     prefill_tokens: int
     decode: WorkerState
     decode_epoch: int
     decode_blocks: int
-    prefill_done: bool = False
+    stage: Stage = Stage.GATED
+    prefill_epoch: int = -1
+    """The prefill worker's epoch when the request was admitted."""
 
 
 @dataclass
 class LoadTracker:
-    """Per-worker load states and the in-flight requests; not thread-safe (the Router locks)."""
+    """Per-worker load states and the open charges."""
 
     workers: dict[str, WorkerState] = field(default_factory=dict)
-    _tickets: dict[str, _Ticket] = field(default_factory=dict)
-    _pools: dict[tuple[str, str], Pool] = field(default_factory=dict)
+    num_in_flight: int = 0
+    """Charges not closed yet."""
+    _pools: dict[tuple[str, WorkerRole], Pool] = field(default_factory=dict)
     # worker id -> (pool, position) for every built pool holding the worker
     _filed_in: dict[str, list[tuple[Pool, int]]] = field(default_factory=dict)
 
     def add_worker(self, worker_id: str, role: str, model: str) -> WorkerState:
-        if role not in ROLES:
-            raise ValueError(f"unknown worker role {role!r}; choose from {ROLES}")
+        wrole = WorkerRole.parse(role)
         state = self.workers.get(worker_id)
-        if state is None or state.role != role or state.model != model:
-            state = self.workers[worker_id] = WorkerState(worker_id, role, model)
+        if state is None or state.role != wrole or state.model != model:
+            state = self.workers[worker_id] = WorkerState(worker_id, wrole, model)
             self._drop_pools()
         return state
 
@@ -104,7 +87,7 @@ class LoadTracker:
         self._filed_in.clear()
 
     def _refile(self, worker: WorkerState) -> None:
-        """The worker's queued prefill tokens changed: keep its pools' load order true."""
+        """The worker's L_w changed: keep its pools' load order true."""
         for pool, i in self._filed_in.get(worker.worker_id, ()):
             pool.refile(i)
 
@@ -122,74 +105,82 @@ class LoadTracker:
         self._refile(state)
         return True
 
+    # -- one request's charge --------------------------------------------------------------
     def start(
         self,
-        request_id: str,
         prefill: WorkerState | None,
         prefill_tokens: int,
         decode: WorkerState,
         decode_blocks: int,
-    ) -> None:
-        """Account a routed request. Prefill on the decode worker counts as its prefill work."""
-        if request_id in self._tickets:
-            raise ValueError(f"request {request_id!r} is already in flight")
-        prefill_worker = prefill if prefill is not None else decode
-        prefill_worker.pending_prefill_tokens += prefill_tokens
-        prefill_worker.num_routed += 1
-        if prefill_tokens:
-            self._refile(prefill_worker)
-        decode.pending_requests += 1
-        decode.pending_blocks += decode_blocks
+    ) -> Charge:
+        """Charge a routed request: its prefill tokens wait at the gate of `prefill`, or,
+        with no prefill worker, are admitted to the decode worker at once."""
+        charge = Charge(prefill or decode, prefill_tokens, decode, decode.epoch, decode_blocks)
+        charge.prefill.num_routed += 1
         if prefill is not None:
             decode.num_routed += 1
-        self._tickets[request_id] = _Ticket(
-            prefill_worker,
-            prefill_worker.epoch,
-            prefill_tokens,
-            decode,
-            decode.epoch,
-            decode_blocks,
-        )
+            prefill.gated_prefill_tokens += prefill_tokens
+            self._refile(prefill)
+        else:
+            self.admit(charge)
+        decode.pending_requests += 1
+        decode.pending_blocks += decode_blocks
+        self.num_in_flight += 1
+        return charge
 
-    def prefill_done(self, request_id: str) -> bool:
-        ticket = self._tickets.get(request_id)
-        if ticket is None or ticket.prefill_done:
-            return False
-        ticket.prefill_done = True
-        p = ticket.prefill
-        if p is not None and p.epoch == ticket.prefill_epoch:
-            p.pending_prefill_tokens = max(0, p.pending_prefill_tokens - ticket.prefill_tokens)
-            self._refile(p)
-        return True
+    def admit(self, charge: Charge) -> None:
+        """The prefill gate let the request in: its tokens are the worker's now."""
+        if charge.stage is not Stage.GATED:
+            return
+        p, tokens = charge.prefill, charge.prefill_tokens
+        charge.stage, charge.prefill_epoch = Stage.ADMITTED, p.epoch
+        p.gated_prefill_tokens -= tokens
+        p.admitted_prefill_tokens += tokens
+        p.pending_prefill_tokens += tokens
+        self._refile(p)
 
-    def request_done(self, request_id: str) -> bool:
-        """The request finished or failed: release whatever it still holds."""
-        self.prefill_done(request_id)
-        ticket = self._tickets.pop(request_id, None)
-        if ticket is None:
+    def prefill_done(self, charge: Charge) -> bool:
+        """The prefill finished (or will not happen). True if admitted tokens were freed."""
+        stage = charge.stage
+        if stage >= Stage.PREFILLED:
             return False
-        d = ticket.decode
-        if d.epoch == ticket.decode_epoch:
+        p, tokens = charge.prefill, charge.prefill_tokens
+        charge.stage = Stage.PREFILLED
+        if stage is Stage.GATED:
+            p.gated_prefill_tokens -= tokens
+        else:
+            p.admitted_prefill_tokens -= tokens
+            if p.epoch == charge.prefill_epoch:
+                p.pending_prefill_tokens = max(0, p.pending_prefill_tokens - tokens)
+        self._refile(p)
+        return stage is Stage.ADMITTED
+
+    def close(self, charge: Charge) -> bool:
+        """The request finished, failed or was cancelled: take back whatever it still holds.
+        True if admitted tokens were freed."""
+        if charge.stage is Stage.CLOSED:
+            return False
+        freed = self.prefill_done(charge)
+        charge.stage = Stage.CLOSED
+        d = charge.decode
+        if d.epoch == charge.decode_epoch:
             d.pending_requests = max(0, d.pending_requests - 1)
-            d.pending_blocks = max(0, d.pending_blocks - ticket.decode_blocks)
-        return True
+            d.pending_blocks = max(0, d.pending_blocks - charge.decode_blocks)
+        self.num_in_flight -= 1
+        return freed
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._tickets)
-
-    def pool(self, model: str, role: str) -> Pool:
-        """Workers that can serve `role` for `model` (unified workers serve both pools).
-        Cached until the membership changes; callers must not mutate it."""
+    # -- pools -----------------------------------------------------------------------------
+    def pool(self, model: str, role: WorkerRole) -> Pool:
+        """Workers that can serve `role` for `model`: the prefill pool holds prefill
+        workers; the decode pool decode and unified ones (a unified worker prefills its own
+        requests, so it is never chosen as another request's prefill worker). Cached until
+        the membership changes; callers must not mutate it."""
         key = (model, role)
         pool = self._pools.get(key)
         if pool is None:
+            roles = (role,) if role is WorkerRole.PREFILL else (role, WorkerRole.UNIFIED)
             pool = self._pools[key] = Pool(
-                [
-                    w
-                    for w in self.workers.values()
-                    if w.model == model and (w.role == role or w.role == "unified")
-                ]
+                [w for w in self.workers.values() if w.model == model and w.role in roles]
             )
             for i, w in enumerate(pool.workers):
                 self._filed_in.setdefault(w.worker_id, []).append((pool, i))

@@ -20,15 +20,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # router.routing.load builds pools, so import it for types only
-    from router.routing.load import WorkerState
-
-
-def prefill_load(worker: WorkerState) -> int:
-    """L_w: queued prefill tokens (last report + routed since), the prefill pool's load."""
-    return worker.reported_waiting_tokens + worker.pending_prefill_tokens
+from router.routing.worker_state import WorkerState, prefill_load
 
 
 class Pool:

@@ -1,4 +1,4 @@
-"""The Router: one synchronous object the front doors and the orchestrator call.
+"""The Router: one synchronous object the request path calls.
 
 Request path of `route` (all in memory; Redis I/O, if any, runs in the store's threads):
 
@@ -9,10 +9,11 @@ Request path of `route` (all in memory; Redis I/O, if any, runs in the store's t
          - the prefill pool is empty, or
          - the prompt's part D does not hold is shorter than `disagg_min_uncached_tokens`, or
          - the prefill pool is saturated: min queued prefill tokens >= `prefill_saturation_tokens`
-       otherwise the prefill policy picks P (P == D for a unified worker means "on D")
-    5. account the request as in flight (router.routing.load) and return a RoutingDecision
+       otherwise the prefill policy picks P among the prefill workers (a unified worker is
+       only ever a decode worker that prefills its own requests)
+    5. charge the request to the ledger (router.routing.load) and return its Ticket, which
+       the caller moves along (admitted, prefill done) and closes, exactly once
 
-The cluster reports progress with `prefill_done(request_id)` and `request_done(request_id)`.
 Thread-safe: one lock for load state and policies, the store's lock for the index.
 """
 
@@ -30,10 +31,12 @@ import msgspec
 
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
+from core.roles import WorkerRole
 from router.routing.decision import RoutingDecision
 from router.routing.index.store import IndexStore, InProcessStore, ResyncCallback
 from router.routing.load import LoadTracker
 from router.routing.policies import Choice, RouteContext, make_policy
+from router.routing.ticket import Ticket
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +78,10 @@ class Router:
         if on_resync is not None:
             self.store.set_resync_callback(on_resync)
         self._prefill = make_policy(
-            self.config.prefill_policy, "prefill", **self.config.prefill_policy_args
+            self.config.prefill_policy, WorkerRole.PREFILL, **self.config.prefill_policy_args
         )
         self._decode = make_policy(
-            self.config.decode_policy, "decode", **self.config.decode_policy_args
+            self.config.decode_policy, WorkerRole.DECODE, **self.config.decode_policy_args
         )
         self._loads = LoadTracker()
         self._models: dict[str, _ModelSpec] = {}
@@ -122,14 +125,19 @@ class Router:
             if not self._loads.report(load):
                 logger.debug("load report from unknown worker %s ignored", load.worker_id)
 
-    def prefill_done(self, request_id: str) -> None:
-        with self._lock:
-            self._loads.prefill_done(request_id)
-
-    def request_done(self, request_id: str) -> None:
-        """The request finished, failed or was cancelled: release its in-flight accounting."""
-        with self._lock:
-            self._loads.request_done(request_id)
+    def hash_blocks(
+        self, model: str, token_ids: Sequence[int], known: Sequence[BlockHash] = ()
+    ) -> list[BlockHash]:
+        """The chained hashes of every full block of `token_ids` (core.hashing), for a
+        registered model; `known` are the hashes of its leading blocks, not recomputed."""
+        spec = self._models.get(model)
+        if spec is None:
+            raise NoWorkerError(f"model {model!r} has no workers")
+        parent = known[-1] if known else None
+        more = hash_prompt_blocks(
+            token_ids, spec.block_size, spec.root, spec.extra, parent, len(known)
+        )
+        return [*known, *more]
 
     # ---- decision ------------------------------------------------------------------------
 
@@ -142,7 +150,9 @@ class Router:
         num_prompt_tokens: int | None = None,
         num_output_tokens: int = 0,
         request_id: str | None = None,
-    ) -> RoutingDecision:
+    ) -> Ticket:
+        """Decide where a request goes and charge it to the ledger; the caller owns the
+        returned ticket and must close it (see router.routing.ticket)."""
         spec = self._models.get(model)
         if spec is None:
             raise NoWorkerError(f"model {model!r} has no workers")
@@ -183,12 +193,12 @@ class Router:
         num_output_tokens: int,
         request_id: str | None,
         degraded: bool,
-    ) -> RoutingDecision:
+    ) -> Ticket:
         cfg = self.config
         block = spec.block_size
         loads = self._loads
         # 3. decode worker
-        decode_pool = loads.pool(model, "decode")
+        decode_pool = loads.pool(model, WorkerRole.DECODE)
         if not decode_pool.workers:
             raise NoWorkerError(f"model {model!r} has no decode (or unified) worker")
         d_choice = self._decode.choose(
@@ -205,7 +215,7 @@ class Router:
         d = d_choice.worker
         d_cached = cached.get(d.worker_id, 0)
         # 4. conditional disaggregation
-        prefill_pool = loads.pool(model, "prefill")
+        prefill_pool = loads.pool(model, WorkerRole.PREFILL)
         d_uncached = max(0, tokens - d_cached * block)
         p_choice = None
         if not prefill_pool.workers:
@@ -226,14 +236,14 @@ class Router:
                     prefill_pool,
                 )
             )
-            reason = "unified" if p_choice.worker is d else p_choice.reason
-        p = p_choice.worker if p_choice is not None and p_choice.worker is not d else None
+            reason = p_choice.reason
+        p = p_choice.worker if p_choice is not None else None
         p_cached = cached.get(p.worker_id, 0) if p is not None else 0
         # 5. accounting
         rid = request_id if request_id is not None else f"route-{next(self._ids)}"
         prefill_tokens = max(0, tokens - p_cached * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
-        loads.start(rid, p, prefill_tokens, d, decode_blocks)
+        charge = loads.start(p, prefill_tokens, d, decode_blocks)
         terms = self._terms(p_choice, d_choice)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -249,7 +259,7 @@ class Router:
                 dict(terms),
                 degraded,
             )
-        return RoutingDecision(
+        decision = RoutingDecision(
             rid,
             model,
             p.worker_id if p is not None else None,
@@ -262,6 +272,7 @@ class Router:
             terms,
             degraded,
         )
+        return Ticket(decision, charge, loads, self._lock)
 
     def _terms(self, p_choice: Choice | None, d_choice: Choice) -> tuple[tuple[str, float], ...]:
         """The decision's terms: the policies' names, prefixed by pool (cached per name set,
@@ -280,6 +291,13 @@ class Router:
         return tuple(zip(names, p_choice.term_values + d_choice.term_values))
 
     # ---- introspection / lifecycle -------------------------------------------------------
+
+    def admitted_tokens(self, worker_id: str) -> int:
+        """Prefill tokens admitted to the worker and not finished (the prefill gate's cap
+        applies to this)."""
+        with self._lock:
+            w = self._loads.workers.get(worker_id)
+            return 0 if w is None else w.admitted_prefill_tokens
 
     def worker_load(self, worker_id: str) -> tuple[int, int, int] | None:
         """(queued prefill tokens, running, free blocks) as the policies see them."""

@@ -18,18 +18,18 @@ async def collect(
     timeout_s: float = 120.0,
     started: Any = None,
 ) -> RequestOutput:
-    """Run one request to the end; `started` (an asyncio.Event) is set at its first output."""
-    last = None
-    seen: list[int] = []
-    async for out in backend.generate(GenerateRequest(rid, prompt, params, timeout_s)):
+    """Run one request to the end, its deltas accumulated; `started` (an asyncio.Event) is
+    set at its first output."""
+    whole = RequestOutput(rid, prompt)
+    async for delta in backend.generate(GenerateRequest(rid, prompt, params, timeout_s)):
         if started is not None:
             started.set()
-        # A stream never repeats or skips: each output extends the previous one.
-        assert out.token_ids[: len(seen)] == seen, f"{rid}: stream went back"
-        seen = list(out.token_ids)
-        last = out
-    assert last is not None and last.finished
-    return last
+        # A stream never repeats or skips: every step adds exactly one token, under the
+        # client's request id (retries included).
+        assert len(delta.new_token_ids) == 1 and delta.request_id == rid, f"{rid}: {delta}"
+        whole.add(delta)
+    assert whole.finished
+    return whole
 
 
 def prompts(n: int, vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

@@ -31,7 +31,7 @@ def run_with_kill(cluster, loop_thread, batch, victim_role: str) -> list:
             for i, p in enumerate(batch)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
-        victim = next(m for m in backend.workers.values() if m.role == victim_role)
+        victim = next(m for m in cluster.membership.workers.values() if m.role == victim_role)
         ray.kill(victim.handle, no_restart=True)
         return await asyncio.gather(*tasks, return_exceptions=True)
 

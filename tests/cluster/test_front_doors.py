@@ -28,8 +28,8 @@ def served(request, tmp_path_factory):  # type: ignore[no-untyped-def]
         make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
     )
     metrics = Metrics()
-    cluster.backend.metrics = metrics
-    admin = ControllerAdmin(cluster.controller, cluster.backend)
+    cluster.use_metrics(metrics)
+    admin = ControllerAdmin(cluster.controller, cluster.membership)
     http = HTTPServerThread(create_app(cluster.backend, admin, admin_token=TOKEN, metrics=metrics))
     http.start()
     grpc = GRPCServerThread(cluster.backend, admin, admin_token=TOKEN, metrics=metrics).start()
@@ -122,4 +122,4 @@ def test_dashboard_scales_the_real_decode_pool(served) -> None:  # type: ignore[
             timeout=90_000,
         )
         context.close()
-    assert sum(1 for m in cluster.backend.workers.values() if m.role == "decode") >= 1
+    assert sum(1 for m in cluster.membership.workers.values() if m.role == "decode") >= 1

@@ -38,7 +38,7 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     outs = loop_thread.run(run())
     for tail, out in zip(tails, outs, strict=True):
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
-    prefill_stats = [s for s in backend.stats.values() if s.role == "prefill"]
+    prefill_stats = [s for s in cluster.membership.loads.values() if s.role == "prefill"]
     hits = sorted(s.num_cached_prompt_tokens for s in prefill_stats)
     # Every later request reused the 256-token prefix on the same worker: 5 * 256 tokens.
     assert hits == [0, 5 * 256], hits

@@ -35,12 +35,12 @@ def test_second_router_and_restarted_controller(
     # Another router replica, sharing only Redis, sees which workers cache the prompt.
     other = Router(always_disaggregate(), store=make_store("redis", url=redis_server.url))
     try:
-        model_id = cluster.backend.model_id
+        model_id = cluster.membership.model.model_id
         other.register_model(model_id, 16)
-        for m in cluster.backend.workers.values():
+        for m in cluster.membership.workers.values():
             other.add_worker(m.worker_id, m.role, model_id)
         other.store.sync(5.0)
-        decision = other.route(model_id, prompt)
+        decision = other.route(model_id, prompt).decision
         assert decision.prefill_cached_blocks == 200 // 16
         assert decision.decode_cached_blocks == 200 // 16
     finally:

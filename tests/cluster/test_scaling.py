@@ -30,7 +30,7 @@ def test_scale_up_and_down_while_streaming(cluster_factory, loop_thread, tiny_mo
             tasks.append(asyncio.create_task(collect(backend, f"s{i}", p, PARAMS)))
         await controller.scale.remote("decode", 2)
         await controller.scale.remote("prefill", 2)
-        while len(backend.workers) < 4:
+        while len(cluster.membership.workers) < 4:
             await asyncio.sleep(0.2)
         for i, p in enumerate(batch[5:], start=5):
             tasks.append(asyncio.create_task(collect(backend, f"s{i}", p, PARAMS)))
@@ -44,8 +44,8 @@ def test_scale_up_and_down_while_streaming(cluster_factory, loop_thread, tiny_mo
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), LONG)
 
     async def settled() -> int:
-        while len(backend.workers) != 2:
+        while len(cluster.membership.workers) != 2:
             await asyncio.sleep(0.2)
-        return len(backend.workers)
+        return len(cluster.membership.workers)
 
     assert loop_thread.run(settled(), timeout=120) == 2

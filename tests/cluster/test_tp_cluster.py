@@ -92,7 +92,7 @@ def test_killing_a_decode_rank_fails_over_cleanly(
             for i, p in enumerate(batch)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
-        decode = next(m for m in backend.workers.values() if m.role == "decode")
+        decode = next(m for m in cluster.membership.workers.values() if m.role == "decode")
         killed.append(decode.worker_id)
         ranks = await decode.handle.rank_actors.remote()
         assert len(ranks) == 2

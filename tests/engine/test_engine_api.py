@@ -8,6 +8,7 @@ from core.events import AllBlocksCleared, BlockRemoved, BlockStored
 from core.request import FinishReason
 from core.sampling import SamplingParams
 from engine import LLM
+from engine.completion import run_to_completion
 from engine.config import ModelConfigError
 from engine.engine import LLMEngine
 
@@ -36,10 +37,8 @@ def test_bad_inputs_are_clear_errors_and_engine_keeps_serving(llm: LLM) -> None:
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=1.5)
-    outs = []
-    while engine.has_unfinished():
-        outs.extend(o for o in engine.step() if o.finished)
-    assert [o.request_id for o in outs] == ["ok"] and len(outs[0].token_ids) == 4
+    outs = run_to_completion(engine, {})
+    assert list(outs) == ["ok"] and outs["ok"].finished and len(outs["ok"].token_ids) == 4
     engine.check_invariants()
 
 

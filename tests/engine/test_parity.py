@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.request import RequestOutput
 from core.sampling import SamplingParams
 from engine import LLM
+from engine.completion import run_to_completion
 from engine.engine import LLMEngine
 from tests import oracle
 
@@ -96,9 +98,10 @@ def hand_off(
     reservations = {}
     for i, p in enumerate(prompts):
         rid = f"r{i}"
-        reservations[rid] = decode.reserve(rid, p, GREEDY)
+        reservations[rid] = decode.reserve(decode.prepare(rid, p, GREEDY))
         prefill.add_request(rid, p, GREEDY)
     results: dict[str, list[int]] = {}
+    admitted: dict[str, RequestOutput] = {}
     while prefill.has_unfinished():
         prefill.step()
         for res in prefill.take_prefilled():
@@ -106,18 +109,19 @@ def hand_off(
             if res.output.finished:  # the first token already ended it
                 decode.abort(res.request_id)
                 prefill.release(res.request_id)
-                results[res.request_id] = res.output.token_ids
+                results[res.request_id] = res.output.new_token_ids
                 continue
             skip = r.num_cached_tokens // bs  # blocks the decode engine already holds
             src = torch.tensor(res.block_ids[skip:])
             dst = torch.tensor(r.block_ids[skip:])
             decode.runner.kv_cache[:, dst] = prefill.runner.kv_cache[:, src]
             prefill.release(res.request_id)
-            decode.admit_transferred(res.request_id, res.first_token, res.logprob)
-    while decode.has_unfinished():
-        for out in decode.step():
-            if out.finished:
-                results[out.request_id] = out.token_ids
+            first = decode.admit_transferred(res.request_id, res.first_token, res.logprob)
+            admitted[res.request_id] = RequestOutput(res.request_id, []).add(first)
+    for rid, out in run_to_completion(decode, {}).items():
+        admitted[rid].token_ids += out.token_ids
+    for rid, out in admitted.items():
+        results[rid] = out.token_ids
     return results
 
 

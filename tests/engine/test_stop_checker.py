@@ -28,7 +28,7 @@ def run(
     for n, piece in enumerate(pieces, start=1):
         text += piece
         decision = checker.check(token_ids[:n], text)
-        visible.append(checker.visible_text(text, decision.finished))
+        visible.append(text[: checker.visible_len(text, decision.finished)])
         if decision.finished:
             return decision, visible[-1], visible, n
     return decision, visible[-1] if visible else "", visible, len(pieces)

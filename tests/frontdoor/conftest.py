@@ -12,11 +12,11 @@ import torch
 
 from core.config import EngineConfig
 from engine.tiny_model import make_tiny_model
-from router.frontdoor.admin_api import InProcessAdmin
 from router.frontdoor.http.app import create_app
 from router.frontdoor.metrics import Metrics
 from tests.support.grpc_server import GRPCServerThread
 from tests.support.http_server import HTTPServerThread
+from tests.support.in_process_admin import InProcessAdmin
 from tests.support.local_backend import LocalBackend
 
 torch.set_num_threads(1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from router.frontdoor.admin_api import InProcessAdmin
 from tests.frontdoor.conftest import ADMIN_TOKEN
 from tests.support.http_server import HTTPServerThread
+from tests.support.in_process_admin import InProcessAdmin
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from router.frontdoor.admin_api import InProcessAdmin
 from tests.frontdoor.conftest import ADMIN_TOKEN, API_KEY
 from tests.support.http_server import HTTPServerThread
+from tests.support.in_process_admin import InProcessAdmin
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytest.importorskip("playwright.sync_api")

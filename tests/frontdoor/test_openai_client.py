@@ -27,7 +27,7 @@ def engine_text(backend: LocalBackend, prompt_ids: list[int], params: SamplingPa
     async def run() -> str:
         text = ""
         async for out in backend.generate(GenerateRequest("direct", prompt_ids, params)):
-            text = out.text
+            text += out.new_text
         return text
 
     return asyncio.run(run())

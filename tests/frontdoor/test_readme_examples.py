@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from router.frontdoor.admin_api import InProcessAdmin
 from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import ADMIN_TOKEN
 from tests.support.grpc_server import GRPCServerThread
 from tests.support.http_server import HTTPServerThread
+from tests.support.in_process_admin import InProcessAdmin
 from tests.support.local_backend import LocalBackend
 
 CURL_CHAT = """\

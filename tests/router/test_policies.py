@@ -8,9 +8,9 @@ import pytest
 
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
-from router.routing.load import WorkerState
 from router.routing.policies import RouteContext, make_policy, policy_names
 from router.routing.router import NoWorkerError, Router, RouterConfig
+from router.routing.worker_state import WorkerState
 
 TOKENS = list(range(640))  # 40 blocks of 16
 HASHES = hash_prompt_blocks(TOKENS, 16, model_root_hash("m", 16))
@@ -110,7 +110,7 @@ def test_router_routes_to_cache_and_logs_formula(caplog) -> None:
     router.apply(KVEventBatch("p1", 0, [BlockStored(None, HASHES[:30])]))  # model "" -> p1's
     router.apply(KVEventBatch("d1", 0, [BlockStored(None, HASHES[:10])], model="m"))
     caplog.set_level(logging.DEBUG, logger="router.routing")
-    d = router.route("m", TOKENS, num_output_tokens=32, request_id="r1")
+    d = router.route("m", TOKENS, num_output_tokens=32, request_id="r1").decision
     assert (d.prefill_worker_id, d.prefill_cached_blocks) == ("p1", 30)
     assert (d.decode_worker_id, d.decode_cached_blocks) == ("d1", 10)
     assert d.num_prompt_tokens == 640 and not d.index_degraded
@@ -122,15 +122,17 @@ def test_router_routes_to_cache_and_logs_formula(caplog) -> None:
 
 def test_inflight_accounting_and_reports() -> None:
     router = make_router()
-    d = router.route("m", block_hashes=HASHES, request_id="r1", num_output_tokens=16)
+    ticket = router.route("m", block_hashes=HASHES, request_id="r1", num_output_tokens=16)
+    d = ticket.decision
     p = d.prefill_worker_id
     assert router.worker_load(p)[0] == 640
     assert router.worker_load(d.decode_worker_id)[1] == 1
-    router.prefill_done("r1")
+    ticket.prefill_done()
     assert router.worker_load(p)[0] == 0
     # A report after routing already includes the request: done must not subtract again.
     router.report_load(WorkerLoad(d.decode_worker_id, "decode", 1, 0, 0, 50, 100))
-    router.request_done("r1")
+    ticket.close()
+    ticket.close()  # exactly once, however often it is closed
     assert router.worker_load(d.decode_worker_id) == (0, 1, 50)
     assert router.num_in_flight == 0
     with pytest.raises(ValueError, match="exactly one"):
@@ -142,12 +144,12 @@ def test_inflight_accounting_and_reports() -> None:
 def test_conditional_disaggregation() -> None:
     router = make_router(disagg_min_uncached_tokens=256, prefill_saturation_tokens=1000)
     router.apply(KVEventBatch("d0", 0, [BlockStored(None, HASHES[:35])], model="m"))
-    d = router.route("m", TOKENS)  # d0 misses 80 tokens only
+    d = router.route("m", TOKENS).decision  # d0 misses 80 tokens only
     assert d.prefill_on_decode and d.decode_worker_id == "d0"
     assert d.reason == "short_uncached_prefill_on_decode" and d.cached_blocks == 35
     for p in ("p0", "p1"):
         router.report_load(WorkerLoad(p, "prefill", 0, 3, 5000, 0, 0))
-    d = router.route("m", block_hashes=HASHES[:1] + [1, 2, 3] * 13)
+    d = router.route("m", block_hashes=HASHES[:1] + [1, 2, 3] * 13).decision
     assert d.prefill_on_decode and d.reason == "prefill_saturated_prefill_on_decode"
 
 
@@ -156,10 +158,10 @@ def test_unified_workers_and_worker_removal() -> None:
     router.add_worker("u0", "unified", "m")
     router.add_worker("u1", "unified", "m")
     router.apply(KVEventBatch("u1", 0, [BlockStored(None, HASHES)], model="m"))
-    d = router.route("m", TOKENS)
+    d = router.route("m", TOKENS).decision
     assert d.decode_worker_id == "u1" and d.prefill_on_decode and d.cached_blocks == 40
     router.remove_worker("u1")
-    d = router.route("m", TOKENS)
+    d = router.route("m", TOKENS).decision
     assert d.decode_worker_id == "u0" and d.cached_blocks == 0
     with pytest.raises(ValueError, match="unknown worker role"):
         router.add_worker("x", "cook", "m")

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from core.events import WorkerLoad
 from router.routing.load import LoadTracker
 from router.routing.policies import RouteContext, make_policy
-from router.routing.pool import Pool, prefill_load
+from router.routing.pool import Pool
+from router.routing.worker_state import prefill_load
 from tests.router.test_policies import ws
 
 WORKERS = [("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"), ("u0", "unified")]
@@ -17,8 +18,9 @@ WORKERS += [("d0", "decode")]
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("start"), st.integers(0, 4), st.integers(0, 4), st.integers(0, 900)),
+        st.tuples(st.just("admit"), st.integers(0, 30)),
         st.tuples(st.just("prefill_done"), st.integers(0, 30)),
-        st.tuples(st.just("request_done"), st.integers(0, 30)),
+        st.tuples(st.just("close"), st.integers(0, 30)),
         st.tuples(st.just("report"), st.integers(0, 4), st.integers(0, 900)),
         st.tuples(st.just("remove"), st.integers(0, 4)),
         st.tuples(st.just("add"), st.integers(0, 4)),
@@ -39,7 +41,7 @@ def test_pool_order_follows_every_load_change(op_list) -> None:
     tracker = LoadTracker()
     for name, role in WORKERS:
         tracker.add_worker(name, role, "m")
-    num_started = 0
+    charges = []
     for op in op_list:
         kind = op[0]
         if kind == "start":
@@ -47,12 +49,10 @@ def test_pool_order_follows_every_load_change(op_list) -> None:
             prefill = tracker.workers.get(WORKERS[pi][0])
             decode = tracker.workers.get(WORKERS[di][0])
             if decode is not None:
-                tracker.start(f"r{num_started}", prefill, tokens, decode, 3)
-                num_started += 1
-        elif kind == "prefill_done":
-            tracker.prefill_done(f"r{op[1]}")
-        elif kind == "request_done":
-            tracker.request_done(f"r{op[1]}")
+                charges.append(tracker.start(prefill, tokens, decode, 3))
+        elif kind in ("admit", "prefill_done", "close"):
+            if op[1] < len(charges):
+                getattr(tracker, kind)(charges[op[1]])
         elif kind == "report":
             name, role = WORKERS[op[1]]
             tracker.report(WorkerLoad(name, role, 1, 1, op[2], 10, 20))

@@ -1,4 +1,5 @@
-"""The prefill admission queue: token-weighted, first in first out, every wait bounded."""
+"""The prefill admission queue: token-weighted, first in first out, every wait bounded; the
+slot belongs to the request's ticket and is freed exactly once."""
 
 import asyncio
 
@@ -6,51 +7,76 @@ import pytest
 
 from core.errors import WorkerFailedError
 from router.cluster.prefill_gate import PrefillGate
+from router.routing.router import Router, RouterConfig
+from router.routing.ticket import Ticket
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
+def make_gate(cap: int) -> PrefillGate:
+    """A gate over a router with prefill worker p0 (model m0) and p1 (model m1)."""
+    router = Router(RouterConfig(disagg_min_uncached_tokens=0))
+    for i in (0, 1):
+        router.add_worker(f"p{i}", "prefill", f"m{i}")
+        router.add_worker(f"d{i}", "decode", f"m{i}")
+    return PrefillGate(router, cap)
+
+
+def ticket(gate: PrefillGate, rid: str, tokens: int, worker: str = "p0") -> Ticket:
+    model = "m" + worker[1:]
+    t = gate.router.route(model, block_hashes=[], num_prompt_tokens=tokens, request_id=rid)
+    assert (t.decision.prefill_worker_id, t.prefill_tokens) == (worker, tokens)
+    return t
+
+
+def admitted(gate: PrefillGate, worker: str = "p0") -> int:
+    return gate.router.admitted_tokens(worker)
+
+
 def test_admits_under_the_cap_and_queues_beyond_it():
     async def main():
-        gate = PrefillGate(100)
-        await gate.acquire("p0", "a", 60, 1)
-        await gate.acquire("p0", "b", 40, 1)
-        assert gate.in_flight_tokens("p0") == 100
-        c = asyncio.create_task(gate.acquire("p0", "c", 10, 5))
+        gate = make_gate(100)
+        a, b, c = ticket(gate, "a", 60), ticket(gate, "b", 40), ticket(gate, "c", 10)
+        await gate.admit(a, 1)
+        await gate.admit(b, 1)
+        assert admitted(gate) == 100
+        waiting = asyncio.create_task(gate.admit(c, 5))
         await asyncio.sleep(0.01)
-        assert not c.done() and gate.num_waiting("p0") == 1
-        await gate.acquire("p1", "x", 100, 1)  # other workers have their own queue
-        gate.release("p0", "a")
-        await c
-        assert gate.in_flight_tokens("p0") == 50 and gate.num_waiting() == 0
+        assert not waiting.done() and gate.num_waiting("p0") == 1
+        await gate.admit(ticket(gate, "x", 100, "p1"), 1)  # other workers: their own queue
+        a.prefill_done()
+        await waiting
+        assert admitted(gate) == 50 and gate.num_waiting() == 0
 
     run(main())
 
 
 def test_a_prompt_longer_than_the_cap_runs_alone():
     async def main():
-        gate = PrefillGate(100)
-        await gate.acquire("p", "long", 5000, 1)
-        small = asyncio.create_task(gate.acquire("p", "small", 1, 5))
+        gate = make_gate(100)
+        long = ticket(gate, "long", 5000)
+        await gate.admit(long, 1)
+        small = asyncio.create_task(gate.admit(ticket(gate, "small", 1), 5))
         await asyncio.sleep(0.01)
         assert not small.done()
-        gate.release("p", "long")
+        long.prefill_done()
         await small
-        await asyncio.wait_for(gate.acquire("p", "next", 99, 1), 1)
+        await asyncio.wait_for(gate.admit(ticket(gate, "next", 99), 1), 1)
 
     run(main())
 
 
 def test_first_in_first_out_short_prompts_do_not_overtake():
     async def main():
-        gate = PrefillGate(100)
-        await gate.acquire("p", "a", 90, 1)
+        gate = make_gate(100)
+        a = ticket(gate, "a", 90)
+        await gate.admit(a, 1)
         order: list[str] = []
 
         async def want(rid: str, tokens: int) -> None:
-            await gate.acquire("p", rid, tokens, 5)
+            await gate.admit(ticket(gate, rid, tokens), 5)
             order.append(rid)
 
         big = asyncio.create_task(want("big", 80))
@@ -58,7 +84,7 @@ def test_first_in_first_out_short_prompts_do_not_overtake():
         tiny = asyncio.create_task(want("tiny", 5))  # would fit now, but waits its turn
         await asyncio.sleep(0.01)
         assert order == []
-        gate.release("p", "a")
+        a.close()
         await asyncio.gather(big, tiny)
         assert order == ["big", "tiny"]
 
@@ -67,51 +93,60 @@ def test_first_in_first_out_short_prompts_do_not_overtake():
 
 def test_timeout_leaves_the_queue_and_lets_the_next_in():
     async def main():
-        gate = PrefillGate(100)
-        await gate.acquire("p", "a", 50, 1)
+        gate = make_gate(100)
+        await gate.admit(ticket(gate, "a", 50), 1)
+        huge = ticket(gate, "huge", 100)
         with pytest.raises(TimeoutError):
-            await gate.acquire("p", "huge", 100, 0.05)
-        assert gate.num_waiting("p") == 0
-        await asyncio.wait_for(gate.acquire("p", "b", 50, 1), 1)
+            await gate.admit(huge, 0.05)
+        huge.close()
+        assert gate.num_waiting("p0") == 0
+        await asyncio.wait_for(gate.admit(ticket(gate, "b", 50), 1), 1)
 
     run(main())
 
 
 def test_cancelled_waiter_is_forgotten():
     async def main():
-        gate = PrefillGate(10)
-        await gate.acquire("p", "a", 10, 1)
-        t = asyncio.create_task(gate.acquire("p", "b", 10, 5))
+        gate = make_gate(10)
+        a, b = ticket(gate, "a", 10), ticket(gate, "b", 10)
+        await gate.admit(a, 1)
+        t = asyncio.create_task(gate.admit(b, 5))
         await asyncio.sleep(0.01)
         t.cancel()
         with pytest.raises(asyncio.CancelledError):
             await t
-        gate.release("p", "a")
-        assert gate.in_flight_tokens("p") == 0 and gate.num_waiting() == 0
+        b.close()
+        a.close()
+        assert admitted(gate) == 0 and gate.num_waiting() == 0
 
     run(main())
 
 
-def test_release_is_idempotent_and_unknown_ids_are_ignored():
+def test_the_slot_is_freed_exactly_once():
     async def main():
-        gate = PrefillGate(10)
-        await gate.acquire("p", "a", 5, 1)
-        gate.release("p", "a")
-        gate.release("p", "a")
-        gate.release("p", "never")
-        gate.release("nobody", "a")
-        assert gate.in_flight_tokens("p") == 0
+        gate = make_gate(10)
+        a = ticket(gate, "a", 5)
+        await gate.admit(a, 1)
+        other = ticket(gate, "o", 4)
+        await gate.admit(other, 1)
+        a.prefill_done()
+        a.prefill_done()
+        a.close()
+        a.close()
+        assert admitted(gate) == 4  # the other request's slot is untouched
+        other.close()
+        assert admitted(gate) == 0 and gate.router.num_in_flight == 0
 
     run(main())
 
 
 def test_a_worker_leaving_fails_its_waiters_at_once():
     async def main():
-        gate = PrefillGate(10)
-        await gate.acquire("p", "a", 10, 1)
-        t = asyncio.create_task(gate.acquire("p", "b", 10, 30))
+        gate = make_gate(10)
+        await gate.admit(ticket(gate, "a", 10), 1)
+        t = asyncio.create_task(gate.admit(ticket(gate, "b", 10), 30))
         await asyncio.sleep(0.01)
-        gate.drop_worker("p")
+        gate.drop_worker("p0")
         with pytest.raises(WorkerFailedError, match="left the cluster"):
             await t
 
@@ -120,4 +155,4 @@ def test_a_worker_leaving_fails_its_waiters_at_once():
 
 def test_cap_must_be_positive():
     with pytest.raises(ValueError, match="max_tokens"):
-        PrefillGate(0)
+        PrefillGate(Router(), 0)

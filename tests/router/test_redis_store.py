@@ -57,7 +57,7 @@ def test_two_replicas_share_events_and_restart_recovers(redis_server) -> None:
         for r in (a, b):
             with r.store.read("m") as index:
                 assert index.longest_prefixes(HASHES) == {"p1": 8, "p0": 3}
-            assert r.route("m", TOKENS).prefill_worker_id == "p1"
+            assert r.route("m", TOKENS).decision.prefill_worker_id == "p1"
         b.remove_worker("p0")
         assert b.store.sync(10) and a.store.sync(10)
         with a.store.read("m") as index:
@@ -111,12 +111,12 @@ def test_redis_outage_degrades_to_load_routing_and_recovers(own_redis, caplog) -
     try:
         router.apply(stored("p1", 0, HASHES))
         assert router.store.sync(10)
-        assert router.route("m", TOKENS).prefill_worker_id == "p1"
+        assert router.route("m", TOKENS).decision.prefill_worker_id == "p1"
         own_redis.stop()
         assert wait_until(lambda: not router.store.healthy)
         assert any("routing by load alone" in r.message for r in caplog.records)
         # Routing goes on, by load alone, and says so.
-        decisions = [router.route("m", TOKENS) for _ in range(4)]
+        decisions = [router.route("m", TOKENS).decision for _ in range(4)]
         assert all(d.index_degraded and d.prefill_cached_blocks == 0 for d in decisions)
         assert {d.prefill_worker_id for d in decisions} == {"p0", "p1"}
         router.apply(stored("p1", 1, HASHES[:1]))  # dropped while Redis is away
@@ -131,7 +131,7 @@ def test_redis_outage_degrades_to_load_routing_and_recovers(own_redis, caplog) -
         snap = KVEventBatch("p1", 3, [AllBlocksCleared(), BlockStored(None, HASHES)], model="m")
         router.apply(snap)
         assert router.store.sync(10)
-        d = router.route("m", TOKENS)
+        d = router.route("m", TOKENS).decision
         assert not d.index_degraded and d.prefill_worker_id == "p1"
         assert d.prefill_cached_blocks == 10
     finally:

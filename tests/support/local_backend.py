@@ -8,8 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from core.config import EngineConfig
-from core.errors import InvalidRequestError
-from core.request import RequestOutput
+from core.request import OutputDelta
 from router.frontdoor.backend import GenerateRequest
 
 
@@ -24,7 +23,7 @@ class LocalBackend:
         self.model_name = Path(model_dir).name
         self.max_model_len = engine.max_model_len
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
         self.engine.open_stream(request.request_id)
         try:
             await self.engine.call(
@@ -32,16 +31,13 @@ class LocalBackend:
                     request.request_id, request.prompt_token_ids, request.params
                 )
             )
-        except ValueError as e:
+        except BaseException:  # a bad prompt: InvalidRequestError from the engine's check
             self.engine.close_stream(request.request_id)
-            raise InvalidRequestError(str(e)) from e
+            raise
         stream = self.engine.stream(request.request_id, request.timeout_s)
         async with contextlib.aclosing(stream) as outputs:  # closing early aborts
             async for out in outputs:
                 yield out
-
-    async def abort(self, request_id: str) -> None:
-        await self.engine.call(lambda e: e.abort(request_id))
 
     def is_ready(self) -> bool:
         return True

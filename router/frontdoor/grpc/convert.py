@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InvalidRequestError
-from core.request import FinishReason, RequestOutput, TokenLogprob
+from core.request import FinishReason, OutputDelta, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
 from proto.baton.v1 import admin_pb2, generate_pb2
 from router.frontdoor.admin_api import ClusterState
-from router.frontdoor.requests import make_params, resolve_max_tokens
+from router.frontdoor.requests import encode_chat, make_params, resolve_max_tokens
 
 DEFAULT_MAX_TOKENS = 16
 _FINISH = {
@@ -48,11 +48,7 @@ def prompt_token_ids(
         if not msg.chat.messages:
             raise InvalidRequestError("chat.messages: at least one message is required")
         messages = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as e:
-            raise InvalidRequestError(f"chat.messages: {e}") from e
-        return tokenizer.encode(text, add_special_tokens=False)
+        return encode_chat(tokenizer, messages, "chat.messages")
     raise InvalidRequestError("prompt: set one of text, token_ids or chat")
 
 
@@ -88,14 +84,22 @@ def _logprob(item: TokenLogprob) -> generate_pb2.TokenLogprob:
 
 
 def response(
-    out: RequestOutput, request_id: str, num_sent_tokens: int = 0, num_sent_chars: int = 0
+    out: OutputDelta | RequestOutput,
+    request_id: str,
+    num_prompt_tokens: int,
+    num_output_tokens: int,
 ) -> generate_pb2.GenerateResponse:
-    """What `out` adds after the first `num_sent_tokens` tokens / `num_sent_chars` chars."""
+    """A streamed delta as it is, or a whole output (the unary reply); the last one carries
+    the finish reason and the usage (`num_output_tokens`: the request's, in all)."""
+    if isinstance(out, OutputDelta):
+        token_ids, text, logprobs = out.new_token_ids, out.new_text, out.new_logprobs
+    else:
+        token_ids, text, logprobs = out.token_ids, out.text, out.logprobs
     msg = generate_pb2.GenerateResponse(
         request_id=request_id,
-        token_ids=out.token_ids[num_sent_tokens:],
-        text=out.text[num_sent_chars:],
-        logprobs=[_logprob(x) for x in (out.logprobs or [])[num_sent_tokens:]],
+        token_ids=token_ids,
+        text=text,
+        logprobs=[_logprob(x) for x in logprobs or ()],
         finished=out.finished,
     )
     if out.finished:
@@ -104,8 +108,8 @@ def response(
         )
         msg.usage.CopyFrom(
             generate_pb2.Usage(
-                prompt_tokens=len(out.prompt_token_ids),
-                completion_tokens=len(out.token_ids),
+                prompt_tokens=num_prompt_tokens,
+                completion_tokens=num_output_tokens,
                 cached_tokens=out.num_cached_tokens,
             )
         )

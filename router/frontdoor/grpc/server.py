@@ -34,13 +34,8 @@ from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
 from router.frontdoor.metrics import Metrics
-from router.frontdoor.requests import (
-    check_prompt,
-    new_request_id,
-    run_tracked,
-    tokenizer_of,
-    vocab_size_of,
-)
+from router.frontdoor.requests import new_request_id, tokenizer_of
+from router.frontdoor.tracking import run_tracked
 
 logger = logging.getLogger(__name__)
 _HEALTH_POLL_S = 1.0
@@ -76,7 +71,6 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     ) -> GenerateRequest:
         b = self.backend
         ids = convert.prompt_token_ids(msg, tokenizer_of(b))
-        check_prompt(ids, b.max_model_len, vocab_size_of(b))
         params = convert.sampling_params(msg.sampling, len(ids), b.max_model_len)
         remaining = context.time_remaining()
         timeout = self.request_timeout_s if remaining is None else remaining
@@ -88,12 +82,12 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
             req = self._request(request, context)
-            num_tokens = num_chars = 0
+            num_tokens = 0
             async for out in run_tracked(self.backend, req, self.metrics):
-                if len(out.token_ids) == num_tokens and not out.finished:
+                num_tokens += len(out.new_token_ids)
+                if not out.new_token_ids and not out.finished:
                     continue
-                yield convert.response(out, req.request_id, num_tokens, num_chars)
-                num_tokens, num_chars = len(out.token_ids), len(out.text)
+                yield convert.response(out, req.request_id, len(req.prompt_token_ids), num_tokens)
         except BatonError as e:
             await _abort(context, e)
 
@@ -102,14 +96,15 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     ) -> generate_pb2.GenerateResponse:
         try:
             req = self._request(request, context)
-            last: RequestOutput | None = None
+            whole = RequestOutput(req.request_id, req.prompt_token_ids)
             async for out in run_tracked(self.backend, req, self.metrics):
-                last = out
+                whole.add(out)
         except BatonError as e:
             await _abort(context, e)
-        if last is None:
+        if not whole.finished:
             await context.abort(grpc.StatusCode.INTERNAL, "the backend returned no output")
-        return convert.response(last, req.request_id)  # type: ignore[arg-type]
+        num_prompt = len(req.prompt_token_ids)
+        return convert.response(whole, req.request_id, num_prompt, len(whole.token_ids))
 
     async def Tokenize(
         self, request: generate_pb2.TokenizeRequest, context: grpc.aio.ServicerContext

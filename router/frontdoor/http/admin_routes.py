@@ -119,4 +119,6 @@ async def refresh_cluster_metrics(admin: ClusterAdmin, metrics: Metrics) -> None
                 num_waiting=w.num_waiting,
                 kv_usage=w.kv_usage,
                 prefix_hit_rate=w.prefix_hit_rate,
+                num_used_blocks=w.num_total_blocks - w.num_free_blocks,
+                num_free_blocks=w.num_free_blocks,
             )

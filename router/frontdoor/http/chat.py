@@ -8,17 +8,9 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from core.errors import InvalidRequestError
-from core.request import RequestOutput, TokenLogprob
-from router.frontdoor.http.common import (
-    SSE_HEADERS,
-    TokenText,
-    finish_reason,
-    now_s,
-    sampling_params,
-    sse,
-    sse_stream,
-    usage,
-)
+from core.request import TokenLogprob
+from router.frontdoor.http import common
+from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.fanout import Choice, Prefetched, generate_choices, seeded
 from router.frontdoor.http.protocol import (
@@ -33,24 +25,12 @@ from router.frontdoor.http.protocol import (
     DeltaMessage,
     TopLogprob,
 )
-from router.frontdoor.requests import (
-    check_prompt,
-    new_request_id,
-    resolve_max_tokens,
-    tokenizer_of,
-    vocab_size_of,
-)
+from router.frontdoor.requests import encode_chat, new_request_id, resolve_max_tokens, tokenizer_of
 
 
 def chat_prompt_ids(body: ChatCompletionRequest, ctx: ServerContext) -> list[int]:
-    tok = tokenizer_of(ctx.backend)
     messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True)
-    except ValueError as e:  # ChatTemplateError: the template rejected these messages
-        raise InvalidRequestError(f"messages: {e}") from e
-    # The template writes BOS itself; encoding must not add another.
-    return tok.encode(text, add_special_tokens=False)
+    return encode_chat(tokenizer_of(ctx.backend), messages, "messages")
 
 
 def _logprobs(items: list[TokenLogprob], n_top: int, token_text: TokenText) -> ChatLogprobs:
@@ -77,15 +57,14 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true")
     prompt_ids = chat_prompt_ids(body, ctx)
-    check_prompt(prompt_ids, backend.max_model_len, vocab_size_of(backend))
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), backend.max_model_len)
     n_top = body.top_logprobs or 0
-    params = sampling_params(body, max_tokens, n_top if body.logprobs else None)
+    params = common.sampling_params(body, max_tokens, n_top if body.logprobs else None)
     choices = [Choice(i, prompt_ids, p) for i, p in enumerate(seeded(params, body.n))]
 
     rid = new_request_id("chatcmpl")
-    created = now_s()
+    created = common.now_s()
     model = backend.model_name
     token_text = TokenText(backend)
     stream = await Prefetched(
@@ -93,14 +72,7 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
     ).start()
 
     if not body.stream:
-        finals: dict[int, RequestOutput] = {}
-        try:
-            async for index, out in stream:
-                if out.finished:
-                    finals[index] = out
-        finally:
-            await stream.aclose()
-        outputs = [finals[c.index] for c in choices]
+        outputs = await common.collect(stream, choices)
         return ChatCompletionResponse(
             id=rid,
             created=created,
@@ -116,7 +88,7 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
                 )
                 for c, out in zip(choices, outputs, strict=True)
             ],
-            usage=usage([len(prompt_ids)], outputs, body.n),
+            usage=common.usage([len(prompt_ids)], outputs, body.n),
         )
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -128,34 +100,28 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
         for c in choices:  # OpenAI opens every choice with the role
             delta = DeltaMessage(role="assistant", content="")
             yield chunk(ChatChunkChoice(index=c.index, delta=delta))
-        sent_text = {c.index: 0 for c in choices}
-        sent_lp = {c.index: 0 for c in choices}
-        finals: dict[int, RequestOutput] = {}
+        outputs = common.accumulators(choices)
         async for index, out in stream:
-            text = out.text[sent_text[index] :]
-            sent_text[index] = len(out.text)
+            outputs[index].add(out)
             lp = None
             if body.logprobs:
-                new = (out.logprobs or [])[sent_lp[index] :]
-                sent_lp[index] += len(new)
-                lp = _logprobs(new, n_top, token_text)
-            if out.finished:
-                finals[index] = out
-            if text or (lp and lp.content):
-                yield chunk(
-                    ChatChunkChoice(index=index, delta=DeltaMessage(content=text), logprobs=lp)
-                )
+                lp = _logprobs(out.new_logprobs or [], n_top, token_text)
+            if out.new_text or (lp and lp.content):
+                message = DeltaMessage(content=out.new_text)
+                yield chunk(ChatChunkChoice(index=index, delta=message, logprobs=lp))
             if out.finished:
                 reason = finish_reason(out)
                 yield chunk(
                     ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=reason)
                 )
         if include_usage:
-            u = usage([len(prompt_ids)], [finals[c.index] for c in choices], body.n)
+            u = common.usage([len(prompt_ids)], [outputs[c.index] for c in choices], body.n)
             yield sse(
                 ChatCompletionChunk(id=rid, created=created, model=model, choices=[], usage=u)
             )
 
     return StreamingResponse(
-        sse_stream(events(), stream.aclose), media_type="text/event-stream", headers=SSE_HEADERS
+        common.sse_stream(events(), stream.aclose),
+        media_type="text/event-stream",
+        headers=common.SSE_HEADERS,
     )

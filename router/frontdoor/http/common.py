@@ -1,5 +1,5 @@
-"""Pieces chat and completions share: sampling parameters from the request body, usage,
-finish reasons, token strings for logprobs, and server-sent events."""
+"""Pieces chat and completions share: sampling parameters from the request body, whole
+outputs from deltas, usage, finish reasons, token strings for logprobs, server-sent events."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.errors import InvalidRequestError
-from core.request import FinishReason, RequestOutput
+from core.request import FinishReason, OutputDelta, RequestOutput
 from core.sampling import SamplingParams
 from router.frontdoor.backend import Backend
 from router.frontdoor.http.errors import sse_error
+from router.frontdoor.http.fanout import Choice, Prefetched
 from router.frontdoor.http.protocol import PromptTokensDetails, SamplingFields, Usage
 from router.frontdoor.requests import make_params
 
@@ -48,7 +49,24 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
     )
 
 
-def finish_reason(out: RequestOutput) -> str | None:
+def accumulators(choices: list[Choice]) -> dict[int, RequestOutput]:
+    """One whole output per choice, to add its deltas to (what usage and replies need)."""
+    return {c.index: RequestOutput(str(c.index), c.prompt_token_ids) for c in choices}
+
+
+async def collect(stream: Prefetched, choices: list[Choice]) -> list[RequestOutput]:
+    """Run every choice to its end (a non-streaming reply): the whole outputs, in choice
+    order."""
+    outputs = accumulators(choices)
+    try:
+        async for index, delta in stream:
+            outputs[index].add(delta)
+    finally:
+        await stream.aclose()
+    return [outputs[c.index] for c in choices]
+
+
+def finish_reason(out: OutputDelta | RequestOutput) -> str | None:
     if not out.finished:
         return None
     if out.finish_reason is None:

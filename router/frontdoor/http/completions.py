@@ -8,17 +8,9 @@ from dataclasses import dataclass
 from fastapi.responses import StreamingResponse
 
 from core.errors import InvalidRequestError
-from core.request import RequestOutput, TokenLogprob
-from router.frontdoor.http.common import (
-    SSE_HEADERS,
-    TokenText,
-    finish_reason,
-    now_s,
-    sampling_params,
-    sse,
-    sse_stream,
-    usage,
-)
+from core.request import TokenLogprob
+from router.frontdoor.http import common
+from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.fanout import Choice, Prefetched, generate_choices, seeded
 from router.frontdoor.http.protocol import (
@@ -27,13 +19,7 @@ from router.frontdoor.http.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from router.frontdoor.requests import (
-    check_prompt,
-    new_request_id,
-    resolve_max_tokens,
-    tokenizer_of,
-    vocab_size_of,
-)
+from router.frontdoor.requests import new_request_id, resolve_max_tokens, tokenizer_of
 
 
 @dataclass(frozen=True)
@@ -79,11 +65,10 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
     prompts = _prompts(body, ctx)
     choices: list[Choice] = []
     for i, prompt in enumerate(prompts):
-        check_prompt(prompt.token_ids, backend.max_model_len, vocab_size_of(backend))
         max_tokens = resolve_max_tokens(
             body.max_tokens, len(prompt.token_ids), backend.max_model_len
         )
-        params = sampling_params(body, max_tokens, body.logprobs)
+        params = common.sampling_params(body, max_tokens, body.logprobs)
         for j, p in enumerate(seeded(params, body.n)):
             choices.append(Choice(i * body.n + j, prompt.token_ids, p))
     if body.echo:  # echo needs the prompt text; token prompts are decoded
@@ -93,7 +78,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
         ]
 
     rid = new_request_id("cmpl")
-    created = now_s()
+    created = common.now_s()
     model = backend.model_name
     token_text = TokenText(backend)
     n_top = body.logprobs or 0
@@ -107,14 +92,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
     ).start()
 
     if not body.stream:
-        finals: dict[int, RequestOutput] = {}
-        try:
-            async for index, out in stream:
-                if out.finished:
-                    finals[index] = out
-        finally:
-            await stream.aclose()
-        outputs = [finals[c.index] for c in choices]
+        outputs = await common.collect(stream, choices)
         response_choices = []
         for c, out in zip(choices, outputs, strict=True):
             lp = None
@@ -130,41 +108,39 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
             )
         return CompletionResponse(
             id=rid, created=created, model=model, choices=response_choices,
-            usage=usage([len(p.token_ids) for p in prompts], outputs, body.n),
+            usage=common.usage([len(p.token_ids) for p in prompts], outputs, body.n),
         )  # fmt: skip
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def events() -> AsyncIterator[str]:
-        sent_text = {c.index: 0 for c in choices}
-        sent_lp = {c.index: 0 for c in choices}
         offsets = {c.index: 0 for c in choices}
-        finals: dict[int, RequestOutput] = {}
+        outputs = common.accumulators(choices)
         echoed: set[int] = set()
         async for index, out in stream:
-            delta = out.text[sent_text[index] :]
+            outputs[index].add(out)
+            text = out.new_text
             if body.echo and index not in echoed:
                 echoed.add(index)
-                delta = echo_of(index) + delta
-            sent_text[index] = len(out.text)
+                text = echo_of(index) + text
             lp = None
             if want_logprobs:
-                new = (out.logprobs or [])[sent_lp[index] :]
-                sent_lp[index] += len(new)
-                lp, offsets[index] = _logprobs(new, n_top, offsets[index], token_text)
-            if out.finished:
-                finals[index] = out
-            if not delta and not out.finished and not (lp and lp.tokens):
+                lp, offsets[index] = _logprobs(
+                    out.new_logprobs or [], n_top, offsets[index], token_text
+                )
+            if not text and not out.finished and not (lp and lp.tokens):
                 continue
             choice = CompletionChoice(
-                index=index, text=delta, logprobs=lp, finish_reason=finish_reason(out)
+                index=index, text=text, logprobs=lp, finish_reason=finish_reason(out)
             )
             yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[choice]))
         if include_usage:
-            outputs = [finals[c.index] for c in choices]
-            u = usage([len(p.token_ids) for p in prompts], outputs, body.n)
+            finals = [outputs[c.index] for c in choices]
+            u = common.usage([len(p.token_ids) for p in prompts], finals, body.n)
             yield sse(CompletionResponse(id=rid, created=created, model=model, choices=[], usage=u))
 
     return StreamingResponse(
-        sse_stream(events(), stream.aclose), media_type="text/event-stream", headers=SSE_HEADERS
+        common.sse_stream(events(), stream.aclose),
+        media_type="text/event-stream",
+        headers=common.SSE_HEADERS,
     )

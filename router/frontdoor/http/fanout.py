@@ -1,5 +1,5 @@
 """Running one API request as several backend requests (`n` choices, batched prompts) and
-merging their output streams.
+merging their delta streams.
 
 Each choice is its own `GenerateRequest` (`<id>-<index>`); the merged stream yields
 `(index, output)` as any of them produces. The first error cancels the rest; closing the
@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 
-from core.request import RequestOutput
+from core.request import OutputDelta
 from core.sampling import SamplingParams
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.metrics import Metrics
-from router.frontdoor.requests import run_tracked
+from router.frontdoor.tracking import run_tracked
 
 _DONE = object()
 
@@ -42,7 +42,7 @@ async def generate_choices(
     choices: list[Choice],
     metrics: Metrics,
     timeout_s: float,
-) -> AsyncGenerator[tuple[int, RequestOutput]]:
+) -> AsyncGenerator[tuple[int, OutputDelta]]:
     def request(c: Choice) -> GenerateRequest:
         rid = request_id if len(choices) == 1 else f"{request_id}-{c.index}"
         return GenerateRequest(rid, c.prompt_token_ids, c.params, timeout_s)
@@ -57,7 +57,7 @@ async def generate_choices(
             await stream.aclose()
         return
 
-    queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | object] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, OutputDelta] | BaseException | object] = asyncio.Queue()
 
     async def pump(c: Choice) -> None:
         try:
@@ -90,9 +90,9 @@ class Prefetched:
     """A merged stream whose first item was already awaited: errors raised before any
     output (bad prompt, overloaded) surface while an HTTP status can still be sent."""
 
-    def __init__(self, stream: AsyncGenerator[tuple[int, RequestOutput]]) -> None:
+    def __init__(self, stream: AsyncGenerator[tuple[int, OutputDelta]]) -> None:
         self._stream = stream
-        self._first: tuple[int, RequestOutput] | None = None
+        self._first: tuple[int, OutputDelta] | None = None
 
     async def start(self) -> Prefetched:
         try:
@@ -104,7 +104,7 @@ class Prefetched:
             raise
         return self
 
-    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def __aiter__(self) -> AsyncIterator[tuple[int, OutputDelta]]:
         if self._first is None:
             return
         yield self._first

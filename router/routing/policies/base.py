@@ -17,10 +17,12 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
-from router.routing.load import WorkerState
+from core.roles import WorkerRole
 from router.routing.pool import Pool
+from router.routing.worker_state import WorkerState
 
-POOLS = ("prefill", "decode")
+POOLS = (WorkerRole.PREFILL, WorkerRole.DECODE)
+"""The pools a policy chooses in (a unified worker sits in the decode pool)."""
 
 
 class RouteContext(NamedTuple):
@@ -73,7 +75,7 @@ class Policy(abc.ABC):
 
 def pool_load(worker: WorkerState, pool: str) -> tuple[int, int]:
     """The "load" ties and the least-loaded fallback compare, per pool (smaller is lighter)."""
-    if pool == "prefill":
+    if pool == WorkerRole.PREFILL:
         return (worker.queued_prefill_tokens, worker.running)
     return (worker.running, -worker.free_blocks)
 

@@ -20,19 +20,20 @@ so the Router can print them in its debug log line.
 
 from __future__ import annotations
 
+from core.roles import WorkerRole
 from router.routing.policies.base import Choice, Policy, RouteContext, register
 
 _GUARD_TERMS = ("max_load", "min_load")
 _COST_TERMS = ("cost", "uncached_tokens", "cached_blocks", "queued_tokens", "runner_up_cost")
 
 
-@register("cache_aware", pools=("prefill",))
+@register("cache_aware", pools=(WorkerRole.PREFILL,))
 class CacheAwarePrefill(Policy):
     name = "cache_aware"
 
     def __init__(
         self,
-        pool: str = "prefill",
+        pool: str = WorkerRole.PREFILL,
         compute_weight: float = 1.0,
         queue_weight: float = 1.0,
         balance_abs_tokens: int = 32_768,

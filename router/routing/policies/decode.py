@@ -19,19 +19,20 @@ Every worker's cost depends on the pool-wide max running, so this is one pass ov
 
 from __future__ import annotations
 
+from core.roles import WorkerRole
 from router.routing.policies.base import Choice, Policy, RouteContext, register
 
 _TERMS = ("cost", "held_blocks", "need_blocks", "running", "kv_used")
 _NO_ROOM_TERMS = ("free_blocks",)
 
 
-@register("cache_aware", pools=("decode",))
+@register("cache_aware", pools=(WorkerRole.DECODE,))
 class CacheAwareDecode(Policy):
     name = "cache_aware"
 
     def __init__(
         self,
-        pool: str = "decode",
+        pool: str = WorkerRole.DECODE,
         transfer_weight: float = 1.0,
         batch_weight: float = 1.0,
         kv_weight: float = 1.0,

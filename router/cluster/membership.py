@@ -1,0 +1,161 @@
+"""The cluster as one front door sees it: the controller's ready workers, the model they
+serve, and their latest reports.
+
+A background task keeps it fresh: membership from the controller (a version number changes
+with every join, leave or scale), then every worker's report: KV events into the router's
+index, load into its policies, and the latest load kept for the admin view (and, through
+it, the metrics).
+A worker whose actor died under a request is *suspected* at once (taken out of routing)
+rather than at the controller's next health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from core.events import WorkerLoad
+from core.roles import WorkerRole
+from router.routing.router import Router
+from worker.records import WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+_SUSPECT_S = 30.0
+"""How long a worker whose actor died stays out of routing unless the controller says
+otherwise (it usually reports the death within a health-check interval)."""
+_SYNC_EVERY_S = 0.25
+_REPORT_TIMEOUT_S = 5.0
+
+
+class Membership:
+    def __init__(
+        self,
+        controller: Any,
+        router: Router,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self.controller = controller
+        self.router = router
+        self.poll_interval_s = poll_interval_s
+        self.workers: dict[str, Any] = {}
+        """worker id -> controller Member (state ready)."""
+        self.loads: dict[str, WorkerLoad] = {}
+        """worker id -> its latest report's load."""
+        self.model: WorkerInfo | None = None
+        """The first worker's facts: the model every worker serves (id, context, blocks)."""
+        self.on_left: list[Callable[[str], None]] = []
+        """Called with a worker id when it leaves (the prefill gate fails its waiters)."""
+        self._version = -1
+        self._prefill_pool_wanted = True
+        """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
+        self._task: asyncio.Task | None = None
+        self._resync: set[str] = set()
+        self._suspects: dict[str, float] = {}
+        """Workers whose actor died under a request, by when they were seen dead."""
+        router.store.set_resync_callback(lambda _model, worker_id: self._resync.add(worker_id))
+
+    async def start(self) -> None:
+        await self.sync()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def is_ready(self) -> bool:
+        """A request can be served now: both pools have a live worker (or decode workers
+        serve alone, by choice or in unified mode)."""
+        roles = {m.role for m in self.workers.values()}
+        return (
+            WorkerRole.UNIFIED in roles
+            or {WorkerRole.PREFILL, WorkerRole.DECODE} <= roles
+            or (WorkerRole.DECODE in roles and not self._prefill_pool_wanted)
+        )
+
+    def suspect(self, worker_id: str) -> None:
+        """An actor call failed because the actor is gone: stop routing to it now."""
+        self._suspects[worker_id] = time.monotonic()
+        if self.workers.pop(worker_id, None) is not None:
+            self.loads.pop(worker_id, None)
+            self.router.remove_worker(worker_id)
+            logger.warning("router: worker %s is gone; no longer routing to it", worker_id)
+
+    async def sync(self) -> None:
+        """Bring the workers in step with the controller's membership."""
+        version, members = await self.controller.get_members.remote()
+        if version == self._version:
+            return
+        self._version = version
+        # Pool sizes only matter when membership changed (scaling bumps the version too).
+        desired = await self.controller.get_desired.remote()
+        self._prefill_pool_wanted = desired.get(WorkerRole.PREFILL, 0) > 0
+        ready = {m.worker_id: m for m in members if m.state == "ready"}
+        for worker_id in [w for w in self.workers if w not in ready]:
+            self._leave(worker_id)
+        now = time.monotonic()
+        self._suspects = {w: t for w, t in self._suspects.items() if now - t < _SUSPECT_S}
+        for worker_id, m in ready.items():
+            if worker_id not in self.workers and worker_id not in self._suspects:
+                self._join(m)
+
+    def _join(self, member: Any) -> None:
+        info: WorkerInfo = member.info
+        if self.model is None:
+            self.model = info
+            self.router.register_model(info.model_id, info.block_size)
+        self.workers[member.worker_id] = member
+        self.router.add_worker(member.worker_id, member.role, self.model.model_id)
+        logger.info("router: worker %s (%s) joined", member.worker_id, member.role)
+
+    def _leave(self, worker_id: str) -> None:
+        del self.workers[worker_id]
+        self.loads.pop(worker_id, None)
+        self.router.remove_worker(worker_id)
+        for callback in self.on_left:
+            callback(worker_id)
+        logger.info("router: worker %s left", worker_id)
+
+    async def _poll_forever(self) -> None:
+        last_sync = 0.0
+        while True:
+            try:
+                if time.monotonic() - last_sync > _SYNC_EVERY_S:
+                    await self.sync()
+                    last_sync = time.monotonic()
+                await self.poll_reports()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("router: polling workers failed")
+            await asyncio.sleep(self.poll_interval_s)
+
+    async def poll_reports(self) -> None:
+        for worker_id in list(self._resync):  # the index missed events of these: snapshot
+            self._resync.discard(worker_id)
+            m = self.workers.get(worker_id)
+            if m is not None:
+                with contextlib.suppress(Exception):
+                    snapshot = m.handle.snapshot.remote()
+                    self.router.apply(await asyncio.wait_for(snapshot, _REPORT_TIMEOUT_S))
+        members = list(self.workers.values())
+        results = await asyncio.gather(
+            *(asyncio.wait_for(m.handle.report.remote(), _REPORT_TIMEOUT_S) for m in members),
+            return_exceptions=True,
+        )
+        for m, report in zip(members, results, strict=True):
+            if isinstance(report, BaseException):
+                continue
+            if report.events is not None:
+                self.router.apply(report.events)
+            load: WorkerLoad = report.load
+            self.router.report_load(load)
+            if m.worker_id in self.workers:
+                self.loads[m.worker_id] = load

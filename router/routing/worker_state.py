@@ -1,0 +1,63 @@
+"""One worker as the router sees it: its last report plus what this router has routed to it
+since, and the prefill load L_w the policies compare. Mutated only by `LoadTracker`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.roles import WorkerRole
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Per-worker load; owned by LoadTracker, read by the policies.
+
+    Prefill tokens routed to a worker move through three counters (router.routing.load):
+
+        gated_prefill_tokens     routed, still waiting at this front door's prefill gate
+                                 (the worker has not seen them: no report counts them)
+        admitted_prefill_tokens  admitted, prefill not finished (what the gate caps)
+        pending_prefill_tokens   admitted since the worker's last report (which does not
+                                 count them yet; a new report resets it)
+    """
+
+    worker_id: str
+    role: WorkerRole
+    model: str
+    reported_waiting_tokens: int = 0
+    reported_running: int = 0
+    reported_free_blocks: int = 0
+    total_blocks: int = 0
+    epoch: int = 0
+    """Reports received: a charge taken back in another epoch is already in a report."""
+    gated_prefill_tokens: int = 0
+    admitted_prefill_tokens: int = 0
+    pending_prefill_tokens: int = 0
+    pending_requests: int = 0
+    pending_blocks: int = 0
+    num_routed: int = 0
+
+    @property
+    def queued_prefill_tokens(self) -> int:
+        """L_w: prefill work queued before a new request's (report + routed since)."""
+        return prefill_load(self)
+
+    @property
+    def running(self) -> int:
+        return self.reported_running + self.pending_requests
+
+    @property
+    def has_capacity_info(self) -> bool:
+        return self.total_blocks > 0
+
+    @property
+    def free_blocks(self) -> int:
+        return max(0, self.reported_free_blocks - self.pending_blocks)
+
+
+def prefill_load(worker: WorkerState) -> int:
+    """L_w, the prefill pool's load: tokens the worker reported waiting, plus those admitted
+    since that report, plus those still queued at this front door's gate for it."""
+    return (
+        worker.reported_waiting_tokens + worker.pending_prefill_tokens + worker.gated_prefill_tokens
+    )

@@ -1,0 +1,54 @@
+"""What crosses a worker actor's boundary: how to start it, what it is once started, and
+what it reports while it runs. Frozen dataclasses, pickled by Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.config import EngineConfig
+from core.events import KVEventBatch, WorkerLoad
+from core.roles import WorkerRole
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything needed to start one worker; built by the controller."""
+
+    worker_id: str
+    role: WorkerRole
+    model_dir: str
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    transport: str = "auto"
+    num_threads: int = 1
+    tp: int = 1
+    """Tensor-parallel ranks (tp>1: rank actors in the placement group given to the
+    worker, see ray_ranks.py)."""
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A started worker, as the controller and the front doors know it."""
+
+    worker_id: str
+    role: WorkerRole
+    model_id: str
+    vocab_size: int
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    kv_bytes_per_block: int
+    """Bytes one block holds over all layers and all TP ranks: what a transfer moves per
+    block sent."""
+    transport_backend: str
+    transport_metadata: bytes
+    """worker.group.GroupMetadata: one transport handshake per rank."""
+    pid: int
+    tp: int = 1
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """Polled by the front door: the KV events since the last poll, and the load."""
+
+    events: KVEventBatch | None
+    load: WorkerLoad
