@@ -7,7 +7,8 @@ Module map
     handshake.py   versioned compatibility record, PeerInfo, control messages
     api.py         the Transport interface, SendHandle, TransferResult, FailureHook
     transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
-    protocol.py    the protocol state machine (runs on the I/O thread)
+    protocol.py    TransferProtocol: the request tables and the protocol state machine,
+                   owned by the transport and run on its I/O thread
     driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
                    host: peers map each other's memfd cache), local_driver.py
     registry.py    backend registry, auto-selection, create_transport()

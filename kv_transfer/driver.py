@@ -1,7 +1,7 @@
 """The backend seam: a `Driver` moves bytes and small messages; nothing else.
 
 All protocol logic (reservations, validation, deadlines, acknowledgements) lives in
-`kv_transfer.transport`, identical for every backend. A driver is called from exactly one
+`kv_transfer.protocol`, identical for every backend. A driver is called from exactly one
 thread, the transport's I/O thread, so it needs no locking of its own.
 """
 

@@ -1,7 +1,8 @@
 """`DriverTransport`: the one implementation of `Transport`, over any `Driver`.
 
-Threads: callers enqueue commands; one I/O thread owns the driver and every request table,
-so the protocol below runs single-threaded. Results go back through a Condition.
+Threads: callers enqueue commands; one I/O thread owns the driver and the transport's
+`TransferProtocol` (protocol.py: every request table), so the protocol runs
+single-threaded. Results go back through a Condition.
 
 The I/O loop, per step: run queued commands -> read control messages -> poll pulls and
 sends -> enforce deadlines. Between steps it waits in select() on a wake pipe plus whatever
@@ -46,7 +47,7 @@ from kv_transfer.handshake import (
     encode,
 )
 from kv_transfer.layout import KVCacheSpec
-from kv_transfer.protocol import ProtocolMixin
+from kv_transfer.protocol import TransferProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ _CONNECT_TIMEOUT_S = 30.0
 _CHECKED_MEMORY = 1024
 
 
-class DriverTransport(ProtocolMixin, Transport):
+class DriverTransport(Transport):
     """A Transport whose bytes are moved by `driver_cls` (see `kv_transfer.registry`)."""
 
     def __init__(
@@ -100,7 +101,10 @@ class DriverTransport(ProtocolMixin, Transport):
         os.set_blocking(self._wake_w, False)
         self._cond = threading.Condition()
         self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
-        self._init_protocol()
+        # The request tables and their state machine; touched only on the I/O thread.
+        self._protocol = TransferProtocol(
+            self.name, self.driver, spec, self._peers, self._drain_commands, self._publish
+        )
         self._stop = False
         self._nap_s = _IDLE_POLL_S  # how long the I/O thread may sleep now (0 while it works)
         self._thread = threading.Thread(target=self._run, name=f"kv-io-{self.name}", daemon=True)
@@ -142,7 +146,7 @@ class DriverTransport(ProtocolMixin, Transport):
         with self._cond:
             self._peers.pop(peer, None)
         self._checked.clear()
-        self._call(lambda: self._drop_peer(peer))
+        self._call(lambda: self._protocol.drop_peer(peer))
 
     def expect(
         self,
@@ -159,7 +163,7 @@ class DriverTransport(ProtocolMixin, Transport):
         if not block_ids:
             raise ValueError(f"request {request_id}: empty reservation")
         deadline = time.monotonic() + timeout_s
-        self._submit(lambda: self._start_recv(request_id, block_ids, layers, deadline))
+        self._submit(lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline))
 
     def send(
         self,
@@ -183,7 +187,9 @@ class DriverTransport(ProtocolMixin, Transport):
         deadline = time.monotonic() + timeout_s
         tag = (self._tag_salt << 23) | (next(self._tag_counter) & 0x7FFFFF)
         self._submit(
-            lambda: self._post_send(handle, peer, peer_spec, src, dst, layer_list, deadline, tag)
+            lambda: self._protocol.post_send(
+                handle, peer, peer_spec, src, dst, layer_list, deadline, tag
+            )
         )
         return handle
 
@@ -220,7 +226,7 @@ class DriverTransport(ProtocolMixin, Transport):
         return src, dst
 
     def cancel(self, request_id: str) -> None:
-        self._submit(lambda: self._cancel(request_id))
+        self._submit(lambda: self._protocol.cancel(request_id))
 
     def poll(self) -> list[TransferResult]:
         with self._cond:
@@ -238,7 +244,7 @@ class DriverTransport(ProtocolMixin, Transport):
     def close(self) -> None:
         if self._stop:
             return
-        self._call(lambda: self._fail_all("transport closed"))
+        self._call(lambda: self._protocol.fail_all("transport closed"))
         self._stop = True
         self._wake_up()
         self._thread.join(timeout=10.0)
@@ -298,9 +304,10 @@ class DriverTransport(ProtocolMixin, Transport):
         return True
 
     def _run(self) -> None:
+        step, active = self._protocol.step, self._protocol.active
         while not self._stop:
             try:
-                busy = self._step()
+                busy = step()
             except Exception:
                 logger.exception("%s: I/O step failed", self.name)
                 busy = False
@@ -308,7 +315,7 @@ class DriverTransport(ProtocolMixin, Transport):
                 continue
             # Publish the nap length first, then look at the queue once more: a command put
             # after that look sees the length and wakes us if the nap is long.
-            self._nap_s = _ACTIVE_POLL_S if self._active() else _IDLE_POLL_S
+            self._nap_s = _ACTIVE_POLL_S if active() else _IDLE_POLL_S
             if self._commands.empty():
                 select.select([self._wake_r, *self.driver.wait_fds()], [], [], self._nap_s)
                 with contextlib.suppress(BlockingIOError):
