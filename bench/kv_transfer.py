@@ -52,14 +52,15 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
         os.environ["UCX_TLS"] = TLS[(backend, tls)]
     import torch
 
+    from core.kv_layout import KVLayout
     from engine.kv_cache.shared_memory import shared_zeros
-    from kv_transfer import KVCacheSpec, Role, create_transport
+    from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    spec = KVCacheSpec(**spec_kwargs)
+    layout = KVLayout(**spec_kwargs)
     # In a memfd as the engine allocates it (the shm backend maps it); every page touched.
-    kv = shared_zeros(spec.shape, torch.float16).fill_(1.0)
-    transport = create_transport(kv, spec, "bench", backend=backend, loopback=True)
+    kv = shared_zeros(layout.shape, torch.float16).fill_(1.0)
+    transport = create_transport(kv, layout, "bench", backend=backend, loopback=True)
     conn.send(transport.local_metadata())
     peer = transport.add_peer(conn.recv())
     while True:
@@ -94,13 +95,13 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
             request_id, src, dst, compute_s, mode = args
             start = time.perf_counter()
             handles = []
-            for layer in range(spec.num_layers):
+            for layer in range(layout.num_layers):
                 time.sleep(compute_s)
                 if mode == "per_layer":
                     handles.append(transport.send(request_id, src, peer, dst, [layer]))
             if mode == "after_last":
                 handles.append(
-                    transport.send(request_id, src, peer, dst, list(range(spec.num_layers)))
+                    transport.send(request_id, src, peer, dst, list(range(layout.num_layers)))
                 )
             for handle in handles:
                 handle.wait(120)

@@ -19,10 +19,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from core.kv_layout import KVLayout
 from kv_transfer.api import Role, SendHandle, TransferResult
 from kv_transfer.driver import Driver, OpState
 from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
-from kv_transfer.layout import KVCacheSpec, pair_regions_layers
+from kv_transfer.layout import pair_regions_layers
 from kv_transfer.requests import RecvState, SendState
 
 logger = logging.getLogger(__name__)
@@ -46,14 +47,14 @@ class TransferProtocol:
         self,
         name: str,
         driver: Driver,
-        spec: KVCacheSpec,
-        peers: Mapping[str, KVCacheSpec],
+        layout: KVLayout,
+        peers: Mapping[str, KVLayout],
         run_commands: Callable[[], bool],
         publish: Callable[[TransferResult], None],
     ) -> None:
         self.name = name
         self.driver = driver
-        self.spec = spec
+        self.layout = layout
         self._peers = peers
         self._run_commands = run_commands
         self._publish = publish
@@ -117,8 +118,8 @@ class TransferProtocol:
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 
     def _on_ready(self, msg: LayersReady) -> None:
-        peer_spec = self._peers.get(msg.sender)
-        if peer_spec is None:
+        peer_layout = self._peers.get(msg.sender)
+        if peer_layout is None:
             logger.warning("%s: LayersReady from unknown peer %s ignored", self.name, msg.sender)
             return
         recv = self._recvs.get(msg.request_id)
@@ -134,7 +135,7 @@ class TransferProtocol:
             )
             self._tell(msg.sender, Abort(msg.request_id, self.name, reason))
             return
-        error = self._check_ready(recv, msg, peer_spec)
+        error = self._check_ready(recv, msg, peer_layout)
         if error is not None:
             reason = f"refused LayersReady from {msg.sender}: {error}"
             if recv.peer != msg.sender:
@@ -145,7 +146,7 @@ class TransferProtocol:
         recv.claimed.update(msg.layers)
         try:
             op = self.driver.pull_blocks(
-                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_spec
+                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_layout
             )
         except Exception as exc:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
@@ -172,7 +173,7 @@ class TransferProtocol:
         self._publish(TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids))
         return False
 
-    def _check_ready(self, recv: RecvState, msg: LayersReady, peer_spec: KVCacheSpec) -> str | None:
+    def _check_ready(self, recv: RecvState, msg: LayersReady, peer_layout: KVLayout) -> str | None:
         """Why `msg` may not fill `recv`'s reservation, or None if it may."""
         if recv.peer is not None and recv.peer != msg.sender:
             return f"request is bound to peer {recv.peer}"
@@ -189,7 +190,7 @@ class TransferProtocol:
         if len(msg.src_block_ids) != len(msg.dst_block_ids):
             return "source and destination block counts differ"
         try:
-            peer_spec.check_block_ids(msg.src_block_ids, "source block id")
+            peer_layout.check_block_ids(msg.src_block_ids, "source block id")
         except ValueError as exc:
             return str(exc)
         return None
@@ -210,7 +211,7 @@ class TransferProtocol:
         self,
         handle: SendHandle,
         peer: str,
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
         src: list[int],
         dst: list[int],
         layers: list[int],
@@ -221,7 +222,7 @@ class TransferProtocol:
         send = self._sends.get(handle.request_id)
         if send is None:
             self._finished.pop(handle.request_id, None)
-            send = SendState(handle.request_id, peer, self.spec.num_layers, deadline)
+            send = SendState(handle.request_id, peer, self.layout.num_layers, deadline)
             self._sends[handle.request_id] = send
             heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), send))
         elif send.peer != peer:
@@ -237,7 +238,7 @@ class TransferProtocol:
         # Only byte-stream backends send the bytes themselves; the others let the receiver
         # pull, and it works the regions out from the message.
         regions = (
-            pair_regions_layers(self.spec, peer_spec, layers, src, dst)
+            pair_regions_layers(self.layout, peer_layout, layers, src, dst)
             if self.driver.streams_bytes
             else []
         )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from core.kv_layout import KVLayout
 from kv_transfer.api import (
     FailureHook,
     PeerId,
@@ -46,7 +47,6 @@ from kv_transfer.handshake import (
     decode_peer_info,
     encode,
 )
-from kv_transfer.layout import KVCacheSpec
 from kv_transfer.protocol import TransferProtocol
 
 logger = logging.getLogger(__name__)
@@ -68,28 +68,28 @@ class DriverTransport(Transport):
     def __init__(
         self,
         driver_factory: Callable[[str], Driver],
-        spec: KVCacheSpec,
+        layout: KVLayout,
         model_id: str,
         name: str | None = None,
         on_failure: FailureHook | None = None,
     ) -> None:
-        self.spec = spec
+        self.layout = layout
         self.name = name or f"kv-{os.getpid()}-{random.getrandbits(32):08x}"
         self.driver = driver_factory(self.name)
         self.backend = self.driver.name
-        self.compat = CompatRecord.from_spec(spec, model_id)
+        self.compat = CompatRecord.from_layout(layout, model_id)
         self._metadata = encode(
             PeerInfo(
                 protocol_version=PROTOCOL_VERSION,
                 name=self.name,
                 backend=self.backend,
                 compat=self.compat,
-                num_blocks=spec.num_blocks,
+                num_blocks=layout.num_blocks,
                 backend_metadata=self.driver.metadata(),
             )
         )
         self._on_failure = on_failure
-        self._peers: dict[str, KVCacheSpec] = {}  # written under _cond
+        self._peers: dict[str, KVLayout] = {}  # written under _cond
         self._checked: dict[str, tuple[str, list[int], list[int]]] = {}  # see _checked_blocks
         # Tags of byte-stream backends must be unique per receiver across senders: a random
         # 20-bit salt per transport and a 23-bit counter (see ucx_driver for the bit layout).
@@ -103,7 +103,7 @@ class DriverTransport(Transport):
         self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
         # The request tables and their state machine; touched only on the I/O thread.
         self._protocol = TransferProtocol(
-            self.name, self.driver, spec, self._peers, self._drain_commands, self._publish
+            self.name, self.driver, layout, self._peers, self._drain_commands, self._publish
         )
         self._stop = False
         self._nap_s = _IDLE_POLL_S  # how long the I/O thread may sleep now (0 while it works)
@@ -126,18 +126,9 @@ class DriverTransport(Transport):
             if info.name in self._peers:
                 return info.name
         self._call(lambda: self.driver.connect(info.name, info.backend_metadata))
-        peer_spec = KVCacheSpec(
-            num_layers=info.compat.num_layers,
-            num_blocks=info.num_blocks,
-            block_size=info.compat.block_size,
-            num_kv_heads=info.compat.num_kv_heads,
-            head_dim=info.compat.head_dim,
-            dtype=info.compat.dtype,
-            tp_rank=info.compat.tp_rank,
-            tp_size=info.compat.tp_size,
-        )
+        peer_layout = info.kv_layout()
         with self._cond:
-            self._peers[info.name] = peer_spec
+            self._peers[info.name] = peer_layout
         self._checked.clear()  # block ids were checked against the peer's previous cache
         logger.info("%s: connected to peer %s over %s", self.name, info.name, self.backend)
         return info.name
@@ -156,10 +147,10 @@ class DriverTransport(Transport):
         timeout_s: float = 30.0,
     ) -> None:
         block_ids = tuple(int(b) for b in dst_block_ids)
-        self.spec.check_block_ids(block_ids, "destination block id")
-        layers = self.spec.num_layers if num_layers is None else num_layers
-        if not 1 <= layers <= self.spec.num_layers:
-            raise ValueError(f"num_layers {layers} outside [1, {self.spec.num_layers}]")
+        self.layout.check_block_ids(block_ids, "destination block id")
+        layers = self.layout.num_layers if num_layers is None else num_layers
+        if not 1 <= layers <= self.layout.num_layers:
+            raise ValueError(f"num_layers {layers} outside [1, {self.layout.num_layers}]")
         if not block_ids:
             raise ValueError(f"request {request_id}: empty reservation")
         deadline = time.monotonic() + timeout_s
@@ -175,12 +166,12 @@ class DriverTransport(Transport):
         timeout_s: float = 30.0,
     ) -> SendHandle:
         # The prefill loop calls this once per layer between kernels: keep it to builtins.
-        peer_spec = self._peers.get(peer)  # one dict read: atomic, no lock needed
-        if peer_spec is None:
+        peer_layout = self._peers.get(peer)  # one dict read: atomic, no lock needed
+        if peer_layout is None:
             raise ValueError(f"unknown peer {peer!r}; call add_peer first")
-        src, dst = self._checked_blocks(request_id, peer, peer_spec, src_block_ids, dst_block_ids)
+        src, dst = self._checked_blocks(request_id, peer, peer_layout, src_block_ids, dst_block_ids)
         layer_list = list(map(int, layers))
-        self.spec.check_layers(layer_list)
+        self.layout.check_layers(layer_list)
         if not layer_list:
             raise ValueError("send needs at least one layer")
         handle = SendHandle(request_id, layer_list)
@@ -188,7 +179,7 @@ class DriverTransport(Transport):
         tag = (self._tag_salt << 23) | (next(self._tag_counter) & 0x7FFFFF)
         self._submit(
             lambda: self._protocol.post_send(
-                handle, peer, peer_spec, src, dst, layer_list, deadline, tag
+                handle, peer, peer_layout, src, dst, layer_list, deadline, tag
             )
         )
         return handle
@@ -197,7 +188,7 @@ class DriverTransport(Transport):
         self,
         request_id: str,
         peer: PeerId,
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
         src_block_ids: Sequence[int],
         dst_block_ids: Sequence[int],
     ) -> tuple[list[int], list[int]]:
@@ -218,8 +209,8 @@ class DriverTransport(Transport):
         dst = list(map(int, dst_block_ids))
         if len(src) != len(dst) or not src:
             raise ValueError(f"need equal, non-empty block lists; got {len(src)} and {len(dst)}")
-        self.spec.check_block_ids(src, "source block id")
-        peer_spec.check_block_ids(dst, f"destination block id (peer {peer})")
+        self.layout.check_block_ids(src, "source block id")
+        peer_layout.check_block_ids(dst, f"destination block id (peer {peer})")
         if len(self._checked) >= _CHECKED_MEMORY:
             self._checked.clear()  # requests come and go; a miss only costs a check
         self._checked[request_id] = (peer, src, dst)

@@ -75,14 +75,15 @@ class WorkerRank:
         num_threads: int = 1,
         tp: TPGroup = SINGLE,
     ) -> None:
-        from kv_transfer import KVCacheSpec, create_transport
+        from core.kv_layout import KVLayout
+        from kv_transfer import create_transport
         from worker.base import pin_threads
 
         pin_threads(num_threads)
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.engine = LLMEngine(Path(model_dir), config, tp=tp, worker_id=worker_id)
         shape = self.engine.runner.kv_shape
-        spec = KVCacheSpec(
+        layout = KVLayout(
             num_layers=shape.num_layers,
             num_blocks=shape.num_blocks,
             block_size=shape.block_size,
@@ -96,7 +97,7 @@ class WorkerRank:
         # blocks on every rank at once.
         self.transport = create_transport(
             self.engine.runner.kv_cache,
-            spec,
+            layout,
             self.engine.model_config.model_id,
             backend=transport,
             name=rank_transport_name(worker_id, tp.rank, tp.size),
