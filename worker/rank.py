@@ -75,29 +75,17 @@ class WorkerRank:
         num_threads: int = 1,
         tp: TPGroup = SINGLE,
     ) -> None:
-        from core.kv_layout import KVLayout
         from kv_transfer import create_transport
         from worker.base import pin_threads
 
         pin_threads(num_threads)
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.engine = LLMEngine(Path(model_dir), config, tp=tp, worker_id=worker_id)
-        shape = self.engine.runner.kv_shape
-        layout = KVLayout(
-            num_layers=shape.num_layers,
-            num_blocks=shape.num_blocks,
-            block_size=shape.block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=str(shape.dtype).removeprefix("torch."),
-            tp_rank=tp.rank,
-            tp_size=tp.size,
-        )
         # No failure hook: failures come back through kv_poll and the worker frees the
         # blocks on every rank at once.
         self.transport = create_transport(
             self.engine.runner.kv_cache,
-            layout,
+            self.engine.runner.kv_layout,
             self.engine.model_config.model_id,
             backend=transport,
             name=rank_transport_name(worker_id, tp.rank, tp.size),
