@@ -160,8 +160,10 @@ def block_ids(num_blocks: int, pattern: str) -> list[int]:
 
 
 def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
+    from core.kv_layout import KVLayout
+
     rows = []
-    block_bytes = 64 * KiB
+    block_bytes = KVLayout(**BW_SPEC).block_bytes
     for size in sizes:
         reps = max(3, min(50, (64 * MiB) // size))
         # Sustained: long enough that filling and draining the window does not count.
@@ -202,6 +204,8 @@ def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
 
 
 def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float) -> dict:
+    from core.kv_layout import KVLayout
+
     pair = Pair(backend, tls, TTFT_SPEC)
     try:
         src = list(range(blocks_per_layer))
@@ -210,7 +214,7 @@ def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float)
             case=f"{backend}-{tls}",
             layers=TTFT_SPEC["num_layers"],
             compute_ms=compute_ms,
-            bytes_per_layer=blocks_per_layer * 64 * KiB,
+            bytes_per_layer=blocks_per_layer * KVLayout(**TTFT_SPEC).block_bytes,
         )
         # compute_only: the same sleeps with no transfer, measured (a sleep overshoots by a
         # fraction of a millisecond, which must not count as exposed transfer time).
