@@ -7,7 +7,7 @@ import random
 import pytest
 
 from core.kv_layout import KVLayout
-from kv_transfer import CompatRecord, IncompatiblePeerError, pair_regions
+from kv_transfer import PROTOCOL_VERSION, CompatRecord, IncompatiblePeerError, pair_regions
 from kv_transfer.handshake import PeerInfo, decode_peer_info, encode
 from kv_transfer.layout import pair_regions_layers
 
@@ -85,6 +85,12 @@ def test_model_identity_and_num_blocks() -> None:
         ours.check(CompatRecord.from_layout(LAYOUT, "qwen"))
     # A different number of blocks is fine: caches are sized per worker.
     ours.check(CompatRecord.from_layout(KVLayout(3, 99, 4, 2, 8), "llama"))
+
+
+def test_a_peer_layout_is_its_record_and_its_block_count() -> None:
+    peer = KVLayout(3, 99, 4, 2, 8, tp_rank=1, tp_size=2)
+    info = PeerInfo(PROTOCOL_VERSION, "x", "local", CompatRecord.from_layout(peer, "m"), 99, b"")
+    assert decode_peer_info(encode(info)).kv_layout() == peer
 
 
 def test_other_protocol_versions_and_garbage_are_refused() -> None:
