@@ -89,7 +89,8 @@ class DriverTransport(Transport):
             )
         )
         self._on_failure = on_failure
-        self._peers: dict[str, KVLayout] = {}  # written under _cond
+        # Written under _cond; the protocol holds this same dict: mutate it, never rebind it.
+        self._peers: dict[str, KVLayout] = {}
         self._checked: dict[str, tuple[str, list[int], list[int]]] = {}  # see _checked_blocks
         # Tags of byte-stream backends must be unique per receiver across senders: a random
         # 20-bit salt per transport and a 23-bit counter (see ucx_driver for the bit layout).
