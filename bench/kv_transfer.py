@@ -52,14 +52,15 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
         os.environ["UCX_TLS"] = TLS[(backend, tls)]
     import torch
 
+    from core.kv_layout import KVLayout
     from engine.kv_cache.shared_memory import shared_zeros
-    from kv_transfer import KVCacheSpec, Role, create_transport
+    from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    spec = KVCacheSpec(**spec_kwargs)
+    layout = KVLayout(**spec_kwargs)
     # In a memfd as the engine allocates it (the shm backend maps it); every page touched.
-    kv = shared_zeros(spec.shape, torch.float16).fill_(1.0)
-    transport = create_transport(kv, spec, "bench", backend=backend, loopback=True)
+    kv = shared_zeros(layout.shape, torch.float16).fill_(1.0)
+    transport = create_transport(kv, layout, "bench", backend=backend, loopback=True)
     conn.send(transport.local_metadata())
     peer = transport.add_peer(conn.recv())
     while True:
@@ -94,13 +95,13 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
             request_id, src, dst, compute_s, mode = args
             start = time.perf_counter()
             handles = []
-            for layer in range(spec.num_layers):
+            for layer in range(layout.num_layers):
                 time.sleep(compute_s)
                 if mode == "per_layer":
                     handles.append(transport.send(request_id, src, peer, dst, [layer]))
             if mode == "after_last":
                 handles.append(
-                    transport.send(request_id, src, peer, dst, list(range(spec.num_layers)))
+                    transport.send(request_id, src, peer, dst, list(range(layout.num_layers)))
                 )
             for handle in handles:
                 handle.wait(120)
@@ -159,8 +160,10 @@ def block_ids(num_blocks: int, pattern: str) -> list[int]:
 
 
 def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
+    from core.kv_layout import KVLayout
+
     rows = []
-    block_bytes = 64 * KiB
+    block_bytes = KVLayout(**BW_SPEC).block_bytes
     for size in sizes:
         reps = max(3, min(50, (64 * MiB) // size))
         # Sustained: long enough that filling and draining the window does not count.
@@ -201,6 +204,8 @@ def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
 
 
 def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float) -> dict:
+    from core.kv_layout import KVLayout
+
     pair = Pair(backend, tls, TTFT_SPEC)
     try:
         src = list(range(blocks_per_layer))
@@ -209,7 +214,7 @@ def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float)
             case=f"{backend}-{tls}",
             layers=TTFT_SPEC["num_layers"],
             compute_ms=compute_ms,
-            bytes_per_layer=blocks_per_layer * 64 * KiB,
+            bytes_per_layer=blocks_per_layer * KVLayout(**TTFT_SPEC).block_bytes,
         )
         # compute_only: the same sleeps with no transfer, measured (a sleep overshoots by a
         # fraction of a millisecond, which must not count as exposed transfer time).

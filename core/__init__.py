@@ -1,6 +1,6 @@
-"""Torch-free code shared by every Baton component: the block hash, KV-cache events, request
-and sampling types. The router imports only this package (and `proto`), so it runs and is
-tested without torch."""
+"""Torch-free code shared by every Baton component: the block hash, KV-cache events, the KV
+cache layout, request and sampling types. The router imports only this package (and
+`proto`), so it runs and is tested without torch."""
 
 from core.events import (
     AllBlocksCleared,
@@ -11,6 +11,7 @@ from core.events import (
     WorkerLoad,
 )
 from core.hashing import BlockHash, hash_block, hash_prompt_blocks, model_root_hash
+from core.kv_layout import KVLayout
 from core.request import FinishReason, RequestOutput, RequestTimings, TokenLogprob
 from core.sampling import SamplingParams
 
@@ -22,6 +23,7 @@ __all__ = [
     "FinishReason",
     "KVEvent",
     "KVEventBatch",
+    "KVLayout",
     "RequestOutput",
     "RequestTimings",
     "SamplingParams",

@@ -89,7 +89,7 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
         backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
-        num_blocks = self.runner.kv_shape.num_blocks
+        num_blocks = self.runner.kv_layout.num_blocks
         self.root_hash = model_root_hash(self.model_config.model_id, config.block_size)
         self.kv = KVCacheManager(
             num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching

@@ -6,17 +6,18 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from core.config import EngineConfig
+from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
 from engine.attention.backend import AttentionMetadata, PrefillChunk, get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.kv_cache.manager import KVCacheManager, cdiv
-from engine.kv_cache.tensor import KVCacheShape, allocate_kv_cache, num_blocks_for_memory
+from engine.kv_cache.tensor import allocate_kv_cache
 from engine.layers import cpu_gemm
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
@@ -59,30 +60,26 @@ class ModelRunner:
             "loaded %s (%s, %s) in %.1f s",
             model_config.model_id,
             model_config.architecture,
-            str(dtype).removeprefix("torch."),
+            dtype_name(dtype),
             time.monotonic() - start,
         )
         attn = self.model.model.layers[0].self_attn
-        per_block = KVCacheShape(
-            model_config.num_hidden_layers,
-            1,
-            config.block_size,
-            attn.num_kv_heads,
-            model_config.head_dim,
-            dtype,
+        per_block = KVLayout(
+            num_layers=model_config.num_hidden_layers,
+            num_blocks=1,  # the number that fits is worked out from this one
+            block_size=config.block_size,
+            num_kv_heads=attn.num_kv_heads,
+            head_dim=model_config.head_dim,
+            dtype=dtype_name(dtype),
+            tp_rank=tp.rank,
+            tp_size=tp.size,
         )
-        num_blocks = config.num_kv_blocks or num_blocks_for_memory(
-            per_block, config.kv_cache_memory_bytes
+        num_blocks = config.num_kv_blocks or per_block.num_blocks_for_memory(
+            config.kv_cache_memory_bytes
         )
-        self.kv_shape = KVCacheShape(
-            per_block.num_layers,
-            num_blocks,
-            per_block.block_size,
-            per_block.num_kv_heads,
-            per_block.head_dim,
-            dtype,
-        )
-        self.kv_cache = allocate_kv_cache(self.kv_shape, device)
+        self.kv_layout = replace(per_block, num_blocks=num_blocks)
+        """This rank's cache, as the KV transport registers it (hence the TP rank in it)."""
+        self.kv_cache = allocate_kv_cache(self.kv_layout, device)
         self.sampler = Sampler(model_config.vocab_size, seed=config.seed)
 
     @torch.inference_mode()

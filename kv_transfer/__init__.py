@@ -3,23 +3,25 @@ worker reserved, across processes and nodes. Knows nothing of models: it moves r
 byte regions described as (layer, block id).
 
 Module map
-    layout.py      KVCacheSpec, the cache layout and (layer, block) -> byte regions
+    layout.py      (layer, block) pairs -> byte regions, over the cache layout that
+                   core/kv_layout.py (`KVLayout`) describes
     handshake.py   versioned compatibility record, PeerInfo, control messages
     api.py         the Transport interface, SendHandle, TransferResult, FailureHook
     transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
-    protocol.py    the protocol state machine (runs on the I/O thread)
+    protocol.py    TransferProtocol: the request tables and the protocol state machine,
+                   owned by the transport and run on its I/O thread
     driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
                    host: peers map each other's memfd cache), local_driver.py
     registry.py    backend registry, auto-selection, create_transport()
 
 Setup. Each worker registers its ONE cache tensor
 `kv[num_layers, num_blocks, 2, block_size, num_kv_heads, head_dim]` once
-(`create_transport(kv, spec, model_id)`), so block b of layer l is one region at
-`(l * num_blocks + b) * block_bytes`. Workers exchange `local_metadata()` bytes out of band
-(Ray calls) and call `add_peer(bytes)` on both sides. The metadata carries the backend's
-connection info and a versioned compatibility record (protocol version, model id, dtype,
-layers, KV heads, head size, block size, layout, TP rank/size); any difference is refused
-with IncompatiblePeerError naming the field.
+(`create_transport(kv, layout, model_id)`; `layout` is the engine's `KVLayout`), so block b
+of layer l is one region at `(l * num_blocks + b) * block_bytes`. Workers exchange
+`local_metadata()` bytes out of band (Ray calls) and call `add_peer(bytes)` on both sides.
+The metadata carries the backend's connection info and a versioned compatibility record
+(protocol version, model id, dtype, layers, KV heads, head size, block size, layout, TP
+rank/size); any difference is refused with IncompatiblePeerError naming the field.
 
 Protocol (the decode side pulls):
  1. Decode reserves blocks and calls `expect(request_id, dst_block_ids, num_layers,
@@ -77,7 +79,7 @@ from kv_transfer.api import (
     Transport,
 )
 from kv_transfer.handshake import PROTOCOL_VERSION, CompatRecord, IncompatiblePeerError
-from kv_transfer.layout import KVCacheSpec, pair_regions
+from kv_transfer.layout import pair_regions
 from kv_transfer.registry import (
     backend_names,
     create_transport,
@@ -91,7 +93,6 @@ __all__ = [
     "CompatRecord",
     "FailureHook",
     "IncompatiblePeerError",
-    "KVCacheSpec",
     "PeerId",
     "Role",
     "SendHandle",

@@ -1,7 +1,7 @@
 """The backend seam: a `Driver` moves bytes and small messages; nothing else.
 
 All protocol logic (reservations, validation, deadlines, acknowledgements) lives in
-`kv_transfer.transport`, identical for every backend. A driver is called from exactly one
+`kv_transfer.protocol`, identical for every backend. A driver is called from exactly one
 thread, the transport's I/O thread, so it needs no locking of its own.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from kv_transfer.layout import KVCacheSpec, Region, pair_regions_layers
+from core.kv_layout import KVLayout
+from kv_transfer.layout import Region, pair_regions_layers
 
 
 class OpState(enum.Enum):
@@ -41,11 +42,11 @@ class Driver(ABC):
     """True if the sender's `post_ready` sends the bytes (and so needs the regions); False
     if the receiver pulls them from memory the sender registered."""
 
-    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
+    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
         self.kv = kv
         self.kv_bytes = kv.reshape(-1).view(torch.uint8)
         """The whole cache as one flat byte tensor: what is registered."""
-        self.spec = spec
+        self.layout = layout
         self.agent_name = agent_name
 
     @abstractmethod
@@ -85,11 +86,13 @@ class Driver(ABC):
         layers: Sequence[int],
         src_block_ids: Sequence[int],
         dst_block_ids: Sequence[int],
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
     ) -> Any:
-        """`pull` of these blocks of these layers (peer_spec: the sender's cache). A backend
+        """`pull` of these blocks of these layers (peer_layout: the sender's cache). A backend
         that can copy blocks natively overrides this and skips the per-region list."""
-        regions = pair_regions_layers(peer_spec, self.spec, layers, src_block_ids, dst_block_ids)
+        regions = pair_regions_layers(
+            peer_layout, self.layout, layers, src_block_ids, dst_block_ids
+        )
         return self.pull(peer, tag, regions)
 
     @abstractmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kv_transfer.layout import LAYOUT_NAME, KVCacheSpec
+from core.kv_layout import LAYOUT_NAME, KVLayout
 
 PROTOCOL_VERSION = 1
 
@@ -38,18 +38,18 @@ class CompatRecord(msgspec.Struct, frozen=True):
     tp_size: int
 
     @classmethod
-    def from_spec(cls, spec: KVCacheSpec, model_id: str) -> CompatRecord:
+    def from_layout(cls, layout: KVLayout, model_id: str) -> CompatRecord:
         return cls(
             protocol_version=PROTOCOL_VERSION,
             model_id=model_id,
-            dtype=spec.dtype,
-            num_layers=spec.num_layers,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            block_size=spec.block_size,
+            dtype=layout.dtype,
+            num_layers=layout.num_layers,
+            num_kv_heads=layout.num_kv_heads,
+            head_dim=layout.head_dim,
+            block_size=layout.block_size,
             layout=LAYOUT_NAME,
-            tp_rank=spec.tp_rank,
-            tp_size=spec.tp_size,
+            tp_rank=layout.tp_rank,
+            tp_size=layout.tp_size,
         )
 
     def check(self, remote: CompatRecord) -> None:
@@ -69,6 +69,21 @@ class PeerInfo(msgspec.Struct, frozen=True):
     compat: CompatRecord
     num_blocks: int
     backend_metadata: bytes
+
+    def kv_layout(self) -> KVLayout:
+        """The peer's cache: the geometry in its compatibility record (equal to ours once
+        `CompatRecord.check` passed) with its own number of blocks."""
+        compat = self.compat
+        return KVLayout(
+            num_layers=compat.num_layers,
+            num_blocks=self.num_blocks,
+            block_size=compat.block_size,
+            num_kv_heads=compat.num_kv_heads,
+            head_dim=compat.head_dim,
+            dtype=compat.dtype,
+            tp_rank=compat.tp_rank,
+            tp_size=compat.tp_size,
+        )
 
 
 # --- control messages ---------------------------------------------------------------------

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
-from kv_transfer.layout import KVCacheSpec, Region
+from kv_transfer.layout import Region
 
 _drivers: dict[str, LocalDriver] = {}
 _drivers_lock = threading.Lock()
@@ -22,8 +23,8 @@ _drivers_lock = threading.Lock()
 class LocalDriver(Driver):
     name = "local"
 
-    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
-        super().__init__(kv, spec, agent_name)
+    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
+        super().__init__(kv, layout, agent_name)
         self._inbox: deque[bytes] = deque()  # appended by peers' I/O threads
         self._peers: dict[str, LocalDriver] = {}
         with _drivers_lock:

@@ -19,8 +19,9 @@ import msgspec
 import numpy as np
 import torch
 
+from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
-from kv_transfer.layout import KVCacheSpec, Region
+from kv_transfer.layout import Region
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,8 @@ logger = logging.getLogger(__name__)
 class NixlDriver(Driver):
     name = "nixl"
 
-    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
-        super().__init__(kv, spec, agent_name)
+    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
+        super().__init__(kv, layout, agent_name)
         from nixl._api import nixl_agent, nixl_agent_config
 
         self._agent = nixl_agent(agent_name, nixl_agent_config(enable_prog_thread=False))

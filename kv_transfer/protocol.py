@@ -16,26 +16,48 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from core.kv_layout import KVLayout
 from kv_transfer.api import Role, SendHandle, TransferResult
-from kv_transfer.driver import OpState
+from kv_transfer.driver import Driver, OpState
 from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
-from kv_transfer.layout import KVCacheSpec, pair_regions_layers
+from kv_transfer.layout import pair_regions_layers
 from kv_transfer.requests import RecvState, SendState
-
-if TYPE_CHECKING:
-    from kv_transfer.transport import DriverTransport
 
 logger = logging.getLogger(__name__)
 
 _FINISHED_MEMORY = 4096  # how many finished request ids we remember, to quiet late messages
 
 
-class ProtocolMixin:
-    """Protocol state machine of DriverTransport; every method runs on the I/O thread."""
+class TransferProtocol:
+    """The protocol state machine: every request table of one transport, and the steps that
+    move them. Every method runs on the transport's I/O thread (the transport submits its
+    callers' commands there), so nothing here locks; the transport owns the thread.
 
-    def _init_protocol(self: DriverTransport) -> None:
+    What it gets from the transport, and uses as given:
+      `peers`         the connected peers' caches by name; the transport adds and removes
+                      entries, this only reads them (one dict read is atomic)
+      `run_commands`  run the commands queued on the I/O thread; True if there were any
+      `publish`       report a finished request (a failure runs the FailureHook first)
+    """
+
+    def __init__(
+        self,
+        name: str,
+        driver: Driver,
+        layout: KVLayout,
+        peers: Mapping[str, KVLayout],
+        run_commands: Callable[[], bool],
+        publish: Callable[[TransferResult], None],
+    ) -> None:
+        self.name = name
+        self.driver = driver
+        self.layout = layout
+        self._peers = peers
+        self._run_commands = run_commands
+        self._publish = publish
         self._recvs: dict[str, RecvState] = {}
         self._sends: dict[str, SendState] = {}
         # Ops of failed requests the backend could not cancel yet, with the result to publish
@@ -51,11 +73,14 @@ class ProtocolMixin:
         self._deadlines: list[tuple[float, int, RecvState | SendState]] = []
         self._deadline_seq = itertools.count()
 
-    def _active(self: DriverTransport) -> bool:
+    def active(self) -> bool:
+        """Anything in flight: the I/O thread then naps only briefly between steps."""
         return bool(self._recvs or self._sends or self._zombies)
 
-    def _step(self: DriverTransport) -> bool:
-        busy = self._drain_commands()
+    def step(self) -> bool:
+        """One I/O step: queued commands, control messages, ops, deadlines. True if any of
+        it made progress (the I/O thread then steps again without waiting)."""
+        busy = self._run_commands()
         for raw in self.driver.messages():
             busy = True
             try:
@@ -75,13 +100,14 @@ class ProtocolMixin:
 
     # --- receiver ---------------------------------------------------------------------------
 
-    def _start_recv(
-        self: DriverTransport,
+    def start_recv(
+        self,
         request_id: str,
         block_ids: tuple[int, ...],
         layers: int,
         deadline: float,
     ) -> None:
+        """`Transport.expect`, on the I/O thread (its arguments already checked)."""
         if request_id in self._recvs:
             # Keep the first reservation; the caller's second set of blocks is never used.
             logger.error("%s: request %s already has a reservation", self.name, request_id)
@@ -91,15 +117,15 @@ class ProtocolMixin:
         self._recvs[request_id] = recv
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 
-    def _on_ready(self: DriverTransport, msg: LayersReady) -> None:
-        peer_spec = self._peers.get(msg.sender)
-        if peer_spec is None:
+    def _on_ready(self, msg: LayersReady) -> None:
+        peer_layout = self._peers.get(msg.sender)
+        if peer_layout is None:
             logger.warning("%s: LayersReady from unknown peer %s ignored", self.name, msg.sender)
             return
         recv = self._recvs.get(msg.request_id)
         if recv is None:
             # expect() is queued before the ids leave this process: run queued commands.
-            self._drain_commands()
+            self._run_commands()
             recv = self._recvs.get(msg.request_id)
         if recv is None:
             reason = (
@@ -109,7 +135,7 @@ class ProtocolMixin:
             )
             self._tell(msg.sender, Abort(msg.request_id, self.name, reason))
             return
-        error = self._check_ready(recv, msg, peer_spec)
+        error = self._check_ready(recv, msg, peer_layout)
         if error is not None:
             reason = f"refused LayersReady from {msg.sender}: {error}"
             if recv.peer != msg.sender:
@@ -120,7 +146,7 @@ class ProtocolMixin:
         recv.claimed.update(msg.layers)
         try:
             op = self.driver.pull_blocks(
-                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_spec
+                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_layout
             )
         except Exception as exc:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
@@ -131,7 +157,7 @@ class ProtocolMixin:
         recv.ops.append((op, list(msg.layers)))
         self._pulling.add(recv.request_id)
 
-    def _landed(self: DriverTransport, recv: RecvState, op: Any, layers: list[int]) -> bool:
+    def _landed(self, recv: RecvState, op: Any, layers: list[int]) -> bool:
         """A pull finished: acknowledge its layers; publish the request if it is complete.
         False if the request ended here (complete, or failed because the ack failed)."""
         self.driver.release(op)
@@ -147,9 +173,7 @@ class ProtocolMixin:
         self._publish(TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids))
         return False
 
-    def _check_ready(
-        self: DriverTransport, recv: RecvState, msg: LayersReady, peer_spec: KVCacheSpec
-    ) -> str | None:
+    def _check_ready(self, recv: RecvState, msg: LayersReady, peer_layout: KVLayout) -> str | None:
         """Why `msg` may not fill `recv`'s reservation, or None if it may."""
         if recv.peer is not None and recv.peer != msg.sender:
             return f"request is bound to peer {recv.peer}"
@@ -166,12 +190,12 @@ class ProtocolMixin:
         if len(msg.src_block_ids) != len(msg.dst_block_ids):
             return "source and destination block counts differ"
         try:
-            peer_spec.check_block_ids(msg.src_block_ids, "source block id")
+            peer_layout.check_block_ids(msg.src_block_ids, "source block id")
         except ValueError as exc:
             return str(exc)
         return None
 
-    def _fail_recv(self: DriverTransport, recv: RecvState, reason: str, tell: bool = True) -> None:
+    def _fail_recv(self, recv: RecvState, reason: str, tell: bool = True) -> None:
         del self._recvs[recv.request_id]
         self._remember(recv.request_id)
         if tell and recv.peer is not None:
@@ -183,21 +207,22 @@ class ProtocolMixin:
 
     # --- sender -----------------------------------------------------------------------------
 
-    def _post_send(
-        self: DriverTransport,
+    def post_send(
+        self,
         handle: SendHandle,
         peer: str,
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
         src: list[int],
         dst: list[int],
         layers: list[int],
         deadline: float,
         tag: int,
     ) -> None:
+        """`Transport.send`, on the I/O thread (its arguments already checked)."""
         send = self._sends.get(handle.request_id)
         if send is None:
             self._finished.pop(handle.request_id, None)
-            send = SendState(handle.request_id, peer, self.spec.num_layers, deadline)
+            send = SendState(handle.request_id, peer, self.layout.num_layers, deadline)
             self._sends[handle.request_id] = send
             heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), send))
         elif send.peer != peer:
@@ -213,7 +238,7 @@ class ProtocolMixin:
         # Only byte-stream backends send the bytes themselves; the others let the receiver
         # pull, and it works the regions out from the message.
         regions = (
-            pair_regions_layers(self.spec, peer_spec, layers, src, dst)
+            pair_regions_layers(self.layout, peer_layout, layers, src, dst)
             if self.driver.streams_bytes
             else []
         )
@@ -227,7 +252,7 @@ class ProtocolMixin:
             send.ops.append(op)
             self._streaming.add(send.request_id)
 
-    def _on_done(self: DriverTransport, msg: LayersDone) -> None:
+    def _on_done(self, msg: LayersDone) -> None:
         send = self._sends.get(msg.request_id)
         if send is None or send.peer != msg.sender:
             logger.debug("%s: stray LayersDone for %s", self.name, msg.request_id)
@@ -237,7 +262,7 @@ class ProtocolMixin:
         if send.complete():
             self._finish_send(send)
 
-    def _finish_send(self: DriverTransport, send: SendState) -> None:
+    def _finish_send(self, send: SendState) -> None:
         pending = [op for op in send.ops if self.driver.state(op) is OpState.PENDING]
         if pending:
             return  # byte-stream sends settle right after the ack; finish on a later step
@@ -251,7 +276,7 @@ class ProtocolMixin:
             )
         )
 
-    def _fail_send(self: DriverTransport, send: SendState, reason: str, tell: bool = True) -> None:
+    def _fail_send(self, send: SendState, reason: str, tell: bool = True) -> None:
         del self._sends[send.request_id]
         self._remember(send.request_id)
         for handle in send.handles:
@@ -265,7 +290,7 @@ class ProtocolMixin:
 
     # --- both -------------------------------------------------------------------------------
 
-    def _on_abort(self: DriverTransport, msg: Abort) -> None:
+    def _on_abort(self, msg: Abort) -> None:
         reason = f"peer {msg.sender} aborted: {msg.reason}"
         send = self._sends.get(msg.request_id)
         if send is not None and send.peer == msg.sender:
@@ -275,7 +300,7 @@ class ProtocolMixin:
             recv.peer = msg.sender
             self._fail_recv(recv, reason, tell=False)
 
-    def _check_ops(self: DriverTransport) -> bool:
+    def _check_ops(self) -> bool:
         progressed = False
         for request_id in list(self._pulling):
             recv = self._recvs.get(request_id)
@@ -311,7 +336,7 @@ class ProtocolMixin:
                 self._publish(result)
         return progressed
 
-    def _check_deadlines(self: DriverTransport) -> None:
+    def _check_deadlines(self) -> None:
         now = time.monotonic()
         while self._deadlines and self._deadlines[0][0] < now:
             _, _, state = heapq.heappop(self._deadlines)
@@ -321,7 +346,7 @@ class ProtocolMixin:
             elif self._sends.get(state.request_id) is state:
                 self._fail_send(state, f"deadline passed with {state.describe()}")
 
-    def _bury(self: DriverTransport, ops: list[Any], result: TransferResult) -> None:
+    def _bury(self, ops: list[Any], result: TransferResult) -> None:
         """Publish `result` once none of `ops` can touch memory any more."""
         still = [op for op in ops if not self.driver.release(op)]
         if still:
@@ -329,7 +354,7 @@ class ProtocolMixin:
         else:
             self._publish(result)
 
-    def _tell(self: DriverTransport, peer: str, message: Any) -> None:
+    def _tell(self, peer: str, message: Any) -> None:
         """Best effort: a peer we cannot reach fails on its own deadline."""
         try:
             self.driver.send_message(peer, encode(message))
@@ -342,25 +367,25 @@ class ProtocolMixin:
                 if recv is not None:
                     self._fail_recv(recv, f"peer {peer} unreachable: {exc}", tell=False)
 
-    def _remember(self: DriverTransport, request_id: str) -> None:
+    def _remember(self, request_id: str) -> None:
         self._finished[request_id] = None
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    def _cancel(self: DriverTransport, request_id: str) -> None:
+    def cancel(self, request_id: str) -> None:
         if request_id in self._sends:
             self._fail_send(self._sends[request_id], "cancelled")
         if request_id in self._recvs:
             self._fail_recv(self._recvs[request_id], "cancelled")
 
-    def _drop_peer(self: DriverTransport, peer: str) -> None:
+    def drop_peer(self, peer: str) -> None:
         for send in [s for s in self._sends.values() if s.peer == peer]:
             self._fail_send(send, f"peer {peer} removed", tell=False)
         for recv in [r for r in self._recvs.values() if r.peer == peer]:
             self._fail_recv(recv, f"peer {peer} removed", tell=False)
         self.driver.disconnect(peer)
 
-    def _fail_all(self: DriverTransport, reason: str) -> None:
+    def fail_all(self, reason: str) -> None:
         for send in list(self._sends.values()):
             self._fail_send(send, reason)
         for recv in list(self._recvs.values()):

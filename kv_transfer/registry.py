@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import torch
 
+from core.kv_layout import KVLayout, dtype_name
 from kv_transfer.api import FailureHook, Transport
 from kv_transfer.driver import Driver
 from kv_transfer.env import apply_ucx_defaults
-from kv_transfer.layout import KVCacheSpec, dtype_name
 from kv_transfer.transport import DriverTransport
 
 logger = logging.getLogger(__name__)
 
-DriverClass = Callable[[torch.Tensor, KVCacheSpec, str], Driver]
+DriverClass = Callable[[torch.Tensor, KVLayout, str], Driver]
 
 # name -> (module:class of the driver, module whose import proves the backend is installed)
 _BACKENDS: dict[str, tuple[str, str]] = {
@@ -101,21 +101,21 @@ def _driver_class(name: str) -> DriverClass:
 
 def create_transport(
     kv: torch.Tensor,
-    spec: KVCacheSpec,
+    layout: KVLayout,
     model_id: str,
     backend: str = "auto",
     name: str | None = None,
     on_failure: FailureHook | None = None,
     loopback: bool = False,
 ) -> Transport:
-    """Register `kv` (shaped as `spec` describes) with a backend and start its transport.
+    """Register `kv` (shaped as `layout` describes) with a backend and start its transport.
 
     `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (tests,
     single-node benchmarks); `on_failure` is the FailureHook that releases blocks."""
-    if tuple(kv.shape) != spec.shape:
-        raise ValueError(f"KV tensor shape {tuple(kv.shape)} != spec shape {spec.shape}")
-    if dtype_name(kv.dtype) != spec.dtype:
-        raise ValueError(f"KV tensor dtype {dtype_name(kv.dtype)} != spec dtype {spec.dtype}")
+    if tuple(kv.shape) != layout.shape:
+        raise ValueError(f"KV tensor shape {tuple(kv.shape)} != layout shape {layout.shape}")
+    if dtype_name(kv.dtype) != layout.dtype:
+        raise ValueError(f"KV tensor dtype {dtype_name(kv.dtype)} != layout dtype {layout.dtype}")
     if not kv.is_contiguous():
         raise ValueError("KV tensor must be contiguous: it is registered as one region")
     chosen = select_backend(backend)
@@ -123,8 +123,8 @@ def create_transport(
         apply_ucx_defaults(loopback=loopback)
     driver_class = _driver_class(chosen)
     return DriverTransport(
-        lambda agent_name: driver_class(kv, spec, agent_name),
-        spec,
+        lambda agent_name: driver_class(kv, layout, agent_name),
+        layout,
         model_id,
         name=name,
         on_failure=on_failure,

@@ -37,8 +37,9 @@ import msgspec
 import numpy as np
 import torch
 
+from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
-from kv_transfer.layout import KVCacheSpec, Region
+from kv_transfer.layout import Region
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +107,8 @@ class _Peer:
 class ShmDriver(Driver):
     name = "shm"
 
-    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
-        super().__init__(kv, spec, agent_name)
+    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
+        super().__init__(kv, layout, agent_name)
         if kv.is_cuda:
             raise ValueError("the shm backend moves host memory only; use nixl for VRAM")
         self._base = self.kv_bytes.data_ptr()
@@ -229,20 +230,20 @@ class ShmDriver(Driver):
         layers: Sequence[int],
         src_block_ids: Sequence[int],
         dst_block_ids: Sequence[int],
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
     ) -> Any:
         if self._native is None:
-            return super().pull_blocks(peer, tag, layers, src_block_ids, dst_block_ids, peer_spec)
+            return super().pull_blocks(peer, tag, layers, src_block_ids, dst_block_ids, peer_layout)
         state = self._peer(peer)
         try:
             self._native.copy_blocks(
                 self._base,
                 self._nbytes,
-                self.spec.layer_bytes,
+                self.layout.layer_bytes,
                 state.base,
                 state.nbytes,
-                peer_spec.layer_bytes,
-                self.spec.block_bytes,
+                peer_layout.layer_bytes,
+                self.layout.block_bytes,
                 layers,
                 src_block_ids,
                 dst_block_ids,

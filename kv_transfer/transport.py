@@ -1,7 +1,8 @@
 """`DriverTransport`: the one implementation of `Transport`, over any `Driver`.
 
-Threads: callers enqueue commands; one I/O thread owns the driver and every request table,
-so the protocol below runs single-threaded. Results go back through a Condition.
+Threads: callers enqueue commands; one I/O thread owns the driver and the transport's
+`TransferProtocol` (protocol.py: every request table), so the protocol runs
+single-threaded. Results go back through a Condition.
 
 The I/O loop, per step: run queued commands -> read control messages -> poll pulls and
 sends -> enforce deadlines. Between steps it waits in select() on a wake pipe plus whatever
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from core.kv_layout import KVLayout
 from kv_transfer.api import (
     FailureHook,
     PeerId,
@@ -45,8 +47,7 @@ from kv_transfer.handshake import (
     decode_peer_info,
     encode,
 )
-from kv_transfer.layout import KVCacheSpec
-from kv_transfer.protocol import ProtocolMixin
+from kv_transfer.protocol import TransferProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -61,34 +62,35 @@ _CONNECT_TIMEOUT_S = 30.0
 _CHECKED_MEMORY = 1024
 
 
-class DriverTransport(ProtocolMixin, Transport):
+class DriverTransport(Transport):
     """A Transport whose bytes are moved by `driver_cls` (see `kv_transfer.registry`)."""
 
     def __init__(
         self,
         driver_factory: Callable[[str], Driver],
-        spec: KVCacheSpec,
+        layout: KVLayout,
         model_id: str,
         name: str | None = None,
         on_failure: FailureHook | None = None,
     ) -> None:
-        self.spec = spec
+        self.layout = layout
         self.name = name or f"kv-{os.getpid()}-{random.getrandbits(32):08x}"
         self.driver = driver_factory(self.name)
         self.backend = self.driver.name
-        self.compat = CompatRecord.from_spec(spec, model_id)
+        self.compat = CompatRecord.from_layout(layout, model_id)
         self._metadata = encode(
             PeerInfo(
                 protocol_version=PROTOCOL_VERSION,
                 name=self.name,
                 backend=self.backend,
                 compat=self.compat,
-                num_blocks=spec.num_blocks,
+                num_blocks=layout.num_blocks,
                 backend_metadata=self.driver.metadata(),
             )
         )
         self._on_failure = on_failure
-        self._peers: dict[str, KVCacheSpec] = {}  # written under _cond
+        # Written under _cond; the protocol holds this same dict: mutate it, never rebind it.
+        self._peers: dict[str, KVLayout] = {}
         self._checked: dict[str, tuple[str, list[int], list[int]]] = {}  # see _checked_blocks
         # Tags of byte-stream backends must be unique per receiver across senders: a random
         # 20-bit salt per transport and a 23-bit counter (see ucx_driver for the bit layout).
@@ -100,7 +102,10 @@ class DriverTransport(ProtocolMixin, Transport):
         os.set_blocking(self._wake_w, False)
         self._cond = threading.Condition()
         self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
-        self._init_protocol()
+        # The request tables and their state machine; touched only on the I/O thread.
+        self._protocol = TransferProtocol(
+            self.name, self.driver, layout, self._peers, self._drain_commands, self._publish
+        )
         self._stop = False
         self._nap_s = _IDLE_POLL_S  # how long the I/O thread may sleep now (0 while it works)
         self._thread = threading.Thread(target=self._run, name=f"kv-io-{self.name}", daemon=True)
@@ -122,18 +127,9 @@ class DriverTransport(ProtocolMixin, Transport):
             if info.name in self._peers:
                 return info.name
         self._call(lambda: self.driver.connect(info.name, info.backend_metadata))
-        peer_spec = KVCacheSpec(
-            num_layers=info.compat.num_layers,
-            num_blocks=info.num_blocks,
-            block_size=info.compat.block_size,
-            num_kv_heads=info.compat.num_kv_heads,
-            head_dim=info.compat.head_dim,
-            dtype=info.compat.dtype,
-            tp_rank=info.compat.tp_rank,
-            tp_size=info.compat.tp_size,
-        )
+        peer_layout = info.kv_layout()
         with self._cond:
-            self._peers[info.name] = peer_spec
+            self._peers[info.name] = peer_layout
         self._checked.clear()  # block ids were checked against the peer's previous cache
         logger.info("%s: connected to peer %s over %s", self.name, info.name, self.backend)
         return info.name
@@ -142,7 +138,7 @@ class DriverTransport(ProtocolMixin, Transport):
         with self._cond:
             self._peers.pop(peer, None)
         self._checked.clear()
-        self._call(lambda: self._drop_peer(peer))
+        self._call(lambda: self._protocol.drop_peer(peer))
 
     def expect(
         self,
@@ -152,14 +148,14 @@ class DriverTransport(ProtocolMixin, Transport):
         timeout_s: float = 30.0,
     ) -> None:
         block_ids = tuple(int(b) for b in dst_block_ids)
-        self.spec.check_block_ids(block_ids, "destination block id")
-        layers = self.spec.num_layers if num_layers is None else num_layers
-        if not 1 <= layers <= self.spec.num_layers:
-            raise ValueError(f"num_layers {layers} outside [1, {self.spec.num_layers}]")
+        self.layout.check_block_ids(block_ids, "destination block id")
+        layers = self.layout.num_layers if num_layers is None else num_layers
+        if not 1 <= layers <= self.layout.num_layers:
+            raise ValueError(f"num_layers {layers} outside [1, {self.layout.num_layers}]")
         if not block_ids:
             raise ValueError(f"request {request_id}: empty reservation")
         deadline = time.monotonic() + timeout_s
-        self._submit(lambda: self._start_recv(request_id, block_ids, layers, deadline))
+        self._submit(lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline))
 
     def send(
         self,
@@ -171,19 +167,21 @@ class DriverTransport(ProtocolMixin, Transport):
         timeout_s: float = 30.0,
     ) -> SendHandle:
         # The prefill loop calls this once per layer between kernels: keep it to builtins.
-        peer_spec = self._peers.get(peer)  # one dict read: atomic, no lock needed
-        if peer_spec is None:
+        peer_layout = self._peers.get(peer)  # one dict read: atomic, no lock needed
+        if peer_layout is None:
             raise ValueError(f"unknown peer {peer!r}; call add_peer first")
-        src, dst = self._checked_blocks(request_id, peer, peer_spec, src_block_ids, dst_block_ids)
+        src, dst = self._checked_blocks(request_id, peer, peer_layout, src_block_ids, dst_block_ids)
         layer_list = list(map(int, layers))
-        self.spec.check_layers(layer_list)
+        self.layout.check_layers(layer_list)
         if not layer_list:
             raise ValueError("send needs at least one layer")
         handle = SendHandle(request_id, layer_list)
         deadline = time.monotonic() + timeout_s
         tag = (self._tag_salt << 23) | (next(self._tag_counter) & 0x7FFFFF)
         self._submit(
-            lambda: self._post_send(handle, peer, peer_spec, src, dst, layer_list, deadline, tag)
+            lambda: self._protocol.post_send(
+                handle, peer, peer_layout, src, dst, layer_list, deadline, tag
+            )
         )
         return handle
 
@@ -191,7 +189,7 @@ class DriverTransport(ProtocolMixin, Transport):
         self,
         request_id: str,
         peer: PeerId,
-        peer_spec: KVCacheSpec,
+        peer_layout: KVLayout,
         src_block_ids: Sequence[int],
         dst_block_ids: Sequence[int],
     ) -> tuple[list[int], list[int]]:
@@ -212,15 +210,15 @@ class DriverTransport(ProtocolMixin, Transport):
         dst = list(map(int, dst_block_ids))
         if len(src) != len(dst) or not src:
             raise ValueError(f"need equal, non-empty block lists; got {len(src)} and {len(dst)}")
-        self.spec.check_block_ids(src, "source block id")
-        peer_spec.check_block_ids(dst, f"destination block id (peer {peer})")
+        self.layout.check_block_ids(src, "source block id")
+        peer_layout.check_block_ids(dst, f"destination block id (peer {peer})")
         if len(self._checked) >= _CHECKED_MEMORY:
             self._checked.clear()  # requests come and go; a miss only costs a check
         self._checked[request_id] = (peer, src, dst)
         return src, dst
 
     def cancel(self, request_id: str) -> None:
-        self._submit(lambda: self._cancel(request_id))
+        self._submit(lambda: self._protocol.cancel(request_id))
 
     def poll(self) -> list[TransferResult]:
         with self._cond:
@@ -238,7 +236,7 @@ class DriverTransport(ProtocolMixin, Transport):
     def close(self) -> None:
         if self._stop:
             return
-        self._call(lambda: self._fail_all("transport closed"))
+        self._call(lambda: self._protocol.fail_all("transport closed"))
         self._stop = True
         self._wake_up()
         self._thread.join(timeout=10.0)
@@ -298,9 +296,10 @@ class DriverTransport(ProtocolMixin, Transport):
         return True
 
     def _run(self) -> None:
+        step, active = self._protocol.step, self._protocol.active
         while not self._stop:
             try:
-                busy = self._step()
+                busy = step()
             except Exception:
                 logger.exception("%s: I/O step failed", self.name)
                 busy = False
@@ -308,7 +307,7 @@ class DriverTransport(ProtocolMixin, Transport):
                 continue
             # Publish the nap length first, then look at the queue once more: a command put
             # after that look sees the length and wakes us if the nap is long.
-            self._nap_s = _ACTIVE_POLL_S if self._active() else _IDLE_POLL_S
+            self._nap_s = _ACTIVE_POLL_S if active() else _IDLE_POLL_S
             if self._commands.empty():
                 select.select([self._wake_r, *self.driver.wait_fds()], [], [], self._nap_s)
                 with contextlib.suppress(BlockingIOError):

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
-from kv_transfer.layout import KVCacheSpec, Region
+from kv_transfer.layout import Region
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ class UcxDriver(Driver):
     name = "ucx"
     streams_bytes = True
 
-    def __init__(self, kv: torch.Tensor, spec: KVCacheSpec, agent_name: str) -> None:
-        super().__init__(kv, spec, agent_name)
+    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
+        super().__init__(kv, layout, agent_name)
         if kv.is_cuda:
             raise ValueError("the ucx backend moves host memory only; use nixl for VRAM")
         import ucxx._lib.libucxx as ucx_api

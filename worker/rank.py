@@ -42,28 +42,15 @@ class WorkerRank:
     ...); the `kv_*` methods reach this rank's transport."""
 
     def __init__(self, spec: WorkerSpec, config: EngineConfig, tp: TPGroup = SINGLE) -> None:
-        from kv_transfer import KVCacheSpec
-
         pin_threads(spec.num_threads)
         self.spec = spec
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.engine = LLMEngine(Path(spec.model_dir), config, tp=tp, worker_id=spec.worker_id)
-        shape = self.engine.runner.kv_shape
-        kv_spec = KVCacheSpec(
-            num_layers=shape.num_layers,
-            num_blocks=shape.num_blocks,
-            block_size=shape.block_size,
-            num_kv_heads=shape.num_kv_heads,
-            head_dim=shape.head_dim,
-            dtype=str(shape.dtype).removeprefix("torch."),
-            tp_rank=tp.rank,
-            tp_size=tp.size,
-        )
         # No failure hook: failures come back through kv_poll and the worker frees the
         # blocks on every rank at once.
         self.transport = create_transport(
             self.engine.runner.kv_cache,
-            kv_spec,
+            self.engine.runner.kv_layout,
             self.engine.model_config.model_id,
             backend=spec.transport,
             name=rank_transport_name(spec.worker_id, tp.rank, tp.size),
@@ -88,8 +75,7 @@ class WorkerRank:
             block_size=e.config.block_size,
             num_kv_blocks=e.kv.pool.num_blocks,
             max_model_len=e.max_model_len,
-            kv_bytes_per_block=self.engine.runner.kv_shape.bytes_per_block_all_layers
-            * self.tp_size,
+            kv_bytes_per_block=e.runner.kv_layout.block_bytes_all_layers * self.tp_size,
             transport_backend=self.transport.backend,
             transport_metadata=transport_metadata,
             pid=pid,

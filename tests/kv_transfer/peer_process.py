@@ -24,23 +24,25 @@ TLS_CHOICES = {
 }
 
 
-def make_cache(spec_kwargs: dict[str, Any], seed: int, shared: bool = False) -> Any:
+def make_cache(layout_kwargs: dict[str, Any], seed: int, shared: bool = False) -> Any:
     """The cache a seed fills; `shared` puts it in a memfd, as the engine does on CPU (the
     `shm` backend needs that)."""
     import torch
 
+    from core.kv_layout import KVLayout
     from engine.kv_cache.shared_memory import shared_zeros
-    from kv_transfer import KVCacheSpec
 
-    spec = KVCacheSpec(**spec_kwargs)
+    layout = KVLayout(**layout_kwargs)
     gen = torch.Generator().manual_seed(seed)
-    kv = torch.randn(spec.shape, generator=gen, dtype=torch.float32).to(getattr(torch, spec.dtype))
+    kv = torch.randn(layout.shape, generator=gen, dtype=torch.float32).to(
+        getattr(torch, layout.dtype)
+    )
     if shared:
         kv = shared_zeros(tuple(kv.shape), kv.dtype).copy_(kv)
-    return spec, kv
+    return layout, kv
 
 
-def peer_main(conn: Connection, backend: str, tls: str, spec_kwargs: dict, seed: int) -> None:
+def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, seed: int) -> None:
     if (backend, tls) in TLS_CHOICES:
         os.environ["UCX_TLS"] = TLS_CHOICES[(backend, tls)]
     import torch
@@ -48,11 +50,11 @@ def peer_main(conn: Connection, backend: str, tls: str, spec_kwargs: dict, seed:
     from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    spec, kv = make_cache(spec_kwargs, seed, shared=backend == "shm")
+    layout, kv = make_cache(layout_kwargs, seed, shared=backend == "shm")
     failures: list[dict] = []
     transport = create_transport(
         kv,
-        spec,
+        layout,
         "test-model",
         backend=backend,
         loopback=True,
@@ -98,11 +100,11 @@ def peer_main(conn: Connection, backend: str, tls: str, spec_kwargs: dict, seed:
 class Peer:
     """Test-side handle of one child process."""
 
-    def __init__(self, backend: str, tls: str, spec_kwargs: dict, seed: int) -> None:
+    def __init__(self, backend: str, tls: str, layout_kwargs: dict, seed: int) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
-            target=peer_main, args=(child_conn, backend, tls, spec_kwargs, seed), daemon=True
+            target=peer_main, args=(child_conn, backend, tls, layout_kwargs, seed), daemon=True
         )
         self.process.start()
         self.metadata: bytes = self._receive("start", 60.0)

@@ -9,10 +9,10 @@ import time
 import pytest
 import torch
 
+from core.kv_layout import KVLayout
 from engine.kv_cache.shared_memory import shared_zeros
 from kv_transfer import (
     IncompatiblePeerError,
-    KVCacheSpec,
     Role,
     SendHandle,
     TransferError,
@@ -21,24 +21,24 @@ from kv_transfer import (
 )
 from kv_transfer.driver import DriverError
 
-SPEC = KVCacheSpec(num_layers=3, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
+LAYOUT = KVLayout(num_layers=3, num_blocks=12, block_size=4, num_kv_heads=2, head_dim=8)
 
 
 class Side:
     def __init__(
-        self, spec: KVCacheSpec, seed: int, model_id: str = "m", backend: str = "local"
+        self, layout: KVLayout, seed: int, model_id: str = "m", backend: str = "local"
     ) -> None:
-        kv = torch.randn(spec.shape, generator=torch.Generator().manual_seed(seed)).half()
-        self.kv = shared_zeros(spec.shape, kv.dtype).copy_(kv) if backend == "shm" else kv
+        kv = torch.randn(layout.shape, generator=torch.Generator().manual_seed(seed)).half()
+        self.kv = shared_zeros(layout.shape, kv.dtype).copy_(kv) if backend == "shm" else kv
         self.failures: list[TransferResult] = []
         self.transport = create_transport(
-            self.kv, spec, model_id, backend=backend, on_failure=self.failures.append
+            self.kv, layout, model_id, backend=backend, on_failure=self.failures.append
         )
 
 
 @pytest.fixture(params=["local", "shm"])
 def sides(request):
-    prefill, decode = Side(SPEC, 1, backend=request.param), Side(SPEC, 2, backend=request.param)
+    prefill, decode = Side(LAYOUT, 1, backend=request.param), Side(LAYOUT, 2, backend=request.param)
     to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
     decode.transport.add_peer(prefill.transport.local_metadata())
     yield prefill, decode, to_decode
@@ -53,7 +53,7 @@ def test_concurrent_requests_land_exactly(sides) -> None:
     for request_id, (_, dst) in plan.items():
         decode.transport.expect(request_id, dst, timeout_s=10)
     handles = []
-    for layer in range(SPEC.num_layers):
+    for layer in range(LAYOUT.num_layers):
         for request_id, (src, dst) in plan.items():
             handles.append(prefill.transport.send(request_id, src, to_decode, dst, [layer]))
     for request_id in plan:
@@ -110,9 +110,9 @@ def test_bad_arguments_raise_in_the_caller(sides) -> None:
 
 
 def test_handshake_refuses_a_different_block_size() -> None:
-    ours = Side(SPEC, 1)
-    other_spec = KVCacheSpec(3, 12, block_size=8, num_kv_heads=2, head_dim=8)
-    theirs = Side(other_spec, 2)
+    ours = Side(LAYOUT, 1)
+    other_layout = KVLayout(3, 12, block_size=8, num_kv_heads=2, head_dim=8)
+    theirs = Side(other_layout, 2)
     try:
         with pytest.raises(IncompatiblePeerError, match="block_size"):
             ours.transport.add_peer(theirs.transport.local_metadata())
@@ -133,7 +133,7 @@ def test_hook_runs_on_io_thread_once_per_failure(sides) -> None:
 
 def test_shm_refuses_a_cache_outside_shared_memory() -> None:
     with pytest.raises(DriverError, match="shared file mapping"):
-        create_transport(torch.zeros(SPEC.shape, dtype=torch.float16), SPEC, "m", backend="shm")
+        create_transport(torch.zeros(LAYOUT.shape, dtype=torch.float16), LAYOUT, "m", backend="shm")
 
 
 def test_changed_block_lists_are_checked_again(sides) -> None:
@@ -157,14 +157,14 @@ def test_a_reused_request_id_keeps_only_its_own_deadline(sides) -> None:
     assert not decode.transport.wait("again", Role.RECV, 10).ok
     decode.transport.expect("again", [5], timeout_s=10)
     time.sleep(0.4)  # the first reservation's deadline passes
-    for layer in range(SPEC.num_layers):
+    for layer in range(LAYOUT.num_layers):
         prefill.transport.send("again", [2], to_decode, [5], [layer])
     assert decode.transport.wait("again", Role.RECV, 10).ok
     assert torch.equal(decode.kv[:, 5], prefill.kv[:, 2])
 
 
 def test_shm_without_the_native_copy_lands_the_same_bytes() -> None:
-    prefill, decode = Side(SPEC, 1, backend="shm"), Side(SPEC, 2, backend="shm")
+    prefill, decode = Side(LAYOUT, 1, backend="shm"), Side(LAYOUT, 2, backend="shm")
     try:
         decode.transport.driver._native = None  # the per-region memmove fallback
         to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
