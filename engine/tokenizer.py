@@ -7,7 +7,8 @@ serialized pipeline is used as is (its post-processor decides whether BOS is add
 missing from the vocab are added as special tokens, and decoding skips the WordPiece-only
 space clean-up for BPE models.
 
-Chat templates render in engine/chat_template.py's sandbox. Torch-free: the router imports
+Chat templates render in engine/chat_template.py's sandbox; `encode_chat` is the one way
+from chat messages to the prompt ids a model generates from. Torch-free: the router imports
 this module.
 """
 
@@ -194,6 +195,32 @@ class Tokenizer:
             documents=documents,
             variables=variables,
         )
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> list[int]:
+        """The prompt ids for `messages`, ready for the model to write the assistant's turn.
+
+        The template is rendered with the generation prompt and encoded without adding
+        special tokens, as transformers' `apply_chat_template(tokenize=True)` does: a template
+        writes the BOS its model wants, and the post-processor would add a second one.
+        Raises ChatTemplateError where `apply_chat_template` does; kwargs are its template
+        variables.
+        """
+        text = self.apply_chat_template(
+            messages,
+            add_generation_prompt=True,
+            tools=tools,
+            documents=documents,
+            chat_template=chat_template,
+            **kwargs,
+        )
+        return self.encode(text, add_special_tokens=False)
 
     def _select_template(self, chosen: str | None, tools: list[Any] | None) -> str:
         templates = self.chat_template
