@@ -24,6 +24,7 @@ from tokenizers import AddedToken
 from tokenizers import Tokenizer as _Backend
 
 from engine.chat_template import ChatTemplateError, compile_template, render
+from engine.json_files import read_optional_json_object
 
 __all__ = ["ChatTemplateError", "Tokenizer", "TokenizerError"]
 
@@ -106,8 +107,8 @@ class Tokenizer:
             backend = _Backend.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a plain Exception
             raise TokenizerError(f"{tokenizer_file}: cannot be loaded ({exc})") from exc
-        config = _read_json(folder / "tokenizer_config.json")
-        legacy_map = _read_json(folder / "special_tokens_map.json")
+        config = read_optional_json_object(folder / "tokenizer_config.json", TokenizerError)
+        legacy_map = read_optional_json_object(folder / "special_tokens_map.json", TokenizerError)
 
         special: dict[str, str] = {}
         for key in _NAMED_TOKENS:
@@ -128,7 +129,7 @@ class Tokenizer:
 
         if config.get("split_special_tokens"):
             backend.encode_special_tokens = True
-        generation = _read_json(folder / "generation_config.json")
+        generation = read_optional_json_object(folder / "generation_config.json", TokenizerError)
         gen_eos = generation.get("eos_token_id")
         gen_eos_ids = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
         return cls(
@@ -249,18 +250,6 @@ class Tokenizer:
 
 def _model_kind(backend: _Backend) -> str:
     return json.loads(backend.to_str())["model"]["type"]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_bytes())
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def _token_text(value: Any) -> str | None:
