@@ -9,12 +9,13 @@ memory-mapped (`safe_open`), so reading a shard costs page cache, not a private 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
+
+from engine.json_files import read_json_object
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -71,11 +72,7 @@ def check_shape(
 
 
 def _read_weight_map(index_path: Path) -> dict[str, str]:
-    try:
-        index = json.loads(index_path.read_bytes())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{index_path}: not valid JSON ({exc})") from exc
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    weight_map = read_json_object(index_path, CheckpointError).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index_path}: needs a non-empty 'weight_map' object")
     for name, shard in weight_map.items():

@@ -12,11 +12,12 @@ rather than producing silently different outputs later.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from engine.json_files import read_json_object, read_optional_json_object
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -89,29 +90,11 @@ class ModelConfig:
             raise ModelConfigError(f"model folder {folder} does not exist or is not a folder")
         if not path.is_file():
             raise ModelConfigError(f"{path}: missing (not a Hugging Face model folder?)")
-        raw_bytes = path.read_bytes()
-        try:
-            raw = json.loads(raw_bytes)
-        except json.JSONDecodeError as exc:
-            raise ModelConfigError(f"{path}: not valid JSON ({exc})") from exc
-        if not isinstance(raw, dict):
-            raise ModelConfigError(f"{path}: expected a JSON object at the top level")
-        generation = _read_generation_config(folder)
+        raw_bytes = path.read_bytes()  # read once: parsed, and hashed into the model id
+        raw = read_json_object(path, ModelConfigError, raw_bytes)
+        generation = read_optional_json_object(folder / "generation_config.json", ModelConfigError)
         model_id = f"{folder.resolve().name}-{hashlib.sha256(raw_bytes).hexdigest()[:16]}"
         return _parse(raw, generation, str(folder), model_id, path)
-
-
-def _read_generation_config(folder: Path) -> dict[str, Any]:
-    path = folder / "generation_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_bytes())
-    except json.JSONDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ModelConfigError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 class _Fields:

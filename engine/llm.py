@@ -69,6 +69,4 @@ class LLM:
         messages: list[dict[str, str]],
         params: SamplingParams | None = None,
     ) -> RequestOutput:
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate([ids], params)[0]
+        return self.generate([self.tokenizer.encode_chat(messages)], params)[0]

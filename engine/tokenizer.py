@@ -7,29 +7,26 @@ serialized pipeline is used as is (its post-processor decides whether BOS is add
 missing from the vocab are added as special tokens, and decoding skips the WordPiece-only
 space clean-up for BPE models.
 
-Chat templates render in an environment that mirrors transformers'
-(`utils/chat_template_utils.py`): an immutable sandbox with `trim_blocks`/`lstrip_blocks`,
-the `loopcontrols` extension, a `{% generation %}` block (rendered as its body; we never track
-assistant masks), a `tojson` that doesn't HTML-escape, and the globals `raise_exception`,
-`strftime_now`, `dict` and a `namespace` refusing underscore names. Messages are copied down
-to plain JSON types first: templates are untrusted code.
+Chat templates render in engine/chat_template.py's sandbox; `encode_chat` is the one way
+from chat messages to the prompt ids a model generates from. Torch-free: the router imports
+this module.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.nodes
-import jinja2.utils
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as _Backend
+
+from engine.chat_template import ChatTemplateError, compile_template, render
+from engine.json_files import read_optional_json_object
+
+__all__ = ["ChatTemplateError", "Tokenizer", "TokenizerError"]
 
 # transformers' SPECIAL_TOKENS_ATTRIBUTES: the named tokens templates see as variables.
 _NAMED_TOKENS = (
@@ -41,8 +38,6 @@ _NAMED_TOKENS = (
     "cls_token",
     "mask_token",
 )
-# Names a message's reasoning may come under; templates read the first (transformers aliases).
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # transformers' clean_up_tokenization, applied only to non-BPE models when configured.
 _CLEANUPS = (
     (" .", "."),
@@ -60,10 +55,6 @@ _CLEANUPS = (
 
 class TokenizerError(ValueError):
     """A tokenizer folder is missing files or has malformed ones."""
-
-
-class ChatTemplateError(ValueError):
-    """The template is missing, does not compile, or failed (incl. its raise_exception)."""
 
 
 class Tokenizer:
@@ -116,8 +107,8 @@ class Tokenizer:
             backend = _Backend.from_file(str(tokenizer_file))
         except Exception as exc:  # the Rust side raises a plain Exception
             raise TokenizerError(f"{tokenizer_file}: cannot be loaded ({exc})") from exc
-        config = _read_json(folder / "tokenizer_config.json")
-        legacy_map = _read_json(folder / "special_tokens_map.json")
+        config = read_optional_json_object(folder / "tokenizer_config.json", TokenizerError)
+        legacy_map = read_optional_json_object(folder / "special_tokens_map.json", TokenizerError)
 
         special: dict[str, str] = {}
         for key in _NAMED_TOKENS:
@@ -138,7 +129,7 @@ class Tokenizer:
 
         if config.get("split_special_tokens"):
             backend.encode_special_tokens = True
-        generation = _read_json(folder / "generation_config.json")
+        generation = read_optional_json_object(folder / "generation_config.json", TokenizerError)
         gen_eos = generation.get("eos_token_id")
         gen_eos_ids = gen_eos if isinstance(gen_eos, list) else [] if gen_eos is None else [gen_eos]
         return cls(
@@ -195,9 +186,9 @@ class Tokenizer:
         source = self._select_template(chat_template, tools)
         template = self._compiled.get(source)
         if template is None:
-            template = self._compiled[source] = _compile_template(source)
+            template = self._compiled[source] = compile_template(source)
         variables = {**self.special_tokens_map, **kwargs}
-        return _render(
+        return render(
             template,
             messages,
             add_generation_prompt=add_generation_prompt,
@@ -205,6 +196,32 @@ class Tokenizer:
             documents=documents,
             variables=variables,
         )
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ) -> list[int]:
+        """The prompt ids for `messages`, ready for the model to write the assistant's turn.
+
+        The template is rendered with the generation prompt and encoded without adding
+        special tokens, as transformers' `apply_chat_template(tokenize=True)` does: a template
+        writes the BOS its model wants, and the post-processor would add a second one.
+        Raises ChatTemplateError where `apply_chat_template` does; kwargs are its template
+        variables.
+        """
+        text = self.apply_chat_template(
+            messages,
+            add_generation_prompt=True,
+            tools=tools,
+            documents=documents,
+            chat_template=chat_template,
+            **kwargs,
+        )
+        return self.encode(text, add_special_tokens=False)
 
     def _select_template(self, chosen: str | None, tools: list[Any] | None) -> str:
         templates = self.chat_template
@@ -233,18 +250,6 @@ class Tokenizer:
 
 def _model_kind(backend: _Backend) -> str:
     return json.loads(backend.to_str())["model"]["type"]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_bytes())
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def _token_text(value: Any) -> str | None:
@@ -280,140 +285,3 @@ def _read_chat_template(folder: Path, config: dict[str, Any]) -> str | dict[str,
                 f"{folder / 'tokenizer_config.json'}: malformed 'chat_template' list"
             ) from exc
     raise TokenizerError(f"{folder / 'tokenizer_config.json'}: 'chat_template' must be a string")
-
-
-class _GenerationBlock(Extension):
-    """`{% generation %}...{% endgeneration %}` marks assistant text; we just render it."""
-
-    tags = {"generation"}  # noqa: RUF012 - jinja's Extension API uses a class attribute
-
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        call = self.call_method("_render_body")
-        return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
-
-    def _render_body(self, caller: Any) -> str:
-        return str(caller())
-
-
-class _Namespace(jinja2.utils.Namespace):
-    """jinja's namespace, refusing underscore names (no route to CPython internals)."""
-
-    def __init__(*args: Any, **kwargs: Any) -> None:
-        self, rest = args[0], args[1:]
-        attrs = dict(*rest, **kwargs)
-        for name in attrs:
-            _check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-
-def _check_name(name: Any) -> None:
-    if isinstance(name, str) and name.startswith("_"):
-        raise jinja2.exceptions.SecurityError(f"chat templates cannot set attribute {name!r}")
-
-
-class _DictFactory:
-    """`dict(...)` inside templates without exposing the dict type itself."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict.fromkeys(*args, **kwargs)
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _DictFactory()
-    env.globals["namespace"] = _Namespace
-    try:
-        return env.from_string(source)
-    except jinja2.TemplateError as exc:
-        raise ChatTemplateError(f"chat template does not compile: {exc}") from exc
-
-
-def _plain_data(value: Any) -> Any:
-    """A deep copy made only of JSON-like types; anything else becomes '<TypeName>'."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    # Subclasses (enums, numpy scalars) may carry methods: reduce them to the base type.
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, Mapping):
-        return {_plain_data(k): _plain_data(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain_data(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain_data(v) for v in value)
-    return f"<{type(value).__name__}>"
-
-
-def _alias_reasoning(message: dict[str, Any]) -> dict[str, Any]:
-    reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-    if reasoning is None:
-        return message
-    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
-
-
-def _render(
-    template: jinja2.Template,
-    messages: list[dict[str, Any]],
-    *,
-    add_generation_prompt: bool,
-    tools: list[dict[str, Any]] | None,
-    documents: list[dict[str, Any]] | None,
-    variables: dict[str, Any],
-) -> str:
-    """Renders one conversation. `variables` holds special tokens and caller kwargs."""
-    chat = _plain_data(list(messages))
-    for message in chat:
-        if not isinstance(message, dict):
-            raise ChatTemplateError(f"chat messages must be dicts, got {message!r}")
-    if tools is not None and not all(isinstance(t, dict) for t in tools):
-        raise ChatTemplateError("tools must be JSON schema dicts (callables are not supported)")
-    if documents is not None and not all(isinstance(d, dict) for d in documents):
-        raise ChatTemplateError("documents must be dicts with 'title' and 'text' keys")
-    try:
-        return template.render(
-            messages=[_alias_reasoning(m) for m in chat],
-            tools=_plain_data(tools),
-            documents=_plain_data(documents),
-            add_generation_prompt=add_generation_prompt,
-            **_plain_data(variables),
-        )
-    except jinja2.TemplateError as exc:
-        raise ChatTemplateError(f"chat template failed: {exc}") from exc

@@ -12,6 +12,8 @@ hits, earlier chunks, KV received from a prefill worker) plus themselves.
 The per-layer KV cache is one slice `kv[layer]` of the worker's cache tensor:
 `[num_blocks, 2 (K, V), block_size, num_kv_heads, head_dim]`, so one layer's block is one
 contiguous region for the transfer engine.
+
+This module imports none of the backends (they import it); registry.py looks them up by name.
 """
 
 from __future__ import annotations
@@ -80,20 +82,13 @@ class AttentionBackend(ABC):
         """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
 
 
-_REGISTRY: dict[str, type[AttentionBackend]] = {}
+def __getattr__(name: str) -> object:
+    # Transitional: engine/model_runner.py still imports get_backend from here. The lookup
+    # lives in registry.py (which imports the backends, which import this module); loading it
+    # only when the old name is asked for keeps this module free of its implementations.
+    # Remove once model_runner imports from engine.attention.registry.
+    if name == "get_backend":
+        from engine.attention.registry import get_backend
 
-
-def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def get_backend(name: str) -> AttentionBackend:
-    # Import for registration side effects; backends live in their own modules.
-    import engine.attention.cpu_paged
-    import engine.attention.torch_paged
-    import engine.attention.triton_backend  # noqa: F401
-
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown attention backend {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name]()
+        return get_backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

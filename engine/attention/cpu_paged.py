@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from engine import cpu_kernels
-from engine.attention.backend import AttentionMetadata, register_backend
+from engine.attention.backend import AttentionMetadata
 from engine.attention.torch_paged import TorchPagedAttention
 
 
@@ -22,7 +22,6 @@ def load_kernel() -> Any | None:
     return cpu_kernels.load("paged_decode")
 
 
-@register_backend
 class CPUPagedAttention(TorchPagedAttention):
     name = "cpu"
 

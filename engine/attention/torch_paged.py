@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+from engine.attention.backend import AttentionBackend, AttentionMetadata
 
 
 def write_kv(
@@ -39,7 +39,6 @@ def _gather(kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int) -> torc
     return g.flatten(-4, -3)
 
 
-@register_backend
 class TorchPagedAttention(AttentionBackend):
     name = "torch"
 

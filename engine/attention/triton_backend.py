@@ -13,12 +13,11 @@ import dataclasses
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata, register_backend
+from engine.attention.backend import AttentionBackend, AttentionMetadata
 
 _STATE_PREFIX = "triton_prefill."
 
 
-@register_backend
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
 

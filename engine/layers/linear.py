@@ -39,31 +39,56 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, *_: object)
     param.data.copy_(loaded)
 
 
-class ColumnParallelLinear(nn.Module):
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
-    ) -> None:
+def _copy_shard(
+    what: str, dst: torch.Tensor, loaded: torch.Tensor, dim: int, start: int, size: int
+) -> None:
+    """dst <- this rank's `size` entries of the full checkpoint tensor along `dim`."""
+    shard = loaded.narrow(dim, start, size)
+    _check_shape(what, dst.shape, shard.shape)
+    dst.copy_(shard)
+
+
+class _ShardedLinear(nn.Module):
+    """This rank's weight [out, in] and optional bias, and the GEMM over them; subclasses say
+    how a full checkpoint tensor is cut into them."""
+
+    def __init__(self, weight_shape: tuple[int, int], bias_size: int | None, tp: TPGroup) -> None:
         super().__init__()
         self.tp = tp
-        self.out_per_rank = divide(out_features, tp.size, "output features")
-        self.weight = nn.Parameter(torch.empty(self.out_per_rank, in_features), False)
-        _set_loader(self.weight, self._load_rows)
+        self.weight = nn.Parameter(torch.empty(weight_shape), False)
         self.bias = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(self.out_per_rank), False)
-            _set_loader(self.bias, self._load_rows)
+        if bias_size is not None:
+            self.bias = nn.Parameter(torch.empty(bias_size), False)
         self.use_cpu_gemm = False
         """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
 
+    def _set_loaders(self, weight: WeightLoader, bias: WeightLoader | None = None) -> None:
+        """`bias` defaults to the weight's loader (output-sharded biases are cut alike)."""
+        _set_loader(self.weight, weight)
+        if self.bias is not None:
+            _set_loader(self.bias, bias or weight)
+
+    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.use_cpu_gemm:
+            return cpu_gemm.linear(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(_ShardedLinear):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
+    ) -> None:
+        out_per_rank = divide(out_features, tp.size, "output features")
+        super().__init__((out_per_rank, in_features), out_per_rank if bias else None, tp)
+        self.out_per_rank = out_per_rank
+        self._set_loaders(self._load_rows)
+
     def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
-        shard = loaded.narrow(0, self.tp.rank * self.out_per_rank, self.out_per_rank)
-        _check_shape("column-parallel weight", param.shape, shard.shape)
-        param.data.copy_(shard)
+        start = self.tp.rank * self.out_per_rank
+        _copy_shard("column-parallel weight", param.data, loaded, 0, start, self.out_per_rank)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_cpu_gemm:
-            return cpu_gemm.linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return self._gemm(x, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -77,17 +102,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     ) -> None:
         super().__init__(in_features, sum(out_sizes), bias, tp)
         self.part_sizes = [divide(s, tp.size, "output features") for s in out_sizes]
-        _set_loader(self.weight, self._load_part)
-        if self.bias is not None:
-            _set_loader(self.bias, self._load_part)
+        self._set_loaders(self._load_part)
 
     def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, part: int) -> None:
         size = self.part_sizes[part]
-        offset = sum(self.part_sizes[:part])
-        shard = loaded.narrow(0, self.tp.rank * size, size)
-        dst = param.data.narrow(0, offset, size)
-        _check_shape(f"merged weight part {part}", dst.shape, shard.shape)
-        dst.copy_(shard)
+        dst = param.data.narrow(0, sum(self.part_sizes[:part]), size)
+        _copy_shard(f"merged weight part {part}", dst, loaded, 0, self.tp.rank * size, size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -118,9 +138,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.total_kv_heads = num_kv_heads
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         super().__init__(hidden_size, out * tp.size, bias, tp)
-        _set_loader(self.weight, self._load_qkv)
-        if self.bias is not None:
-            _set_loader(self.bias, self._load_qkv)
+        self._set_loaders(self._load_qkv)
 
     @property
     def q_size(self) -> int:
@@ -140,40 +158,27 @@ class QKVParallelLinear(ColumnParallelLinear):
                 src_head = self.tp.rank * self.num_kv_heads
             offset = self.q_size + (0 if part == "k" else self.kv_size)
             size = self.kv_size
-        shard = loaded.narrow(0, src_head * self.head_dim, size)
         dst = param.data.narrow(0, offset, size)
-        _check_shape(f"{part}_proj", dst.shape, shard.shape)
-        dst.copy_(shard)
+        _copy_shard(f"{part}_proj", dst, loaded, 0, src_head * self.head_dim, size)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ShardedLinear):
     def __init__(
         self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
     ) -> None:
-        super().__init__()
-        self.tp = tp
-        self.in_per_rank = divide(in_features, tp.size, "input features")
-        self.weight = nn.Parameter(torch.empty(out_features, self.in_per_rank), False)
-        _set_loader(self.weight, self._load_cols)
-        self.bias = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features), False)
-            _set_loader(self.bias, default_weight_loader)
-        self.use_cpu_gemm = False
+        in_per_rank = divide(in_features, tp.size, "input features")
+        super().__init__((out_features, in_per_rank), out_features if bias else None, tp)
+        self.in_per_rank = in_per_rank
+        # The bias is added once, after the sum: every rank holds all of it.
+        self._set_loaders(self._load_cols, default_weight_loader)
 
     def _load_cols(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
-        shard = loaded.narrow(1, self.tp.rank * self.in_per_rank, self.in_per_rank)
-        _check_shape("row-parallel weight", param.shape, shard.shape)
-        param.data.copy_(shard)
+        start = self.tp.rank * self.in_per_rank
+        _copy_shard("row-parallel weight", param.data, loaded, 1, start, self.in_per_rank)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            if self.use_cpu_gemm:
-                return cpu_gemm.linear(x, self.weight, self.bias)
-            return F.linear(x, self.weight, self.bias)
+            return self._gemm(x, self.bias)
         # Bias once, after the sum, so it is not counted size times.
-        if self.use_cpu_gemm:
-            y = self.tp.all_reduce(cpu_gemm.linear(x, self.weight, None))
-        else:
-            y = self.tp.all_reduce(F.linear(x, self.weight))
+        y = self.tp.all_reduce(self._gemm(x, None))
         return y if self.bias is None else y + self.bias

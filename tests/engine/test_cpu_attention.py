@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.backend import AttentionMetadata, get_backend
+from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import load_kernel
+from engine.attention.registry import get_backend
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain for the kernel")
 

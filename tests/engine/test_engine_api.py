@@ -151,3 +151,10 @@ def test_final_text_equals_a_full_decode(llm: LLM) -> None:
     outs = llm.generate([prompt(n, 20 + 7 * n) for n in range(5, 60, 6)], params)
     for out in outs:
         assert out.text == llm.tokenizer.decode(out.token_ids)
+
+
+def test_chat_prompts_with_the_tokenizers_chat_ids(llm: LLM) -> None:
+    messages = [{"role": "user", "content": "Hi there!"}]
+    out = llm.chat(messages, SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    assert out.prompt_token_ids == llm.tokenizer.encode_chat(messages)
+    assert out.finished and len(out.token_ids) == 3

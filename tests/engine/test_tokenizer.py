@@ -106,6 +106,25 @@ def test_chat_template_errors(pair) -> None:
         ours.apply_chat_template(["not a message"])  # type: ignore[list-item]
 
 
+def test_encode_chat_matches_transformers(pair) -> None:
+    """Chat -> ids is transformers' tokenize=True result: the template's one BOS, no second."""
+    ours, hf = pair
+    for messages, tools in ((MESSAGES, None), (MESSAGES[1:2], None), (MESSAGES, TOOLS)):
+        expected = hf.apply_chat_template(
+            messages, tools=tools, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        ids = ours.encode_chat(messages, tools=tools)
+        assert ids == list(expected)
+        assert ids[0] == ours.bos_token_id != ids[1]
+        assert ours.decode(ids, skip_special_tokens=False).endswith(
+            "<|start_header_id|>assistant<|end_header_id|>\n\n"
+        )
+    with pytest.raises(ChatTemplateError, match="unknown role: robot"):
+        ours.encode_chat([{"role": "robot", "content": "beep"}])
+    with pytest.raises(ChatTemplateError, match="dicts"):
+        ours.encode_chat(["not a message"])  # type: ignore[list-item]
+
+
 CUSTOM_TEMPLATE = """{%- set ns = namespace(count=0) -%}
 {%- for m in messages -%}
 {%- if m.role == 'system' %}{% continue %}{% endif -%}
