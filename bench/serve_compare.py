@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import serve_workloads as wl
-from bench.serve import HEADER, format_row, measure, schedules, served_model
 from bench.serve_plot import plot_experiment
+from bench.serve_run import HEADER, format_row, measure, schedules, served_model
 from bench.serve_server import ServerProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -13,7 +13,8 @@ import torch
 from core.config import EngineConfig
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
-from engine.attention.backend import AttentionMetadata, PrefillChunk, get_backend
+from engine.attention.backend import AttentionMetadata, PrefillChunk
+from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.kv_cache.manager import KVCacheManager, cdiv

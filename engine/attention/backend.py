@@ -81,14 +81,3 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
 
-
-def __getattr__(name: str) -> object:
-    # Transitional: engine/model_runner.py still imports get_backend from here. The lookup
-    # lives in registry.py (which imports the backends, which import this module); loading it
-    # only when the old name is asked for keeps this module free of its implementations.
-    # Remove once model_runner imports from engine.attention.registry.
-    if name == "get_backend":
-        from engine.attention.registry import get_backend
-
-        return get_backend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from bench import serve_workloads as wl
-from bench.serve import build_arg_parser, run_from_args, served_model
+from bench.serve import build_arg_parser, run_from_args
 from bench.serve_client import run_load, scrape_metrics
+from bench.serve_run import served_model
 from core.config import EngineConfig
 from router.frontdoor.http.app import create_app
 from tests.support.grpc_server import GRPCServerThread

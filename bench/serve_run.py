@@ -1,0 +1,141 @@
+"""One measured run of `baton bench`: the workload's requests and their schedule, the load
+against one server with /metrics scraped around it, and the table row that reports it.
+Shared by a single-server run (bench/serve.py) and a comparison (bench/serve_compare.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import serve_workloads as wl
+from bench.serve_client import run_load, scrape_metrics
+from bench.serve_metrics import SLO, scrape_by_label, scrape_sum, summarize
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+DEFAULT_TRACE = {
+    "mooncake": TRACES / "mooncake" / "synthetic_trace.jsonl",
+    "azure": TRACES / "azure" / "AzureLLMInferenceTrace_conv.csv",
+}
+WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
+             "azure")  # fmt: skip
+KV_SECONDS = "baton:kv_transfer_seconds_sum"
+WORKER_HIT_RATE = "baton:prefix_cache_hit_rate"
+
+
+def build_workload(args: argparse.Namespace, space: wl.TokenSpace) -> list[wl.BenchRequest]:
+    """The workload's requests; arrival_s is the trace's own time (0 for synthetic ones)."""
+    n, seed = args.num_requests, args.seed
+    match args.workload:
+        case "fixed":
+            return wl.fixed_lengths(n, args.input_len, args.output_len, space, seed)
+        case "distributed":
+            return wl.distributed_lengths(
+                n, args.input_len, args.output_len, space, args.spread, seed
+            )
+        case "shared_prefix":
+            return wl.shared_prefix(
+                n, space, num_tenants=args.tenants, system_tokens=args.system_len,
+                user_tokens=args.input_len, output_len=args.output_len, seed=seed,
+                prefix_seed=args.prefix_seed,
+            )  # fmt: skip
+        case "multi_turn":
+            return wl.multi_turn(max(1, n // 4), space, max_output=args.output_len,
+                                 seed=seed)[:n]  # fmt: skip
+        case "long_mix":
+            return wl.long_prompt_mix(n, space, long_fraction=args.long_fraction, seed=seed)
+        case "mooncake":
+            return wl.mooncake_trace(
+                args.trace or DEFAULT_TRACE["mooncake"], space, limit=n,
+                length_scale=args.length_scale or 1 / 32, max_output=args.max_output, seed=seed,
+            )  # fmt: skip
+        case "azure":
+            return wl.azure_trace(
+                args.trace or DEFAULT_TRACE["azure"], space, limit=n,
+                length_scale=args.length_scale or 0.25, output_scale=args.output_scale,
+                max_output=args.max_output, seed=seed,
+            )  # fmt: skip
+    raise ValueError(f"unknown workload {args.workload!r}; choose from {', '.join(WORKLOADS)}")
+
+
+def schedules(
+    args: argparse.Namespace, space: wl.TokenSpace
+) -> list[tuple[float, list[wl.BenchRequest]]]:
+    """(offered rate, timed requests) per run: Poisson at each of `args.rate`, or the
+    trace's own arrivals scaled by `args.time_scale` (its rate is then what it offers).
+    Each rate gets its own prompts (another seed, same shape): a run must not find the
+    previous run's prompts in the prefix caches."""
+    if not args.rate:
+        timed = wl.retime(build_workload(args, space), args.time_scale)
+        span = timed[-1].arrival_s if timed else 0.0
+        return [(len(timed) / span if span > 0 else 0.0, timed)]
+    runs = []
+    for i, rate in enumerate(args.rate):
+        seed = args.seed + 1000 * i
+        requests = build_workload(argparse.Namespace(**{**vars(args), "seed": seed}), space)
+        runs.append((rate, wl.with_poisson_arrivals(requests, rate, seed)))
+    return runs
+
+
+async def measure(
+    base_url: str, model: str, rate: float, requests: Sequence[wl.BenchRequest],
+    args: argparse.Namespace, label: str = "",
+) -> dict[str, Any]:  # fmt: skip
+    """One run at one rate: scrape /metrics, send the load, scrape again, summarise."""
+    load_before = os.getloadavg()[0]
+    before = await scrape_metrics(base_url)
+    run = await run_load(
+        base_url, model, requests, max_duration_s=args.duration,
+        drain_timeout_s=args.drain_timeout, api_key=args.api_key,
+        progress=not args.no_progress, label=label or f"{rate:g} req/s",
+        grpc_target=getattr(args, "grpc", None),
+    )  # fmt: skip
+    after = await scrape_metrics(base_url)
+    kv_s = None
+    worker_hits: dict[str, float] = {}
+    if before is not None and after is not None:
+        kv_s = scrape_sum(after, KV_SECONDS) - scrape_sum(before, KV_SECONDS)
+        worker_hits = scrape_by_label(after, WORKER_HIT_RATE, "worker")
+    summary = summarize(run.results, run.duration_s, SLO(args.ttft_slo, args.tpot_slo), kv_s)
+    # The machine's 1-minute load average around the run: other work on a shared box is
+    # the first thing to check when two runs disagree.
+    # Per worker, over the server's lifetime: in disaggregated mode `usage.cached_tokens`
+    # counts the decode worker's hits (blocks not sent), the prefill workers' hits (tokens
+    # not recomputed) show only here.
+    summary["worker_prefix_hit_rate"] = worker_hits
+    summary.update(rate=rate, num_not_sent=run.num_not_sent,
+                   load_avg_1m=(load_before, os.getloadavg()[0]))  # fmt: skip
+    return summary
+
+
+async def served_model(base_url: str, api_key: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=10.0) as client:
+        resp = await client.get("/v1/models")
+        resp.raise_for_status()
+        return str(resp.json()["data"][0]["id"])
+
+
+def format_row(name: str, s: dict[str, Any]) -> str:
+    def ms(d: dict[str, Any], k: str) -> str:
+        return f"{d[k] * 1000:8.0f}" if d[k] is not None else "       -"
+
+    hit = s["prefix_hit_rate"]
+    return (
+        f"{name:<16} {s['rate']:6.2f} {s['num_ok']:4d}/{s['num_requests']:<4d}"
+        f"{ms(s['ttft_s'], 'mean')}{ms(s['ttft_s'], 'p50')}{ms(s['ttft_s'], 'p99')}"
+        f"{ms(s['tpot_s'], 'p50')}{ms(s['tpot_s'], 'p99')}{ms(s['itl_s'], 'p99')}"
+        f"{ms(s['e2e_s'], 'p99')} {s['output_tokens_per_s']:7.1f} {s['request_throughput']:6.2f}"
+        f" {s['goodput']:6.2f} {'-' if hit is None else f'{hit:5.2f}':>5}"
+    )
+
+
+HEADER = (
+    f"{'config':<16} {'rate':>6} {'ok/sent':<9}{'TTFTavg':>8}{'TTFTp50':>8}{'TTFTp99':>8}"
+    f"{'TPOTp50':>8}{'TPOTp99':>8}{'ITLp99':>8}{'e2ep99':>8} {'tok/s':>7} {'req/s':>6}"
+    f" {'good':>6} {'hit':>5}   (times in ms)"
+)
