@@ -43,16 +43,9 @@ def _decode_split_kernel(
     stride_tb,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -95,10 +88,7 @@ def _decode_reduce_kernel(
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)

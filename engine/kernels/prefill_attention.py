@@ -96,14 +96,9 @@ def _prefill_kernel(
     stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
     stride_tb,
     stride_ot, stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     head = tl.program_id(1)
