@@ -45,6 +45,16 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
     )
 
 
+def check_kv_layer(
+    kv_layer: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> tuple[int, int, int]:
+    """One layer of the paged cache, [num_blocks, 2 (K, V), page, Hk, D]: (page, Hk, D)."""
+    check_tensor("kv_layer", kv_layer, 5, (dtype,), device)
+    _, two, page, num_kv_heads, head_dim = kv_layer.shape
+    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
+    return page, num_kv_heads, head_dim
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 

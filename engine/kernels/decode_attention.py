@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from engine.kernels._checks import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
     check,
     check_shape,
@@ -30,6 +29,7 @@ from engine.kernels._checks import (
     dot_precision,
     next_pow2,
 )
+from engine.kernels._paged_attention import attend_paged_kv, check_paged_attention
 
 MAX_SPLITS = 16
 
@@ -43,16 +43,9 @@ def _decode_split_kernel(
     stride_tb,
     stride_ob, stride_oh, stride_os,
     stride_lb, stride_lh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    DIRECT: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -72,32 +65,11 @@ def _decode_split_kernel(
         mask=row_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    denom = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        block = tl.load(table_ptr + b * stride_tb + pos // PAGE, mask=n_mask, other=0)
-        base = block.to(tl.int64) * stride_kvb + (pos % PAGE) * stride_kvs + kv_head * stride_kvh
-        k = tl.load(
-            kv_ptr + base[None, :] + d[:, None],
-            mask=n_mask[None, :] & d_mask[:, None],
-            other=0.0,
-        )
-        s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
-        v = tl.load(
-            kv_ptr + stride_kvkv + base[:, None] + d[None, :],
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
-        m = m_new
+    m, denom, acc = attend_paged_kv(
+        q, None, kv_ptr, table_ptr, b, kv_head, start, end, scale,
+        stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+        BLOCK_H, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT,
+    )  # fmt: skip
 
     # An empty split (context shorter than the split count) leaves denom 0: write zeros and
     # lse = -inf so the reduce gives it no weight.
@@ -116,10 +88,7 @@ def _decode_reduce_kernel(
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -164,27 +133,15 @@ def paged_decode_attention(
     """q: [B, Hq, D]; kv_layer: [num_blocks, 2, block_size, Hk, D]; block_tables:
     [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], each
     >= 1, the context length including the new token. Returns [B, Hq, D] (into `out`)."""
-    check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("kv_layer", kv_layer, 5, (q.dtype,), q.device)
+    out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, q.device)
     check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES, q.device)
     batch, num_heads, head_dim = q.shape
-    _, two, page, num_kv_heads, kv_dim = kv_layer.shape
-    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
-    check(kv_dim == head_dim, f"head_dim of q ({head_dim}) and kv_layer ({kv_dim}) differ")
-    check(
-        num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads}"
-    )
     check(
         block_tables.shape[0] == batch,
         f"block_tables has {block_tables.shape[0]} rows for {batch} queries",
     )
     check_shape("seq_lens", seq_lens, (batch,))
-    check(kv_layer.stride(3) == head_dim, "kv_layer must be contiguous over (kv_heads, head_dim)")
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, 3, (q.dtype,), q.device)
-    check_shape("out", out, q.shape)
     if batch == 0:
         return out
     max_context = block_tables.shape[1] * page

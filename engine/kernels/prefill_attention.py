@@ -23,15 +23,14 @@ import triton
 import triton.language as tl
 
 from engine.kernels._checks import (
-    FLOAT_DTYPES,
     INDEX_DTYPES,
     check,
-    check_shape,
     check_tensor,
     dot_dtype,
     dot_precision,
     next_pow2,
 )
+from engine.kernels._paged_attention import attend_paged_kv, check_paged_attention
 
 BLOCK_M = 32
 
@@ -97,14 +96,9 @@ def _prefill_kernel(
     stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
     stride_tb,
     stride_ot, stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr,
-    DOT: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -124,35 +118,13 @@ def _prefill_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = prefix + rows
 
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    denom = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # Keys past the tile's last query position are masked for every row: stop there.
     end = tl.minimum(seq_len, prefix + row0 + BLOCK_M)
-    for n0 in range(0, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        n_mask = pos < end
-        block = tl.load(table_ptr + chunk * stride_tb + pos // PAGE, mask=n_mask, other=0)
-        base = block.to(tl.int64) * stride_kvb + (pos % PAGE) * stride_kvs + kv_head * stride_kvh
-        k = tl.load(
-            kv_ptr + base[None, :] + d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
-        )
-        s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * scale
-        # Key 0 is visible to every row, so each row's maximum is finite from the first tile.
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, 1)
-        v = tl.load(
-            kv_ptr + stride_kvkv + base[:, None] + d[None, :],
-            mask=n_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
-        m = m_new
-
+    _, denom, acc = attend_paged_kv(
+        q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, end, scale,
+        stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT,
+    )  # fmt: skip
     out = acc / denom[:, None]
     o_offs = (q_start + rows).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
     tl.store(
@@ -170,23 +142,11 @@ def paged_prefill_attention(
     """q: [T, Hq, D] (rows outside the layout's chunks are neither read nor written);
     kv_layer: [num_blocks, 2, block_size, Hk, D] already holding the chunks' K/V.
     Returns [T, Hq, D] (into `out`)."""
-    check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("kv_layer", kv_layer, 5, (q.dtype,), q.device)
+    out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     for name in ("query_starts", "query_lens", "seq_lens", "tile_chunks", "tile_rows"):
         check_tensor(name, getattr(layout, name), 1, INDEX_DTYPES, q.device)
     check_tensor("block_tables", layout.block_tables, 2, INDEX_DTYPES, q.device)
     _, num_heads, head_dim = q.shape
-    _, two, page, num_kv_heads, kv_dim = kv_layer.shape
-    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
-    check(kv_dim == head_dim, f"head_dim of q ({head_dim}) and kv_layer ({kv_dim}) differ")
-    check(
-        num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads}"
-    )
-    check(kv_layer.stride(3) == head_dim, "kv_layer must be contiguous over (kv_heads, head_dim)")
-    if out is None:
-        out = torch.empty_like(q)
-    check_tensor("out", out, 3, (q.dtype,), q.device)
-    check_shape("out", out, q.shape)
     num_tiles = layout.tile_chunks.shape[0]
     if num_tiles == 0:
         return out

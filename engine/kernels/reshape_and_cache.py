@@ -17,6 +17,7 @@ from engine.kernels._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check,
+    check_kv_layer,
     check_shape,
     check_tensor,
     next_pow2,
@@ -60,15 +61,13 @@ def reshape_and_cache(
     slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one)."""
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, (k.dtype,), k.device)
-    check_tensor("kv_layer", kv_layer, 5, (k.dtype,), k.device)
     check_tensor("slot_blocks", slot_blocks, 1, INDEX_DTYPES, k.device)
     check_tensor("slot_offsets", slot_offsets, 1, INDEX_DTYPES, k.device)
     num_tokens, num_kv_heads, head_dim = k.shape
     check_shape("v", v, k.shape)
     check_shape("slot_blocks", slot_blocks, (num_tokens,))
     check_shape("slot_offsets", slot_offsets, (num_tokens,))
-    _, two, _, cache_heads, cache_dim = kv_layer.shape
-    check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
+    _, cache_heads, cache_dim = check_kv_layer(kv_layer, k.dtype, k.device)
     check(
         (cache_heads, cache_dim) == (num_kv_heads, head_dim),
         f"k has {num_kv_heads} heads of {head_dim}; the cache holds {cache_heads} of {cache_dim}",

@@ -49,16 +49,28 @@ def _copy_shard(
 
 
 class _ShardedLinear(nn.Module):
-    """This rank's weight [out, in] and optional bias, and the GEMM over them; subclasses say
-    how a full checkpoint tensor is cut into them."""
+    """y = x @ W^T + b with W [out_features, in_features] split over the TP ranks along
+    `split_dim` (the subclass's): each rank holds and loads its slice of the full checkpoint
+    tensor. The bias is split with the output rows (dim 0); when the input columns are split
+    (dim 1) every rank holds all of it, to add once after the all-reduce."""
 
-    def __init__(self, weight_shape: tuple[int, int], bias_size: int | None, tp: TPGroup) -> None:
+    split_dim: int
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
+    ) -> None:
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(weight_shape), False)
+        shape = [out_features, in_features]
+        what = ("output features", "input features")[self.split_dim]
+        self.per_rank = divide(shape[self.split_dim], tp.size, what)
+        shape[self.split_dim] = self.per_rank
+        self.weight = nn.Parameter(torch.empty(shape), False)
         self.bias = None
-        if bias_size is not None:
-            self.bias = nn.Parameter(torch.empty(bias_size), False)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(shape[0]), False)
+        # A column split cuts the bias like the weight's rows; a row split keeps it whole.
+        self._set_loaders(self._load_slice, default_weight_loader if self.split_dim else None)
         self.use_cpu_gemm = False
         """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
 
@@ -68,6 +80,11 @@ class _ShardedLinear(nn.Module):
         if self.bias is not None:
             _set_loader(self.bias, bias or weight)
 
+    def _load_slice(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
+        what = f"{type(self).__name__} weight"
+        start = self.tp.rank * self.per_rank
+        _copy_shard(what, param.data, loaded, self.split_dim, start, self.per_rank)
+
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.use_cpu_gemm:
             return cpu_gemm.linear(x, self.weight, bias)
@@ -75,17 +92,7 @@ class _ShardedLinear(nn.Module):
 
 
 class ColumnParallelLinear(_ShardedLinear):
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
-    ) -> None:
-        out_per_rank = divide(out_features, tp.size, "output features")
-        super().__init__((out_per_rank, in_features), out_per_rank if bias else None, tp)
-        self.out_per_rank = out_per_rank
-        self._set_loaders(self._load_rows)
-
-    def _load_rows(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
-        start = self.tp.rank * self.out_per_rank
-        _copy_shard("column-parallel weight", param.data, loaded, 0, start, self.out_per_rank)
+    split_dim = 0  # output rows: each rank computes its slice of y, no communication
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._gemm(x, self.bias)
@@ -163,18 +170,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(_ShardedLinear):
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
-    ) -> None:
-        in_per_rank = divide(in_features, tp.size, "input features")
-        super().__init__((out_features, in_per_rank), out_features if bias else None, tp)
-        self.in_per_rank = in_per_rank
-        # The bias is added once, after the sum: every rank holds all of it.
-        self._set_loaders(self._load_cols, default_weight_loader)
-
-    def _load_cols(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
-        start = self.tp.rank * self.in_per_rank
-        _copy_shard("row-parallel weight", param.data, loaded, 1, start, self.in_per_rank)
+    split_dim = 1  # input columns: each rank computes a partial y, summed by an all-reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
