@@ -53,6 +53,7 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
     import torch
 
     from core.kv_layout import KVLayout
+    from engine import cpu_kernels
     from engine.kv_cache.shared_memory import shared_zeros
     from kv_transfer import Role, create_transport
 
@@ -60,7 +61,10 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
     layout = KVLayout(**spec_kwargs)
     # In a memfd as the engine allocates it (the shm backend maps it); every page touched.
     kv = shared_zeros(layout.shape, torch.float16).fill_(1.0)
-    transport = create_transport(kv, layout, "bench", backend=backend, loopback=True)
+    transport = create_transport(
+        kv, layout, "bench", backend=backend, loopback=True,
+        block_copy=cpu_kernels.load("copy_blocks"),
+    )  # fmt: skip
     conn.send(transport.local_metadata())
     peer = transport.add_peer(conn.recv())
     while True:

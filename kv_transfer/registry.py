@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -107,11 +108,14 @@ def create_transport(
     name: str | None = None,
     on_failure: FailureHook | None = None,
     loopback: bool = False,
+    block_copy: Any = None,
 ) -> Transport:
     """Register `kv` (shaped as `layout` describes) with a backend and start its transport.
 
     `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (tests,
-    single-node benchmarks); `on_failure` is the FailureHook that releases blocks."""
+    single-node benchmarks); `on_failure` is the FailureHook that releases blocks;
+    `block_copy` the compiled block copy the shm backend uses when given (kv_transfer builds
+    no native code itself: the caller hands it `engine.cpu_kernels.load("copy_blocks")`)."""
     if tuple(kv.shape) != layout.shape:
         raise ValueError(f"KV tensor shape {tuple(kv.shape)} != layout shape {layout.shape}")
     if dtype_name(kv.dtype) != layout.dtype:
@@ -122,8 +126,9 @@ def create_transport(
     if chosen in ("nixl", "ucx"):
         apply_ucx_defaults(loopback=loopback)
     driver_class = _driver_class(chosen)
+    options = {"block_copy": block_copy} if chosen == "shm" else {}
     return DriverTransport(
-        lambda agent_name: driver_class(kv, layout, agent_name),
+        lambda agent_name: driver_class(kv, layout, agent_name, **options),
         layout,
         model_id,
         name=name,

@@ -80,14 +80,6 @@ def _backing_file(address: int, nbytes: int) -> tuple[int, int]:
     )
 
 
-def _native_copy() -> Any | None:
-    """The compiled block copy (engine/cpu_kernels/copy_blocks.cpp), or None if it cannot be
-    built here: then each region is a ctypes.memmove, correct but ~5 us of Python each."""
-    from engine import cpu_kernels
-
-    return cpu_kernels.load("copy_blocks")
-
-
 class _Peer:
     def __init__(self, sock: socket.socket, mapping: mmap.mmap, offset: int, nbytes: int):
         self.sock = sock
@@ -107,7 +99,12 @@ class _Peer:
 class ShmDriver(Driver):
     name = "shm"
 
-    def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
+    def __init__(
+        self, kv: torch.Tensor, layout: KVLayout, agent_name: str, block_copy: Any = None
+    ) -> None:
+        """`block_copy`: a module with the compiled `copy_blocks` (the engine builds it:
+        engine/cpu_kernels/copy_blocks.cpp); None copies each region with a ctypes.memmove,
+        correct but ~5 us of Python each."""
         super().__init__(kv, layout, agent_name)
         if kv.is_cuda:
             raise ValueError("the shm backend moves host memory only; use nixl for VRAM")
@@ -121,7 +118,7 @@ class ShmDriver(Driver):
         self._listener.setblocking(False)
         self._inbound: list[tuple[socket.socket, bytearray]] = []
         self._peers: dict[str, _Peer] = {}
-        self._native = _native_copy()
+        self._native = block_copy
 
     def metadata(self) -> bytes:
         boot_id, pid_ns = _host_identity()

@@ -25,6 +25,7 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.events import KVEventBatch, WorkerLoad
+from engine import cpu_kernels
 from engine.engine import LLMEngine
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, create_transport
@@ -55,6 +56,7 @@ class WorkerRank:
             backend=spec.transport,
             name=rank_transport_name(spec.worker_id, tp.rank, tp.size),
             loopback=True,
+            block_copy=cpu_kernels.load("copy_blocks"),
         )
 
     def __getattr__(self, name: str) -> Any:

@@ -80,4 +80,3 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
-

@@ -47,6 +47,7 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
         os.environ["UCX_TLS"] = TLS_CHOICES[(backend, tls)]
     import torch
 
+    from engine import cpu_kernels
     from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
@@ -59,6 +60,7 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
         backend=backend,
         loopback=True,
         on_failure=lambda r: failures.append(asdict(r)),
+        block_copy=cpu_kernels.load("copy_blocks"),
     )
     handles: dict[tuple[str, tuple[int, ...]], Any] = {}
     conn.send(transport.local_metadata())

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from core.kv_layout import KVLayout
+from engine import cpu_kernels
 from engine.kv_cache.shared_memory import shared_zeros
 from kv_transfer import (
     IncompatiblePeerError,
@@ -32,7 +33,12 @@ class Side:
         self.kv = shared_zeros(layout.shape, kv.dtype).copy_(kv) if backend == "shm" else kv
         self.failures: list[TransferResult] = []
         self.transport = create_transport(
-            self.kv, layout, model_id, backend=backend, on_failure=self.failures.append
+            self.kv,
+            layout,
+            model_id,
+            backend=backend,
+            on_failure=self.failures.append,
+            block_copy=cpu_kernels.load("copy_blocks"),
         )
 
 
