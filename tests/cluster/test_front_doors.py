@@ -88,6 +88,41 @@ def test_metrics_show_the_cluster(served) -> None:  # type: ignore[no-untyped-de
         assert name in body
 
 
+def kv_bytes_per_block(model_dir) -> int:  # type: ignore[no-untyped-def]
+    """K and V of one block over every layer, from the checkpoint's own config (fp32 on CPU)."""
+    import json
+
+    cfg = json.loads((model_dir / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    block_size, fp32 = 16, 4
+    return 2 * block_size * cfg["num_key_value_heads"] * head_dim * fp32 * cfg["num_hidden_layers"]
+
+
+def test_kv_transfer_bytes_count_what_moved(served) -> None:  # type: ignore[no-untyped-def]
+    """A 200-token prompt no worker has seen fills 13 blocks on the prefill worker, and every
+    one of them moves to the decode worker: the counter grows by exactly their bytes."""
+    import random
+
+    import httpx
+
+    cluster, http, _, model_dir = served
+
+    def moved() -> float:
+        body = httpx.get(f"{http.url}/metrics", timeout=10).text
+        return next(
+            float(line.split()[-1])
+            for line in body.splitlines()
+            if line.startswith("baton:kv_transfer_bytes_total ")
+        )
+
+    before, blocks_before = moved(), cluster.backend.transfers.num_blocks_sent
+    prompt = random.Random(7).sample(range(3, 1000), 200)
+    body = {"model": cluster.backend.model_name, "prompt": prompt, "max_tokens": 2}
+    assert httpx.post(f"{http.url}/v1/completions", json=body, timeout=60).status_code == 200
+    assert cluster.backend.transfers.num_blocks_sent - blocks_before == 13
+    assert moved() - before == 13 * kv_bytes_per_block(model_dir)
+
+
 @pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian chromium")
 def test_dashboard_scales_the_real_decode_pool(served) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("playwright.sync_api")
