@@ -1,6 +1,6 @@
 """Cluster benchmark (issue 5): end-to-end TTFT, TPOT and throughput of 1 prefill + 1 decode
 worker against 2 unified workers on the same cores, on a mixed workload (short chats plus
-long prompts arriving at a fixed rate), through the orchestrator (no HTTP).
+long prompts arriving at a fixed rate), through the cluster's request path (no HTTP).
 
     python -m bench.cluster                  # ~3 minutes on 2 cores
     python -m bench.cluster --rate 2 --requests 60

@@ -1,4 +1,4 @@
-"""The one block hash (DESIGN.md, "One hash, everywhere").
+"""The one block hash (docs/architecture.md, "One hash, everywhere").
 
 A full KV block of `block_size` tokens is named by a chained hash
 

@@ -49,7 +49,6 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self.after_step: list[Callable[[], None]] = []
-        self.num_steps = 0
         self.error: Exception | None = None
         """The last step's failure while the engine keeps failing (None once a step works):
         what a health check reports."""
@@ -137,7 +136,6 @@ class AsyncEngine:
                 continue
             self.error = None
             if busy:
-                self.num_steps += 1
                 for out in outputs:
                     self._publish(out.request_id, out)
             else:

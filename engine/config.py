@@ -78,9 +78,6 @@ class ModelConfig:
     # layers from `max_window_layers` on; Mistral slides all of them when a window is set).
     layer_types: tuple[str, ...] = ()
 
-    @property
-    def num_kv_groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:

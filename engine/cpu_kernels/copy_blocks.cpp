@@ -42,7 +42,7 @@ static void copy_regions(uintptr_t dst, int64_t dst_nbytes, uintptr_t src, int64
 }
 
 // Blocks src_ids[i] -> dst_ids[i] of each layer, between two caches laid out
-// [layer][block][block_bytes] (kv_transfer/layout.py). Runs of consecutive ids on both sides
+// [layer][block][block_bytes] (core/kv_layout.py). Runs of consecutive ids on both sides
 // merge into one memmove. Nothing per block is built in Python: a scattered 256 MiB layer is
 // 4,096 regions, whose Python tuples alone set off full garbage collections of ~100 ms.
 static void copy_blocks(uintptr_t dst, int64_t dst_nbytes, int64_t dst_layer_bytes, uintptr_t src,

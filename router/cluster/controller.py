@@ -56,7 +56,6 @@ class Controller:
         self.desired = spec.initial_pools()
         self.members: dict[str, Member] = {}
         self.version = 0
-        self.num_restarts = 0
         self._ids = itertools.count()
         self._redis = None
         if spec.redis_url:
@@ -187,7 +186,6 @@ class Controller:
                 logger.warning(
                     "controller: worker %s (%s) is dead; replacing it", m.worker_id, m.role
                 )
-                self.num_restarts += 1
                 self._kill(m)
                 del self.members[m.worker_id]
                 self._bump()

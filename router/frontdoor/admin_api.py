@@ -15,7 +15,6 @@ from core.events import WorkerLoad
 from core.roles import WorkerRole
 
 WorkerStateName = Literal["starting", "ready", "draining", "dead"]
-WORKER_STATES: tuple[WorkerStateName, ...] = ("starting", "ready", "draining", "dead")
 MAX_POOL_SIZE = 64
 
 

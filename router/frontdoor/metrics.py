@@ -2,7 +2,7 @@
 (`baton:time_to_first_token_seconds`, ...).
 
 One `Metrics` object owns its own `CollectorRegistry`, so several servers (or tests) in one
-process never clash. The front doors record requests (`observe_request`); the orchestrator
+process never clash. The front doors record requests (`observe_request`); the request path
 and controller call `record_worker`, `record_kv_transfer`, `set_pool_size` and
 `record_router_decision`. `LiveStats` keeps the short per-second history the dashboard
 charts.
@@ -133,7 +133,7 @@ class Metrics:
                 hist.observe(value)
         self.live.add(rec)
 
-    # -- orchestrator / controller -----------------------------------------------------
+    # -- request path / cluster state ---------------------------------------------------
     def record_worker(
         self,
         worker_id: str,

@@ -116,9 +116,7 @@ class LoadTracker:
         """Charge a routed request: its prefill tokens wait at the gate of `prefill`, or,
         with no prefill worker, are admitted to the decode worker at once."""
         charge = Charge(prefill or decode, prefill_tokens, decode, decode.epoch, decode_blocks)
-        charge.prefill.num_routed += 1
         if prefill is not None:
-            decode.num_routed += 1
             prefill.gated_prefill_tokens += prefill_tokens
             self._refile(prefill)
         else:

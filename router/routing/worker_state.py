@@ -35,7 +35,6 @@ class WorkerState:
     pending_prefill_tokens: int = 0
     pending_requests: int = 0
     pending_blocks: int = 0
-    num_routed: int = 0
 
     @property
     def queued_prefill_tokens(self) -> int:
@@ -45,10 +44,6 @@ class WorkerState:
     @property
     def running(self) -> int:
         return self.reported_running + self.pending_requests
-
-    @property
-    def has_capacity_info(self) -> bool:
-        return self.total_blocks > 0
 
     @property
     def free_blocks(self) -> int:

@@ -1,4 +1,4 @@
-"""The metrics the orchestrator records, and the dashboard's per-second history."""
+"""The metrics the cluster records, and the dashboard's per-second history."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ def sample(m: Metrics, name: str, labels: dict[str, str] | None = None) -> float
     return m.registry.get_sample_value(name, labels or {})
 
 
-def test_orchestrator_hooks_export_vllm_style_names() -> None:
+def test_cluster_hooks_export_vllm_style_names() -> None:
     m = Metrics()
     m.record_worker(
         "decode-0",

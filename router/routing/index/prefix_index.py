@@ -246,9 +246,6 @@ class PrefixIndex:
             found[names[low.bit_length() - 1]] = depth  # type: ignore[index]
             bits ^= low
 
-    def holds(self, worker_id: str, block_hash: int) -> bool:
-        slot = self._slot_of.get(worker_id)
-        return slot is not None and block_hash in self._blocks[slot]
 
     def worker_blocks(self, worker_id: str) -> frozenset[int]:
         slot = self._slot_of.get(worker_id)

@@ -83,8 +83,6 @@ class RedisStore(IndexStore):
         self._stop = threading.Event()
         self._unfinished = 0  # queued + in-flight publishes, for sync()
         self._cv = threading.Condition()
-        self.num_dropped = 0
-        self.num_applied = 0
         self._threads = [
             threading.Thread(target=self._consume_loop, name="kv-redis-consumer", daemon=True),
             threading.Thread(target=self._publish_loop, name="kv-redis-publisher", daemon=True),
@@ -118,7 +116,6 @@ class RedisStore(IndexStore):
             self._queue.put_nowait(item)
         except queue.Full:
             self._done(1)
-            self.num_dropped += 1
             logger.warning("kv redis store: publish queue full, batch dropped (seq gap follows)")
 
     def _done(self, n: int) -> None:
@@ -140,10 +137,8 @@ class RedisStore(IndexStore):
             try:
                 self._publish_many(items)
             except _REDIS_DOWN as exc:
-                self.num_dropped += len(items)
                 logger.debug("kv redis store: %d publishes dropped: %s", len(items), exc)
             except Exception:
-                self.num_dropped += len(items)
                 logger.exception("kv redis store: publish failed")
             finally:
                 self._done(len(items))
@@ -236,7 +231,6 @@ class RedisStore(IndexStore):
                 else:
                     self._index(model).apply(decode_event_batch(fields[b"d"]))
                 self._last_id = entry_id
-                self.num_applied += 1
 
     def _load_snapshot(self) -> None:
         """Rebuild the local view from the sets: one consistent cut under WATCH/MULTI."""

@@ -62,7 +62,7 @@ class CacheAwareDecode(Policy):
             held = cached.get(w.worker_id, 0)
             if held > p:
                 held = p
-            if w.total_blocks > 0:  # has_capacity_info
+            if w.total_blocks > 0:  # it has reported its capacity
                 free = w.reported_free_blocks - w.pending_blocks
                 if free < 0:
                     free = 0
