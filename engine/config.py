@@ -78,7 +78,6 @@ class ModelConfig:
     # layers from `max_window_layers` on; Mistral slides all of them when a window is set).
     layer_types: tuple[str, ...] = ()
 
-
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
         folder = Path(model_dir)

@@ -25,7 +25,6 @@ class TPGroup:
         if not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} outside size {self.size}")
 
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the group, in place; identity at size 1."""
         if self.size > 1:

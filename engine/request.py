@@ -66,7 +66,6 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
 
-
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)

@@ -28,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine.tp.ranks import Reply, build_rank, free_port, portable_error, serve_call
+from engine.tp.ranks import RankStart, Reply, build_rank, free_port, portable_error, serve_call
 
 
 async def create_tp_placement(
@@ -68,21 +68,10 @@ class RankActor:
     def __init__(self) -> None:
         self.target: Any = None
 
-    def start(
-        self,
-        rank: int,
-        size: int,
-        init_method: str,
-        backend: str,
-        timeout_s: float,
-        factory: Callable[..., Any],
-    ) -> Reply:
+    def start(self, start: RankStart) -> Reply:
         try:
             # Ray shows a GPU actor only its own device: it is device 0 here.
-            device_index = 0 if backend == "nccl" else None
-            self.target = build_rank(
-                rank, size, init_method, backend, timeout_s, factory, device_index
-            )
+            self.target = build_rank(start, 0 if start.backend == "nccl" else None)
             return ("ok", None)
         except BaseException as e:  # report why this rank never came up
             return ("error", portable_error(e))
@@ -102,10 +91,10 @@ class RankActor:
 class RayRank:
     """`engine.tp.RankHandle` over a rank actor: one call in flight at a time."""
 
-    def __init__(self, actor: Any, rank: int, start_args: tuple) -> None:
+    def __init__(self, actor: Any, start: RankStart) -> None:
         self.actor = actor
-        self.rank = rank
-        self._ref: Any = actor.start.remote(*start_args)
+        self.rank = start.rank
+        self._ref: Any = actor.start.remote(start)
 
     def submit(self, name: str, args: tuple, kwargs: dict, want_result: bool) -> None:
         self._ref = self.actor.call.remote(name, args, kwargs, want_result)
@@ -152,6 +141,7 @@ def start_ray_ranks(
                 placement, placement_group_bundle_index=rank
             )
         actor = actor_class.options(**options).remote()
-        start_args = (rank, size, init_method, backend, timeout_s, factory)
-        ranks.append(RayRank(actor, rank, start_args))
+        ranks.append(
+            RayRank(actor, RankStart(rank, size, init_method, backend, timeout_s, factory))
+        )
     return ranks

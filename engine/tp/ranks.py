@@ -15,6 +15,7 @@ import os
 import socket
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.config import EngineConfig
@@ -61,26 +62,31 @@ class RankHandle(Protocol):
     def close(self, timeout_s: float) -> None: ...
 
 
-def build_rank(
-    rank: int,
-    size: int,
-    init_method: str,
-    backend: str,
-    timeout_s: float,
-    factory: Callable[..., Any],
-    device_index: int | None = None,
-) -> Any:
-    """Join the group and build this rank's target with `factory(tp=group)` (an
-    `LLMEngine`, or a worker's rank that wraps one). `device_index` is the CUDA device of
+@dataclass(frozen=True)
+class RankStart:
+    """How one rank comes up: join the process group, then build its target with
+    `factory(tp=group)` (an `LLMEngine`, or a worker's rank that wraps one)."""
+
+    rank: int
+    size: int
+    init_method: str
+    backend: str
+    """gloo or nccl."""
+    timeout_s: float
+    factory: Callable[..., Any]
+
+
+def build_rank(start: RankStart, device_index: int | None = None) -> Any:
+    """Join the group and build the rank's target. `device_index` is the CUDA device of
     this rank (default: the rank; 0 under Ray, which shows each actor only its own GPU)."""
-    if backend == "gloo" and "127.0.0.1" in init_method:
+    if start.backend == "gloo" and "127.0.0.1" in start.init_method:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    if backend == "nccl":
+    if start.backend == "nccl":
         import torch
 
-        torch.cuda.set_device(rank if device_index is None else device_index)
-    group = init_tp_group(rank, size, init_method, backend, timeout_s)
-    return factory(tp=group)
+        torch.cuda.set_device(start.rank if device_index is None else device_index)
+    group = init_tp_group(start.rank, start.size, start.init_method, start.backend, start.timeout_s)
+    return start.factory(tp=group)
 
 
 def serve_call(target: Any, name: str, args: tuple, kwargs: dict, want_result: bool) -> Reply:
@@ -116,7 +122,7 @@ def rank_main(
     stop (None) or the driver goes away."""
     try:
         factory = factory or engine_factory(model_dir, config, worker_id)
-        target = build_rank(rank, size, init_method, backend, timeout_s, factory)
+        target = build_rank(RankStart(rank, size, init_method, backend, timeout_s, factory))
     except BaseException as e:  # report why this rank never came up, then exit
         conn.send(("error", portable_error(e)))
         return

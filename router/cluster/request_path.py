@@ -214,21 +214,22 @@ class RequestPath:
                     attempt.cancel()
 
 
+@dataclass
 class _Attempt:
-    """One try of one request on one (prefill, decode) pair; `calling` is the worker whose
-    call is in flight: the one to blame if it dies."""
+    """One try of one request on one (prefill, decode) pair."""
 
-    def __init__(
-        self, path: RequestPath, request: EngineRequest, decode: Any, prefill: Any, deadline: float
-    ) -> None:
-        self.path = path
-        self.request = request
-        self.decode = decode
-        self.prefill = prefill
-        self.deadline = deadline
-        self.calling = decode
-        self.stream: Any = None
-        self.finished = False
+    path: RequestPath
+    request: EngineRequest
+    decode: Any
+    prefill: Any
+    deadline: float
+    calling: Any = None
+    """The worker whose call is in flight: the one to blame if it dies."""
+    stream: Any = None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.calling = self.decode
 
     def _left(self) -> float:
         return max(_MIN_WAIT_S, self.deadline - asyncio.get_running_loop().time())

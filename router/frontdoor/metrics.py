@@ -57,22 +57,18 @@ class RequestRecord:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
-        self.ttft = Histogram(
-            "baton:time_to_first_token_seconds", "Time to first token.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.tpot = Histogram(
-            "baton:time_per_output_token_seconds", "Time per output token after the first.",
-            buckets=_TPOT_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.e2e = Histogram(
-            "baton:e2e_request_latency_seconds", "End-to-end request latency.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.queue = Histogram(
-            "baton:request_queue_time_seconds", "Time a request waited before it was scheduled.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+
+        def seconds(
+            name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS
+        ) -> Histogram:
+            return Histogram(f"baton:{name}_seconds", doc, buckets=buckets, registry=r)
+
+        self.ttft = seconds("time_to_first_token", "Time to first token.")
+        self.tpot = seconds(
+            "time_per_output_token", "Time per output token after the first.", _TPOT_BUCKETS
+        )
+        self.e2e = seconds("e2e_request_latency", "End-to-end request latency.")
+        self.queue = seconds("request_queue_time", "Time a request waited before it was scheduled.")
         self.requests = Counter("baton:requests", "Requests by outcome.", ["outcome"], registry=r)
         self.prompt_tokens = Counter("baton:prompt_tokens", "Prompt tokens.", registry=r)
         self.generation_tokens = Counter("baton:generation_tokens", "Generated tokens.", registry=r)
@@ -103,10 +99,7 @@ class Metrics:
         self.kv_transfer_bytes = Counter(
             "baton:kv_transfer_bytes", "KV cache bytes moved between workers.", registry=r
         )
-        self.kv_transfer_seconds = Histogram(
-            "baton:kv_transfer_seconds", "Duration of one request's KV transfer.",
-            buckets=_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.kv_transfer_seconds = seconds("kv_transfer", "Duration of one request's KV transfer.")
         self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
         self.router_decisions = Counter(
             "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r

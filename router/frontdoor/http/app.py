@@ -4,6 +4,7 @@ dashboard, as one FastAPI app over any `Backend` (the cluster or a `LocalBackend
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import secrets
@@ -82,18 +83,14 @@ def create_app(
         card = ModelCard(id=backend.model_name, created=0, max_model_len=backend.max_model_len)
         return ModelList(data=[card])
 
-    @app.post(
-        "/v1/completions", dependencies=api, response_model=CompletionResponse,
-        responses=_ERRORS,
-    )  # fmt: skip
+    post = functools.partial(app.post, dependencies=api, responses=_ERRORS)
+
+    @post("/v1/completions", response_model=CompletionResponse)
     async def completions(body: CompletionRequest) -> object:
         check_model(body.model)
         return await create_completion(body, ctx)
 
-    @app.post(
-        "/v1/chat/completions", dependencies=api, response_model=ChatCompletionResponse,
-        responses=_ERRORS,
-    )  # fmt: skip
+    @post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(body: ChatCompletionRequest) -> object:
         check_model(body.model)
         return await create_chat_completion(body, ctx)

@@ -246,7 +246,6 @@ class PrefixIndex:
             found[names[low.bit_length() - 1]] = depth  # type: ignore[index]
             bits ^= low
 
-
     def worker_blocks(self, worker_id: str) -> frozenset[int]:
         slot = self._slot_of.get(worker_id)
         return frozenset() if slot is None else frozenset(self._blocks[slot])
