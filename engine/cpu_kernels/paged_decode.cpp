@@ -34,6 +34,25 @@ static inline void prefetch_row(const float* row, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(row + i, 0, 3);
 }
 
+// Calls row_fn(t, row) for each position t < L of a sequence, `row` pointing at that token's
+// K rows (offset 0) or V rows (offset = V's distance from K in a block) for all KV heads,
+// while prefetching the same row of the next block. Both passes walk the cache this way.
+template <typename RowFn>
+static inline void for_each_cached_row(const float* kv, const int64_t* table, int64_t L,
+                                       int64_t bs, int64_t blk_stride, int64_t offset,
+                                       int64_t tok_stride, RowFn&& row_fn) {
+  const int64_t num_blocks = (L + bs - 1) / bs;
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const float* row = kv + table[i] * blk_stride + offset;
+    const float* next = i + 1 < num_blocks ? kv + table[i + 1] * blk_stride + offset : nullptr;
+    const int64_t n = std::min(bs, L - i * bs);
+    for (int64_t j = 0; j < n; ++j, row += tok_stride) {
+      if (next) prefetch_row(next + j * tok_stride, tok_stride);
+      row_fn(i * bs + j, row);
+    }
+  }
+}
+
 static inline void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
@@ -136,31 +155,24 @@ void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
     for (int64_t b = begin; b < end; ++b) {
       const int64_t L = sl[b];
       TORCH_CHECK(L >= 1 && L <= M * bs, "cpu paged decode: sequence length outside its table");
-      const int64_t num_blocks = (L + bs - 1) / bs;
       const int64_t* table = bt + b * M;
       probs.assign(Hq * L, 0.f);
       const float* qb = qp + b * Hq * D;
       // pass 1: scores[head][position]
-      for (int64_t i = 0; i < num_blocks; ++i) {
-        const float* k = kvp + table[i] * blk_stride;
-        const float* k_next = i + 1 < num_blocks ? kvp + table[i + 1] * blk_stride : nullptr;
-        const int64_t n = std::min(bs, L - i * bs);
-        for (int64_t j = 0; j < n; ++j, k += tok_stride) {
-          const int64_t t = i * bs + j;
-          if (k_next) prefetch_row(k_next + j * tok_stride, tok_stride);
+      for_each_cached_row(kvp, table, L, bs, blk_stride, 0, tok_stride,
+                          [&](int64_t t, const float* k) {
 #ifdef BATON_HAVE_AVX2
-          if (D % 8 == 0) {
-            for (int64_t h = 0; h < Hk; ++h) {
-              dots(qb + h * G * D, k + h * D, G, D, fscale, probs.data() + h * G * L + t, L);
-            }
-            continue;
+        if (D % 8 == 0) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            dots(qb + h * G * D, k + h * D, G, D, fscale, probs.data() + h * G * L + t, L);
           }
-#endif
-          for (int64_t hq = 0; hq < Hq; ++hq) {
-            probs[hq * L + t] = fscale * dot(qb + hq * D, k + (hq / G) * D, D);
-          }
+          return;
         }
-      }
+#endif
+        for (int64_t hq = 0; hq < Hq; ++hq) {
+          probs[hq * L + t] = fscale * dot(qb + hq * D, k + (hq / G) * D, D);
+        }
+      });
       // softmax per query head, unnormalised: out is scaled by 1/sum at the end
       std::vector<float> inv_sum(Hq);
       for (int64_t hq = 0; hq < Hq; ++hq) {
@@ -179,27 +191,20 @@ void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
       // pass 2: weighted sum of V
       float* ob = op + b * Hq * D;
       for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
-      for (int64_t i = 0; i < num_blocks; ++i) {
-        const float* v = kvp + table[i] * blk_stride + v_offset;
-        const float* v_next =
-            i + 1 < num_blocks ? kvp + table[i + 1] * blk_stride + v_offset : nullptr;
-        const int64_t n = std::min(bs, L - i * bs);
-        for (int64_t j = 0; j < n; ++j, v += tok_stride) {
-          const int64_t t = i * bs + j;
-          if (v_next) prefetch_row(v_next + j * tok_stride, tok_stride);
+      for_each_cached_row(kvp, table, L, bs, blk_stride, v_offset, tok_stride,
+                          [&](int64_t t, const float* v) {
 #ifdef BATON_HAVE_AVX2
-          if (D % 8 == 0) {
-            for (int64_t h = 0; h < Hk; ++h) {
-              axpys(probs.data() + h * G * L + t, L, v + h * D, G, D, ob + h * G * D);
-            }
-            continue;
+        if (D % 8 == 0) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            axpys(probs.data() + h * G * L + t, L, v + h * D, G, D, ob + h * G * D);
           }
-#endif
-          for (int64_t hq = 0; hq < Hq; ++hq) {
-            axpy(probs[hq * L + t], v + (hq / G) * D, ob + hq * D, D);
-          }
+          return;
         }
-      }
+#endif
+        for (int64_t hq = 0; hq < Hq; ++hq) {
+          axpy(probs[hq * L + t], v + (hq / G) * D, ob + hq * D, D);
+        }
+      });
       for (int64_t hq = 0; hq < Hq; ++hq) {
         const float inv = inv_sum[hq];
 #pragma omp simd
