@@ -80,7 +80,10 @@ async def stream_completion(
                     details = usage.get("prompt_tokens_details") or {}
                     result.num_cached_tokens = details.get("cached_tokens") or 0
     except httpx.HTTPError as e:
-        result.error = f"{type(e).__name__}: {e}"[:200]
+        # Before the first token or mid-stream tell different stories (a keep-alive
+        # connection the server closed as it was reused, or a stream the server broke).
+        when = "before the first token" if result.ttft_s is None else "mid-stream"
+        result.error = f"{type(e).__name__} {when}: {e}"[:200]
         return
     result.e2e_s = time.perf_counter() - start
     if result.ttft_s is None:
@@ -150,7 +153,9 @@ async def run_load(
     if max_duration_s <= 0 or drain_timeout_s < 0:
         raise ValueError("max_duration_s must be > 0 and drain_timeout_s >= 0")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256)
+    # Idle connections expire on our side before uvicorn's 5 s keep-alive timeout does (both
+    # default to 5 s): otherwise a request may be sent on a connection the server is closing.
+    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=256, keepalive_expiry=2.0)
     timeout = httpx.Timeout(max_duration_s + drain_timeout_s, connect=10.0)
     ordered = sorted(requests, key=lambda r: r.arrival_s)
     to_send = [r for r in ordered if r.arrival_s <= max_duration_s]
