@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from core.kv_layout import KVLayout
+from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region, pair_regions_layers
 
 
@@ -79,21 +79,14 @@ class Driver(ABC):
     def pull(self, peer: str, tag: int, regions: list[Region]) -> Any:
         """Receiver side: bring the regions' bytes from `peer` into our cache. Returns an op."""
 
-    def pull_blocks(
-        self,
-        peer: str,
-        tag: int,
-        layers: Sequence[int],
-        src_block_ids: Sequence[int],
-        dst_block_ids: Sequence[int],
-        peer_layout: KVLayout,
-    ) -> Any:
-        """`pull` of these blocks of these layers (peer_layout: the sender's cache). A backend
-        that can copy blocks natively overrides this and skips the per-region list."""
+    def pull_blocks(self, ready: LayersReady, peer_layout: KVLayout) -> Any:
+        """`pull` of the blocks and layers a checked LayersReady names (peer_layout: the
+        sender's cache). A backend that can copy blocks natively overrides this and skips
+        the per-region list."""
         regions = pair_regions_layers(
-            peer_layout, self.layout, layers, src_block_ids, dst_block_ids
+            peer_layout, self.layout, ready.layers, ready.src_block_ids, ready.dst_block_ids
         )
-        return self.pull(peer, tag, regions)
+        return self.pull(ready.sender, ready.tag, regions)
 
     @abstractmethod
     def state(self, op: Any) -> OpState:

@@ -145,9 +145,7 @@ class TransferProtocol:
         recv.peer = msg.sender
         recv.claimed.update(msg.layers)
         try:
-            op = self.driver.pull_blocks(
-                msg.sender, msg.tag, msg.layers, msg.src_block_ids, msg.dst_block_ids, peer_layout
-            )
+            op = self.driver.pull_blocks(msg, peer_layout)
         except Exception as exc:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
             return

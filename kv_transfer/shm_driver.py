@@ -29,7 +29,6 @@ import os
 import select
 import socket
 import struct
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch
 
 from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
+from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region
 
 logger = logging.getLogger(__name__)
@@ -220,18 +220,10 @@ class ShmDriver(Driver):
     def wait_fds(self) -> list[int]:
         return [self._listener.fileno(), *(conn.fileno() for conn, _ in self._inbound)]
 
-    def pull_blocks(
-        self,
-        peer: str,
-        tag: int,
-        layers: Sequence[int],
-        src_block_ids: Sequence[int],
-        dst_block_ids: Sequence[int],
-        peer_layout: KVLayout,
-    ) -> Any:
+    def pull_blocks(self, ready: LayersReady, peer_layout: KVLayout) -> Any:
         if self._native is None:
-            return super().pull_blocks(peer, tag, layers, src_block_ids, dst_block_ids, peer_layout)
-        state = self._peer(peer)
+            return super().pull_blocks(ready, peer_layout)
+        state = self._peer(ready.sender)
         try:
             self._native.copy_blocks(
                 self._base,
@@ -241,12 +233,12 @@ class ShmDriver(Driver):
                 state.nbytes,
                 peer_layout.layer_bytes,
                 self.layout.block_bytes,
-                layers,
-                src_block_ids,
-                dst_block_ids,
+                ready.layers,
+                ready.src_block_ids,
+                ready.dst_block_ids,
             )
         except (IndexError, ValueError) as exc:
-            raise DriverError(f"pull from {peer}: {exc}") from exc
+            raise DriverError(f"pull from {ready.sender}: {exc}") from exc
         return None
 
     def pull(self, peer: str, tag: int, regions: list[Region]) -> Any:

@@ -59,24 +59,49 @@ class AttentionMetadata:
         return int(self.slot_blocks.shape[0])
 
 
+Tensor = torch.Tensor
+
+
 class AttentionBackend(ABC):
     """Computes attention for one layer of a step.
 
-    `forward` first writes the step's new K/V into `kv_layer` at the metadata's slots (the
-    only mutation), then attends. It must not read cache slots beyond each sequence's
-    `seq_len`, so blocks still being filled by a transfer for other requests are never read.
+    `forward` is the same for every backend: first the step's new K/V go into `kv_layer` at
+    the metadata's slots (the only mutation), then the decode rows (the batch's first
+    `num_decodes`) and the prefill chunks attend. A backend supplies those three operations;
+    none may read cache slots beyond a sequence's `seq_len`, so blocks still being filled by
+    a transfer for other requests are never read.
     """
 
     name: str = ""
 
-    @abstractmethod
     def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_layer: torch.Tensor,
-        meta: AttentionMetadata,
+        self, q: Tensor, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:
+    ) -> Tensor:  # fmt: skip
         """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
+        self.write_kv(k, v, kv_layer, meta)
+        out = torch.empty_like(q)
+        nd = meta.num_decodes
+        if nd:
+            self.decode_into(out[:nd], q[:nd], kv_layer, meta, scale)
+        if meta.prefills:
+            self.prefill_into(out, q, k, v, kv_layer, meta, scale)
+        return out
+
+    @abstractmethod
+    def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
+        """Store the step's new K/V in their cache slots (reshape-and-cache)."""
+
+    @abstractmethod
+    def decode_into(
+        self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float
+    ) -> None:
+        """Attention of the decode rows `q` ([num_decodes, Hq, D]) over their caches."""
+
+    @abstractmethod
+    def prefill_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
+        scale: float,
+    ) -> None:  # fmt: skip
+        """Attention of every prefill chunk's rows (`meta.prefills`) into the same rows of
+        `out`; `k`, `v` are the step's own K/V (a chunk without a cached prefix may use them)."""

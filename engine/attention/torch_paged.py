@@ -12,15 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
-
-
-def write_kv(
-    kv_layer: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
-) -> None:
-    """Store the step's new K/V in their cache slots (reshape-and-cache)."""
-    kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
-    kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
+from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
 
 
 def _decode_mask(meta: AttentionMetadata) -> torch.Tensor:
@@ -42,31 +34,29 @@ def _gather(kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int) -> torc
 class TorchPagedAttention(AttentionBackend):
     name = "torch"
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_layer: torch.Tensor,
-        meta: AttentionMetadata,
+    def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
+        kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
+        kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
+
+    def decode_into(
+        self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float
+    ) -> None:
+        out[:] = self._decode(q, kv_layer, meta, scale)
+
+    def prefill_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
-    ) -> torch.Tensor:
-        write_kv(kv_layer, k, v, meta)
-        out = torch.empty_like(q)
-        nd = meta.num_decodes
-        if nd:
-            out[:nd] = self._decode(q[:nd], kv_layer, meta, scale)
+    ) -> None:  # fmt: skip
         for c in meta.prefills:
             rows = slice(c.query_start, c.query_start + c.query_len)
             if c.seq_len == c.query_len:
                 out[rows] = _sdpa(q[rows], k[rows], v[rows], None, scale, causal=True)
                 continue
-            keys = _gather(kv_layer, c.block_ids, 0)[: c.seq_len]
-            values = _gather(kv_layer, c.block_ids, 1)[: c.seq_len]
+            keys = _gather(kv, c.block_ids, 0)[: c.seq_len]
+            values = _gather(kv, c.block_ids, 1)[: c.seq_len]
             q_pos = torch.arange(c.query_len, device=q.device) + (c.seq_len - c.query_len)
             mask = torch.arange(c.seq_len, device=q.device)[None, :] <= q_pos[:, None]
             out[rows] = _sdpa(q[rows], keys, values, mask, scale, causal=False)
-        return out
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float

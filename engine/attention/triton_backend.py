@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
 
 _STATE_PREFIX = "triton_prefill."
 
@@ -35,26 +35,20 @@ class TritonPagedAttention(AttentionBackend):
         self._write = reshape_and_cache.reshape_and_cache
         self._layout_cls = prefill_attention.PrefillLayout
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        kv_layer: torch.Tensor,
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:
+    def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         self._write(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
-        out = torch.empty_like(q)
-        nd = meta.num_decodes
-        if nd:
-            self._decode(
-                q[:nd], kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale,
-                out=out[:nd],
-            )  # fmt: skip
-        if meta.prefills:
-            self._prefill(q, kv_layer, self._layout(meta, q.device), scale, out=out)
-        return out
+
+    def decode_into(
+        self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float
+    ) -> None:
+        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+        self._decode(q, kv_layer, tables, lens, scale, out=out)
+
+    def prefill_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
+        scale: float,
+    ) -> None:  # fmt: skip
+        self._prefill(q, kv, self._layout(meta, q.device), scale, out=out)
 
     def _layout(self, meta: AttentionMetadata, device: torch.device):
         fields = [f.name for f in dataclasses.fields(self._layout_cls)]

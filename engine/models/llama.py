@@ -8,6 +8,7 @@ below routes each checkpoint tensor to its slice.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -126,14 +127,11 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_cache, meta)
+    def forward(self, *args: Any) -> torch.Tensor:
+        """`LlamaModel.forward`'s arguments and result: the final hidden states (the model
+        runner applies `lm_head` only to the rows it samples). This class exists so the
+        parameter names match the checkpoint's (`model.*`, `lm_head.*`)."""
+        return self.model(*args)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

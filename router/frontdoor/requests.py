@@ -47,6 +47,13 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+SCALAR_SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+    "frequency_penalty", "repetition_penalty",
+)  # fmt: skip
+"""SamplingParams fields every door copies as they are when the client set them."""
+
+
 def make_params(**fields: Any) -> SamplingParams:
     """SamplingParams from fields that are set (None means default); a bad value is an
     InvalidRequestError with the parameter named."""

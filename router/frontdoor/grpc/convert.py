@@ -14,7 +14,12 @@ from core.request import FinishReason, OutputDelta, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
 from proto.baton.v1 import admin_pb2, generate_pb2
 from router.frontdoor.admin_api import ClusterState
-from router.frontdoor.requests import encode_chat, make_params, resolve_max_tokens
+from router.frontdoor.requests import (
+    SCALAR_SAMPLING_FIELDS,
+    encode_chat,
+    make_params,
+    resolve_max_tokens,
+)
 
 DEFAULT_MAX_TOKENS = 16
 _FINISH = {
@@ -28,11 +33,6 @@ _WORKER_STATES = {
     "draining": admin_pb2.WORKER_STATE_DRAINING,
     "dead": admin_pb2.WORKER_STATE_DEAD,
 }
-# Optional scalar fields copied as they are when set.
-_SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-    "frequency_penalty", "repetition_penalty",
-)  # fmt: skip
 
 
 def prompt_token_ids(
@@ -55,7 +55,7 @@ def prompt_token_ids(
 def sampling_params(
     msg: generate_pb2.SamplingParams, num_prompt_tokens: int, max_model_len: int
 ) -> SamplingParams:
-    fields: dict[str, Any] = {f: getattr(msg, f) for f in _SAMPLING_FIELDS if msg.HasField(f)}
+    fields = {f: getattr(msg, f) for f in SCALAR_SAMPLING_FIELDS if msg.HasField(f)}
     requested = msg.max_tokens if msg.HasField("max_tokens") else None
     if requested == 0:
         raise InvalidRequestError("sampling.max_tokens: must be >= 1")

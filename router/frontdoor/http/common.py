@@ -16,7 +16,7 @@ from router.frontdoor.backend import Backend
 from router.frontdoor.http.errors import sse_error
 from router.frontdoor.http.fanout import Choice, Prefetched
 from router.frontdoor.http.protocol import PromptTokensDetails, SamplingFields, Usage
-from router.frontdoor.requests import make_params
+from router.frontdoor.requests import SCALAR_SAMPLING_FIELDS, make_params
 
 DONE_EVENT = "data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -34,18 +34,11 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
         raise InvalidRequestError("stop: at most 16 stop strings")
     return make_params(
         max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        min_p=body.min_p,
-        seed=body.seed,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty,
         stop=tuple(stop or ()),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        **{f: getattr(body, f) for f in SCALAR_SAMPLING_FIELDS},  # None: not set
     )
 
 
