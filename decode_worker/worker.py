@@ -35,15 +35,16 @@ class DecodeWorker(WorkerBase):
         self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
         """request id -> resolves when every rank reported its RECV (None: all ok)."""
 
-    async def reserve(self, request: EngineRequest, timeout_s: float) -> Reservation:
+    async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
         """Reserve blocks for the prompt and arm every rank's transport to receive its KV
-        heads. Blocks this worker already caches for the prefix are reused: the sender
-        skips them. The block ids are the same on every rank (lockstep schedulers)."""
+        heads from prefill worker `sender`. Blocks this worker already caches for the prefix
+        are reused: the sender skips them. The block ids are the same on every rank
+        (lockstep schedulers)."""
         self._check_admitting()
         request_id = request.request_id
 
         def reserve(g: EngineGroup) -> Reservation:
-            res = g.call_all("reserve", request, timeout_s)
+            res = g.call_all("reserve", request, timeout_s, sender)
             self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
             return res
 

@@ -115,10 +115,11 @@ class Transport(ABC):
         dst_block_ids: Sequence[int],
         num_layers: int | None = None,
         timeout_s: float = 30.0,
+        peer: PeerId | None = None,
     ) -> None:
         """Reserve `dst_block_ids` for `request_id`: only they may be filled, and only by
-        the first peer that sends for it. Nothing may read them before a successful
-        RECV result; on failure or timeout the FailureHook releases them."""
+        `peer` (None: by the first peer that sends for it). Nothing may read them before a
+        successful RECV result; on failure or timeout the FailureHook releases them."""
 
     @abstractmethod
     def send(

@@ -106,6 +106,7 @@ class TransferProtocol:
         block_ids: tuple[int, ...],
         layers: int,
         deadline: float,
+        peer: str | None,
     ) -> None:
         """`Transport.expect`, on the I/O thread (its arguments already checked)."""
         if request_id in self._recvs:
@@ -113,7 +114,7 @@ class TransferProtocol:
             logger.error("%s: request %s already has a reservation", self.name, request_id)
             return
         self._finished.pop(request_id, None)
-        recv = RecvState(request_id, block_ids, layers, deadline)
+        recv = RecvState(request_id, block_ids, layers, deadline, peer)
         self._recvs[request_id] = recv
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
+import random
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,8 +20,9 @@ import torch
 
 from core.kv_layout import KVLayout, dtype_name
 from kv_transfer.api import FailureHook, Transport
-from kv_transfer.driver import Driver
+from kv_transfer.driver import Driver, DriverError
 from kv_transfer.env import apply_ucx_defaults
+from kv_transfer.paired import NETWORK_BACKENDS, PairedTransport
 from kv_transfer.transport import DriverTransport
 
 logger = logging.getLogger(__name__)
@@ -33,7 +36,6 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "shm": ("kv_transfer.shm_driver:ShmDriver", "mmap"),
     "local": ("kv_transfer.local_driver:LocalDriver", "torch"),
 }
-AUTO_ORDER = ("nixl", "ucx", "local")
 
 
 def register_backend(name: str, driver_path: str, requires: str) -> None:
@@ -74,25 +76,13 @@ def unavailable_reason(name: str) -> str | None:
     return None
 
 
-def select_backend(requested: str = "auto") -> str:
-    """Resolve 'auto' (or check an explicit name) and log the decision."""
-    if requested != "auto":
-        reason = unavailable_reason(requested)
-        if reason is not None:
-            raise ValueError(f"KV transport backend {requested!r} unavailable: {reason}")
-        logger.info("KV transport: %s (requested explicitly)", requested)
-        return requested
-    skipped = []
-    for name in AUTO_ORDER:
-        reason = unavailable_reason(name)
-        if reason is None:
-            why = "first available in preference order " + " > ".join(AUTO_ORDER)
-            if skipped:
-                why += "; skipped " + "; ".join(skipped)
-            logger.info("KV transport: %s (%s)", name, why)
-            return name
-        skipped.append(f"{name}: {reason}")
-    raise RuntimeError("no KV transport backend available: " + "; ".join(skipped))
+def select_backend(requested: str) -> str:
+    """Check that an explicitly named backend can be used here, and log the choice."""
+    reason = unavailable_reason(requested)
+    if reason is not None:
+        raise ValueError(f"KV transport backend {requested!r} unavailable: {reason}")
+    logger.info("KV transport: %s (requested explicitly)", requested)
+    return requested
 
 
 def _driver_class(name: str) -> DriverClass:
@@ -109,11 +99,17 @@ def create_transport(
     on_failure: FailureHook | None = None,
     loopback: bool = False,
     block_copy: Any = None,
+    require_network: bool = False,
 ) -> Transport:
     """Register `kv` (shaped as `layout` describes) with a backend and start its transport.
 
-    `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (tests,
-    single-node benchmarks); `on_failure` is the FailureHook that releases blocks;
+    `backend="auto"` picks per peer (kv_transfer.paired): `shm` on this host (CPU caches),
+    the first of nixl, ucx that works here for the others; `require_network` makes a missing
+    network backend an error now (a worker of a multi-host cluster), naming each backend and
+    why it is unavailable. A named backend is used for every peer.
+
+    `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (a
+    single-node cluster, tests); `on_failure` is the FailureHook that releases blocks;
     `block_copy` the compiled block copy the shm backend uses when given (kv_transfer builds
     no native code itself: the caller hands it `engine.cpu_kernels.load("copy_blocks")`)."""
     if tuple(kv.shape) != layout.shape:
@@ -122,15 +118,49 @@ def create_transport(
         raise ValueError(f"KV tensor dtype {dtype_name(kv.dtype)} != layout dtype {layout.dtype}")
     if not kv.is_contiguous():
         raise ValueError("KV tensor must be contiguous: it is registered as one region")
-    chosen = select_backend(backend)
-    if chosen in ("nixl", "ucx"):
-        apply_ucx_defaults(loopback=loopback)
-    driver_class = _driver_class(chosen)
-    options = {"block_copy": block_copy} if chosen == "shm" else {}
-    return DriverTransport(
-        lambda agent_name: driver_class(kv, layout, agent_name, **options),
-        layout,
-        model_id,
-        name=name,
-        on_failure=on_failure,
+    name = name or f"kv-{os.getpid()}-{random.getrandbits(32):08x}"
+
+    def start(chosen: str) -> Transport:
+        if chosen in NETWORK_BACKENDS:
+            apply_ucx_defaults(loopback=loopback)
+        driver_class = _driver_class(chosen)
+        options = {"block_copy": block_copy} if chosen == "shm" else {}
+        return DriverTransport(
+            lambda agent_name: driver_class(kv, layout, agent_name, **options),
+            layout,
+            model_id,
+            name=name,
+            on_failure=on_failure,
+        )
+
+    if backend != "auto":
+        return start(select_backend(backend))
+    transports: dict[str, Transport] = {}
+    unavailable: dict[str, str] = {}
+    if kv.is_cuda:
+        unavailable["shm"] = "the cache is in GPU memory"
+    else:
+        try:
+            transports["shm"] = start("shm")
+        except (DriverError, ValueError) as exc:  # e.g. a cache not in shared memory
+            unavailable["shm"] = str(exc)
+    for network in NETWORK_BACKENDS:
+        reason = unavailable_reason(network)
+        if reason is None:
+            transports[network] = start(network)
+            break
+        unavailable[network] = reason
+    if require_network and not transports.keys() & set(NETWORK_BACKENDS):
+        for transport in transports.values():
+            transport.close()
+        why = "; ".join(f"{b}: {reason}" for b, reason in unavailable.items())
+        raise RuntimeError(f"no KV transport reaches workers on other hosts ({why})")
+    if not transports:
+        raise RuntimeError("no KV transport backend available: " + "; ".join(unavailable.values()))
+    logger.info(
+        "KV transport %s: %s per peer%s",
+        name,
+        " / ".join(transports),
+        "".join(f"; {b} unavailable: {r}" for b, r in unavailable.items()),
     )
+    return PairedTransport(transports, unavailable)

@@ -146,6 +146,7 @@ class DriverTransport(Transport):
         dst_block_ids: Sequence[int],
         num_layers: int | None = None,
         timeout_s: float = 30.0,
+        peer: PeerId | None = None,
     ) -> None:
         block_ids = tuple(int(b) for b in dst_block_ids)
         self.layout.check_block_ids(block_ids, "destination block id")
@@ -155,7 +156,9 @@ class DriverTransport(Transport):
         if not block_ids:
             raise ValueError(f"request {request_id}: empty reservation")
         deadline = time.monotonic() + timeout_s
-        self._submit(lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline))
+        self._submit(
+            lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline, peer)
+        )
 
     def send(
         self,

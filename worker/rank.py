@@ -43,6 +43,11 @@ class WorkerRank:
     ...); the `kv_*` methods reach this rank's transport."""
 
     def __init__(self, spec: WorkerSpec, config: EngineConfig, tp: TPGroup = SINGLE) -> None:
+        if spec.transport == "local":
+            raise ValueError(
+                "the 'local' KV transport moves KV within one process, and every worker is its "
+                "own process: use auto, shm (one host), nixl or ucx"
+            )
         pin_threads(spec.num_threads)
         self.spec = spec
         self.tp_rank, self.tp_size = tp.rank, tp.size
@@ -55,8 +60,9 @@ class WorkerRank:
             self.engine.model_config.model_id,
             backend=spec.transport,
             name=rank_transport_name(spec.worker_id, tp.rank, tp.size),
-            loopback=True,
+            loopback=spec.local_cluster,
             block_copy=cpu_kernels.load("copy_blocks"),
+            require_network=not spec.local_cluster,
         )
 
     def __getattr__(self, name: str) -> Any:

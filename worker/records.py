@@ -23,6 +23,9 @@ class WorkerSpec:
     tp: int = 1
     """Tensor-parallel ranks (tp>1: rank actors in the placement group given to the
     worker, see ray_ranks.py)."""
+    local_cluster: bool = True
+    """Every worker runs on this one machine (a local single-node Ray): the KV transport
+    keeps UCX on loopback and needs no network backend. False on a multi-node cluster."""
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         tp=args.tp,
         device=device,
         redis_url=args.redis,
+        local=args.address is None,
     )
 
 

@@ -231,6 +231,7 @@ class Controller:
             transport=spec.transport,
             num_threads=spec.num_threads,
             tp=tp,
+            local_cluster=spec.local,
         )
         handle = ray.remote(cls).options(**options).remote(wspec, placement)
         member = Member(worker_id, pool, "starting", handle, None, time.time(), placement)

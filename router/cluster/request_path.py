@@ -308,7 +308,10 @@ class _Attempt:
             timeout = self._left()
             try:
                 return await asyncio.wait_for(
-                    self.decode.handle.reserve.remote(self.request, timeout), timeout
+                    self.decode.handle.reserve.remote(
+                        self.request, timeout, self.prefill.worker_id
+                    ),
+                    timeout,
                 )
             except KVCapacityError:
                 if loop.time() + delay >= give_up:

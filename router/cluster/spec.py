@@ -25,6 +25,9 @@ class ClusterSpec:
     """Per-pool TP sizes; they must be equal (KV moves from prefill rank r to decode rank r)."""
     device: str = "cpu"
     redis_url: str | None = None
+    local: bool = True
+    """A local single-node Ray that `baton serve` started (False: it joined a cluster): the
+    KV transport stays on loopback and needs no network backend."""
     worker_start_timeout_s: float = 180.0
     health_interval_s: float = 1.0
     health_timeout_s: float = 10.0

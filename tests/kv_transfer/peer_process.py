@@ -51,7 +51,7 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
     from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    layout, kv = make_cache(layout_kwargs, seed, shared=backend == "shm")
+    layout, kv = make_cache(layout_kwargs, seed, shared=backend in ("shm", "auto"))
     failures: list[dict] = []
     transport = create_transport(
         kv,
@@ -63,7 +63,7 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
         block_copy=cpu_kernels.load("copy_blocks"),
     )
     handles: dict[tuple[str, tuple[int, ...]], Any] = {}
-    conn.send(transport.local_metadata())
+    conn.send((transport.name, transport.local_metadata()))
     while True:
         command, *args = conn.recv()
         try:
@@ -84,6 +84,8 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
                 request_id, role, timeout_s = args
                 result = transport.wait(request_id, Role(role), timeout_s)
                 value = asdict(result) | {"role": result.role.value}
+            elif command == "peer_backends":  # auto: which backend each peer is reached over
+                value = dict(transport.peer_backends)
             elif command == "failures":
                 value = [f | {"role": f["role"].value} for f in failures]
             elif command == "cache":
@@ -103,13 +105,14 @@ class Peer:
     """Test-side handle of one child process."""
 
     def __init__(self, backend: str, tls: str, layout_kwargs: dict, seed: int) -> None:
+        self.backend = backend
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
             target=peer_main, args=(child_conn, backend, tls, layout_kwargs, seed), daemon=True
         )
         self.process.start()
-        self.metadata: bytes = self._receive("start", 60.0)
+        self.name, self.metadata = self._receive("start", 60.0)
 
     def _receive(self, what: str, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s

@@ -21,7 +21,9 @@ DEADLINE_S = 2.0
 
 
 def _start(backend: str, tls: str, num_receivers: int) -> tuple[Peer, list[Peer], list[str]]:
-    reason = unavailable_reason(backend)
+    """A sender and its receivers, connected both ways; the receivers' ids as the sender
+    names them. Each receiver calls the sender `SENDER` (see `expect`)."""
+    reason = unavailable_reason("nixl" if backend == "auto" else backend)
     if reason is not None:
         pytest.skip(reason)
     sender = Peer(backend, tls, SPEC, SENDER_SEED)
@@ -29,8 +31,13 @@ def _start(backend: str, tls: str, num_receivers: int) -> tuple[Peer, list[Peer]
     peer_ids = []
     for receiver in receivers:
         peer_ids.append(sender.call("add_peer", receiver.metadata))
-        receiver.call("add_peer", sender.metadata)
+        assert receiver.call("add_peer", sender.metadata) == sender.name
     return sender, receivers, peer_ids
+
+
+def expect(receiver: Peer, request_id: str, dst: list[int], timeout_s: float, sender: Peer) -> None:
+    """Reserve `dst` for `request_id`, to be filled by `sender` only."""
+    receiver.call("expect", request_id, dst, None, timeout_s, sender.name)
 
 
 def _plan(num_requests: int, blocks_per_request: int) -> list[tuple[str, list[int], list[int]]]:
@@ -54,7 +61,7 @@ def _plan(num_requests: int, blocks_per_request: int) -> list[tuple[str, list[in
 def check_byte_exact_transfer(sender: Peer, receiver: Peer, to_receiver: str) -> None:
     plan = _plan(num_requests=3, blocks_per_request=5)
     for request_id, _, dst in plan:
-        receiver.call("expect", request_id, dst, None, 20.0)
+        expect(receiver, request_id, dst, 20.0, sender)
     for layer in range(SPEC["num_layers"]):  # per-layer sends, requests interleaved
         for request_id, src, dst in plan:
             sender.call("send", request_id, src, to_receiver, dst, [layer], 20.0)
@@ -81,7 +88,7 @@ def test_tcp_transfer_is_byte_exact(backend: str) -> None:
             peer.stop()
 
 
-@pytest.fixture(scope="class", params=["nixl", "ucx", "shm"])
+@pytest.fixture(scope="class", params=["nixl", "ucx", "shm", "auto"])
 def trio(request):
     sender, receivers, peer_ids = _start(request.param, "shm", num_receivers=2)
     yield sender, receivers, peer_ids
@@ -93,11 +100,13 @@ class TestSharedMemory:
     def test_transfer_is_byte_exact(self, trio) -> None:
         sender, receivers, peer_ids = trio
         check_byte_exact_transfer(sender, receivers[0], peer_ids[0])
+        if sender.backend == "auto":  # peers on one host: shm, with NIXL loaded beside it
+            assert set(sender.call("peer_backends").values()) == {"shm"}
 
     def test_receiver_death_fails_sender(self, trio) -> None:
         sender, receivers, peer_ids = trio
         src, dst = [1, 2, 3], [7, 11, 13]
-        receivers[1].call("expect", "doomed-recv", dst, None, DEADLINE_S)
+        expect(receivers[1], "doomed-recv", dst, DEADLINE_S, sender)
         sender.call("send", "doomed-recv", src, peer_ids[1], dst, [0], DEADLINE_S)
         sender.call("wait_handle", "doomed-recv", [0], 10.0)
         receivers[1].kill()
@@ -112,7 +121,7 @@ class TestSharedMemory:
     def test_sender_death_fails_receiver_and_frees_blocks(self, trio) -> None:
         sender, receivers, peer_ids = trio
         src, dst = [3, 9, 10], [20, 4, 5]
-        receivers[0].call("expect", "doomed-send", dst, None, DEADLINE_S)
+        expect(receivers[0], "doomed-send", dst, DEADLINE_S, sender)
         for layer in (0, 1):
             sender.call("send", "doomed-send", src, peer_ids[0], dst, [layer], DEADLINE_S)
             sender.call("wait_handle", "doomed-send", [layer], 10.0)
