@@ -28,6 +28,7 @@ from core.events import KVEventBatch
 from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
 from kv_transfer import Role
+from worker.event_log import EventLog
 from worker.group import EngineGroup, LocalGroup, decode_group_metadata, encode_group_metadata
 from worker.rank import WorkerRank
 from worker.records import WorkerInfo, WorkerReport, WorkerSpec
@@ -57,6 +58,7 @@ class WorkerBase:
         self.tracker = TransferTracker(spec.tp)
         self.engine = AsyncEngine(self.group)  # type: ignore[arg-type]
         self.engine.after_step.append(self._after_step)
+        self.events = EventLog()
         self.draining = False
         logger.info("worker %s (%s, tp=%d) ready in %.1f s", spec.worker_id, spec.role, spec.tp,
                     time.monotonic() - start)  # fmt: skip
@@ -111,12 +113,32 @@ class WorkerBase:
     async def disconnect(self, peer: str) -> None:
         await self.engine.call(lambda g: g.call_each("kv_remove_peer", peer))
 
-    async def report(self) -> WorkerReport:
-        events, load = await self.engine.call(lambda g: g.call_all("report_state"))
-        return WorkerReport(events, load)
+    async def report(self, after_seq: int = -1) -> WorkerReport:
+        """The KV-event batches after `after_seq` (every front door reads all of them: see
+        event_log.py; a snapshot when they are no longer kept) and the load."""
+
+        def report(g: EngineGroup) -> WorkerReport:
+            events, load = g.call_all("report_state")
+            if events is not None:
+                self.events.append(events)
+            batches = self.events.since(after_seq)
+            if batches is None:
+                batches = [self._snapshot(g)]
+            return WorkerReport(batches, load)
+
+        return await self.engine.call(report)
 
     async def snapshot(self) -> KVEventBatch:
-        return await self.engine.call(lambda g: g.call_all("kv_snapshot"))
+        """Everything cached here, as one batch that replaces a reader's view."""
+        return await self.engine.call(self._snapshot)
+
+    def _snapshot(self, g: EngineGroup) -> KVEventBatch:
+        events = g.call_all("report_state")[0]  # before the snapshot: its seq comes after
+        if events is not None:
+            self.events.append(events)
+        snapshot = g.call_all("kv_snapshot")
+        self.events.append(snapshot)  # every reader's sequence stays without gaps
+        return snapshot
 
     async def abort(self, request_id: str) -> bool:
         def abort(g: EngineGroup) -> bool:

@@ -51,7 +51,7 @@ class WorkerInfo:
 
 @dataclass(frozen=True)
 class WorkerReport:
-    """Polled by the front door: the KV events since the last poll, and the load."""
+    """Polled by each front door: the KV-event batches after the ones it has, and the load."""
 
-    events: KVEventBatch | None
+    events: list[KVEventBatch]
     load: WorkerLoad

@@ -69,14 +69,20 @@ async def _serve(args: argparse.Namespace) -> int:
     from router.routing.router import RouterConfig
 
     started = time.monotonic()
-    model_dir = resolve_model(args.model, "serve")
-    spec = build_spec(args, model_dir)
+    if args.attach and not args.address:
+        raise SystemExit("baton serve: --attach serves a running cluster: give its --address")
+    spec = None if args.attach else build_spec(args, resolve_model(args.model, "serve"))
     logger.info("starting Ray (%s)", args.address or "local, 127.0.0.1")
     init_ray(args.address)
-    pools = ", ".join(f"{n} {p}" for p, n in spec.initial_pools().items())
-    logger.info("bringing up the pools (%s) for %s", pools, model_dir)
+    if spec is None:
+        logger.info("attaching to the running cluster's controller")
+    else:
+        pools = ", ".join(f"{n} {p}" for p, n in spec.initial_pools().items())
+        logger.info("bringing up the pools (%s) for %s", pools, spec.model_dir)
     cluster = await start_cluster(
-        spec, RouterConfig(prefill_policy=args.policy, decode_policy=args.decode_policy)
+        spec,
+        RouterConfig(prefill_policy=args.policy, decode_policy=args.decode_policy),
+        attach=args.attach,
     )
     metrics = Metrics()
     cluster.use_metrics(metrics)

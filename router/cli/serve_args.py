@@ -40,6 +40,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="join an existing Ray cluster ('auto' or host:port); default: start one",
     )
+    p.add_argument(
+        "--attach",
+        action="store_true",
+        help="a front-door replica: serve the running Baton cluster at --address, start no "
+        "workers (the cluster's settings come from its controller)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="front-door bind address")
     p.add_argument("--port", type=int, default=DEFAULT_HTTP_PORT, help="HTTP port")
     p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port")

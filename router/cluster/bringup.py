@@ -86,13 +86,19 @@ class Cluster:
 
 
 async def start_cluster(
-    spec: ClusterSpec,
+    spec: ClusterSpec | None,
     router_config: RouterConfig | None = None,
     ready_timeout_s: float = 300.0,
     controller_name: str | None = None,
+    attach: bool = False,
 ) -> Cluster:
-    """Start (or attach to) the controller, wait until every pool is up, and build the
-    router, membership and request path of this front-door process. Ray must be initialised."""
+    """Start the controller (or find the running one), wait until every pool is up, and
+    build the router, membership and request path of this front-door process.
+
+    `attach`: a front-door replica. It starts nothing; it finds the cluster's controller
+    (an error if there is none) and takes the cluster's spec from it (`spec` may be None);
+    the model folder must be at the same path here, for the tokenizer. Ray must be
+    initialised."""
     import ray
 
     from engine.tokenizer import Tokenizer
@@ -100,14 +106,27 @@ async def start_cluster(
     from router.cluster.request_path import RequestPath
 
     name = controller_name or CONTROLLER_NAME
-    controller = (
-        ray.remote(Controller)
-        .options(name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000)
-        .remote(spec)
-    )
+    if attach:
+        try:
+            controller = ray.get_actor(name)
+        except ValueError:
+            raise RuntimeError(
+                f"no Baton controller {name!r} in this Ray cluster to attach to: start one "
+                "front door without --attach first"
+            ) from None
+        spec = await controller.get_spec.remote()
+    elif spec is None:
+        raise ValueError("a cluster spec is needed unless attaching to a running cluster")
+    else:
+        controller = (
+            ray.remote(Controller)
+            .options(name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000)
+            .remote(spec)
+        )
     await controller.start.remote()
-    if not await controller.wait_ready.remote(ready_timeout_s):
-        raise RuntimeError(f"the cluster's pools did not come up within {ready_timeout_s} s")
+    not_ready = await controller.wait_ready.remote(ready_timeout_s)
+    if not_ready is not None:
+        raise RuntimeError(not_ready)
     store = make_store("redis", url=spec.redis_url) if spec.redis_url else make_store("memory")
     router = Router(router_config, store=store)
     membership = Membership(controller, router)

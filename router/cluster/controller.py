@@ -24,6 +24,7 @@ from typing import Any
 
 import ray
 
+from core.errors import error_message
 from core.roles import WorkerRole
 from router.cluster.spec import ClusterSpec
 
@@ -56,6 +57,8 @@ class Controller:
         self.desired = spec.initial_pools()
         self.members: dict[str, Member] = {}
         self.version = 0
+        self.last_start_failure = ""
+        """Why the last worker that failed to start did (said when the pools never come up)."""
         self._ids = itertools.count()
         self._redis = None
         if spec.redis_url:
@@ -93,17 +96,26 @@ class Controller:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._reconcile_forever())
 
-    async def wait_ready(self, timeout_s: float) -> bool:
+    async def wait_ready(self, timeout_s: float) -> str | None:
+        """None once every pool has its desired ready workers; after `timeout_s`, why not
+        (with the last worker's failure to start, when there was one)."""
         await self.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if all(self._count(pool, ("ready",)) >= n for pool, n in self.desired.items()):
-                return True
+                return None
             await asyncio.sleep(0.2)
-        return False
+        ready = {pool: self._count(pool, ("ready",)) for pool in self.desired}
+        why = f"the pools did not come up within {timeout_s} s (ready {ready} of {self.desired})"
+        if self.last_start_failure:
+            why += f"; the last worker to fail said: {self.last_start_failure}"
+        return why
 
     def get_members(self) -> tuple[int, list[Member]]:
         return self.version, list(self.members.values())
+
+    def get_spec(self) -> ClusterSpec:
+        return self.spec
 
     def get_desired(self) -> dict[str, int]:
         return dict(self.desired)
@@ -246,6 +258,7 @@ class Controller:
             await self._connect_peers(member, info)
         except Exception as e:
             logger.error("controller: worker %s failed to start: %s", worker_id, e)
+            self.last_start_failure = f"{worker_id}: {error_message(e)}"
             self._kill(member)
             self.members.pop(worker_id, None)
             return

@@ -55,6 +55,8 @@ class Membership:
         """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
         self._task: asyncio.Task | None = None
         self._resync: set[str] = set()
+        self._cursors: dict[str, int] = {}
+        """worker id -> the seq of the last KV-event batch applied from it."""
         self._suspects: dict[str, float] = {}
         """Workers whose actor died under a request, by when they were seen dead."""
         router.store.set_resync_callback(lambda _model, worker_id: self._resync.add(worker_id))
@@ -118,6 +120,7 @@ class Membership:
     def _leave(self, worker_id: str) -> None:
         del self.workers[worker_id]
         self.loads.pop(worker_id, None)
+        self._cursors.pop(worker_id, None)
         self.router.remove_worker(worker_id)
         for callback in self.on_left:
             callback(worker_id)
@@ -143,18 +146,26 @@ class Membership:
             m = self.workers.get(worker_id)
             if m is not None:
                 with contextlib.suppress(Exception):
-                    snapshot = m.handle.snapshot.remote()
-                    self.router.apply(await asyncio.wait_for(snapshot, _REPORT_TIMEOUT_S))
+                    snapshot = await asyncio.wait_for(m.handle.snapshot.remote(), _REPORT_TIMEOUT_S)
+                    self.router.apply(snapshot)
+                    self._cursors[worker_id] = snapshot.seq
         members = list(self.workers.values())
+        cursors = self._cursors
         results = await asyncio.gather(
-            *(asyncio.wait_for(m.handle.report.remote(), _REPORT_TIMEOUT_S) for m in members),
+            *(
+                asyncio.wait_for(
+                    m.handle.report.remote(cursors.get(m.worker_id, -1)), _REPORT_TIMEOUT_S
+                )
+                for m in members
+            ),
             return_exceptions=True,
         )
         for m, report in zip(members, results, strict=True):
             if isinstance(report, BaseException):
                 continue
-            if report.events is not None:
-                self.router.apply(report.events)
+            for batch in report.events:
+                self.router.apply(batch)
+                cursors[m.worker_id] = batch.seq
             load: WorkerLoad = report.load
             self.router.report_load(load)
             if m.worker_id in self.workers:
