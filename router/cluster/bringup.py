@@ -118,11 +118,19 @@ async def start_cluster(
     elif spec is None:
         raise ValueError("a cluster spec is needed unless attaching to a running cluster")
     else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # On this front door's node (the head, as deployed): losing the host of a worker
+        # must not take the controller with it. Soft: any node will do if this one can't.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         controller = (
             ray.remote(Controller)
-            .options(name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000)
+            .options(
+                name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000,
+                scheduling_strategy=here,
+            )
             .remote(spec)
-        )
+        )  # fmt: skip
     await controller.start.remote()
     not_ready = await controller.wait_ready.remote(ready_timeout_s)
     if not_ready is not None:
