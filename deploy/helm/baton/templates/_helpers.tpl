@@ -188,3 +188,29 @@ in the RayCluster object.
 - {{ . | quote }}
 {{- end }}
 {{- end }}
+
+{{/*
+Environment every Ray container gets, as list items: commonEnv, then the KV transport
+settings (kvTransport, a pool's own kvTransport on top, then kvTransport.env). Call with
+(dict "root" $ "pool" .Values.prefill), or (dict "root" $ "pool" (dict)) for the head.
+*/}}
+{{- define "baton.rayEnv" -}}
+{{- $root := .root }}
+{{- $transport := mergeOverwrite (deepCopy $root.Values.kvTransport) (deepCopy (default (dict) .pool.kvTransport)) }}
+{{- if has "lo" (splitList "," $transport.netDevices) }}
+{{- fail "kvTransport.netDevices must not name lo: KV between pods would never leave the node" }}
+{{- end }}
+{{- with $root.Values.commonEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- $names := dict "netDevices" "UCX_NET_DEVICES" "tls" "UCX_TLS" "ibGidIndex" "UCX_IB_GID_INDEX" "nixlLogLevel" "NIXL_LOG_LEVEL" }}
+{{- range $key, $name := $names }}
+{{- with index $transport $key }}
+- name: {{ $name }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- with $transport.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
