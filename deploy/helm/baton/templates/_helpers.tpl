@@ -41,6 +41,51 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* Name of the Secret holding Ray's auth token (created by the chart or brought along). */}}
+{{- define "baton.rayAuthSecretName" -}}
+{{- default (printf "%s-ray-auth" (include "baton.fullname" .)) .Values.rayAuth.existingSecret }}
+{{- end }}
+
+{{/* Ray's token authentication env, as list items ("" when rayAuth is off). */}}
+{{- define "baton.rayAuthEnv" -}}
+{{- if .Values.rayAuth.enabled }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "baton.rayAuthSecretName" . }}
+      key: {{ .Values.rayAuth.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+A Secret holding one random token, created once: an upgrade keeps the token an earlier
+install generated (a new one would log every operator out, or split a Ray cluster between
+two tokens). lookup is empty under `helm template`. Call with
+(dict "root" $ "name" NAME "key" KEY "value" VALUE); VALUE "" = random.
+*/}}
+{{- define "baton.tokenSecret" -}}
+{{- $token := .value }}
+{{- if not $token }}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $existing $existing.data (hasKey $existing.data .key) }}
+{{- $token = index $existing.data .key | b64dec }}
+{{- else }}
+{{- $token = randAlphaNum 40 }}
+{{- end }}
+{{- end }}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "baton.labels" .root | nindent 4 }}
+type: Opaque
+data:
+  {{ .key }}: {{ $token | b64enc | quote }}
+{{- end }}
+
 {{/* Name of the Secret holding the admin token (created by the chart or brought along). */}}
 {{- define "baton.adminSecretName" -}}
 {{- default (printf "%s-admin" (include "baton.fullname" .)) .Values.adminToken.existingSecret }}
@@ -191,7 +236,8 @@ in the RayCluster object.
 
 {{/*
 Environment every Ray container gets, as list items: commonEnv, then the KV transport
-settings (kvTransport, a pool's own kvTransport on top, then kvTransport.env). Call with
+settings (kvTransport, a pool's own kvTransport on top, then kvTransport.env), then Ray's
+token authentication. Call with
 (dict "root" $ "pool" .Values.prefill), or (dict "root" $ "pool" (dict)) for the head.
 */}}
 {{- define "baton.rayEnv" -}}
@@ -213,4 +259,5 @@ settings (kvTransport, a pool's own kvTransport on top, then kvTransport.env). C
 {{- with $transport.env }}
 {{ toYaml . }}
 {{- end }}
+{{- include "baton.rayAuthEnv" $root }}
 {{- end }}
