@@ -64,9 +64,16 @@ def test_settings_reach_every_ray_pod_with_a_pools_override() -> None:
     assert "securityContext" not in container(pods["prefill"])
 
 
-def test_unset_settings_leave_ucx_to_choose() -> None:
+def test_defaults_keep_kv_off_loopback_and_leave_the_rest_to_ucx() -> None:
     for group, template in _pods({}).items():
-        assert not TRANSPORT_VARS & set(env_of(template)), group
+        env = env_of(template)
+        assert env["UCX_NET_DEVICES"] == "^lo", group
+        assert not TRANSPORT_VARS - {"UCX_NET_DEVICES"} & set(env), group
+
+
+def test_an_empty_value_leaves_the_variable_unset() -> None:
+    for group, template in _pods({"kvTransport": {"netDevices": ""}}).items():
+        assert "UCX_NET_DEVICES" not in env_of(template), group
 
 
 @pytest.mark.parametrize(
