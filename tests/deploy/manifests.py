@@ -115,6 +115,21 @@ def validate(manifest: Manifest) -> None:
             _validate_builtin(wrapped)
 
 
+def container(template: Manifest) -> Manifest:
+    """The one container of a pod template."""
+    containers = template["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(template: Manifest) -> dict[str, Any]:
+    """name -> value (or valueFrom) of the pod's container, failing on a name set twice."""
+    entries = container(template).get("env", [])
+    names = [e["name"] for e in entries]
+    assert len(names) == len(set(names)), f"env names set twice: {names}"
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in entries}
+
+
 def by_kind(docs: list[Manifest], kind: str) -> list[Manifest]:
     return [d for d in docs if d["kind"] == kind]
 

@@ -14,6 +14,7 @@ import pytest
 from tests.deploy.manifests import (
     CHART_DIR,
     by_kind,
+    container,
     crd_documents,
     helm_python,
     load_values,
@@ -41,12 +42,6 @@ def variant(request: pytest.FixtureRequest) -> tuple[dict[str, Any], list[dict[s
     return merged, render(values)
 
 
-def _container(template: dict[str, Any]) -> dict[str, Any]:
-    containers = template["spec"]["containers"]
-    assert len(containers) == 1
-    return containers[0]
-
-
 def _ray_resources(group: dict[str, Any]) -> dict[str, int]:
     """The custom resources a group's `ray start --resources` declares. KubeRay passes the
     value to the shell as written, so it is a quoted JSON string."""
@@ -57,7 +52,7 @@ def _ray_resources(group: dict[str, Any]) -> dict[str, int]:
 
 def _head_serve(docs: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
     cluster = one(docs, "RayCluster")
-    head = _container(cluster["spec"]["headGroupSpec"]["template"])
+    head = container(cluster["spec"]["headGroupSpec"]["template"])
     # bash -c SCRIPT LABEL ARG...: the script ends in `exec "$@"`, so ARG... is what runs.
     assert head["command"] == ["/bin/bash", "-c"]
     script, argv = head["args"][0], head["args"][2:]
@@ -136,8 +131,8 @@ def test_pools_are_pinned_and_sized(variant) -> None:
             pool["minReplicas"],
             pool["maxReplicas"],
         )
-        container = _container(group["template"])
-        limits = container["resources"].get("limits", {})
+        worker = container(group["template"])
+        limits = worker["resources"].get("limits", {})
         if gpus:
             assert limits[pool["gpu"]["resourceName"]] == gpus
         else:
@@ -145,7 +140,7 @@ def test_pools_are_pinned_and_sized(variant) -> None:
         selector = group["template"]["spec"].get("nodeSelector", {})
         if pool["gpu"]["product"]:
             assert selector["nvidia.com/gpu.product"] == pool["gpu"]["product"]
-        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
         assert mounts["model"] == values["model"]["mountPath"]
     expected_device = "cuda" if values["prefill"]["gpu"]["count"] else "cpu"
     assert args.device == (values["serve"]["device"] or expected_device)
@@ -154,7 +149,7 @@ def test_pools_are_pinned_and_sized(variant) -> None:
 def test_front_door_service_and_monitor_reach_the_head(variant) -> None:
     values, docs = variant
     cluster = one(docs, "RayCluster")
-    head = _container(cluster["spec"]["headGroupSpec"]["template"])
+    head = container(cluster["spec"]["headGroupSpec"]["template"])
     named_ports = {p["name"] for p in head["ports"]}
     services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
     front = services[cluster["metadata"]["name"]]
@@ -190,7 +185,7 @@ def test_secrets_and_redis_are_wired(variant) -> None:
     secrets = {s["metadata"]["name"]: s for s in by_kind(docs, "Secret")}
     if values["adminToken"]["existingSecret"]:
         assert ref["name"] == values["adminToken"]["existingSecret"]
-        assert not secrets
+        assert ref["name"] not in secrets
     else:
         token = secrets[ref["name"]]["data"][ref["key"]]
         assert len(token) >= 40  # base64 of a 40-character random token
@@ -210,9 +205,11 @@ def test_secrets_and_redis_are_wired(variant) -> None:
 
 
 def test_generated_admin_token_is_random_per_install() -> None:
-    first = one(render(), "Secret")["data"]
-    second = one(render(), "Secret")["data"]
-    assert first != second
+    def admin_token() -> str:
+        secrets = {s["metadata"]["name"]: s for s in by_kind(render(), "Secret")}
+        return secrets["baton-admin"]["data"]["admin-token"]
+
+    assert admin_token() != admin_token()
 
 
 @pytest.mark.parametrize(

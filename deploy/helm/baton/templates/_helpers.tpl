@@ -41,6 +41,51 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* Name of the Secret holding Ray's auth token (created by the chart or brought along). */}}
+{{- define "baton.rayAuthSecretName" -}}
+{{- default (printf "%s-ray-auth" (include "baton.fullname" .)) .Values.rayAuth.existingSecret }}
+{{- end }}
+
+{{/* Ray's token authentication env, as list items ("" when rayAuth is off). */}}
+{{- define "baton.rayAuthEnv" -}}
+{{- if .Values.rayAuth.enabled }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "baton.rayAuthSecretName" . }}
+      key: {{ .Values.rayAuth.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+A Secret holding one random token, created once: an upgrade keeps the token an earlier
+install generated (a new one would log every operator out, or split a Ray cluster between
+two tokens). lookup is empty under `helm template`. Call with
+(dict "root" $ "name" NAME "key" KEY "value" VALUE); VALUE "" = random.
+*/}}
+{{- define "baton.tokenSecret" -}}
+{{- $token := .value }}
+{{- if not $token }}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $existing $existing.data (hasKey $existing.data .key) }}
+{{- $token = index $existing.data .key | b64dec }}
+{{- else }}
+{{- $token = randAlphaNum 40 }}
+{{- end }}
+{{- end }}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "baton.labels" .root | nindent 4 }}
+type: Opaque
+data:
+  {{ .key }}: {{ $token | b64enc | quote }}
+{{- end }}
+
 {{/* Name of the Secret holding the admin token (created by the chart or brought along). */}}
 {{- define "baton.adminSecretName" -}}
 {{- default (printf "%s-admin" (include "baton.fullname" .)) .Values.adminToken.existingSecret }}
@@ -187,4 +232,32 @@ in the RayCluster object.
 {{- range .Values.serve.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end }}
+
+{{/*
+Environment every Ray container gets, as list items: commonEnv, then the KV transport
+settings (kvTransport, a pool's own kvTransport on top, then kvTransport.env), then Ray's
+token authentication. Call with
+(dict "root" $ "pool" .Values.prefill), or (dict "root" $ "pool" (dict)) for the head.
+*/}}
+{{- define "baton.rayEnv" -}}
+{{- $root := .root }}
+{{- $transport := mergeOverwrite (deepCopy $root.Values.kvTransport) (deepCopy (default (dict) .pool.kvTransport)) }}
+{{- if has "lo" (splitList "," $transport.netDevices) }}
+{{- fail "kvTransport.netDevices must not name lo: KV between pods would never leave the node" }}
+{{- end }}
+{{- with $root.Values.commonEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- $names := dict "netDevices" "UCX_NET_DEVICES" "tls" "UCX_TLS" "ibGidIndex" "UCX_IB_GID_INDEX" "nixlLogLevel" "NIXL_LOG_LEVEL" }}
+{{- range $key, $name := $names }}
+{{- with index $transport $key }}
+- name: {{ $name }}
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- with $transport.env }}
+{{ toYaml . }}
+{{- end }}
+{{- include "baton.rayAuthEnv" $root }}
 {{- end }}

@@ -70,6 +70,7 @@ Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
           env:
             - name: BATON_POOL
               value: {{ $role }}
+            {{- include "baton.rayEnv" (dict "root" $root "pool" $pool) | nindent 12 }}
             {{- with $pool.env }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -78,6 +79,10 @@ Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
           {{- if gt $gpus 0 }}
           {{- $_ := set $requests $pool.gpu.resourceName $gpus }}
           {{- $_ := set $limits $pool.gpu.resourceName $gpus }}
+          {{- end }}
+          {{- with $pool.securityContext }}
+          securityContext:
+            {{- toYaml . | nindent 12 }}
           {{- end }}
           resources:
             {{- with $requests }}
