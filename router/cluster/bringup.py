@@ -121,8 +121,9 @@ async def start_cluster(
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         # On this front door's node (the head, as deployed): losing the host of a worker
-        # must not take the controller with it. Soft: any node will do if this one can't.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # must not take the controller with it. Hard: Ray 2.60 places a soft-affine actor
+        # elsewhere even when this node is free (measured); it needs no resources here.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         controller = (
             ray.remote(Controller)
             .options(

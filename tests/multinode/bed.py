@@ -61,7 +61,8 @@ class Bed:
         self.subnet = subnet
         self.token = secrets.token_hex(32)
         self.root = Path(f"/tmp/baton-bed-{self.prefix}")
-        self.logs = self.root / "logs"
+        self.logs = Path("/tmp/baton-bed-logs")
+        """Kept after teardown (the last bed's) for a look after a failure."""
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def ns(self, host: int) -> str:
@@ -87,7 +88,8 @@ class Bed:
         self.teardown()
 
     def _build(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.logs, ignore_errors=True)
+        self.logs.mkdir(parents=True)
         switch = f"{self.prefix}sw"
         _ip("netns", "add", switch)
         _ip("link", "add", "br0", "type", "bridge", netns=switch)

@@ -60,9 +60,7 @@ def state(target: str, admin_token: str) -> dict[str, Any]:
 
 def metric(url: str, name: str) -> float:
     body = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(line.split()[-1]) for line in body.splitlines() if line.split(" ")[0] == name
-    )
+    return sum(float(line.split()[-1]) for line in body.splitlines() if line.split(" ")[0] == name)
 
 
 def main() -> None:
