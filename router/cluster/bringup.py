@@ -38,16 +38,22 @@ _RAY_ENV = {
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join `address`, or start a local single-node Ray on 127.0.0.1 with logical
-    resources for every pool."""
+    resources for every pool.
+
+    Joining, this process attaches to its host's Ray node; `BATON_NODE_IP` names the address
+    that node registered with where Ray cannot tell (a host with several addresses, hosts
+    sharing a filesystem); without it Ray picks. Its workers call back to that address."""
+    if not address:  # single-node only: never on a real cluster. Before Ray is imported
+        for key, value in _RAY_ENV.items():  # (it reads some of these only at import)
+            os.environ.setdefault(key, value)
     import ray
 
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True)
+        node_ip = os.environ.get("BATON_NODE_IP") or None
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, _node_ip_address=node_ip)
         return
-    for key, value in _RAY_ENV.items():  # single-node only: never on a real cluster
-        os.environ.setdefault(key, value)
     # Logical CPUs, not cores: workers pin their own threads; this only bounds how many
     # actors fit on the node.
     cpus = num_cpus or max(16, os.cpu_count() or 1)

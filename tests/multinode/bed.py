@@ -141,10 +141,12 @@ class Bed:
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- processes ----------------------------------------------------------------------
-    def env(self) -> dict[str, str]:
-        """What every process of the bed runs with: the suite's loopback settings removed,
+    def env(self, host: int) -> dict[str, str]:
+        """What every process of `host` runs with: the suite's loopback settings removed,
         Ray's token auth on, UCX over TCP on the hosts' interface (so KV really crosses
-        the bridge rather than taking a same-kernel shortcut)."""
+        the bridge rather than taking a same-kernel shortcut), and the host's address for
+        a Baton front door's driver (the hosts share one filesystem, where Ray would find
+        the head's cached address and hand it to a driver on any host)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UCX_", "GLOO_"))}
         env.update(
             RAY_AUTH_MODE="token",
@@ -156,6 +158,7 @@ class Bed:
             PYTHONPATH=str(REPO),
             PYTHONUNBUFFERED="1",
             TOKENIZERS_PARALLELISM="false",
+            BATON_NODE_IP=self.address(host),
         )
         return env
 
@@ -164,7 +167,7 @@ class Bed:
         out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
             ["ip", "netns", "exec", self.ns(host), *args],
-            stdout=out, stderr=subprocess.STDOUT, env=self.env(), cwd=REPO,
+            stdout=out, stderr=subprocess.STDOUT, env=self.env(host), cwd=REPO,
             start_new_session=True,
         )  # fmt: skip
         out.close()
@@ -175,7 +178,7 @@ class Bed:
         """Run `args` inside host `host` to the end (bounded by `timeout_s`)."""
         return subprocess.run(
             ["ip", "netns", "exec", self.ns(host), *args],
-            capture_output=True, text=True, env=self.env(), cwd=REPO, timeout=timeout_s,
+            capture_output=True, text=True, env=self.env(host), cwd=REPO, timeout=timeout_s,
         )  # fmt: skip
 
     def start_ray(self, host: int, num_cpus: int, resources: dict[str, float]) -> None:

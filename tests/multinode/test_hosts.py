@@ -103,3 +103,42 @@ def test_losing_the_prefill_host_loses_no_stream(bed_cluster) -> None:  # type: 
     lost = ready_workers(bed_cluster, "prefill")
     streams_through_a_lost_host(bed_cluster, host=2, seed=12, retried=False)
     wait_for_replacement(bed_cluster, "prefill", lost)
+
+
+def test_a_replica_on_another_host_serves_the_same_cluster(bed_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A second front door on host 5 (`--attach`): no workers of its own, exact output."""
+    bed_cluster.serve(5, "--attach")
+    batch = prompts(3, 1000, [300, 330], seed=21)
+    got = client(bed_cluster.bed, 5, "streams", target=bed_cluster.grpc(5), prompts=batch,
+                 max_tokens=MAX_TOKENS, concurrency=3, timeout_s=120)  # fmt: skip
+    for prompt, result in zip(batch, got, strict=True):
+        assert result["error"] is None
+        assert result["token_ids"] == hf_greedy(
+            str(bed_cluster.model_dir), tuple(prompt), MAX_TOKENS
+        )
+    assert ready_workers(bed_cluster, "decode") and ready_workers(bed_cluster, "prefill")
+
+
+def test_losing_the_head_ends_every_stream_cleanly(bed_cluster) -> None:  # type: ignore[no-untyped-def]
+    """The head (Ray's GCS, the controller, the first front door) lost while the replica on
+    host 5 streams: each stream either completes exactly or ends with an error, and none
+    outlives its deadline. (Last: the cluster does not survive it.)"""
+    bed = bed_cluster.bed
+    batch = prompts(4, 1000, [300, 360], seed=31)
+    args = {"target": bed_cluster.grpc(5), "prompts": batch, "max_tokens": LONG,
+            "concurrency": 4, "timeout_s": 60}  # fmt: skip
+    started = time.monotonic()
+    reference = client(bed, 5, "streams", **args)
+    fault_free_s = time.monotonic() - started
+    run = bed.spawn(5, [sys.executable, "-m", "tests.multinode.client", "streams",
+                        json.dumps(args)], "streams-losing-head.log")  # fmt: skip
+    time.sleep(fault_free_s / 3)
+    bed.stop_host(1)
+    run.wait(120)  # the deadline (60 s) and the client's own exit: no stream may hang
+    got = json.loads(bed.log_text("streams-losing-head.log").strip().splitlines()[-1])
+    for result, want in zip(got, reference, strict=True):
+        if result["error"] is None:
+            assert result["token_ids"] == want["token_ids"]
+        else:
+            assert result["error"].split(":")[0] in ("UNAVAILABLE", "DEADLINE_EXCEEDED",
+                                                     "INTERNAL", "RESOURCE_EXHAUSTED")  # fmt: skip
