@@ -107,6 +107,7 @@ async def _serve(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.grpc_port,
         admin_token=token,
+        api_key=args.api_key,
         metrics=metrics,
         request_timeout_s=args.request_timeout,
     )

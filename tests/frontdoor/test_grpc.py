@@ -123,3 +123,22 @@ def test_admin_service_needs_the_token(grpc_server: GRPCServerThread, client: Ba
     with pytest.raises(grpc.RpcError) as info:
         client.drain("nosuchworker")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_an_api_key_guards_generation_as_on_http(backend: LocalBackend) -> None:
+    server = GRPCServerThread(backend, None, admin_token=ADMIN_TOKEN, api_key="k3y").start()
+    try:
+        for key in (None, "wrong"):
+            with BatonClient(server.target, api_key=key) as stranger:
+                for call in (lambda c: list(c.generate([5, 6, 7], max_tokens=2)),
+                             lambda c: c.complete([5, 6, 7], max_tokens=2),
+                             lambda c: c.tokenize("hello")):  # fmt: skip
+                    with pytest.raises(grpc.RpcError) as info:
+                        call(stranger)
+                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                    assert "Bearer" in (info.value.details() or "")
+        with BatonClient(server.target, api_key="k3y") as client:
+            assert len(client.complete([5, 6, 7], max_tokens=2).token_ids) == 2
+            assert client.is_serving()  # health stays open
+    finally:
+        server.stop()

@@ -42,8 +42,15 @@ def build_request(
 
 
 class BatonClient:
-    def __init__(self, target: str = "127.0.0.1:50051", *, admin_token: str | None = None):
+    def __init__(
+        self,
+        target: str = "127.0.0.1:50051",
+        *,
+        api_key: str | None = None,
+        admin_token: str | None = None,
+    ):
         self.channel = grpc.insecure_channel(target)
+        self._metadata = (("authorization", f"Bearer {api_key}"),) if api_key else ()
         self._generate = generate_pb2_grpc.GenerateServiceStub(self.channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self.channel)
         self._health = health_pb2_grpc.HealthStub(self.channel)
@@ -55,13 +62,17 @@ class BatonClient:
     ) -> Iterator[generate_pb2.GenerateResponse]:
         """Streamed deltas (new tokens and text per message); the last has `finished` and
         `usage`. The returned call also has `.cancel()`, which aborts the request."""
-        return self._generate.Generate(build_request(prompt, **sampling), timeout=timeout)
+        return self._generate.Generate(
+            build_request(prompt, **sampling), timeout=timeout, metadata=self._metadata
+        )
 
     def complete(
         self, prompt: Prompt, *, timeout: float | None = None, **sampling: Any
     ) -> generate_pb2.GenerateResponse:
         """The whole completion at once (GenerateUnary)."""
-        return self._generate.GenerateUnary(build_request(prompt, **sampling), timeout=timeout)
+        return self._generate.GenerateUnary(
+            build_request(prompt, **sampling), timeout=timeout, metadata=self._metadata
+        )
 
     def tokenize(
         self, prompt: str | list[dict[str, str]], add_special_tokens: bool = True
@@ -71,7 +82,7 @@ class BatonClient:
             msg.text = prompt
         else:
             msg.chat.messages.extend(generate_pb2.ChatMessage(**m) for m in prompt)
-        return list(self._generate.Tokenize(msg).token_ids)
+        return list(self._generate.Tokenize(msg, metadata=self._metadata).token_ids)
 
     def is_serving(self, timeout: float = 5.0) -> bool:
         reply = self._health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)

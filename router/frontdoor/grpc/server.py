@@ -9,7 +9,6 @@ backend stream, which aborts the request and frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -33,6 +32,7 @@ from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
+from router.frontdoor.grpc.auth import BearerAuth
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.requests import new_request_id, tokenizer_of
 from router.frontdoor.tracking import run_tracked
@@ -119,27 +119,18 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
-    """Needs `authorization: Bearer <admin token>` metadata on every call."""
+    """Every call carries the admin token (checked by auth.BearerAuth before it gets here)."""
 
-    def __init__(self, admin: ClusterAdmin, token: str) -> None:
+    def __init__(self, admin: ClusterAdmin) -> None:
         self.admin = admin
-        self.token = token
-
-    async def _check(self, context: grpc.aio.ServicerContext) -> None:
-        metadata = dict(context.invocation_metadata() or ())
-        scheme, _, offered = str(metadata.get("authorization", "")).partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(offered.strip(), self.token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "admin token required")
 
     async def _state(self) -> admin_pb2.ClusterState:
         return convert.cluster_state(await self.admin.state())
 
     async def GetClusterState(self, request, context):  # type: ignore[no-untyped-def]
-        await self._check(context)
         return await self._state()
 
     async def ScalePool(self, request, context):  # type: ignore[no-untyped-def]
-        await self._check(context)
         try:
             await self.admin.scale(request.pool, request.size)
         except BatonError as e:
@@ -147,7 +138,6 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return await self._state()
 
     async def DrainWorker(self, request, context):  # type: ignore[no-untyped-def]
-        await self._check(context)
         try:
             await self.admin.drain(request.worker_id)
         except InvalidRequestError as e:
@@ -173,19 +163,23 @@ class GRPCServer:
         host: str = "127.0.0.1",
         port: int = 0,
         admin_token: str,
+        api_key: str | None = None,
         metrics: Metrics | None = None,
         request_timeout_s: float = 300.0,
     ) -> GRPCServer:
-        server = grpc.aio.server()
+        """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
+        carry `admin_token`."""
+        tokens = {SERVICE_NAMES[1]: admin_token}
+        if api_key is not None:
+            tokens[SERVICE_NAMES[0]] = api_key
+        server = grpc.aio.server(interceptors=[BearerAuth(tokens)])
         metrics = metrics or Metrics()
         generate_pb2_grpc.add_GenerateServiceServicer_to_server(
             GenerateServicer(backend, metrics, request_timeout_s), server
         )
         names = [SERVICE_NAMES[0]]
         if admin is not None:
-            admin_pb2_grpc.add_AdminServiceServicer_to_server(
-                AdminServicer(admin, admin_token), server
-            )
+            admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(admin), server)
             names.append(SERVICE_NAMES[1])
         health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
