@@ -106,3 +106,19 @@ def test_burst_beyond_decode_kv_queues_instead_of_refusing(
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
     assert cluster.backend.transfers.num_transfers == len(batch)
     assert cluster.backend.gate.num_waiting() == 0
+
+
+def test_a_worker_without_its_transport_fails_bring_up_naming_why(
+    ray_session, loop_thread, tiny_model_dir
+) -> None:
+    """`local` moves KV within one process: every worker refuses it at start, and bring-up
+    ends with the reason instead of waiting out its timeout in silence."""
+    from router.cluster.bringup import start_cluster
+
+    spec = make_spec(tiny_model_dir("llama"), transport="local")
+    with pytest.raises(RuntimeError, match="'local' KV transport moves KV within one process"):
+        loop_thread.run(
+            start_cluster(spec, ready_timeout_s=20, controller_name="ctl-local-transport"),
+            timeout=120,
+        )
+    # Nothing to clean up: the controller was not detached, and went with its last handle.
