@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,16 @@ TLS = {
 }
 
 
-def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int | None) -> None:
+def child(
+    conn: Connection,
+    backend: str,
+    tls: str,
+    spec_kwargs: dict,
+    cpu: int | None,
+    loopback: bool = True,
+) -> None:
+    """One side of a pair: a transport over its own cache, answering the driver's commands
+    on `conn`. `loopback`: keep UCX on 127.0.0.1 (both sides on this host)."""
     if cpu is not None:  # before any thread starts: they all inherit it
         os.sched_setaffinity(0, {cpu})
     if (backend, tls) in TLS:
@@ -62,7 +72,7 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
     # In a memfd as the engine allocates it (the shm backend maps it); every page touched.
     kv = shared_zeros(layout.shape, torch.float16).fill_(1.0)
     transport = create_transport(
-        kv, layout, "bench", backend=backend, loopback=True,
+        kv, layout, "bench", backend=backend, loopback=loopback,
         block_copy=cpu_kernels.load("copy_blocks"),
     )  # fmt: skip
     conn.send(transport.local_metadata())
@@ -125,26 +135,38 @@ def child(conn: Connection, backend: str, tls: str, spec_kwargs: dict, cpu: int 
             return
 
 
+def side_cpus() -> list[int | None]:
+    """Sender and receiver on a core each, as a prefill and a decode worker would be; the
+    scheduler otherwise sometimes stacks the four threads on one core (measured: 1 MiB
+    sustained 12-16 GB/s unpinned, 16-17 pinned)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [cpus[side] if len(cpus) >= 2 else None for side in range(2)]
+
+
 class Pair:
-    def __init__(self, backend: str, tls: str, spec: dict) -> None:
+    """A sender (side 0) and a receiver (side 1), connected to each other; each is a
+    process running `child` that answers on its connection."""
+
+    def __init__(self, conns: list[Connection], procs: list[Any]) -> None:
+        self.conns, self.procs = conns, procs
+        sender_md, receiver_md = (c.recv() for c in self.conns)
+        self.conns[0].send(receiver_md)
+        self.conns[1].send(sender_md)
+
+    @classmethod
+    def local(cls, backend: str, tls: str, spec: dict) -> Pair:
+        """Both sides on this host, children of this process."""
         ctx = mp.get_context("spawn")
-        self.conns, self.procs = [], []
-        # Sender and receiver on a core each, as a prefill and a decode worker would be; the
-        # scheduler otherwise sometimes stacks the four threads on one core (measured:
-        # 1 MiB sustained 12-16 GB/s unpinned, 16-17 pinned).
-        cpus = sorted(os.sched_getaffinity(0))
-        for side in range(2):
-            cpu = cpus[side] if len(cpus) >= 2 else None
+        conns, procs = [], []
+        for cpu in side_cpus():
             parent, child_conn = ctx.Pipe()
             proc = ctx.Process(
                 target=child, args=(child_conn, backend, tls, spec, cpu), daemon=True
             )
             proc.start()
-            self.conns.append(parent)
-            self.procs.append(proc)
-        sender_md, receiver_md = (c.recv() for c in self.conns)
-        self.conns[0].send(receiver_md)
-        self.conns[1].send(sender_md)
+            conns.append(parent)
+            procs.append(proc)
+        return cls(conns, procs)
 
     def call(self, side: int, *command: Any) -> Any:
         self.conns[side].send(command)
@@ -155,8 +177,11 @@ class Pair:
     def close(self) -> None:
         for side in (0, 1):
             self.call(side, "exit")
-        for proc in self.procs:
-            proc.join(30)
+        for proc in self.procs:  # multiprocessing children, or subprocesses (bench/hosts.py)
+            if isinstance(proc, mp.process.BaseProcess):
+                proc.join(30)
+            else:
+                proc.wait(30)
 
 
 def block_ids(num_blocks: int, pattern: str) -> list[int]:
@@ -207,10 +232,16 @@ def bench_bandwidth(pair: Pair, sizes: list[int], case: str) -> list[dict]:
     return rows
 
 
-def bench_ttft(backend: str, tls: str, blocks_per_layer: int, compute_ms: float) -> dict:
+def bench_ttft(
+    backend: str,
+    tls: str,
+    blocks_per_layer: int,
+    compute_ms: float,
+    make_pair: Callable[[str, str, dict], Pair] = Pair.local,
+) -> dict:
     from core.kv_layout import KVLayout
 
-    pair = Pair(backend, tls, TTFT_SPEC)
+    pair = make_pair(backend, tls, TTFT_SPEC)
     try:
         src = list(range(blocks_per_layer))
         dst = list(range(blocks_per_layer, 2 * blocks_per_layer))
@@ -253,7 +284,7 @@ def main() -> None:
     print(f"{'case':10} {'size':>13} {'kind':4} {'latency':>12} {'1-at-a-time':>7} {'window':>7}")
     rows = []
     for backend, tls in cases:
-        pair = Pair(backend, tls, BW_SPEC)
+        pair = Pair.local(backend, tls, BW_SPEC)
         try:
             rows += bench_bandwidth(pair, sizes, f"{backend}-{tls}")
         finally:

@@ -162,12 +162,16 @@ class Bed:
         )
         return env
 
-    def spawn(self, host: int, args: list[str], log: str) -> subprocess.Popen[bytes]:
-        """Start `args` inside host `host`, in its own session; output into logs/<log>."""
+    def spawn(
+        self, host: int, args: list[str], log: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start `args` inside host `host`, in its own session, with `env` added to the bed's;
+        output into logs/<log>."""
         out = open(self.logs / log, "ab")  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(
             ["ip", "netns", "exec", self.ns(host), *args],
-            stdout=out, stderr=subprocess.STDOUT, env=self.env(host), cwd=REPO,
+            stdout=out, stderr=subprocess.STDOUT, env={**self.env(host), **(env or {})},
+            cwd=REPO,
             start_new_session=True,
         )  # fmt: skip
         out.close()
