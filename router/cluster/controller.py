@@ -257,8 +257,16 @@ class Controller:
             self.members[worker_id] = member
             await self._connect_peers(member, info)
         except Exception as e:
-            logger.error("controller: worker %s failed to start: %s", worker_id, e)
-            self.last_start_failure = f"{worker_id}: {error_message(e)}"
+            why = error_message(e)
+            if isinstance(e, TimeoutError):
+                # Ray keeps an actor it cannot place pending without a word: say what it needed.
+                why = (
+                    f"not up within {spec.worker_start_timeout_s:.0f} s (is a node with "
+                    f"{options.get('resources')} and {options.get('num_cpus', 0)} CPU, "
+                    f"{options.get('num_gpus', 0)} GPU free?)"
+                )
+            logger.error("controller: worker %s failed to start: %s", worker_id, why)
+            self.last_start_failure = f"{worker_id}: {why}"
             self._kill(member)
             self.members.pop(worker_id, None)
             return

@@ -33,6 +33,11 @@ class WorkerStatus:
     """Cached prompt tokens / prompt tokens over the worker's life, 0..1."""
     num_free_blocks: int = 0
     num_total_blocks: int = 0
+    num_prompt_tokens: int = 0
+    """Prompt tokens the worker has taken in over its life."""
+    num_cached_prompt_tokens: int = 0
+    """Of those, the ones its prefix cache held (a hit rate over a window is the ratio
+    of two differences of these)."""
 
     @classmethod
     def of(
@@ -51,6 +56,8 @@ class WorkerStatus:
             load.prefix_hit_rate,
             load.num_free_blocks,
             load.num_total_blocks,
+            load.num_prompt_tokens,
+            load.num_cached_prompt_tokens,
         )
 
 

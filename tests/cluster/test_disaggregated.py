@@ -122,3 +122,17 @@ def test_a_worker_without_its_transport_fails_bring_up_naming_why(
             timeout=120,
         )
     # Nothing to clean up: the controller was not detached, and went with its last handle.
+
+
+def test_a_worker_no_node_can_place_fails_bring_up_naming_what_it_needs(
+    ray_session, loop_thread, tiny_model_dir
+) -> None:
+    """Ray keeps an actor it cannot place pending in silence: bring-up names what it asked."""
+    from router.cluster.bringup import start_cluster
+
+    spec = make_spec(tiny_model_dir("llama"), device="cuda", worker_start_timeout_s=2.0)
+    with pytest.raises(RuntimeError, match=r"not up within 2 s .*1 GPU free"):
+        loop_thread.run(
+            start_cluster(spec, ready_timeout_s=20, controller_name="ctl-unplaceable"),
+            timeout=120,
+        )

@@ -3,15 +3,20 @@ health, reflection and the admin service, against a real tiny engine."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from core.sampling import SamplingParams
 from proto.baton.v1 import generate_pb2
+from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.grpc.client import BatonClient
 from tests.frontdoor.conftest import ADMIN_TOKEN, MAX_MODEL_LEN, engine_usage, wait_until_idle
 from tests.support.grpc_server import GRPCServerThread
+from tests.support.in_process_admin import InProcessAdmin
 from tests.support.local_backend import LocalBackend
 
 
@@ -125,20 +130,29 @@ def test_admin_service_needs_the_token(grpc_server: GRPCServerThread, client: Ba
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
 
 
-def test_an_api_key_guards_generation_as_on_http(backend: LocalBackend) -> None:
-    server = GRPCServerThread(backend, None, admin_token=ADMIN_TOKEN, api_key="k3y").start()
-    try:
-        for key in (None, "wrong"):
-            with BatonClient(server.target, api_key=key) as stranger:
-                for call in (lambda c: list(c.generate([5, 6, 7], max_tokens=2)),
-                             lambda c: c.complete([5, 6, 7], max_tokens=2),
-                             lambda c: c.tokenize("hello")):  # fmt: skip
-                    with pytest.raises(grpc.RpcError) as info:
-                        call(stranger)
-                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-                    assert "Bearer" in (info.value.details() or "")
-        with BatonClient(server.target, api_key="k3y") as client:
-            assert len(client.complete([5, 6, 7], max_tokens=2).token_ids) == 2
-            assert client.is_serving()  # health stays open
-    finally:
-        server.stop()
+def test_cluster_state_counts_prompt_tokens(client: BatonClient, admin: InProcessAdmin) -> None:
+    def counts() -> dict[str, tuple[int, int]]:
+        state = client.cluster_state()
+        return {
+            w.worker_id: (w.num_prompt_tokens, w.num_cached_prompt_tokens)
+            for p in state.pools
+            for w in p.workers
+        }
+
+    [worker] = admin.workers("prefill")
+    prompt = list(range(100, 140))  # 2 full blocks of 16 and a part
+    greedy = SamplingParams(max_tokens=2, temperature=0.0)
+
+    async def twice() -> None:
+        for i in range(2):
+            request = GenerateRequest(f"count-{i}", prompt, greedy, 30.0)
+            async for _ in worker.backend.generate(request):
+                pass
+
+    before = counts()
+    asyncio.run(twice())
+    after = counts()
+    grown = {w: (after[w][0] - before[w][0], after[w][1] - before[w][1]) for w in after}
+    # The second prompt found the first's two full blocks cached; other workers saw nothing.
+    assert grown.pop(worker.worker_id) == (2 * len(prompt), 32)
+    assert set(grown.values()) <= {(0, 0)}

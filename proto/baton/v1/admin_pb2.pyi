@@ -21,7 +21,7 @@ WORKER_STATE_DRAINING: WorkerState
 WORKER_STATE_DEAD: WorkerState
 
 class Worker(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "num_running", "num_waiting", "kv_usage", "prefix_hit_rate")
+    __slots__ = ("worker_id", "role", "state", "num_running", "num_waiting", "kv_usage", "prefix_hit_rate", "num_prompt_tokens", "num_cached_prompt_tokens")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,8 @@ class Worker(_message.Message):
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: WorkerState
@@ -36,7 +38,9 @@ class Worker(_message.Message):
     num_waiting: int
     kv_usage: float
     prefix_hit_rate: float
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ...) -> None: ...
+    num_prompt_tokens: int
+    num_cached_prompt_tokens: int
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("name", "desired_size", "workers")

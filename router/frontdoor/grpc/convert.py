@@ -131,6 +131,8 @@ def cluster_state(state: ClusterState) -> admin_pb2.ClusterState:
                         num_waiting=w.num_waiting,
                         kv_usage=w.kv_usage,
                         prefix_hit_rate=w.prefix_hit_rate,
+                        num_prompt_tokens=w.num_prompt_tokens,
+                        num_cached_prompt_tokens=w.num_cached_prompt_tokens,
                     )
                     for w in p.workers
                 ],
