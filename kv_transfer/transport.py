@@ -8,7 +8,11 @@ The I/O loop, per step: run queued commands -> read control messages -> poll pul
 sends -> enforce deadlines. Between steps it waits in select() on a wake pipe plus whatever
 fds the driver says signal new messages (`shm`: its sockets, so a message is handled as it
 arrives), for at most ~0.2 ms while anything is in flight (backends without fds are
-polled) and 5 ms when idle. A queued command writes the wake pipe only during a 5 ms nap.
+polled). Idle, the nap doubles from 5 ms up to 100 ms for a polled backend (nothing a peer
+sends to an idle transport needs a quick answer: a transfer starts with a local command) and
+to 1 s for one with fds; an idle transport must not take the GIL from the engine hundreds of
+times a second (issue 17 measured ~10% of a unified worker's samples in this thread). A
+queued command writes the wake pipe whenever the I/O thread naps longer than ~0.2 ms.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ _write_holding_gil.restype = ctypes.c_ssize_t
 
 _ACTIVE_POLL_S = 0.0002
 _IDLE_POLL_S = 0.005
+_IDLE_POLL_MAX_S = 0.1
+_IDLE_WAIT_MAX_S = 1.0
 _CONNECT_TIMEOUT_S = 30.0
 _CHECKED_MEMORY = 1024
 
@@ -300,6 +306,7 @@ class DriverTransport(Transport):
 
     def _run(self) -> None:
         step, active = self._protocol.step, self._protocol.active
+        idle_nap = _IDLE_POLL_S
         while not self._stop:
             try:
                 busy = step()
@@ -307,12 +314,19 @@ class DriverTransport(Transport):
                 logger.exception("%s: I/O step failed", self.name)
                 busy = False
             if busy:
+                idle_nap = _IDLE_POLL_S
                 continue
+            fds = [self._wake_r, *self.driver.wait_fds()]
+            if active():
+                nap, idle_nap = _ACTIVE_POLL_S, _IDLE_POLL_S
+            else:
+                nap = idle_nap
+                idle_nap = min(2 * idle_nap, _IDLE_WAIT_MAX_S if len(fds) > 1 else _IDLE_POLL_MAX_S)
             # Publish the nap length first, then look at the queue once more: a command put
             # after that look sees the length and wakes us if the nap is long.
-            self._nap_s = _ACTIVE_POLL_S if active() else _IDLE_POLL_S
+            self._nap_s = nap
             if self._commands.empty():
-                select.select([self._wake_r, *self.driver.wait_fds()], [], [], self._nap_s)
+                select.select(fds, [], [], nap)
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
             self._nap_s = 0.0

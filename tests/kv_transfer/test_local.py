@@ -205,3 +205,21 @@ def test_send_handle_waiters_see_the_outcome() -> None:
     for thread in threads:
         thread.join(10)
     assert outcomes == ["peer gone"] * 3 and handle.done() and handle.error == "peer gone"
+
+
+def test_an_idle_transport_naps_longer_and_still_wakes_for_work(sides) -> None:
+    """Idle, the I/O thread backs off (it used to wake every 5 ms and take the GIL from
+    the engine); a transfer after a long idle spell still starts on its command."""
+    prefill, decode, to_decode = sides
+    calls = []
+    for side in (prefill, decode):
+        messages = side.transport.driver.messages
+        side.transport.driver.messages = lambda m=messages: calls.append(1) or m()
+    time.sleep(1.0)
+    # Backing off from 5 ms, a second idle costs each transport at most ~12 steps (at 5 ms
+    # naps it was 200); a slow machine only makes it fewer.
+    assert len(calls) <= 2 * 15
+    decode.transport.expect("late", [3], timeout_s=10)
+    prefill.transport.send("late", [1], to_decode, [3], list(range(LAYOUT.num_layers)))
+    assert decode.transport.wait("late", Role.RECV, 10).ok
+    assert torch.equal(decode.kv[:, 3], prefill.kv[:, 1])
