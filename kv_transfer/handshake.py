@@ -8,6 +8,8 @@ the meaning of a byte in the cache; a mismatch is refused with the field's name.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from core.kv_layout import LAYOUT_NAME, KVLayout
@@ -133,12 +135,20 @@ def decode_message(data: bytes) -> Message:
     return _message_decoder.decode(data)
 
 
+def decode_versioned(
+    decoder: msgspec.msgpack.Decoder, data: bytes, version_field: str, version: int
+) -> Any:
+    """Decode a peer's record; an undecodable one or another version is refused, naming it."""
+    try:
+        record = decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        what = getattr(decoder.type, "__name__", "record")
+        raise IncompatiblePeerError("metadata", what, f"undecodable ({exc})") from exc
+    if getattr(record, version_field) != version:
+        raise IncompatiblePeerError(version_field, version, getattr(record, version_field))
+    return record
+
+
 def decode_peer_info(data: bytes) -> PeerInfo:
     """Decode a peer's metadata; refuse other protocol versions before reading further."""
-    try:
-        info = _peer_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        raise IncompatiblePeerError("metadata", "PeerInfo", f"undecodable ({exc})") from exc
-    if info.protocol_version != PROTOCOL_VERSION:
-        raise IncompatiblePeerError("protocol_version", PROTOCOL_VERSION, info.protocol_version)
-    return info
+    return decode_versioned(_peer_decoder, data, "protocol_version", PROTOCOL_VERSION)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from kv_transfer.api import PeerId, Role, SendHandle, TransferResult, Transport
-from kv_transfer.handshake import IncompatiblePeerError
+from kv_transfer.handshake import IncompatiblePeerError, decode_versioned
 from kv_transfer.host import host_identity
 
 NETWORK_BACKENDS = ("nixl", "ucx")
@@ -90,12 +90,7 @@ class PairedTransport(Transport):
         )
 
     def add_peer(self, metadata: bytes) -> PeerId:
-        try:
-            info = _decoder.decode(metadata)
-        except msgspec.DecodeError as exc:
-            raise IncompatiblePeerError("metadata", "PairedInfo", f"undecodable ({exc})") from exc
-        if info.version != PAIRED_VERSION:
-            raise IncompatiblePeerError("paired version", PAIRED_VERSION, info.version)
+        info: PairedInfo = decode_versioned(_decoder, metadata, "version", PAIRED_VERSION)
         backend = self.backend_for(info.host, list(info.transports))
         transport = self._transports[backend]
         peer = transport.add_peer(info.transports[backend])
