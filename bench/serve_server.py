@@ -51,13 +51,16 @@ class ServerProcess:
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--grpc-port", str(self.grpc_port)]  # fmt: skip
 
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
     def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until stop()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=env, cwd=Path(__file__).resolve().parents[1],
+            env={**self.environment(), "PYTHONUNBUFFERED": "1"},
+            cwd=Path(__file__).resolve().parents[1],
         )  # fmt: skip
         log.close()
         try:
@@ -73,7 +76,7 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(
-                    f"baton serve exited with {self.proc.returncode} before it was healthy; "
+                    f"the server exited with {self.proc.returncode} before it was healthy; "
                     f"see {self.log_path}:\n{_tail(self.log_path)}"
                 )
             try:
@@ -82,7 +85,7 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-        raise TimeoutError(f"baton serve not healthy after {self.start_timeout_s:.0f} s; "
+        raise TimeoutError(f"server not healthy after {self.start_timeout_s:.0f} s; "
                            f"see {self.log_path}")  # fmt: skip
 
     def stop(self, timeout_s: float = 60.0) -> None:
