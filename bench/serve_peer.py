@@ -51,6 +51,9 @@ BATON_CONFIGS = {
 
 
 def vllm_env(threads: int) -> dict[str, str]:
+    # VLLM_TARGET_DEVICE=cpu: without it vLLM's generic platform imports its AVX-512 kernels,
+    # which die with SIGILL on an AVX2-only CPU (measured on an AMD EPYC); the CPU platform
+    # picks the build the CPU supports.
     return {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
