@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from bench.workloads import TraceRequest, multi_turn, read_jsonl, shared_prefix
+from bench.workloads import DEFAULT_TRACE, TraceRequest, multi_turn, read_jsonl, shared_prefix
 from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
@@ -182,16 +182,18 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=200, help="blocks per worker")
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--redis", action="store_true", help="also run 4 replicas on Redis")
+    parser.add_argument("--trace", default=str(DEFAULT_TRACE["mooncake"]),
+                        help="a Mooncake-format JSONL trace")  # fmt: skip
     parser.add_argument("--out", default="bench/results/router_sim.json")
     args = parser.parse_args()
     workloads = {
         "shared_prefix": (shared_prefix(num_requests=args.requests, rate_per_s=1500), 16),
         "multi_turn": (multi_turn(num_sessions=args.requests // 5, rate_per_s=40), 16),
-        "mooncake_synthetic": (
-            read_jsonl("/work/shared/traces/mooncake/synthetic_trace.jsonl", args.requests),
-            512,
-        ),
     }
+    if Path(args.trace).exists():
+        workloads["mooncake_synthetic"] = (read_jsonl(args.trace, args.requests), 512)
+    else:
+        print(f"no trace at {args.trace}: the mooncake run is skipped (--trace PATH)")
     results: dict = {"workers": args.workers, "capacity_blocks": args.capacity, "runs": {}}
     for name, (trace, block) in workloads.items():
         cap = args.capacity if block == 16 else max(8, args.capacity // 4)

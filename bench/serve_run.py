@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,12 +14,8 @@ import httpx
 from bench import serve_workloads as wl
 from bench.serve_client import run_load, scrape_metrics
 from bench.serve_metrics import SLO, scrape_by_label, scrape_sum, summarize
+from bench.workloads import DEFAULT_TRACE
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-DEFAULT_TRACE = {
-    "mooncake": TRACES / "mooncake" / "synthetic_trace.jsonl",
-    "azure": TRACES / "azure" / "AzureLLMInferenceTrace_conv.csv",
-}
 WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
              "azure")  # fmt: skip
 KV_SECONDS = "baton:kv_transfer_seconds_sum"

@@ -20,6 +20,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
 
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+"""The public traces beside the checkout (../shared/traces), wherever it is."""
+DEFAULT_TRACE = {
+    "mooncake": TRACES / "mooncake" / "synthetic_trace.jsonl",
+    "azure": TRACES / "azure" / "AzureLLMInferenceTrace_conv.csv",
+}
+
 
 class TraceRequest(TypedDict):
     timestamp: int
