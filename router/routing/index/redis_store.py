@@ -270,13 +270,18 @@ class RedisStore(IndexStore):
 
     # ---- lifecycle -----------------------------------------------------------------------
 
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every publish queued so far has been written to Redis or dropped (Redis
+        down). False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._unfinished == 0, timeout)
+
     def sync(self, timeout: float = 5.0) -> bool:
         """Wait until our publishes are in Redis and the consumer has read up to the stream's
         current end. False on timeout or while Redis is down."""
         deadline = time.monotonic() + timeout
-        with self._cv:
-            if not self._cv.wait_for(lambda: self._unfinished == 0, timeout):
-                return False
+        if not self.flush(timeout):
+            return False
         try:
             last = self._client.xrevrange(self._k("stream"), count=1)
         except _REDIS_DOWN:
