@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from core.hashing import BlockHash
+from core.step_stats import StepTotals
 
 EVENTS_VERSION = 1
 
@@ -69,6 +70,8 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     num_prompt_tokens: int = 0
     num_cached_prompt_tokens: int = 0
     """Prompt tokens seen since the worker started, and those its prefix cache served."""
+    steps: StepTotals = msgspec.field(default_factory=StepTotals)
+    """Where its engine steps have gone since it started."""
 
     @property
     def kv_usage(self) -> float:

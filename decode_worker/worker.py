@@ -1,8 +1,10 @@
 """The decode worker actor (also the `unified` worker: same class, both phases).
 
 Request paths it serves:
-  disaggregated   reserve() -> [prefill worker writes KV] -> admit() streams deltas
-  on this worker  generate() streams deltas (conditional disaggregation, unified mode)
+  disaggregated   reserve() -> [prefill worker writes KV] -> admit()
+  on this worker  generate() (conditional disaggregation, unified mode)
+Either way the deltas go to the caller's output channel: `outputs(channel_id)`, one
+long-lived stream per front door that carries a batch per engine step (worker/outlets.py).
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from core.errors import KVCapacityError, WorkerFailedError
-from core.request import EngineRequest, OutputDelta, TokenLogprob
+from core.request import EngineRequest, TokenLogprob
 from core.roles import WorkerRole
 from decode_worker.rank import DecodeRank
 from engine.engine import NoCapacityError, Reservation
+from engine.output_channel import Item
 from kv_transfer import Role
 from worker.base import WorkerBase
 from worker.group import EngineGroup
+from worker.outlets import Outlets
 from worker.records import WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -34,6 +38,38 @@ class DecodeWorker(WorkerBase):
         super().__init__(spec, placement)
         self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
         """request id -> resolves when every rank reported its RECV (None: all ok)."""
+        self._outlets = Outlets()
+
+    # -- output channels ----------------------------------------------------------------------
+    async def outputs(self, channel_id: str) -> AsyncIterator[list[Item]]:
+        """Channel `channel_id`'s stream: a list of (request id, delta or error) per engine
+        step, for as long as the caller reads it. When it ends (the caller is gone or
+        cancelled it), the requests still open on it are aborted."""
+        outlet = self._outlets.get(channel_id)
+        try:
+            while True:
+                batch = await outlet.next_batch(self._abort_soon)
+                if batch:
+                    yield batch
+        finally:
+            self._outlets.drop(channel_id)
+            for request_id in outlet.open_requests:
+                self._abort_soon(request_id)
+
+    def _open(self, request_id: str, timeout_s: float, channel_id: str) -> None:
+        outlet = self._outlets.get(channel_id)
+        outlet.watch(request_id, timeout_s)
+        self.engine.open_stream(request_id, outlet.channel)
+
+    def _close(self, request_id: str) -> None:
+        self._outlets.forget(request_id)
+        self.engine.close_stream(request_id)
+
+    def _abort_soon(self, request_id: str) -> None:
+        """Abort without waiting (from the channel's stream, which must not block)."""
+        self._close(request_id)
+        self._arrivals.pop(request_id, None)
+        self.engine.submit(lambda g: self._abort(g, request_id))
 
     async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
         """Reserve blocks for the prompt and arm every rank's transport to receive its KV
@@ -59,10 +95,11 @@ class DecodeWorker(WorkerBase):
         first_token: int,
         logprob: TokenLogprob | None,
         timeout_s: float,
-    ) -> AsyncIterator[OutputDelta]:
+        channel_id: str,
+    ) -> None:
         """Wait until every rank received every layer of the prompt's KV, then join the
-        running batch and stream deltas (the first carries the first token) until the
-        request finishes."""
+        running batch; its deltas (the first carries the first token) go to channel
+        `channel_id` until the request finishes."""
         arrival = self._arrivals.pop(request_id, None)
         if arrival is None:
             raise WorkerFailedError(f"no reservation waiting for KV under {request_id!r}")
@@ -75,35 +112,30 @@ class DecodeWorker(WorkerBase):
             ) from e
         if error is not None:  # the reservation was already freed on every rank
             raise WorkerFailedError(f"KV transfer for {request_id} failed: {error}")
-        self.engine.open_stream(request_id)
+        self._open(request_id, timeout_s, channel_id)
+
+        def admit(g: EngineGroup) -> None:
+            out = g.call_all("admit_transferred", request_id, first_token, logprob)
+            self.engine.publish([(request_id, out)])  # on the engine thread: before any step's
+
         try:
-            out = await self.engine.call(
-                lambda g: g.call_all("admit_transferred", request_id, first_token, logprob)
-            )
+            await self.engine.call(admit)
         except KeyError as e:
-            self.engine.close_stream(request_id)
+            self._close(request_id)
             raise WorkerFailedError(str(e)) from e
-        yield out
-        if out.finished:
-            self.engine.close_stream(request_id)
-            return
-        async for out in self.engine.stream(request_id, timeout_s):
-            yield out
 
     async def abort(self, request_id: str) -> bool:
         self._arrivals.pop(request_id, None)
+        self._close(request_id)
         return await super().abort(request_id)
 
-    async def generate(
-        self, request: EngineRequest, timeout_s: float
-    ) -> AsyncIterator[OutputDelta]:
-        """Prefill and decode here (unified mode; conditional disaggregation)."""
+    async def generate(self, request: EngineRequest, timeout_s: float, channel_id: str) -> None:
+        """Prefill and decode here (unified mode; conditional disaggregation); the deltas go
+        to channel `channel_id`."""
         self._check_admitting()
-        self.engine.open_stream(request.request_id)
+        self._open(request.request_id, timeout_s, channel_id)
         try:
             await self.engine.call(lambda g: g.call_all("enqueue", request))
         except BaseException:
-            self.engine.close_stream(request.request_id)
+            self._close(request.request_id)
             raise
-        async for out in self.engine.stream(request.request_id, timeout_s):
-            yield out

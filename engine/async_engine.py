@@ -6,7 +6,8 @@ the engine gets one thread that owns it; everything else talks to it through:
 - `call(fn)`: run `fn(engine)` on the engine thread between two steps (add, abort, reserve,
   admit, ...), awaited as a future: the engine is never touched from two threads.
 - `stream(request_id)`: an async iterator of that request's outputs, fed from the engine
-  thread with `loop.call_soon_threadsafe`.
+  thread with `loop.call_soon_threadsafe`; or, for many requests at once, an
+  `OutputChannel` that gets one batch per step (output_channel.py).
 - `after_step` hooks: run on the engine thread after every step (a transport's poll).
 
 Plain threads and asyncio only: no Ray, no network.
@@ -26,15 +27,19 @@ from typing import Any, TypeVar
 from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import OutputDelta
 from engine.engine import LLMEngine
+from engine.output_channel import Item, OutputChannel, is_final
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[OutputDelta | BaseException]
+    deliver: Callable[[list[Item]], None]
+    """Runs on `loop` with the request's items of one step (a channel's: several requests')."""
+    queue: asyncio.Queue[OutputDelta | BaseException] | None = None
+    """Set for a stream of its own (`stream()` reads it); None on a channel."""
 
 
 class AsyncEngine:
@@ -72,11 +77,17 @@ class AsyncEngine:
             raise DeadlineExceededError(f"engine call did not finish within {timeout_s} s") from e
 
     # -- output streams ---------------------------------------------------------------------
-    def open_stream(self, request_id: str) -> None:
-        """Register a stream for `request_id` on the running loop (before the request can
-        produce output, so nothing is lost)."""
+    def open_stream(self, request_id: str, channel: OutputChannel | None = None) -> None:
+        """Register where `request_id`'s outputs go (before the request can produce output,
+        so nothing is lost): a stream of its own on the running loop, read with `stream()`,
+        or `channel` (forgotten after the request's last item)."""
+        if channel is not None:
+            s = _Stream(channel.loop, channel.deliver)
+        else:
+            q: asyncio.Queue[OutputDelta | BaseException] = asyncio.Queue()
+            s = _Stream(asyncio.get_running_loop(), lambda items: _put_all(q, items), q)
         with self._streams_lock:
-            self._streams[request_id] = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+            self._streams[request_id] = s
 
     def close_stream(self, request_id: str) -> None:
         with self._streams_lock:
@@ -89,7 +100,7 @@ class AsyncEngine:
         stops early, the request is aborted (its blocks freed)."""
         with self._streams_lock:
             s = self._streams.get(request_id)
-        if s is None:
+        if s is None or s.queue is None:
             raise KeyError(f"no stream open for {request_id!r}")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
@@ -114,11 +125,21 @@ class AsyncEngine:
             if not finished:
                 self.submit(lambda e: e.abort(request_id))
 
-    def _publish(self, request_id: str, item: OutputDelta | BaseException) -> None:
+    def publish(self, items: list[Item]) -> None:
+        """Hand items to their streams: one call onto each consumer's loop per stream (per
+        channel), in order. Called by the engine thread (a command may call it too)."""
+        batches: dict[_Stream, list[Item]] = {}
         with self._streams_lock:
-            s = self._streams.get(request_id)
-        if s is not None and not s.loop.is_closed():
-            s.loop.call_soon_threadsafe(s.queue.put_nowait, item)
+            for request_id, item in items:
+                s = self._streams.get(request_id)
+                if s is None:
+                    continue
+                if is_final(item) and s.queue is None:  # `stream()` closes its own
+                    del self._streams[request_id]
+                batches.setdefault(s, []).append((request_id, item))
+        for s, batch in batches.items():
+            if not s.loop.is_closed():
+                s.loop.call_soon_threadsafe(s.deliver, batch)
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -136,8 +157,7 @@ class AsyncEngine:
                 continue
             self.error = None
             if busy:
-                for out in outputs:
-                    self._publish(out.request_id, out)
+                self.publish([(out.request_id, out) for out in outputs])
             else:
                 self._wake.wait(self.idle_wait_s)
                 self._wake.clear()
@@ -164,8 +184,9 @@ class AsyncEngine:
         """Every open stream gets the error; the engine frees what it still can."""
         with self._streams_lock:
             request_ids = list(self._streams)
+        failed = WorkerFailedError(f"engine step failed: {error}")
+        self.publish([(request_id, failed) for request_id in request_ids])
         for request_id in request_ids:
-            self._publish(request_id, WorkerFailedError(f"engine step failed: {error}"))
             try:
                 self.engine.abort(request_id)
             except Exception:
@@ -181,3 +202,8 @@ class AsyncEngine:
             except queue.Empty:
                 break
             fut.set_exception(WorkerFailedError("the engine stopped"))
+
+
+def _put_all(q: asyncio.Queue[OutputDelta | BaseException], items: list[Item]) -> None:
+    for _, item in items:
+        q.put_nowait(item)

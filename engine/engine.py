@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import torch
 
 from core.config import EngineConfig
@@ -26,6 +27,7 @@ from core.hashing import model_root_hash
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
+from core.step_stats import StepTotals
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
@@ -106,6 +108,7 @@ class LLMEngine:
         self._prefilled: list[PrefillResult] = []
         self._held: dict[str, Request] = {}
         self._event_seq = 0
+        self.step_totals = StepTotals()
         self.kv_connector: KVConnector | None = None
         """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
         logger.info(
@@ -184,9 +187,19 @@ class LLMEngine:
     def step(self) -> list[OutputDelta]:
         """Schedule, run, process outputs. Returns a delta for every request that got a
         token or finished this step."""
+        totals = self.step_totals
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             return []
+        scheduled = time.perf_counter()
+        totals.schedule_s += scheduled - start
+        totals.steps += 1
+        for _, n in batch.items:
+            if n == 1:
+                totals.decode_rows += 1
+            else:
+                totals.prefill_tokens += n
         hook = None
         if self.kv_connector is not None:
             completing = [
@@ -195,10 +208,12 @@ class LLMEngine:
                 if req.num_computed_tokens + n == req.num_tokens and not req.output_token_ids
             ]
             hook = self.kv_connector.begin_step(completing)
-        sampled = self.runner.execute(batch, self.kv, hook)
+        sampled = self.runner.execute(batch, self.kv, hook, totals)
         for req, n in batch.items:
             req.num_computed_tokens += n
+        processing = time.perf_counter()
         outputs = [self._process(s) for s in sampled]
+        totals.output_s += time.perf_counter() - processing
         if self.kv_connector is not None:
             self.kv_connector.end_step()
         return outputs
@@ -366,6 +381,7 @@ class LLMEngine:
             timestamp=time.time(),
             num_prompt_tokens=self.kv.num_prompt_tokens,
             num_cached_prompt_tokens=self.kv.num_cached_prompt_tokens,
+            steps=msgspec.structs.replace(self.step_totals),
         )
 
     def check_invariants(self) -> None:

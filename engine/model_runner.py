@@ -13,6 +13,7 @@ import torch
 from core.config import EngineConfig
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
+from core.step_stats import StepTotals
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
@@ -89,14 +90,22 @@ class ModelRunner:
         batch: ScheduledBatch,
         kv: KVCacheManager,
         layer_done: Callable[[int], None] | None = None,
+        totals: StepTotals | None = None,
     ) -> list[SampledToken]:
         """Run one step. Returns a token for every request whose tokens are all computed
-        after this step (not for a request that only got a chunk of its prompt)."""
+        after this step (not for a request that only got a chunk of its prompt). Adds the
+        forward and sampling time to `totals` (attention too, on CPU)."""
         inputs = self._prepare(batch, kv, layer_done)
         if inputs is None:
             return []
         input_ids, positions, meta, logits_idx, to_sample = inputs
+        if totals is not None and self.device.type == "cpu":
+            meta.totals = totals  # kernels run synchronously: host time is their time
+        start = time.perf_counter()
         hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        forwarded = time.perf_counter()
+        if totals is not None:
+            totals.forward_s += forwarded - start
         if not to_sample:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
@@ -105,6 +114,8 @@ class ModelRunner:
             for r in to_sample
         ]
         out = self.sampler(logits, rows)
+        if totals is not None:
+            totals.sample_s += time.perf_counter() - forwarded
         return [
             SampledToken(r, t, lp)
             for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)

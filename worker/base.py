@@ -141,11 +141,12 @@ class WorkerBase:
         return snapshot
 
     async def abort(self, request_id: str) -> bool:
-        def abort(g: EngineGroup) -> bool:
-            self.tracker.discard(request_id)
-            return g.abort(request_id)
+        return await self.engine.call(lambda g: self._abort(g, request_id))
 
-        return await self.engine.call(abort)
+    def _abort(self, g: EngineGroup, request_id: str) -> bool:
+        """Engine thread: stop tracking the request's transfer and free its blocks."""
+        self.tracker.discard(request_id)
+        return g.abort(request_id)
 
     def rank_actors(self) -> list[Any]:
         """The Ray actors of this worker's ranks (none at tp=1), for operators and tests."""

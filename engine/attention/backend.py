@@ -18,11 +18,14 @@ This module imports none of the backends (they import it); registry.py looks the
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from core.step_stats import StepTotals
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class AttentionMetadata:
     KV-transfer connector uses to send a layer while the next one computes)."""
     backend_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-step values a backend derives once and reuses in every layer (masks, indices)."""
+    totals: StepTotals | None = None
+    """Set where kernels run synchronously (CPU): attention adds its time here."""
 
     @property
     def num_tokens(self) -> int:
@@ -79,6 +84,7 @@ class AttentionBackend(ABC):
         scale: float,
     ) -> Tensor:  # fmt: skip
         """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
+        start = time.perf_counter()
         self.write_kv(k, v, kv_layer, meta)
         out = torch.empty_like(q)
         nd = meta.num_decodes
@@ -86,6 +92,8 @@ class AttentionBackend(ABC):
             self.decode_into(out[:nd], q[:nd], kv_layer, meta, scale)
         if meta.prefills:
             self.prefill_into(out, q, k, v, kv_layer, meta, scale)
+        if meta.totals is not None:
+            meta.totals.attention_s += time.perf_counter() - start
         return out
 
     @abstractmethod

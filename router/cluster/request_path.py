@@ -9,7 +9,8 @@ For each request (docs/architecture.md, "One request, disaggregated"):
   2. D reserves blocks (reusing its cached prefix) and arms its transport    -> block ids
   3. P prefills (reusing its own cached prefix), sending each layer's KV into D's blocks
      as soon as the layer is done                                             -> first token
-  4. D waits for every layer, admits the request and streams deltas back
+  4. D waits for every layer, admits the request and streams deltas back, over the one
+     output channel this front door keeps with D (worker_channel.py)
 
 Every await has a deadline. If a worker dies mid-request, the request is retried on
 another one, re-prefilled with the tokens generated so far, so the client's stream goes on
@@ -27,7 +28,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from core.errors import (
@@ -41,6 +41,7 @@ from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
+from router.cluster.worker_channel import Queue, WorkerChannel
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
 from router.routing.router import NoWorkerError, Router
@@ -94,6 +95,8 @@ class RequestPath:
         self.model_name = model_name
         self.gate = PrefillGate(router, prefill_queue_tokens)
         membership.on_left.append(self.gate.drop_worker)
+        self._channels: dict[str, WorkerChannel] = {}
+        membership.on_left.append(self._drop_channel)
         self.max_retries = max_retries
         self.max_kv_wait_s = max_kv_wait_s
         self.transfers = TransferStats()
@@ -107,6 +110,19 @@ class RequestPath:
 
     def is_ready(self) -> bool:
         return self.membership.is_ready()
+
+    def channel(self, worker: Any) -> WorkerChannel:
+        """This front door's output channel with decode worker `worker` (a new one when the
+        last one broke)."""
+        ch = self._channels.get(worker.worker_id)
+        if ch is None or ch.error is not None:
+            ch = self._channels[worker.worker_id] = WorkerChannel(worker.worker_id, worker.handle)
+        return ch
+
+    def _drop_channel(self, worker_id: str) -> None:
+        ch = self._channels.pop(worker_id, None)
+        if ch is not None:
+            ch.stop()
 
     # -- one request, retried across workers -------------------------------------------------
     async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
@@ -225,7 +241,8 @@ class _Attempt:
     deadline: float
     calling: Any = None
     """The worker whose call is in flight: the one to blame if it dies."""
-    stream: Any = None
+    queue: Queue | None = None
+    """Where this attempt's deltas land, from the decode worker's output channel."""
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -241,50 +258,62 @@ class _Attempt:
             self.prefill,
             self.path.transfers,
         )
-        if prefill is None:
-            stats.prefill_on_decode += 1
-            self.stream = decode.handle.generate.options(num_returns="streaming").remote(
-                self.request, self._left()
+        channel = self.path.channel(decode)
+        self.queue = channel.open(rid)
+        try:
+            if prefill is None:
+                stats.prefill_on_decode += 1
+                await asyncio.wait_for(
+                    decode.handle.generate.remote(self.request, self._left(), channel.channel_id),
+                    self._left(),
+                )
+                async for delta in self._stream():
+                    yield delta
+                return
+            await self.path.gate.admit(ticket, self._left())
+            reservation = await self._reserve()
+            skip = reservation.num_cached_tokens // decode.info.block_size
+            self.calling = prefill
+            reply = await asyncio.wait_for(
+                prefill.handle.prefill.remote(
+                    self.request, decode.worker_id, reservation.block_ids, skip, self._left()
+                ),
+                self._left(),
             )
+            ticket.prefill_done()
+            self.calling = decode
+            first_token_at = asyncio.get_running_loop().time()
+            stats.num_transfers += 1
+            stats.num_blocks_sent += reply.num_blocks_sent
+            stats.num_blocks_skipped += skip
+            if reply.output.finished:
+                decode.handle.abort.remote(rid)
+                self.finished = True
+                yield reply.output
+                return
+            await asyncio.wait_for(
+                decode.handle.admit.remote(
+                    rid, reply.first_token, reply.logprob, self._left(), channel.channel_id
+                ),
+                self._left(),
+            )
+            first = True
             async for delta in self._stream():
+                if first:  # it comes once every layer has landed: what the transfer added
+                    first = False
+                    self._record_transfer(reply.num_blocks_sent, first_token_at)
                 yield delta
-            return
-        await self.path.gate.admit(ticket, self._left())
-        reservation = await self._reserve()
-        skip = reservation.num_cached_tokens // decode.info.block_size
-        self.calling = prefill
-        reply = await asyncio.wait_for(
-            prefill.handle.prefill.remote(
-                self.request, decode.worker_id, reservation.block_ids, skip, self._left()
-            ),
-            self._left(),
-        )
-        ticket.prefill_done()
-        self.calling = decode
-        first_token_at = asyncio.get_running_loop().time()
-        stats.num_transfers += 1
-        stats.num_blocks_sent += reply.num_blocks_sent
-        stats.num_blocks_skipped += skip
-        if reply.output.finished:
-            decode.handle.abort.remote(rid)
-            self.finished = True
-            yield reply.output
-            return
-        self.stream = decode.handle.admit.options(num_returns="streaming").remote(
-            rid, reply.first_token, reply.logprob, self._left()
-        )
-        first = True
-        async for delta in self._stream():
-            if first:  # it comes once every layer has landed: what the transfer added to TTFT
-                first = False
-                self._record_transfer(reply.num_blocks_sent, first_token_at)
-            yield delta
+        finally:
+            channel.close(rid)
 
     async def _stream(self) -> AsyncIterator[OutputDelta]:
-        async for ref in self.stream:
-            delta = await asyncio.wait_for(ref, self._left())
-            self.finished = delta.finished
-            yield delta
+        assert self.queue is not None
+        while True:
+            item = await asyncio.wait_for(self.queue.get(), self._left())
+            if isinstance(item, BaseException):
+                raise item
+            self.finished = item.finished
+            yield item
             if self.finished:
                 return
 
@@ -321,9 +350,6 @@ class _Attempt:
 
     def cancel(self) -> None:
         """Free the request's blocks on both workers (fire and forget: they may be gone)."""
-        if self.stream is not None:
-            with contextlib.suppress(Exception):
-                ray.cancel(self.stream)
         for m in (self.decode, self.prefill):
             if m is not None:
                 with contextlib.suppress(Exception):

@@ -7,8 +7,10 @@ the Ray pool controller (tests implement it over in-process engines).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+import msgspec
 
 from core.errors import InvalidRequestError
 from core.events import WorkerLoad
@@ -38,6 +40,8 @@ class WorkerStatus:
     num_cached_prompt_tokens: int = 0
     """Of those, the ones its prefix cache held (a hit rate over a window is the ratio
     of two differences of these)."""
+    steps: dict[str, float] = field(default_factory=dict)
+    """Its engine steps' totals (core.step_stats.StepTotals as a dict)."""
 
     @classmethod
     def of(
@@ -58,6 +62,7 @@ class WorkerStatus:
             load.num_total_blocks,
             load.num_prompt_tokens,
             load.num_cached_prompt_tokens,
+            msgspec.structs.asdict(load.steps),
         )
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from core.step_stats import PHASES
+
 __all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
 
 _LATENCY_BUCKETS = (
@@ -100,6 +102,21 @@ class Metrics:
             "baton:kv_transfer_bytes", "KV cache bytes moved between workers.", registry=r
         )
         self.kv_transfer_seconds = seconds("kv_transfer", "Duration of one request's KV transfer.")
+        self.worker_steps = Counter(
+            "baton:worker_steps", "Engine steps a worker ran.", ["worker"], registry=r
+        )
+        self.worker_step_seconds = Counter(
+            "baton:worker_step_seconds",
+            "Time a worker's engine steps spent, by phase (attention is part of forward).",
+            ["worker", "phase"], registry=r,
+        )  # fmt: skip
+        self.worker_step_tokens = Counter(
+            "baton:worker_step_tokens",
+            "Tokens a worker's steps computed: decode rows and prompt-chunk tokens.",
+            ["worker", "kind"], registry=r,
+        )  # fmt: skip
+        self._step_totals: dict[str, dict[str, float]] = {}
+        """worker -> the totals it last reported (the counters grow by the difference)."""
         self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
         self.router_decisions = Counter(
             "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r
@@ -137,6 +154,7 @@ class Metrics:
         prefix_hit_rate: float,
         num_used_blocks: int | None = None,
         num_free_blocks: int | None = None,
+        steps: dict[str, float] | None = None,
     ) -> None:
         self.known_workers.add(worker_id)
         self.running.labels(worker=worker_id).set(num_running)
@@ -147,6 +165,25 @@ class Metrics:
             self.kv_blocks.labels(worker=worker_id, state="used").set(num_used_blocks)
         if num_free_blocks is not None:
             self.kv_blocks.labels(worker=worker_id, state="free").set(num_free_blocks)
+        if steps:
+            self._record_steps(worker_id, steps)
+
+    def _record_steps(self, worker_id: str, steps: dict[str, float]) -> None:
+        """Grow the step counters by what the worker's totals grew since its last report
+        (all of them when it restarted and its totals went down)."""
+        last = self._step_totals.get(worker_id, {})
+        if steps.get("steps", 0) < last.get("steps", 0):
+            last = {}
+        self._step_totals[worker_id] = dict(steps)
+
+        def grown(key: str) -> float:
+            return max(0.0, steps.get(key, 0) - last.get(key, 0))
+
+        self.worker_steps.labels(worker=worker_id).inc(grown("steps"))
+        for kind, key in (("decode", "decode_rows"), ("prefill", "prefill_tokens")):
+            self.worker_step_tokens.labels(worker=worker_id, kind=kind).inc(grown(key))
+        for phase in PHASES:
+            self.worker_step_seconds.labels(worker=worker_id, phase=phase).inc(grown(f"{phase}_s"))
 
     def forget_worker(self, worker_id: str) -> None:
         """Drop a removed worker's series (so dashboards don't show it forever)."""
@@ -157,6 +194,15 @@ class Metrics:
         for state in ("used", "free"):
             with contextlib.suppress(KeyError):
                 self.kv_blocks.remove(worker_id, state)
+        if self._step_totals.pop(worker_id, None) is not None:
+            with contextlib.suppress(KeyError):
+                self.worker_steps.remove(worker_id)
+            for kind in ("decode", "prefill"):
+                with contextlib.suppress(KeyError):
+                    self.worker_step_tokens.remove(worker_id, kind)
+            for phase in PHASES:
+                with contextlib.suppress(KeyError):
+                    self.worker_step_seconds.remove(worker_id, phase)
 
     def record_kv_transfer(self, num_bytes: int, seconds: float) -> None:
         self.kv_transfer_bytes.inc(num_bytes)

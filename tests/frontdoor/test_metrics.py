@@ -19,6 +19,15 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
         prefix_hit_rate=0.25,
         num_used_blocks=8,
         num_free_blocks=8,
+        steps={"steps": 10, "decode_rows": 30, "prefill_tokens": 64, "forward_s": 0.5},
+    )
+    m.record_worker(  # the next report: counters grow by the difference
+        "decode-0",
+        num_running=3,
+        num_waiting=1,
+        kv_usage=0.5,
+        prefix_hit_rate=0.25,
+        steps={"steps": 12, "decode_rows": 36, "prefill_tokens": 64, "forward_s": 0.75},
     )
     m.record_kv_transfer(4096, 0.002)
     m.set_pool_size("decode", 2)
@@ -32,6 +41,11 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
     assert sample(m, "baton:kv_transfer_seconds_count") == 1
     assert sample(m, "baton:pool_size", {"pool": "decode"}) == 2
     assert sample(m, "baton:router_decisions_total", {"policy": "cache_aware"}) == 1
+    assert sample(m, "baton:worker_steps_total", {"worker": "decode-0"}) == 12
+    tokens = {"worker": "decode-0", "kind": "decode"}
+    assert sample(m, "baton:worker_step_tokens_total", tokens) == 36
+    forward = {"worker": "decode-0", "phase": "forward"}
+    assert sample(m, "baton:worker_step_seconds_total", forward) == 0.75
     m.forget_worker("decode-0")
     assert sample(m, "baton:num_requests_running", {"worker": "decode-0"}) is None
     assert b"baton:pool_size" in m.exposition()

@@ -121,4 +121,5 @@ async def refresh_cluster_metrics(admin: ClusterAdmin, metrics: Metrics) -> None
                 prefix_hit_rate=w.prefix_hit_rate,
                 num_used_blocks=w.num_total_blocks - w.num_free_blocks,
                 num_free_blocks=w.num_free_blocks,
+                steps=w.steps,
             )

@@ -1,0 +1,33 @@
+"""Where a worker's engine steps go: totals since the worker started, reported with its load.
+
+Totals rather than samples, so any reader (several front doors, a scrape every few seconds)
+gets exact rates from two reports: mean forward time per step = Δforward_s / Δsteps, prefill
+throughput = Δprefill_tokens / Δforward_s, and so on. `attention_s` is the part of
+`forward_s` spent in attention; it is measured only where kernels run synchronously (CPU),
+and stays 0 on GPUs, where a host timer would measure launches.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PHASES = ("schedule", "forward", "attention", "sample", "output")
+"""The `*_s` fields, in step order (attention is inside forward)."""
+
+
+class StepTotals(msgspec.Struct):
+    steps: int = 0
+    decode_rows: int = 0
+    """Rows of one new token: a running request's next token."""
+    prefill_tokens: int = 0
+    """Tokens of prompt chunks (prefill work)."""
+    schedule_s: float = 0.0
+    forward_s: float = 0.0
+    attention_s: float = 0.0
+    sample_s: float = 0.0
+    """LM head, logits processing and sampling."""
+    output_s: float = 0.0
+    """Detokenising, stop checks and building the deltas."""
+
+    def seconds(self) -> dict[str, float]:
+        return {phase: getattr(self, f"{phase}_s") for phase in PHASES}
