@@ -20,12 +20,19 @@ Plain types only: it crosses to workers inside `EngineRequest` (pickled by Ray).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:  # core.request holds a ResumeState in every EngineRequest
-    from core.request import OutputDelta
+
+class SentDelta(Protocol):
+    """What a retry needs of a `core.request.OutputDelta` the client got (a protocol, as
+    core.request imports this module)."""
+
+    @property
+    def new_token_ids(self) -> Sequence[int]: ...
+    @property
+    def new_text(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +55,7 @@ class ResumeState:
         return bool(self.output_token_ids)
 
     @classmethod
-    def from_deltas(cls, deltas: Iterable[OutputDelta]) -> ResumeState:
+    def from_deltas(cls, deltas: Iterable[SentDelta]) -> ResumeState:
         """The state after the client received `deltas` (one request's, in order)."""
         token_ids: list[int] = []
         text: list[str] = []
