@@ -15,6 +15,7 @@ import pickle
 from dataclasses import replace
 
 import pytest
+import torch
 
 from core.config import EngineConfig
 from core.errors import InvalidRequestError
@@ -154,6 +155,43 @@ def test_seeded_sampling_across_the_move(engines, k: int) -> None:
     reference = run(engines[0], request(params))
     assert len({t for d in reference for t in d.new_token_ids}) > 1
     assert_same_stream(moved(engines, params, k), reference)
+
+
+def run_disaggregated(prefill: LLMEngine, decode: LLMEngine, request: EngineRequest) -> list:
+    """The deltas of `request` prefilled on a prefill-role engine, its KV copied in process
+    into a decode-role engine's reserved blocks, decoded there (as tests/engine/test_parity)."""
+    reservation = decode.reserve(request)
+    prefill.enqueue(request)
+    while not (results := prefill.take_prefilled()):
+        prefill.step()
+    (result,) = results
+    skip = reservation.num_cached_tokens // prefill.config.block_size
+    src, dst = torch.tensor(result.block_ids[skip:]), torch.tensor(reservation.block_ids[skip:])
+    decode.runner.kv_cache[:, dst] = prefill.runner.kv_cache[:, src]
+    prefill.release(request.request_id)
+    deltas = [decode.admit_transferred(request.request_id, result.first_token, result.logprob)]
+    while decode.has_unfinished():
+        deltas += decode.step()
+    for engine in (prefill, decode):
+        engine.check_invariants()
+        assert engine.kv.pool.num_used_blocks == 0
+    return deltas
+
+
+def test_move_to_a_prefill_and_a_decode_worker(engines, tiny_model_dir) -> None:
+    """A request that moves to a disaggregated pair: the prefill engine computes the KV of
+    prompt + resumed tokens and samples the next one, the decode engine goes on from there."""
+    model_dir = tiny_model_dir("llama")
+    prefill = LLMEngine(model_dir, EngineConfig(role="prefill", num_kv_blocks=64, num_threads=1))
+    decode = LLMEngine(model_dir, EngineConfig(role="decode", num_kv_blocks=64, num_threads=1))
+    params = SamplingParams(
+        max_tokens=24, temperature=1.0, seed=5, presence_penalty=-1.0, ignore_eos=True
+    )
+    reference = run(engines[0], request(params))
+    for k in (3, 16):  # the second resumes a full block of output beyond the prompt
+        before = run(engines[0], request(params), num_tokens=k)
+        after = run_disaggregated(prefill, decode, request(params, ResumeState.from_deltas(before)))
+        assert_same_stream(before + after, reference)
 
 
 def test_max_tokens_counts_the_resumed_output(engines) -> None:
