@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from core.errors import InvalidRequestError
 from core.hashing import BlockHash
+from core.resume import ResumeState
 from core.sampling import SamplingParams
 
 
@@ -93,7 +94,11 @@ class EngineRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     block_hashes: tuple[BlockHash, ...] = ()
-    """Hashes of the leading full blocks (any number, even none), from `core.hashing`."""
+    """Hashes of the leading full blocks of prompt + resumed output (any number, even
+    none), from `core.hashing`."""
+    resume: ResumeState = field(default_factory=ResumeState)
+    """A request moved from another worker: the output the client already has. The engine
+    continues after it exactly as if the request had never moved (`core.resume`)."""
 
 
 @dataclass(kw_only=True)

@@ -8,6 +8,10 @@ One `LLMEngine` serves one role:
 - `decode`: `reserve` blocks for a prompt whose KV another engine will write (reusing its own
   prefix-cache hit, which is not sent again), then `admit_transferred` with the first token
   once the KV has landed; from there it decodes like unified.
+
+A request that moved from another worker (`EngineRequest.resume`) starts with its resumed
+output tokens (`engine.resume`): in every role its "prompt KV" is prompt + resumed tokens,
+and its "first token" is the first one sampled here.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from engine.kv_connector import KVConnector
 from engine.model_runner import ModelRunner, SampledToken
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request, RequestStatus
+from engine.resume import restore
 from engine.sampler import make_generator
 from engine.scheduler import Scheduler
 from engine.stop_checker import StopChecker
@@ -65,8 +70,9 @@ class PrefillResult:
 
 @dataclass(frozen=True)
 class Reservation:
-    """Decode role: blocks reserved for a prompt; the sender writes tokens
-    [num_cached_tokens, num_prompt_tokens) into block_ids[num_cached_tokens // block_size:]."""
+    """Decode role: blocks reserved for a prompt (and any resumed output tokens: all of them
+    `num_tokens`); the sender writes tokens [num_cached_tokens, num_tokens) into
+    block_ids[num_cached_tokens // block_size:]."""
 
     request_id: str
     block_ids: list[int]
@@ -162,6 +168,7 @@ class LLMEngine:
         req.stop_checker = StopChecker(
             params, self.eos_token_ids, self.max_model_len, len(token_ids)
         )
+        restore(req, request.resume, self.model_config.vocab_size)
         return req
 
     def abort(self, request_id: str) -> bool:
@@ -205,7 +212,7 @@ class LLMEngine:
             completing = [
                 (req, self.kv.block_ids(req.request_id))
                 for req, n in batch.items
-                if req.num_computed_tokens + n == req.num_tokens and not req.output_token_ids
+                if req.num_computed_tokens + n == req.num_tokens and req.num_sampled_here == 0
             ]
             hook = self.kv_connector.begin_step(completing)
         sampled = self.runner.execute(batch, self.kv, hook, totals)
@@ -236,7 +243,7 @@ class LLMEngine:
         new_text = detok.text[req.num_sent_chars : visible]
         req.num_sent_chars = max(req.num_sent_chars, visible)
         new_logprobs = None if req.params.logprobs is None else [s.logprob]
-        if self.config.role == WorkerRole.PREFILL and len(req.output_token_ids) == 1:
+        if self.config.role == WorkerRole.PREFILL and req.num_sampled_here == 1:
             return self._park_prefilled(req, s, decision.finished, new_text, new_logprobs)
         if decision.finished:
             self.scheduler.finish(req)
@@ -310,14 +317,14 @@ class LLMEngine:
         req = self._new_request(request, None)
         hits = self.kv.get_computed_blocks(req)
         num_hit_tokens = len(hits) * self.kv.block_size
-        if not self.kv.allocate_slots(req, req.num_prompt_tokens - num_hit_tokens, hits):
+        if not self.kv.allocate_slots(req, req.num_tokens - num_hit_tokens, hits):
             raise NoCapacityError(
-                f"no room for {req.num_prompt_tokens} prompt tokens "
+                f"no room for {req.num_tokens} prompt tokens "
                 f"({self.kv.pool.num_free_blocks} free blocks)"
             )
         req.num_computed_tokens = num_hit_tokens
-        req.num_cached_tokens = num_hit_tokens
-        self.kv.record_prompt(req.num_prompt_tokens, num_hit_tokens)
+        req.num_cached_tokens = min(num_hit_tokens, req.num_prompt_tokens)
+        self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
         req.status = RequestStatus.WAITING_FOR_KV
         self._held[request.request_id] = req
         return Reservation(
@@ -331,7 +338,7 @@ class LLMEngine:
         req = self._held.pop(request_id, None)
         if req is None or req.status != RequestStatus.WAITING_FOR_KV:
             raise KeyError(f"no reservation waiting for KV under request id {request_id!r}")
-        req.num_computed_tokens = req.num_prompt_tokens
+        req.num_computed_tokens = req.num_tokens
         self.kv.cache_computed_blocks(req)
         req.timings.first_scheduled = req.timings.first_scheduled or time.monotonic()
         self.requests[request_id] = req

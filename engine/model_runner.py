@@ -24,7 +24,7 @@ from engine.layers import cpu_gemm
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
-from engine.sampler import Sampler, SamplingRow
+from engine.sampler import Sampler, SamplingRow, at_position
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,13 @@ class SampledToken:
     request: Request
     token_id: int
     logprob: TokenLogprob | None
+
+
+def _positioned(req: Request) -> torch.Generator | None:
+    """A seeded request's generator, set for the output position it samples now."""
+    if req.generator is None or req.params.seed is None:
+        return req.generator
+    return at_position(req.generator, req.params.seed, len(req.output_token_ids))
 
 
 class ModelRunner:
@@ -110,7 +117,7 @@ class ModelRunner:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
         rows = [
-            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, r.generator)
+            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, _positioned(r))
             for r in to_sample
         ]
         out = self.sampler(logits, rows)

@@ -44,6 +44,9 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     num_preemptions: int = 0
+    num_resumed_tokens: int = 0
+    """Output tokens another worker generated before the request moved here (they lead
+    `output_token_ids`; this engine computes their KV like the prompt's)."""
     timings: RequestTimings = field(default_factory=RequestTimings)
     # Set by the engine: per-request sampling generator, detokenizer and stop checker.
     generator: Any = None
@@ -61,6 +64,11 @@ class Request:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_sampled_here(self) -> int:
+        """Output tokens this engine sampled (or was handed, in decode role)."""
+        return len(self.output_token_ids) - self.num_resumed_tokens
 
     @property
     def num_tokens(self) -> int:

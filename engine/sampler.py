@@ -16,6 +16,10 @@ thread count. (Only a top-k row's softmax runs over a candidate row whose width 
 largest k; padding it with -inf does not change the sums, and the tests check it.) Rows
 without a generator share one draw from the sampler's generator.
 
+A seeded request's generator is re-seeded before each draw from (seed, output position)
+(`at_position`, `engine.sampling.seeds`): its token at position i does not depend on the
+draws before it, so it is the same after the request moved to another worker mid-stream.
+
 A row with top-k (or a top-p nucleus within its best 1024 tokens) is sampled over its
 candidates only, so its race costs O(k), not O(vocab): see `engine.sampling.filters`.
 
@@ -35,6 +39,7 @@ from core.sampling import SamplingParams
 from engine.sampling.filters import filter_logits
 from engine.sampling.logprobs import compute_logprobs
 from engine.sampling.penalties import apply_penalties, has_penalty
+from engine.sampling.seeds import position_seed
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -48,7 +53,8 @@ class SamplingRow:
     output_token_ids: Sequence[int]
     """Tokens generated so far (used by the penalties)."""
     generator: torch.Generator | None = None
-    """Per-request seeded generator (see `make_generator`); None uses the sampler's own."""
+    """Per-request seeded generator (see `make_generator`), already `at_position` for this
+    draw; None uses the sampler's own."""
 
 
 @dataclass
@@ -59,16 +65,22 @@ class SamplerOutput:
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
-    """A generator for a seeded request (None when the request has no seed).
+    """A generator for a seeded request (None when the request has no seed), set for its
+    first output position.
 
-    The model runner keeps it for the request's lifetime and passes it in every `SamplingRow`;
-    its state advances by exactly one draw of `vocab_size` values per sampled (non-greedy) step.
-    Any Python int is accepted (reduced modulo 2**64).
+    The request keeps it for its lifetime; the model runner moves it `at_position` before
+    every step that samples for the request. Any Python int is accepted (reduced modulo
+    2**64).
     """
     if seed is None:
         return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed(int(seed) & _SEED_MASK)
+    return at_position(torch.Generator(device=device), seed, 0)
+
+
+def at_position(generator: torch.Generator, seed: int, position: int) -> torch.Generator:
+    """Re-seed `generator` for the draw of output position `position` of a request seeded
+    with `seed` (a state that depends on nothing else); returns it."""
+    generator.manual_seed(position_seed(seed, position))
     return generator
 
 

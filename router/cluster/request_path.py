@@ -13,8 +13,10 @@ For each request (docs/architecture.md, "One request, disaggregated"):
      output channel this front door keeps with D (worker_channel.py)
 
 Every await has a deadline. If a worker dies mid-request, the request is retried on
-another one, re-prefilled with the tokens generated so far, so the client's stream goes on
-without repeating or skipping a token; after `max_retries` it fails with a clear error.
+another one with what the client has been sent (`core.resume.ResumeState`): it prefills
+prompt + those tokens and continues the stream exactly as if nothing had failed (the same
+text, stops, penalties and seeded draws), without repeating or skipping a token; after
+`max_retries` it fails with a clear error.
 A client that goes away cancels the request on both workers (blocks freed). The ticket is
 closed however an attempt ends, so the router's ledger and the gate never leak.
 """
@@ -25,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
@@ -39,6 +41,7 @@ from core.errors import (
 )
 from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
+from core.resume import ResumeState
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
 from router.cluster.worker_channel import Queue, WorkerChannel
@@ -138,7 +141,8 @@ class RequestPath:
         prompt = list(request.prompt_token_ids)
         hashes: list[BlockHash] = []
         done_tokens: list[int] = []
-        """Tokens the client has already been sent: a retry continues after them."""
+        done_text: list[str] = []
+        """What the client has already been sent: a retry continues after it."""
         attempt = 0
         while True:
             attempt += 1
@@ -147,15 +151,12 @@ class RequestPath:
             if remaining <= 0:
                 raise DeadlineExceededError(f"request {request.request_id} passed its deadline")
             hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes)
-            sub = EngineRequest(
-                rid,
-                prompt + done_tokens,
-                replace(params, max_tokens=params.max_tokens - len(done_tokens)),
-                tuple(hashes),
-            )
+            resume = ResumeState(tuple(done_tokens), "".join(done_text))
+            sub = EngineRequest(rid, prompt, params, tuple(hashes), resume)
             try:
                 async for delta in self._attempt(sub, remaining):
                     done_tokens += delta.new_token_ids
+                    done_text.append(delta.new_text)
                     delta.request_id = request.request_id
                     yield delta
                 return
@@ -193,8 +194,8 @@ class RequestPath:
             ticket = self.router.route(
                 model.model_id,
                 block_hashes=request.block_hashes,
-                num_prompt_tokens=len(request.prompt_token_ids),
-                num_output_tokens=request.params.max_tokens,
+                num_prompt_tokens=len(request.prompt_token_ids) + request.resume.num_output_tokens,
+                num_output_tokens=request.params.max_tokens - request.resume.num_output_tokens,
                 request_id=request.request_id,
             )
         except NoWorkerError as e:

@@ -17,13 +17,16 @@ async def collect(
     params: SamplingParams,
     timeout_s: float = 120.0,
     started: Any = None,
+    chunks: list[tuple[list[int], str]] | None = None,
 ) -> RequestOutput:
     """Run one request to the end, its deltas accumulated; `started` (an asyncio.Event) is
-    set at its first output."""
+    set at its first output; `chunks` gets each delta's (token ids, text) as it came."""
     whole = RequestOutput(rid, prompt)
     async for delta in backend.generate(GenerateRequest(rid, prompt, params, timeout_s)):
         if started is not None:
             started.set()
+        if chunks is not None:
+            chunks.append((delta.new_token_ids, delta.new_text))
         # A stream never repeats or skips: every step adds exactly one token, under the
         # client's request id (retries included).
         assert len(delta.new_token_ids) == 1 and delta.request_id == rid, f"{rid}: {delta}"
