@@ -6,9 +6,15 @@ streams them at ~5 GB/s at 16 rows here; oneDNN with weights reordered into its 
 layout, used before, at ~8 GB/s; `engine/cpu_kernels/skinny_gemm.cpp`, on the checkpoint's
 own [N, K] layout, takes 20-45% less time than oneDNN at 1-16 rows and is still ahead at
 64 (weights streamed, the 125M preset's shapes; numbers in docs/performance.md). Above
-`SKINNY_MAX_ROWS` (prefill chunks) MKL, oneDNN-prepacked and oneDNN-plain measured within
+`skinny_max_rows()` (prefill chunks) MKL, oneDNN-prepacked and oneDNN-plain measured within
 a few percent of each other at 768 rows, so MKL runs them and no second, repacked copy of
 the weights is kept. BATON_CPU_GEMM=0 keeps the plain torch path everywhere.
+
+Where the kernel stops paying depends on the vector width MKL gets. With AVX-512 it was
+ahead up to 64 rows. On an AVX2-only CPU (an AMD EPYC, the 125M preset's layer shapes, 12
+layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
+64/101/172/227/278 ms at 32/64/128/192/256 rows and fell behind at 512 (578 vs 481): so up to
+192 rows there, which covers mid-sized decode batches and prompt chunks.
 """
 
 from __future__ import annotations
@@ -21,7 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SKINNY_MAX_ROWS = 64
+SKINNY_MAX_ROWS_AVX512 = 64
+SKINNY_MAX_ROWS_AVX2 = 192
+
+
+@functools.cache
+def skinny_max_rows() -> int:
+    """The most rows the skinny kernel takes on this CPU (more go to MKL)."""
+    wide = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return SKINNY_MAX_ROWS_AVX512 if wide else SKINNY_MAX_ROWS_AVX2
 
 
 @functools.cache
@@ -44,7 +58,7 @@ def enabled(device: torch.device, dtype: torch.dtype) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias for a float32 CPU `x` of any leading shape."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if rows > SKINNY_MAX_ROWS or x.shape[-1] % 8:
+    if rows > skinny_max_rows() or x.shape[-1] % 8:
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, x.shape[-1]).contiguous()
     y = _kernel().skinny_linear(x2, weight, bias)

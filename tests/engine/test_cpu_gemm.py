@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 17, 64])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 17, 64, 192])
 @pytest.mark.parametrize(("n", "k"), [(1, 8), (2, 64), (3, 16), (7, 776), (130, 256)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matches_f_linear(rows: int, n: int, k: int, bias: bool) -> None:
@@ -27,7 +27,7 @@ def test_matches_f_linear(rows: int, n: int, k: int, bias: bool) -> None:
 
 def test_dispatch_keeps_shapes_and_falls_back() -> None:
     w = torch.randn(12, 40)
-    for x in (torch.randn(2, 3, 40), torch.randn(cpu_gemm.SKINNY_MAX_ROWS + 1, 40)):
+    for x in (torch.randn(2, 3, 40), torch.randn(cpu_gemm.skinny_max_rows() + 1, 40)):
         torch.testing.assert_close(cpu_gemm.linear(x, w, None), F.linear(x, w))
     odd = torch.randn(12, 41)  # K not a multiple of 8: plain torch
     x = torch.randn(3, 41)
