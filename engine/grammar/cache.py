@@ -17,7 +17,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from core.errors import InvalidRequestError
-from core.structured import StructuredOutput
+from core.structured import StructuredKind, StructuredOutput
 from engine.tokenizer import Tokenizer
 
 DEFAULT_MAX_ENTRIES = 256
@@ -39,6 +39,8 @@ class GrammarCache:
         self.max_entries = max_entries
         self._compiler: Any = None
         """xgrammar's compiler, made on the first constrained request (see __init__.py)."""
+        self._json_text: dict[bool, Any] = {}
+        """compact -> `compile.json_text_tokens` for this vocabulary."""
         self._compiled: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self.num_hits = 0
         self.num_compiles = 0
@@ -82,7 +84,11 @@ class GrammarCache:
             return None
         from engine.grammar.matcher import RequestGrammar
 
-        grammar = RequestGrammar(self.compiled(constraint))
+        compiled = self.compiled(constraint)
+        allowed = None
+        if constraint.kind in (StructuredKind.JSON, StructuredKind.JSON_OBJECT):
+            allowed = self._json_text_tokens(compiled, constraint.disable_any_whitespace)
+        grammar = RequestGrammar(compiled, allowed)
         for i, token_id in enumerate(replay):
             if not grammar.accept(token_id):
                 raise InvalidRequestError(
@@ -90,6 +96,14 @@ class GrammarCache:
                     f"the constraint"
                 )
         return grammar
+
+    def _json_text_tokens(self, compiled: Any, compact: bool) -> Any:
+        from engine.grammar import compile as xgr_compile
+
+        if compact not in self._json_text:
+            info = compiled.tokenizer_info
+            self._json_text[compact] = xgr_compile.json_text_tokens(info, compact)
+        return self._json_text[compact]
 
 
 def _reason(e: BaseException) -> str:

@@ -8,6 +8,11 @@ grammar produce: their text is not part of the output (skip_special_tokens), so 
 must not count it. The stop tokens are the engine's EOS ids; rows of a padded LM head past
 the tokenizer's vocabulary are empty too.
 
+JSON never holds a raw control character (RFC 8259: they are escaped in strings and only
+tab, LF and CR may appear, as whitespace), but xgrammar 0.2.8's length-bounded strings
+(maxLength) admit any of them. `json_text_tokens` is the vocabulary without such tokens;
+a JSON constraint's rows are ANDed with it, so every output parses with a strict parser.
+
 Constraints compile as vLLM's xgrammar backend compiles them (same defaults, so a client
 gets the same language): JSON schemas in strict mode (no properties or items the schema
 does not name); json_object as the schema {"type": "object"}; choices as an EBNF
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+import numpy as np
+import torch
 import xgrammar as xgr
 
 from core.structured import StructuredKind, StructuredOutput
@@ -85,3 +92,23 @@ def choice_grammar(choices: tuple[str, ...]) -> str:
         return f'"{escaped}"'
 
     return "root ::= " + " | ".join(literal(c) for c in choices)
+
+
+_CONTROL_BYTES = frozenset(range(0x20)) - {0x09, 0x0A, 0x0D}
+_WHITESPACE_BYTES = frozenset({0x09, 0x0A, 0x0D})
+
+
+def json_text_tokens(info: xgr.TokenizerInfo, compact: bool) -> torch.Tensor:
+    """Packed bitmask row (xgrammar's layout) of the tokens that may appear in JSON text:
+    none with a raw control character, and (compact: no whitespace anywhere) none with a
+    tab, LF or CR either."""
+    banned = _CONTROL_BYTES | (_WHITESPACE_BYTES if compact else frozenset())
+    allowed = np.ones(info.vocab_size, dtype=bool)
+    for token_id, text in enumerate(info.decoded_vocab[: info.vocab_size]):
+        if banned.intersection(text):
+            allowed[token_id] = False
+    words = -(-info.vocab_size // 32)
+    bits = np.zeros(words * 32, dtype=np.uint64)
+    bits[: info.vocab_size] = allowed
+    packed = (bits.reshape(words, 32) << np.arange(32, dtype=np.uint64)).sum(axis=1)
+    return torch.from_numpy(packed.astype(np.uint32).view(np.int32))

@@ -23,8 +23,11 @@ logger = logging.getLogger(__name__)
 class RequestGrammar:
     """Per request; lives on the engine's thread."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, allowed: torch.Tensor | None = None) -> None:
         self._matcher = xgr.GrammarMatcher(compiled)
+        self._allowed = allowed
+        """A packed bitmask row ANDed into every mask (tokens the grammar must not
+        produce although xgrammar would allow them: `compile.json_text_tokens`)."""
 
     @property
     def is_terminated(self) -> bool:
@@ -49,6 +52,8 @@ class RequestGrammar:
 
     def fill_row(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
+        if self._allowed is not None:
+            bitmask[row] &= self._allowed
 
 
 @dataclass
