@@ -84,7 +84,7 @@ class StructuredOutputFields(BaseModel):
             raise InvalidRequestError(str(e)) from e
         if len(found) > 1:
             fields = ", ".join(c.field for c in found)
-            raise InvalidRequestError(f"give one structured-output constraint; got {fields}")
+            raise InvalidRequestError(f"{fields}: give one structured-output constraint")
         if so is not None and not found:
             raise InvalidRequestError(
                 "structured_outputs: set one of json, regex, choice, grammar or json_object"
