@@ -111,9 +111,7 @@ class LLMEngine:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
-        self.grammars = GrammarCache(
-            self.tokenizer, self.model_config.vocab_size, self.eos_token_ids
-        )
+        self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._prefilled: list[PrefillResult] = []
         self._held: dict[str, Request] = {}

@@ -153,11 +153,12 @@ class Sampler:
         self,
         logits: torch.Tensor,
         rows: Sequence[SamplingRow],
-        raw: torch.Tensor,
-        private: bool,
+        raw: torch.Tensor | None = None,
+        private: bool = False,
     ) -> SamplerOutput:
-        """`logits` is `raw`, or (`private`) a masked float32 copy of it that may be
-        modified; logprobs come from `raw`."""
+        """`logits` is `raw` (None: the same), or (`private`) a masked float32 copy of it
+        that may be modified; logprobs come from `raw`."""
+        raw = logits if raw is None else raw
         params = [row.params for row in rows]
         device = logits.device
         work, work_is_private = logits, private

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.errors import InvalidRequestError
 from core.structured import StructuredKind, StructuredOutput
+from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
 
 DEFAULT_MAX_ENTRIES = 256
@@ -29,12 +30,13 @@ class GrammarCache:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        vocab_size: int,
+        model_config: ModelConfig,
         stop_token_ids: Collection[int],
         max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         self._tokenizer = tokenizer
-        self._vocab_size = vocab_size
+        self._vocab_size = model_config.vocab_size
+        """The LM head's width: the masks' width."""
         self._stop_token_ids = tuple(stop_token_ids)
         self.max_entries = max_entries
         self._compiler: Any = None
