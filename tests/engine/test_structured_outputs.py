@@ -15,6 +15,7 @@ import itertools
 import json
 import random
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -374,3 +375,25 @@ def test_the_mask_binds_every_sampling_path(engine: LLMEngine) -> None:
             if params.logprobs:
                 expected = logits.log_softmax(-1)[0, out.token_ids[0]].item()
                 assert out.logprobs[0].logprob == pytest.approx(expected, abs=1e-5)
+
+
+def test_xgrammar_is_loaded_only_for_a_constrained_request(model_dir) -> None:
+    """Importing xgrammar costs seconds (it loads transformers): an engine that never sees
+    a constrained request never pays it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from engine.engine import LLMEngine\n"
+        "from core.config import EngineConfig\n"
+        f"e = LLMEngine({str(model_dir)!r}, EngineConfig(num_kv_blocks=16, num_threads=1))\n"
+        "e.add_request('a', 'hi')\n"
+        "while e.has_unfinished(): e.step()\n"
+        "print('xgrammar' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root
+    )
+    assert out.stdout.strip() == "False"
