@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.structured import StructuredOutput
+
 _GREEDY_EPS = 1e-5
 
 
@@ -32,6 +34,9 @@ class SamplingParams:
     """Return the sampled token's logprob and the top-n alternatives (n = this value)."""
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutput | None = None
+    """Constrain the output to a JSON schema, regex, choice or grammar (`core.structured`);
+    vLLM's name. EOS is allowed only where the constraint is complete."""
     extra: dict[str, object] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -75,5 +80,9 @@ class SamplingParams:
             raise bad("stop", self.stop, "stop strings must be non-empty strings")
         if len(self.stop) > 16:
             raise bad("stop", self.stop, "at most 16 stop strings")
+        if self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutput
+        ):
+            raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutput")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")

@@ -35,6 +35,7 @@ from core.step_stats import StepTotals
 from engine.config import ModelConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
+from engine.grammar.cache import GrammarCache
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_connector import KVConnector
 from engine.model_runner import ModelRunner, SampledToken
@@ -110,6 +111,7 @@ class LLMEngine:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
+        self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._prefilled: list[PrefillResult] = []
         self._held: dict[str, Request] = {}
@@ -169,6 +171,7 @@ class LLMEngine:
             params, self.eos_token_ids, self.max_model_len, len(token_ids)
         )
         restore(req, request.resume, self.model_config.vocab_size)
+        req.grammar = self.grammars.start(params.structured_outputs, req.output_token_ids)
         return req
 
     def abort(self, request_id: str) -> bool:
@@ -234,6 +237,8 @@ class LLMEngine:
         detok = req.detokenizer
         detok.append(s.token_id)
         decision = req.stop_checker.check(req.output_token_ids, detok.text)
+        if req.grammar is not None and not decision.finished:
+            decision = req.grammar.after_token(s.token_id) or decision
         if decision.finished:
             detok.flush()
             req.finish_reason = decision.finish_reason

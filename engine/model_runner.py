@@ -18,6 +18,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
+from engine.grammar import token_mask
 from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
 from engine.layers import cpu_gemm
@@ -120,7 +121,8 @@ class ModelRunner:
             SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, _positioned(r))
             for r in to_sample
         ]
-        out = self.sampler(logits, rows)
+        mask = token_mask([r.grammar for r in to_sample], self.sampler.vocab_size)
+        out = self.sampler(logits, rows, mask)
         if totals is not None:
             totals.sample_s += time.perf_counter() - forwarded
         return [

@@ -52,6 +52,8 @@ class Request:
     generator: Any = None
     detokenizer: Any = None
     stop_checker: Any = None
+    grammar: Any = None
+    """A structured-output request's matcher (`engine.grammar.matcher.RequestGrammar`)."""
     num_sent_chars: int = 0
     """How much of the detokenizer's text the outputs have carried so far (text that may
     still turn out to be part of a stop string is held back)."""

@@ -25,12 +25,18 @@ candidates only, so its race costs O(k), not O(vocab): see `engine.sampling.filt
 
 Fast path: when every row is greedy with no penalties and no logprobs the whole step is one
 argmax, with no copy of the logits.
+
+A structured-output row (`engine.grammar`) comes with a token mask: its disallowed tokens
+get logit -inf in a private copy before anything else, so penalties, temperature, the
+filters and the draw (greedy or random) only see what the grammar allows; logprobs are
+still the model's own (of the raw logits), as in vLLM.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +46,9 @@ from engine.sampling.filters import filter_logits
 from engine.sampling.logprobs import compute_logprobs
 from engine.sampling.penalties import apply_penalties, has_penalty
 from engine.sampling.seeds import position_seed
+
+if TYPE_CHECKING:
+    from engine.grammar.matcher import TokenMask
 
 _SEED_MASK = (1 << 64) - 1
 
@@ -104,16 +113,25 @@ class Sampler:
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
 
-    def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        token_mask: TokenMask | None = None,
+    ) -> SamplerOutput:
         """Sample from `logits` [len(rows), >= vocab_size]; columns past vocab_size (a padded
-        LM head) are ignored. Does not modify `logits`."""
+        LM head) are ignored. `token_mask` limits its rows to the tokens it allows. Does not
+        modify `logits`."""
         self._check_inputs(logits, rows)
         if not rows:
             return SamplerOutput(token_ids=[], logprobs=[])
-        logits = logits[:, : self.vocab_size]
+        raw = logits = logits[:, : self.vocab_size]
+        if token_mask is not None:
+            logits = logits.to(torch.float32, copy=True)
+            token_mask.apply_(logits)
         if all(_is_plain_greedy(row.params) for row in rows):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
-        return self._sample_general(logits, rows)
+        return self._sample_general(logits, rows, raw, private=token_mask is not None)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         if not isinstance(logits, torch.Tensor):
@@ -131,15 +149,25 @@ class Sampler:
                 f"logits has {logits.shape[1]} columns, fewer than vocab_size={self.vocab_size}"
             )
 
-    def _sample_general(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
+    def _sample_general(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        raw: torch.Tensor | None = None,
+        private: bool = False,
+    ) -> SamplerOutput:
+        """`logits` is `raw` (None: the same), or (`private`) a masked float32 copy of it
+        that may be modified; logprobs come from `raw`."""
+        raw = logits if raw is None else raw
         params = [row.params for row in rows]
         device = logits.device
-        work, work_is_private = logits, False
+        work, work_is_private = logits, private
         if any(
             has_penalty(p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
             for p in params
         ):
-            work, work_is_private = logits.to(torch.float32, copy=True), True
+            if not work_is_private:
+                work, work_is_private = logits.to(torch.float32, copy=True), True
             apply_penalties(
                 work,
                 [row.prompt_token_ids for row in rows],
@@ -166,7 +194,7 @@ class Sampler:
                 scaled = work.float() / temperature[:, None]
             token_ids[index] = self._sample_random(scaled, [rows[i] for i in random])
         ids = token_ids.tolist()
-        return SamplerOutput(ids, compute_logprobs(logits, ids, [p.logprobs for p in params]))
+        return SamplerOutput(ids, compute_logprobs(raw, ids, [p.logprobs for p in params]))
 
     def _sample_random(self, scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Filters and the exponential race over `scaled`: a private float32 copy of the

@@ -165,6 +165,15 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
 
+    def get_vocab(self) -> dict[str, int]:
+        """Stored token text (byte-level pieces as stored, e.g. "Ġthe") -> id, added
+        tokens included."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        """The pipeline as tokenizer.json holds it (what grammar libraries read)."""
+        return self._backend.to_str()
+
     # -- chat ----------------------------------------------------------------------------
 
     def apply_chat_template(

@@ -38,6 +38,7 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        structured_outputs=body.structured_output(),
         **{f: getattr(body, f) for f in SCALAR_SAMPLING_FIELDS},  # None: not set
     )
 

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.frontdoor.http.structured import StructuredOutputFields
+
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Text = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -23,8 +25,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
-    """Fields chat and completions share, OpenAI's and Baton's extras."""
+class SamplingFields(StructuredOutputFields):
+    """Fields chat and completions share, OpenAI's and Baton's extras (structured outputs:
+    `structured.py`)."""
 
     model_config = ConfigDict(extra="ignore")
 
