@@ -95,6 +95,8 @@ async def _serve(args: argparse.Namespace) -> int:
         admin_token=token,
         metrics=metrics,
         request_timeout_s=args.request_timeout,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     import uvicorn
 
@@ -110,6 +112,7 @@ async def _serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         metrics=metrics,
         request_timeout_s=args.request_timeout,
+        tool_call_parser=args.tool_call_parser,
     )
     http_task = asyncio.create_task(server.serve())
     while not server.started and not http_task.done():
