@@ -75,10 +75,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tool-call-parser",
-        default="hermes",
+        default=None,
         choices=("hermes", "llama3_json", "mistral"),
-        help="how tool calls are read from the model's text (tool_choice auto): hermes "
-        "(Hermes, Qwen), llama3_json (Llama 3.1+), mistral",
+        help="how function calls are read from the model's text (tool_choice auto): hermes "
+        "(Hermes, Qwen), llama3_json (Llama 3.1+), mistral; default: by the checkpoint's "
+        "model_type (llama: llama3_json, mistral/mixtral: mistral, else hermes)",
     )
     p.add_argument(
         "--reasoning-parser",

@@ -113,3 +113,18 @@ def test_template_without_tool_support_gets_them_as_text() -> None:
     out, tools = template_messages(messages, [WEATHER], CHAT_TEMPLATE)
     assert tools == [WEATHER.as_openai()] and out[0]["role"] == "user"
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+
+
+def test_parser_by_model_family_and_the_serve_flags() -> None:
+    from router.cli.main import build_parser
+    from router.frontdoor.tools.parsers import parser_for_model_type
+
+    assert parser_for_model_type("qwen3") == "hermes"
+    assert parser_for_model_type("llama") == "llama3_json"
+    assert parser_for_model_type("mixtral") == "mistral"
+    assert parser_for_model_type(None) == "hermes"
+    args = build_parser().parse_args(
+        ["serve", "--tool-call-parser", "mistral", "--reasoning-parser", "qwen3"]
+    )
+    assert (args.tool_call_parser, args.reasoning_parser) == ("mistral", "qwen3")
+    assert build_parser().parse_args(["serve"]).tool_call_parser is None

@@ -145,6 +145,13 @@ PARSERS: dict[str, type[ToolCallParser]] = {
     "mistral": MistralParser,
 }
 DEFAULT_PARSER = "hermes"
+_BY_MODEL_TYPE = {"llama": "llama3_json", "mistral": "mistral", "mixtral": "mistral"}
+"""A checkpoint's `model_type` -> its family's format (Qwen and the rest: hermes)."""
+
+
+def parser_for_model_type(model_type: str | None) -> str:
+    """The default parser for a model family, when `--tool-call-parser` is not given."""
+    return _BY_MODEL_TYPE.get(model_type or "", DEFAULT_PARSER)
 
 
 def get_parser(name: str) -> ToolCallParser:
