@@ -60,7 +60,7 @@ CHAT_FIELDS: list[tuple[str, Any, int]] = [
     ("store", False, OK),
     ("store", True, REFUSED),
     ("stream", False, OK),
-    ("stream_options", {"include_usage": True}, OK),
+    ("stream_options", {"include_usage": True}, REFUSED),  # without stream=true
     ("temperature", 0.7, OK),
     ("tool_choice", "none", OK),
     ("tool_choice", "required", REFUSED),  # without tools
@@ -86,7 +86,7 @@ COMPLETION_FIELDS: list[tuple[str, Any, int]] = [
     ("seed", 42, OK),
     ("stop", "\n", OK),
     ("stream", False, OK),
-    ("stream_options", {"include_usage": True}, OK),
+    ("stream_options", {"include_usage": True}, REFUSED),  # without stream=true
     ("suffix", " and that is all.", REFUSED),
     ("temperature", 0.7, OK),
     ("top_p", 0.9, OK),
@@ -144,8 +144,8 @@ def test_every_completions_field_is_honoured_or_refused(
     ("path", "body", "param"),
     [
         ("/v1/completions", {"prompt": "x", "max_tokenz": 8}, "max_tokenz"),
-        ("/v1/chat/completions", {"messages": MESSAGES, "stream_options": {"x": 1}},
-         "stream_options.x"),
+        ("/v1/chat/completions",
+         {"messages": MESSAGES, "stream": True, "stream_options": {"x": 1}}, "stream_options.x"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "mood": "ok"}]},
          "messages.0.mood"),
         ("/v1/chat/completions",
@@ -161,6 +161,16 @@ def test_unknown_fields_are_400_naming_them(
     error = r.json()["error"]
     assert error["param"] == param
     assert error["message"] == f"Unrecognized request argument supplied: {param}"
+
+
+def test_a_reply_from_openai_echoed_back_is_accepted(server: HTTPServerThread) -> None:
+    echoed = {"role": "assistant", "content": "Hello.", "refusal": None, "audio": None,
+              "function_call": None, "annotations": [], "tool_calls": []}  # fmt: skip
+    body = {"model": MODEL, "messages": [*MESSAGES, echoed, MESSAGES[0]], "max_tokens": 4}
+    assert post(server, "/v1/chat/completions", body).status_code == 200
+    echoed["annotations"] = [{"type": "url_citation"}]
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.annotations"
 
 
 @pytest.mark.parametrize(

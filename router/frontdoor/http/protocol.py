@@ -100,7 +100,12 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = Field(None, description="An assistant's calls.")
     tool_call_id: str | None = Field(None, description="The call a tool message answers.")
     reasoning_content: str | None = Field(None, description="An assistant's reasoning.")
-    refusal: None = Field(None, description="Accepted as null (a reply echoed back).")
+    # A reply from OpenAI echoed back into the history carries these; only their empty
+    # values are accepted (anything else would be dropped on the way to the template).
+    refusal: None = Field(None, description="Accepted as null.")
+    audio: None = Field(None, description="Accepted as null.")
+    function_call: None = Field(None, description="Accepted as null.")
+    annotations: Annotated[list[Any], Field(max_length=0)] | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):

@@ -58,7 +58,11 @@ COMPLETIONS = (
 
 def refuse_unsupported(body: BaseModel, refusals: tuple[Refusal, ...]) -> None:
     """APIError 400 (param = the field) for the first refused field set to a value that
-    asks for something."""
+    asks for something; and for `stream_options` without `stream` (as OpenAI and vLLM
+    answer: they would have nothing to apply to)."""
+    if getattr(body, "stream_options", None) is not None and not getattr(body, "stream", False):
+        raise APIError(400, "stream_options: only allowed with stream=true", "invalid_value",
+                       "stream_options")  # fmt: skip
     for r in refusals:
         value = getattr(body, r.field)
         if value not in r.neutral:
