@@ -30,6 +30,12 @@ class SamplingParams:
     """Stop strings; the returned text never contains them (unless include_stop_str_in_output)."""
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
+    """EOS and `stop_token_ids` cannot be sampled, and stop strings do not end the request,
+    before this many output tokens (vLLM's meaning)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before sampling (OpenAI's `logit_bias`;
+    -100 and 100 effectively ban or force a token). A dict is accepted and stored sorted."""
     logprobs: int | None = None
     """Return the sampled token's logprob and the top-n alternatives (n = this value)."""
     include_stop_str_in_output: bool = False
@@ -46,6 +52,8 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
         self._validate()
 
     @property
@@ -84,5 +92,9 @@ class SamplingParams:
             self.structured_outputs, StructuredOutput
         ):
             raise bad("structured_outputs", self.structured_outputs, "must be a StructuredOutput")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad("min_tokens", self.min_tokens, "must be an integer in [0, max_tokens]")
+        if any(t < 0 or not -100.0 <= b <= 100.0 for t, b in self.logit_bias):
+            raise bad("logit_bias", dict(self.logit_bias), "ids >= 0, biases in [-100, 100]")
         if any(t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")

@@ -26,6 +26,7 @@ from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
 from engine.sampler import Sampler, SamplingRow, at_position
+from engine.sampling.bias import TokenBias, row_bias
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,16 @@ def _positioned(req: Request) -> torch.Generator | None:
     if req.generator is None or req.params.seed is None:
         return req.generator
     return at_position(req.generator, req.params.seed, len(req.output_token_ids))
+
+
+def _bias(req: Request) -> TokenBias | None:
+    """The request's logit_bias, plus its stop tokens banned before min_tokens. A grammar
+    row is not banned: where its grammar is complete only a stop token may follow, so the
+    grammar decides (min_tokens does not hold under a constraint)."""
+    banned: frozenset[int] = frozenset()
+    if req.stop_checker is not None and req.grammar is None:
+        banned = req.stop_checker.banned_token_ids(len(req.output_token_ids))
+    return row_bias(req.params.logit_bias, banned)
 
 
 class ModelRunner:
@@ -118,7 +129,7 @@ class ModelRunner:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
         rows = [
-            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, _positioned(r))
+            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, _positioned(r), _bias(r))
             for r in to_sample
         ]
         mask = token_mask([r.grammar for r in to_sample], self.sampler.vocab_size)

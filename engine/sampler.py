@@ -29,7 +29,8 @@ argmax, with no copy of the logits.
 A structured-output row (`engine.grammar`) comes with a token mask: its disallowed tokens
 get logit -inf in a private copy before anything else, so penalties, temperature, the
 filters and the draw (greedy or random) only see what the grammar allows; logprobs are
-still the model's own (of the raw logits), as in vLLM.
+still the model's own (of the raw logits), as in vLLM. A row's `bias` (logit_bias, and the
+stop-token ban before min_tokens: `engine.sampling.bias`) is added to the same copy next.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 
 from core.request import TokenLogprob
 from core.sampling import SamplingParams
+from engine.sampling.bias import TokenBias, apply_bias_
 from engine.sampling.filters import filter_logits
 from engine.sampling.logprobs import compute_logprobs
 from engine.sampling.penalties import apply_penalties, has_penalty
@@ -64,6 +66,8 @@ class SamplingRow:
     generator: torch.Generator | None = None
     """Per-request seeded generator (see `make_generator`), already `at_position` for this
     draw; None uses the sampler's own."""
+    bias: TokenBias | None = None
+    """Added to this row's logits (`engine.sampling.bias.row_bias`); None: nothing."""
 
 
 @dataclass
@@ -126,12 +130,16 @@ class Sampler:
         if not rows:
             return SamplerOutput(token_ids=[], logprobs=[])
         raw = logits = logits[:, : self.vocab_size]
-        if token_mask is not None:
+        biased = any(row.bias for row in rows)
+        if token_mask is not None or biased:
             logits = logits.to(torch.float32, copy=True)
-            token_mask.apply_(logits)
+            if token_mask is not None:
+                token_mask.apply_(logits)
+            if biased:
+                apply_bias_(logits, [row.bias for row in rows])
         if all(_is_plain_greedy(row.params) for row in rows):
             return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
-        return self._sample_general(logits, rows, raw, private=token_mask is not None)
+        return self._sample_general(logits, rows, raw, private=logits is not raw)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
         if not isinstance(logits, torch.Tensor):

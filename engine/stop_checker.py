@@ -10,6 +10,9 @@ Rules, in order of precedence (the first that applies decides the finish reason)
    starting earliest wins (then the shortest). Only the newly added text plus
    `max(len(stop)) - 1` characters before it are searched, so a step costs O(1) in the
    output length.
+Before `min_tokens` output tokens, rules 1 and 2 do not apply (the sampler also masks EOS and
+`stop_token_ids` until then: `banned_token_ids`).
+
 3. `len(output) >= max_tokens`, or `prompt + output >= max_model_len` -> LENGTH.
 
 A stop condition beats LENGTH on the same token: the answer did end naturally.
@@ -80,13 +83,20 @@ class StopChecker:
         self._num_searched_chars = len(text)
         if not token_ids:
             return self._decision
-        self._decision = (
-            self._check_stop_token(token_ids[-1], text_before)
-            or self._check_stop_strings(text, text_before)
-            or self._check_length(len(token_ids))
-            or _RUNNING
-        )
+        stop = None
+        if len(token_ids) >= self._params.min_tokens:
+            stop = self._check_stop_token(token_ids[-1], text_before) or self._check_stop_strings(
+                text, text_before
+            )
+        self._decision = stop or self._check_length(len(token_ids)) or _RUNNING
         return self._decision
+
+    def banned_token_ids(self, num_output_tokens: int) -> frozenset[int]:
+        """Tokens the sampler must not pick for output position `num_output_tokens`: the
+        stop tokens, while `min_tokens` is not reached (else none)."""
+        if num_output_tokens >= self._params.min_tokens:
+            return frozenset()
+        return self._eos_token_ids | self._stop_token_ids
 
     def visible_len(self, text: str, finished: bool) -> int:
         """How much of `text` the client may see now (a prefix: this many characters).

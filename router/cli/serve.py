@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -54,6 +55,17 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
     )
 
 
+def _parser_for(model_dir: Path | None) -> str:
+    """The function-call parser of the checkpoint's family (its config.json model_type)."""
+    from router.frontdoor.tools.parsers import parser_for_model_type
+
+    model_type = None
+    if model_dir is not None:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        model_type = config.get("model_type")
+    return parser_for_model_type(model_type)
+
+
 def _detect_device() -> str:
     import torch
 
@@ -88,6 +100,7 @@ async def _serve(args: argparse.Namespace) -> int:
     cluster.use_metrics(metrics)
     admin = ControllerAdmin(cluster.controller, cluster.membership)
     token = args.admin_token or secrets.token_urlsafe(24)
+    tool_call_parser = args.tool_call_parser or _parser_for(spec.model_dir if spec else None)
     app = create_app(
         cluster.backend,
         admin,
@@ -95,6 +108,8 @@ async def _serve(args: argparse.Namespace) -> int:
         admin_token=token,
         metrics=metrics,
         request_timeout_s=args.request_timeout,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     import uvicorn
 
@@ -110,6 +125,7 @@ async def _serve(args: argparse.Namespace) -> int:
         api_key=args.api_key,
         metrics=metrics,
         request_timeout_s=args.request_timeout,
+        tool_call_parser=tool_call_parser,
     )
     http_task = asyncio.create_task(server.serve())
     while not server.started and not http_task.done():

@@ -73,3 +73,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="seconds before a request is failed with a deadline error",
     )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=("hermes", "llama3_json", "mistral"),
+        help="how function calls are read from the model's text (tool_choice auto): hermes "
+        "(Hermes, Qwen), llama3_json (Llama 3.1+), mistral; default: by the checkpoint's "
+        "model_type (llama: llama3_json, mistral/mixtral: mistral, else hermes)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=("deepseek_r1", "qwen3"),
+        help="split <think>...</think> into reasoning_content: deepseek_r1 (the template "
+        "opens the block) or qwen3 (the reply does); default off",
+    )

@@ -23,7 +23,9 @@ class TokenizerLike(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]: ...
 
 
 def tokenizer_of(backend: Backend) -> TokenizerLike:
@@ -34,11 +36,18 @@ def tokenizer_of(backend: Backend) -> TokenizerLike:
     return tokenizer  # type: ignore[no-any-return]
 
 
-def encode_chat(tokenizer: TokenizerLike, messages: list[dict[str, Any]], field: str) -> list[int]:
-    """The chat through the model's template, as token ids; a template that rejects the
-    messages is the client's error, named by `field`."""
+def encode_chat(
+    tokenizer: TokenizerLike,
+    messages: list[dict[str, Any]],
+    field: str,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The chat (and its tools, OpenAI-shaped) through the model's template, as token ids; a
+    template that rejects the messages is the client's error, named by `field`."""
     try:
-        return tokenizer.encode_chat(messages)
+        if tools is None:  # the call form every tokenizer-like takes
+            return tokenizer.encode_chat(messages)
+        return tokenizer.encode_chat(messages, tools=tools)
     except ValueError as e:  # engine.tokenizer.ChatTemplateError
         raise InvalidRequestError(f"{field}: {e}") from e
 

@@ -142,3 +142,13 @@ def test_streaming_never_shows_a_stop_string(pieces: list[str], stops: list[str]
     for shown in streamed:
         assert visible.startswith(shown), "streamed text must never be taken back"
         assert not any(s in shown for s in stops)
+
+
+def test_min_tokens_holds_off_stop_tokens_and_strings() -> None:
+    params = SamplingParams(stop=["b"], stop_token_ids=(9,), min_tokens=4)
+    decision, visible, _, n = run(["a", "b", "</s>", "c", "b"], params, [5, 6, EOS, 9, 6])
+    assert decision == StopDecision(True, FinishReason.STOP, 9)  # the first stop at >= 4
+    assert (visible, n) == ("ab</s>", 4)
+    checker = StopChecker(params, [EOS], 1000, 3)
+    assert checker.banned_token_ids(3) == {EOS, 9}  # (the 4th token may stop)
+    assert checker.banned_token_ids(4) == frozenset()

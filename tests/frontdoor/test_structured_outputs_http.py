@@ -182,7 +182,8 @@ def test_vllm_fields(server: HTTPServerThread, path: str, fields: dict, check: s
         ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag",
          "not supported"),
         ({"response_format": {"type": "structural_tag"}}, "response_format", "not supported"),
-        ({"structured_outputs": {"regx": "a"}}, "structured_outputs.regx", "Extra inputs"),
+        ({"structured_outputs": {"regx": "a"}}, "Unrecognized request argument supplied",
+         "structured_outputs.regx"),
         ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern", "not supported"),
     ],
 )  # fmt: skip

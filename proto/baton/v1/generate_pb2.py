@@ -24,37 +24,49 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dproto/baton/v1/generate.proto\x12\x08\x62\x61ton.v1\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"/\n\x04\x43hat\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xd8\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\t\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobs\"\xec\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12\x1e\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x06 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x15\n\x13_add_special_tokens\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\xd2\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12-\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x07 \x01(\x0b\x32\x0f.baton.v1.Usage\"\x83\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x15\n\x13_add_special_tokens\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe1\x01\n\x0fGenerateService\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x46\n\rGenerateUnary\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse\x12\x41\n\x08Tokenize\x12\x19.baton.v1.TokenizeRequest\x1a\x1a.baton.v1.TokenizeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dproto/baton/v1/generate.proto\x12\x08\x62\x61ton.v1\"x\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12&\n\ntool_calls\x18\x05 \x03(\x0b\x32\x12.baton.v1.ToolCall\"B\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xbb\x01\n\x04\x43hat\x12\'\n\x08messages\x18\x01 \x03(\x0b\x32\x15.baton.v1.ChatMessage\x12\x1d\n\x05tools\x18\x02 \x03(\x0b\x32\x0e.baton.v1.Tool\x12\x13\n\x0btool_choice\x18\x03 \x01(\t\x12\x1c\n\x14tool_choice_function\x18\x04 \x01(\t\x12 \n\x13parallel_tool_calls\x18\x05 \x01(\x08H\x00\x88\x01\x01\x42\x16\n\x14_parallel_tool_calls\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xb4\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12&\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x14.baton.v1.ChoiceListH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x1e\n\x16\x64isable_any_whitespace\x18\x06 \x01(\x08\x42\x06\n\x04kind\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\x84\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x02H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x02H\x08\x88\x01\x01\x12\x0c\n\x04stop\x18\n \x03(\t\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\r\x12\x12\n\nignore_eos\x18\x0c \x01(\x08\x12\x15\n\x08logprobs\x18\r \x01(\rH\t\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x0e \x01(\rH\n\x88\x01\x01\x12;\n\nlogit_bias\x18\x0f \x03(\x0b\x32\'.baton.v1.SamplingParams.LogitBiasEntry\x12\"\n\x1ainclude_stop_str_in_output\x18\x10 \x01(\x08\x12 \n\x13skip_special_tokens\x18\x11 \x01(\x08H\x0b\x88\x01\x01\x12\x35\n\x11structured_output\x18\x12 \x01(\x0b\x32\x1a.baton.v1.StructuredOutput\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\r\n\x0b_min_tokensB\x16\n\x14_skip_special_tokens\"\xec\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x12.baton.v1.TokenIdsH\x00\x12\x1e\n\x04\x63hat\x18\x04 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.baton.v1.SamplingParams\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x06 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x15\n\x13_add_special_tokens\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"T\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12!\n\x03top\x18\x03 \x03(\x0b\x32\x14.baton.v1.TopLogprob\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\"\x9c\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x0c\n\x04text\x18\x03 \x01(\t\x12(\n\x08logprobs\x18\x04 \x03(\x0b\x32\x16.baton.v1.TokenLogprob\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12-\n\rfinish_reason\x18\x06 \x01(\x0e\x32\x16.baton.v1.FinishReason\x12\x1e\n\x05usage\x18\x07 \x01(\x0b\x32\x0f.baton.v1.Usage\x12&\n\ntool_calls\x18\x08 \x03(\x0b\x32\x12.baton.v1.ToolCall\x12\x14\n\x07\x63ontent\x18\t \x01(\tH\x00\x88\x01\x01\x42\n\n\x08_content\"\x83\x01\n\x0fTokenizeRequest\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x1e\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x0e.baton.v1.ChatH\x00\x12\x1f\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08H\x01\x88\x01\x01\x42\x08\n\x06promptB\x15\n\x13_add_special_tokens\"<\n\x10TokenizeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x15\n\rmax_model_len\x18\x02 \x01(\r*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\xe1\x01\n\x0fGenerateService\x12\x43\n\x08Generate\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse0\x01\x12\x46\n\rGenerateUnary\x12\x19.baton.v1.GenerateRequest\x1a\x1a.baton.v1.GenerateResponse\x12\x41\n\x08Tokenize\x12\x19.baton.v1.TokenizeRequest\x1a\x1a.baton.v1.TokenizeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.baton.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=1503
-  _globals['_FINISHREASON']._serialized_end=1623
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=2433
+  _globals['_FINISHREASON']._serialized_end=2553
   _globals['_CHATMESSAGE']._serialized_start=43
-  _globals['_CHATMESSAGE']._serialized_end=87
-  _globals['_CHAT']._serialized_start=89
-  _globals['_CHAT']._serialized_end=136
-  _globals['_TOKENIDS']._serialized_start=138
-  _globals['_TOKENIDS']._serialized_end=161
-  _globals['_SAMPLINGPARAMS']._serialized_start=164
-  _globals['_SAMPLINGPARAMS']._serialized_end=636
-  _globals['_GENERATEREQUEST']._serialized_start=639
-  _globals['_GENERATEREQUEST']._serialized_end=875
-  _globals['_TOPLOGPROB']._serialized_start=877
-  _globals['_TOPLOGPROB']._serialized_end=924
-  _globals['_TOKENLOGPROB']._serialized_start=926
-  _globals['_TOKENLOGPROB']._serialized_end=1010
-  _globals['_USAGE']._serialized_start=1012
-  _globals['_USAGE']._serialized_end=1092
-  _globals['_GENERATERESPONSE']._serialized_start=1095
-  _globals['_GENERATERESPONSE']._serialized_end=1305
-  _globals['_TOKENIZEREQUEST']._serialized_start=1308
-  _globals['_TOKENIZEREQUEST']._serialized_end=1439
-  _globals['_TOKENIZERESPONSE']._serialized_start=1441
-  _globals['_TOKENIZERESPONSE']._serialized_end=1501
-  _globals['_GENERATESERVICE']._serialized_start=1626
-  _globals['_GENERATESERVICE']._serialized_end=1851
+  _globals['_CHATMESSAGE']._serialized_end=163
+  _globals['_TOOL']._serialized_start=165
+  _globals['_TOOL']._serialized_end=231
+  _globals['_TOOLCALL']._serialized_start=233
+  _globals['_TOOLCALL']._serialized_end=288
+  _globals['_CHAT']._serialized_start=291
+  _globals['_CHAT']._serialized_end=478
+  _globals['_CHOICELIST']._serialized_start=480
+  _globals['_CHOICELIST']._serialized_end=509
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=512
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=692
+  _globals['_TOKENIDS']._serialized_start=694
+  _globals['_TOKENIDS']._serialized_end=717
+  _globals['_SAMPLINGPARAMS']._serialized_start=720
+  _globals['_SAMPLINGPARAMS']._serialized_end=1492
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1256
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1304
+  _globals['_GENERATEREQUEST']._serialized_start=1495
+  _globals['_GENERATEREQUEST']._serialized_end=1731
+  _globals['_TOPLOGPROB']._serialized_start=1733
+  _globals['_TOPLOGPROB']._serialized_end=1780
+  _globals['_TOKENLOGPROB']._serialized_start=1782
+  _globals['_TOKENLOGPROB']._serialized_end=1866
+  _globals['_USAGE']._serialized_start=1868
+  _globals['_USAGE']._serialized_end=1948
+  _globals['_GENERATERESPONSE']._serialized_start=1951
+  _globals['_GENERATERESPONSE']._serialized_end=2235
+  _globals['_TOKENIZEREQUEST']._serialized_start=2238
+  _globals['_TOKENIZEREQUEST']._serialized_end=2369
+  _globals['_TOKENIZERESPONSE']._serialized_start=2371
+  _globals['_TOKENIZERESPONSE']._serialized_end=2431
+  _globals['_GENERATESERVICE']._serialized_start=2556
+  _globals['_GENERATESERVICE']._serialized_end=2781
 # @@protoc_insertion_point(module_scope)

@@ -12,14 +12,17 @@ from typing import Any
 from core.errors import InvalidRequestError
 from core.request import FinishReason, OutputDelta, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
+from core.structured import StructuredOutput
 from proto.baton.v1 import admin_pb2, generate_pb2
 from router.frontdoor.admin_api import ClusterState
+from router.frontdoor.grpc.tools import chat_messages, structured_output, tool_request
 from router.frontdoor.requests import (
     SCALAR_SAMPLING_FIELDS,
     encode_chat,
     make_params,
     resolve_max_tokens,
 )
+from router.frontdoor.tools.prompt import template_messages, template_source
 
 DEFAULT_MAX_TOKENS = 16
 _FINISH = {
@@ -47,14 +50,26 @@ def prompt_token_ids(
     if kind == "chat":
         if not msg.chat.messages:
             raise InvalidRequestError("chat.messages: at least one message is required")
-        messages = [{"role": m.role, "content": m.content} for m in msg.chat.messages]
-        return encode_chat(tokenizer, messages, "chat.messages")
+        tools = tool_request(msg.chat)
+        shown = list(tools.tools) if tools is not None and tools.renders_tools else None
+        source = template_source(tokenizer, shown is not None)
+        messages, template_tools = template_messages(chat_messages(msg.chat), shown, source)
+        return encode_chat(tokenizer, messages, "chat.messages", template_tools)
     raise InvalidRequestError("prompt: set one of text, token_ids or chat")
 
 
 def sampling_params(
-    msg: generate_pb2.SamplingParams, num_prompt_tokens: int, max_model_len: int
+    msg: generate_pb2.SamplingParams,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    forced_call: StructuredOutput | None = None,
 ) -> SamplingParams:
+    """`forced_call`: the constraint of a chat's forced tool call, which excludes any other."""
+    constraint = structured_output(msg.structured_output)
+    if forced_call is not None and constraint is not None:
+        raise InvalidRequestError(
+            "sampling.structured_output: cannot be combined with a forced tool call"
+        )
     fields = {f: getattr(msg, f) for f in SCALAR_SAMPLING_FIELDS if msg.HasField(f)}
     requested = msg.max_tokens if msg.HasField("max_tokens") else None
     if requested == 0:
@@ -71,6 +86,13 @@ def sampling_params(
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        min_tokens=msg.min_tokens if msg.HasField("min_tokens") else None,
+        logit_bias=dict(msg.logit_bias),
+        include_stop_str_in_output=msg.include_stop_str_in_output,
+        skip_special_tokens=msg.skip_special_tokens
+        if msg.HasField("skip_special_tokens")
+        else None,
+        structured_outputs=forced_call or constraint,
         **fields,
     )
 

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -33,8 +34,13 @@ from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
 from router.frontdoor.grpc.auth import BearerAuth
+from router.frontdoor.grpc.tools import tool_calls, tool_request
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.requests import new_request_id, tokenizer_of
+from router.frontdoor.tools.calls import ToolRequest
+from router.frontdoor.tools.constraint import forced_call_constraint
+from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
+from router.frontdoor.tools.reader import ToolCallReader
 from router.frontdoor.tracking import run_tracked
 
 logger = logging.getLogger(__name__)
@@ -61,33 +67,56 @@ async def _abort(context: grpc.aio.ServicerContext, e: BatonError) -> None:
 
 
 class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
-    def __init__(self, backend: Backend, metrics: Metrics, request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        metrics: Metrics,
+        request_timeout_s: float,
+        tool_call_parser: str = DEFAULT_PARSER,
+    ) -> None:
         self.backend = backend
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
+        self.tool_parser = get_parser(tool_call_parser)
 
     def _request(
         self, msg: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> GenerateRequest:
+    ) -> tuple[GenerateRequest, ToolRequest | None]:
         b = self.backend
+        tools = tool_request(msg.chat) if msg.WhichOneof("prompt") == "chat" else None
         ids = convert.prompt_token_ids(msg, tokenizer_of(b))
-        params = convert.sampling_params(msg.sampling, len(ids), b.max_model_len)
+        forced = forced_call_constraint(tools) if tools is not None else None
+        params = convert.sampling_params(msg.sampling, len(ids), b.max_model_len, forced)
+        if tools is not None and tools.choice == "auto" and self.tool_parser.keeps_special_tokens:
+            params = replace(params, skip_special_tokens=False)  # its call marker is one
         remaining = context.time_remaining()
         timeout = self.request_timeout_s if remaining is None else remaining
         rid = msg.request_id or new_request_id("grpc")
-        return GenerateRequest(rid, ids, params, min(timeout, self.request_timeout_s))
+        return GenerateRequest(rid, ids, params, min(timeout, self.request_timeout_s)), tools
+
+    def _with_calls(
+        self, msg: generate_pb2.GenerateResponse, tools: ToolRequest | None, text: str
+    ) -> generate_pb2.GenerateResponse:
+        """The finished message of a chat with tools: its calls and content."""
+        if tools is not None and msg.finished:
+            content, calls = ToolCallReader(tools, self.tool_parser).content_of(text)
+            msg.tool_calls.extend(tool_calls(calls))
+            msg.content = content or ""
+        return msg
 
     async def Generate(
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
-            req = self._request(request, context)
-            num_tokens = 0
+            req, tools = self._request(request, context)
+            num_tokens, text = 0, ""
             async for out in run_tracked(self.backend, req, self.metrics):
                 num_tokens += len(out.new_token_ids)
+                text += out.new_text if tools is not None else ""
                 if not out.new_token_ids and not out.finished:
                     continue
-                yield convert.response(out, req.request_id, len(req.prompt_token_ids), num_tokens)
+                msg = convert.response(out, req.request_id, len(req.prompt_token_ids), num_tokens)
+                yield self._with_calls(msg, tools, text)
         except BatonError as e:
             await _abort(context, e)
 
@@ -95,7 +124,7 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generate_pb2.GenerateResponse:
         try:
-            req = self._request(request, context)
+            req, tools = self._request(request, context)
             whole = RequestOutput(req.request_id, req.prompt_token_ids)
             async for out in run_tracked(self.backend, req, self.metrics):
                 whole.add(out)
@@ -104,7 +133,8 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         if not whole.finished:
             await context.abort(grpc.StatusCode.INTERNAL, "the backend returned no output")
         num_prompt = len(req.prompt_token_ids)
-        return convert.response(whole, req.request_id, num_prompt, len(whole.token_ids))
+        msg = convert.response(whole, req.request_id, num_prompt, len(whole.token_ids))
+        return self._with_calls(msg, tools, whole.text)
 
     async def Tokenize(
         self, request: generate_pb2.TokenizeRequest, context: grpc.aio.ServicerContext
@@ -166,6 +196,7 @@ class GRPCServer:
         api_key: str | None = None,
         metrics: Metrics | None = None,
         request_timeout_s: float = 300.0,
+        tool_call_parser: str = DEFAULT_PARSER,
     ) -> GRPCServer:
         """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
         carry `admin_token`."""
@@ -175,7 +206,7 @@ class GRPCServer:
         server = grpc.aio.server(interceptors=[BearerAuth(tokens)])
         metrics = metrics or Metrics()
         generate_pb2_grpc.add_GenerateServiceServicer_to_server(
-            GenerateServicer(backend, metrics, request_timeout_s), server
+            GenerateServicer(backend, metrics, request_timeout_s, tool_call_parser), server
         )
         names = [SERVICE_NAMES[0]]
         if admin is not None:

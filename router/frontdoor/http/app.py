@@ -30,6 +30,8 @@ from router.frontdoor.http.protocol import (
     ModelList,
 )
 from router.frontdoor.metrics import CONTENT_TYPE_LATEST, Metrics
+from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
+from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
 
 logger = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -47,13 +49,19 @@ def create_app(
     admin_token: str | None = None,
     metrics: Metrics | None = None,
     request_timeout_s: float = 300.0,
+    tool_call_parser: str = DEFAULT_PARSER,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`)."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
         logger.warning("admin token (dashboard: /admin?token=...): %s", admin_token)
-    ctx = ServerContext(backend, metrics, request_timeout_s)
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(f"unknown reasoning parser {reasoning_parser!r}")
+    ctx = ServerContext(
+        backend, metrics, request_timeout_s, get_parser(tool_call_parser), reasoning_parser
+    )
     app = FastAPI(title="Baton", version="1", description="OpenAI-compatible LLM serving.")
     app.state.admin_token = admin_token
     app.state.metrics = metrics

@@ -1,17 +1,19 @@
-"""`POST /v1/chat/completions`: messages through the model's chat template, `n` choices,
-streamed or not."""
+"""`POST /v1/chat/completions`: messages (and tools) through the model's chat template, `n`
+choices, streamed or not; each reply read as content and tool calls (`chat_tools.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi.responses import StreamingResponse
 
-from core.errors import InvalidRequestError
-from core.request import TokenLogprob
+from core.request import OutputDelta, RequestOutput, TokenLogprob
 from router.frontdoor.http import common
+from router.frontdoor.http.chat_tools import chat_inputs, tool_constraint, tool_request
 from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
+from router.frontdoor.http.errors import APIError
 from router.frontdoor.http.fanout import Choice, Prefetched, generate_choices, seeded
 from router.frontdoor.http.protocol import (
     AssistantMessage,
@@ -25,12 +27,43 @@ from router.frontdoor.http.protocol import (
     DeltaMessage,
     TopLogprob,
 )
+from router.frontdoor.http.refusals import CHAT, refuse_unsupported
+from router.frontdoor.http.reply import ReplyReader
+from router.frontdoor.http.tool_models import (
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
+)
 from router.frontdoor.requests import encode_chat, new_request_id, resolve_max_tokens, tokenizer_of
+from router.frontdoor.tools.calls import ParsedCall, ToolRequest
 
 
-def chat_prompt_ids(body: ChatCompletionRequest, ctx: ServerContext) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    return encode_chat(tokenizer_of(ctx.backend), messages, "messages")
+def chat_prompt_ids(
+    body: ChatCompletionRequest, ctx: ServerContext, tools: ToolRequest | None = None
+) -> list[int]:
+    tokenizer = tokenizer_of(ctx.backend)
+    messages, template_tools = chat_inputs(body, tools, tokenizer)
+    return encode_chat(tokenizer, messages, "messages", template_tools)
+
+
+def _reason(out: OutputDelta | RequestOutput, calls: list[ParsedCall]) -> str | None:
+    reason = finish_reason(out)
+    return "tool_calls" if calls and reason == "stop" else reason
+
+
+def _tool_calls(calls: list[ParsedCall]) -> list[ToolCall]:
+    return [
+        ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+    ]
+
+
+def _tool_call_deltas(calls: list[ParsedCall]) -> list[DeltaToolCall]:
+    return [
+        DeltaToolCall(index=i, id=c.id, type="function",
+                      function=DeltaFunctionCall(name=c.name, arguments=c.arguments))
+        for i, c in enumerate(calls)
+    ]  # fmt: skip
 
 
 def _logprobs(items: list[TokenLogprob], n_top: int, token_text: TokenText) -> ChatLogprobs:
@@ -54,13 +87,26 @@ def _logprobs(items: list[TokenLogprob], n_top: int, token_text: TokenText) -> C
 
 async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext) -> object:
     backend = ctx.backend
+    refuse_unsupported(body, CHAT)
     if body.top_logprobs is not None and not body.logprobs:
-        raise InvalidRequestError("top_logprobs requires logprobs=true")
-    prompt_ids = chat_prompt_ids(body, ctx)
+        raise APIError(400, "top_logprobs: requires logprobs=true", "invalid_value", "top_logprobs")
+    tools = tool_request(body)
+    constraint = tool_constraint(body, tools)
+    prompt_ids = chat_prompt_ids(body, ctx, tools)
     requested = body.max_completion_tokens or body.max_tokens
     max_tokens = resolve_max_tokens(requested, len(prompt_ids), backend.max_model_len)
     n_top = body.top_logprobs or 0
-    params = common.sampling_params(body, max_tokens, n_top if body.logprobs else None)
+    params = common.sampling_params(
+        body, max_tokens, n_top if body.logprobs else None, common.vocab_size(backend), constraint
+    )
+    if tools is not None and tools.choice == "auto" and ctx.tool_parser.keeps_special_tokens:
+        params = replace(params, skip_special_tokens=False)  # its call marker is one
+
+    thinking = ctx.reasoning_parser if params.structured_outputs is None else None
+
+    def reader() -> ReplyReader:
+        return ReplyReader(tools, ctx.tool_parser, thinking)
+
     choices = [Choice(i, prompt_ids, p) for i, p in enumerate(seeded(params, body.n))]
 
     rid = new_request_id("chatcmpl")
@@ -73,21 +119,23 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
 
     if not body.stream:
         outputs = await common.collect(stream, choices)
+        replies = []
+        for c, out in zip(choices, outputs, strict=True):
+            reasoning, content, calls = reader().whole(out.text)
+            lp = _logprobs(out.logprobs or [], n_top, token_text) if body.logprobs else None
+            message = AssistantMessage(
+                content=content, reasoning_content=reasoning, tool_calls=_tool_calls(calls)
+            )
+            replies.append(
+                ChatChoice(
+                    index=c.index, message=message, logprobs=lp, finish_reason=_reason(out, calls)
+                )
+            )
         return ChatCompletionResponse(
             id=rid,
             created=created,
             model=model,
-            choices=[
-                ChatChoice(
-                    index=c.index,
-                    message=AssistantMessage(content=out.text),
-                    logprobs=_logprobs(out.logprobs or [], n_top, token_text)
-                    if body.logprobs
-                    else None,
-                    finish_reason=finish_reason(out),
-                )
-                for c, out in zip(choices, outputs, strict=True)
-            ],
+            choices=replies,
             usage=common.usage([len(prompt_ids)], outputs, body.n),
         )
 
@@ -101,16 +149,29 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
             delta = DeltaMessage(role="assistant", content="")
             yield chunk(ChatChunkChoice(index=c.index, delta=delta))
         outputs = common.accumulators(choices)
+        readers = {c.index: reader() for c in choices}
         async for index, out in stream:
             outputs[index].add(out)
             lp = None
             if body.logprobs:
                 lp = _logprobs(out.new_logprobs or [], n_top, token_text)
-            if out.new_text or (lp and lp.content):
-                message = DeltaMessage(content=out.new_text)
+            reasoning, shown = readers[index].feed(out.new_text)
+            if shown or reasoning or (lp and lp.content):
+                message = DeltaMessage(
+                    content=shown if shown or not reasoning else None,
+                    reasoning_content=reasoning or None,
+                )
                 yield chunk(ChatChunkChoice(index=index, delta=message, logprobs=lp))
             if out.finished:
-                reason = finish_reason(out)
+                reasoning, rest, calls = readers[index].finish()
+                if reasoning or rest or calls:
+                    delta = DeltaMessage(
+                        content=rest or None,
+                        reasoning_content=reasoning or None,
+                        tool_calls=_tool_call_deltas(calls) or None,
+                    )
+                    yield chunk(ChatChunkChoice(index=index, delta=delta))
+                reason = _reason(out, calls)
                 yield chunk(
                     ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=reason)
                 )

@@ -12,8 +12,9 @@ from pydantic import BaseModel
 from core.errors import InvalidRequestError
 from core.request import FinishReason, OutputDelta, RequestOutput
 from core.sampling import SamplingParams
+from core.structured import StructuredOutput
 from router.frontdoor.backend import Backend
-from router.frontdoor.http.errors import sse_error
+from router.frontdoor.http.errors import APIError, sse_error
 from router.frontdoor.http.fanout import Choice, Prefetched
 from router.frontdoor.http.protocol import PromptTokensDetails, SamplingFields, Usage
 from router.frontdoor.requests import SCALAR_SAMPLING_FIELDS, make_params
@@ -26,7 +27,15 @@ def now_s() -> int:
     return int(time.time())
 
 
-def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(
+    body: SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    vocab_size: int | None = None,
+    structured: StructuredOutput | None = None,
+) -> SamplingParams:
+    """`structured` is the request's constraint when the caller already resolved it (tool
+    calls); otherwise the body's own structured-output fields give it."""
     stop = body.stop
     if isinstance(stop, str):
         stop = [stop]
@@ -37,10 +46,37 @@ def sampling_params(body: SamplingFields, max_tokens: int, logprobs: int | None)
         stop=tuple(stop or ()),
         stop_token_ids=tuple(body.stop_token_ids or ()),
         ignore_eos=body.ignore_eos,
+        min_tokens=body.min_tokens,
+        logit_bias=logit_bias(body.logit_bias, vocab_size),
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        skip_special_tokens=body.skip_special_tokens,
         logprobs=logprobs,
-        structured_outputs=body.structured_output(),
+        structured_outputs=structured or body.structured_output(),
         **{f: getattr(body, f) for f in SCALAR_SAMPLING_FIELDS},  # None: not set
     )
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's `logit_bias` (JSON keys are strings) as token id -> bias, checked: ids in
+    the vocabulary (when it is known), biases in [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        try:
+            token_id = int(key)
+        except ValueError:
+            token_id = -1
+        if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+            raise APIError(400, f"logit_bias: {key!r} is not a token id", "invalid_value",
+                           "logit_bias")  # fmt: skip
+        if not -100.0 <= value <= 100.0:
+            raise APIError(400, f"logit_bias: the bias of {key} must be in [-100, 100]",
+                           "invalid_value", "logit_bias")  # fmt: skip
+        out[token_id] = value
+    return out
+
+
+def vocab_size(backend: Backend) -> int | None:
+    return getattr(getattr(backend, "tokenizer", None), "vocab_size", None)
 
 
 def accumulators(choices: list[Choice]) -> dict[int, RequestOutput]:

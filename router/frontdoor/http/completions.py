@@ -19,6 +19,7 @@ from router.frontdoor.http.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from router.frontdoor.http.refusals import COMPLETIONS, refuse_unsupported
 from router.frontdoor.requests import new_request_id, resolve_max_tokens, tokenizer_of
 
 
@@ -60,6 +61,7 @@ def _logprobs(
 
 async def create_completion(body: CompletionRequest, ctx: ServerContext) -> object:
     backend = ctx.backend
+    refuse_unsupported(body, COMPLETIONS)
     if body.echo and body.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported")
     prompts = _prompts(body, ctx)
@@ -68,7 +70,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
         max_tokens = resolve_max_tokens(
             body.max_tokens, len(prompt.token_ids), backend.max_model_len
         )
-        params = common.sampling_params(body, max_tokens, body.logprobs)
+        params = common.sampling_params(body, max_tokens, body.logprobs, common.vocab_size(backend))
         for j, p in enumerate(seeded(params, body.n)):
             choices.append(Choice(i * body.n + j, prompt.token_ids, p))
     if body.echo:  # echo needs the prompt text; token prompts are decoded

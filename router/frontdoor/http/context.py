@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.frontdoor.backend import Backend
 from router.frontdoor.metrics import Metrics
+from router.frontdoor.tools.parsers import HermesParser, ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,10 @@ class ServerContext:
     metrics: Metrics
     request_timeout_s: float = 300.0
     """Default deadline; a request's own `timeout` may only shorten it."""
+    tool_parser: ToolCallParser = field(default_factory=HermesParser)
+    """Reads tool calls from replies to tool_choice "auto" (`--tool-call-parser`)."""
+    reasoning_parser: str | None = None
+    """Splits `<think>` text into reasoning_content (`--reasoning-parser`); None: off."""
 
     def timeout_s(self, requested: float | None) -> float:
         if requested is None:

@@ -85,6 +85,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return "the request body must be a JSON object", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
+    if first.get("type") == "extra_forbidden":  # OpenAI's words for an unknown field
+        return f"Unrecognized request argument supplied: {param}", param
     what = f"{param}: " if param else ""
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     return f"{what}{first.get('msg', 'invalid value')}{more}", param
