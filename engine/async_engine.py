@@ -43,8 +43,19 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, idle_wait_s: float = 0.02) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        engine: LLMEngine | Callable[[], LLMEngine],
+        idle_wait_s: float = 0.02,
+        build_timeout_s: float = 900.0,
+    ) -> None:
+        """`engine`, or a function that builds it: then it is built on the engine thread,
+        which makes every later step faster on CPU. Measured (the 125M preset, batch 1,
+        2 threads): ~22 ms per decode step built and stepped on one thread, ~27 ms built on
+        another thread and stepped here, alternating runs; the OpenMP team and the memory
+        the model was loaded with belong to the thread that loaded it. A failed build raises
+        here."""
+        self.engine: LLMEngine = None  # type: ignore[assignment]  # set before __init__ returns
         self.idle_wait_s = idle_wait_s
         self._commands: queue.SimpleQueue[
             tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]
@@ -57,8 +68,27 @@ class AsyncEngine:
         self.error: Exception | None = None
         """The last step's failure while the engine keeps failing (None once a step works):
         what a health check reports."""
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        built = threading.Event()
+        failure: list[BaseException] = []
+
+        def build_then_run() -> None:
+            try:
+                self.engine = engine() if callable(engine) else engine
+            except BaseException as e:
+                failure.append(e)
+                return
+            finally:
+                built.set()
+            self._run()
+
+        self._thread = threading.Thread(target=build_then_run, name="engine-loop", daemon=True)
         self._thread.start()
+        if not built.wait(build_timeout_s):
+            self._stopped.set()
+            raise WorkerFailedError(f"the engine was not built within {build_timeout_s:g} s")
+        if failure:
+            self._stopped.set()
+            raise failure[0]
 
     # -- calls into the engine thread -------------------------------------------------------
     def submit(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future[T]:

@@ -36,6 +36,7 @@ from worker.threads import pin_threads
 from worker.tracker import Outcome, TransferTracker
 
 logger = logging.getLogger(__name__)
+_DESCRIBE_TIMEOUT_S = 60.0
 
 
 class WorkerBase:
@@ -52,11 +53,16 @@ class WorkerBase:
         self.worker_id = spec.worker_id
         start = time.monotonic()
         config = replace(spec.engine, role=self.engine_role, tp_size=spec.tp)
-        self.group: EngineGroup = self._start_ranks(spec, config, placement)
-        metadata = encode_group_metadata(spec.worker_id, self.group.call_each("kv_metadata"))
-        self._info: WorkerInfo = self.group.call_first("describe", metadata, os.getpid())
+        # Built on the engine thread, which steps it (faster on CPU: see AsyncEngine).
+        self.engine = AsyncEngine(lambda: self._start_ranks(spec, config, placement))  # type: ignore[arg-type,return-value]
+        self.group: EngineGroup = self.engine.engine  # type: ignore[assignment]
+
+        def describe(g: EngineGroup) -> WorkerInfo:
+            metadata = encode_group_metadata(spec.worker_id, g.call_each("kv_metadata"))
+            return g.call_first("describe", metadata, os.getpid())
+
+        self._info: WorkerInfo = self.engine.submit(describe).result(_DESCRIBE_TIMEOUT_S)
         self.tracker = TransferTracker(spec.tp)
-        self.engine = AsyncEngine(self.group)  # type: ignore[arg-type]
         self.engine.after_step.append(self._after_step)
         self.events = EventLog()
         self.draining = False

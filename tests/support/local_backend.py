@@ -17,8 +17,8 @@ class LocalBackend:
         from engine.async_engine import AsyncEngine
         from engine.engine import LLMEngine
 
-        engine = LLMEngine(model_dir, config)
-        self.engine = AsyncEngine(engine)
+        self.engine = AsyncEngine(lambda: LLMEngine(model_dir, config))
+        engine = self.engine.engine
         self.tokenizer = engine.tokenizer
         self.model_name = Path(model_dir).name
         self.max_model_len = engine.max_model_len
