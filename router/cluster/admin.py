@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from core.errors import InvalidRequestError
+from router.cluster.deadlines import CONTROL_CALL_S, DRAIN_CALL_S, bounded
 from router.cluster.membership import Membership
 from router.frontdoor.admin_api import ClusterState, PoolInfo, WorkerStatus, check_scale_args
 
@@ -17,8 +18,10 @@ class ControllerAdmin:
         """Where the workers' latest reports are."""
 
     async def state(self) -> ClusterState:
-        _, members = await self.controller.get_members.remote()
-        desired = await self.controller.get_desired.remote()
+        _, members = await bounded(
+            self.controller.get_members.remote(), CONTROL_CALL_S, "the controller (members)"
+        )
+        desired = await self._desired()
         loads = self.membership.loads
         pools = []
         for pool, size in desired.items():
@@ -30,16 +33,25 @@ class ControllerAdmin:
             pools.append(PoolInfo(pool, size, workers))
         return ClusterState(tuple(pools))
 
+    async def _desired(self) -> dict[str, int]:
+        return await bounded(
+            self.controller.get_desired.remote(), CONTROL_CALL_S, "the controller (pool sizes)"
+        )
+
     async def scale(self, pool: str, size: int) -> None:
-        desired = await self.controller.get_desired.remote()
+        desired = await self._desired()
         check_scale_args(pool, size, sorted(desired))
         try:
-            await self.controller.scale.remote(pool, size)
+            await bounded(
+                self.controller.scale.remote(pool, size), CONTROL_CALL_S, "the controller (scale)"
+            )
         except ValueError as e:
             raise InvalidRequestError(str(e)) from e
 
     async def drain(self, worker_id: str) -> None:
         try:
-            await self.controller.drain.remote(worker_id)
+            await bounded(
+                self.controller.drain.remote(worker_id), DRAIN_CALL_S, "the controller (drain)"
+            )
         except (KeyError, ValueError) as e:
             raise InvalidRequestError(str(e)) from e

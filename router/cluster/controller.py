@@ -26,6 +26,7 @@ import ray
 
 from core.errors import error_message
 from core.roles import WorkerRole
+from router.cluster.deadlines import CONTROL_CALL_S, bounded
 from router.cluster.spec import ClusterSpec
 
 logger = logging.getLogger(__name__)
@@ -292,8 +293,14 @@ class Controller:
             if m.role == other and m.info is not None and m.state in ("starting", "ready")
         ]
         for peer in peers:
-            await peer.handle.connect.remote(info.transport_metadata)
-            await member.handle.connect.remote(peer.info.transport_metadata)
+            await bounded(
+                peer.handle.connect.remote(info.transport_metadata),
+                CONTROL_CALL_S, f"{peer.worker_id} (connect to {member.worker_id})",
+            )  # fmt: skip
+            await bounded(
+                member.handle.connect.remote(peer.info.transport_metadata),
+                CONTROL_CALL_S, f"{member.worker_id} (connect to {peer.worker_id})",
+            )  # fmt: skip
 
     async def _disconnect_everywhere(self, worker_id: str) -> None:
         for m in self.members.values():

@@ -20,6 +20,7 @@ from typing import Any
 
 from core.events import WorkerLoad
 from core.roles import WorkerRole
+from router.cluster.deadlines import CONTROL_CALL_S, bounded
 from router.routing.router import Router
 from worker.records import WorkerInfo
 
@@ -92,12 +93,16 @@ class Membership:
 
     async def sync(self) -> None:
         """Bring the workers in step with the controller's membership."""
-        version, members = await self.controller.get_members.remote()
+        version, members = await bounded(
+            self.controller.get_members.remote(), CONTROL_CALL_S, "the controller (members)"
+        )
         if version == self._version:
             return
         self._version = version
         # Pool sizes only matter when membership changed (scaling bumps the version too).
-        desired = await self.controller.get_desired.remote()
+        desired = await bounded(
+            self.controller.get_desired.remote(), CONTROL_CALL_S, "the controller (pool sizes)"
+        )
         self._prefill_pool_wanted = desired.get(WorkerRole.PREFILL, 0) > 0
         ready = {m.worker_id: m for m in members if m.state == "ready"}
         for worker_id in [w for w in self.workers if w not in ready]:
