@@ -61,14 +61,15 @@ class DecodeWorker(WorkerBase):
         outlet.watch(request_id, timeout_s)
         self.engine.open_stream(request_id, outlet.channel)
 
-    def _close(self, request_id: str) -> None:
+    def _forget(self, request_id: str) -> None:
+        """Stop routing the request's outputs, watching its deadline, expecting its KV."""
         self._outlets.forget(request_id)
         self.engine.close_stream(request_id)
+        self._arrivals.pop(request_id, None)
 
     def _abort_soon(self, request_id: str) -> None:
         """Abort without waiting (from the channel's stream, which must not block)."""
-        self._close(request_id)
-        self._arrivals.pop(request_id, None)
+        self._forget(request_id)
         self.engine.submit(lambda g: self._abort(g, request_id))
 
     async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
@@ -121,12 +122,11 @@ class DecodeWorker(WorkerBase):
         try:
             await self.engine.call(admit)
         except KeyError as e:
-            self._close(request_id)
+            self._forget(request_id)
             raise WorkerFailedError(str(e)) from e
 
     async def abort(self, request_id: str) -> bool:
-        self._arrivals.pop(request_id, None)
-        self._close(request_id)
+        self._forget(request_id)
         return await super().abort(request_id)
 
     async def generate(self, request: EngineRequest, timeout_s: float, channel_id: str) -> None:
@@ -137,5 +137,5 @@ class DecodeWorker(WorkerBase):
         try:
             await self.engine.call(lambda g: g.call_all("enqueue", request))
         except BaseException:
-            self._close(request.request_id)
+            self._forget(request.request_id)
             raise

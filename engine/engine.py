@@ -205,11 +205,6 @@ class LLMEngine:
         scheduled = time.perf_counter()
         totals.schedule_s += scheduled - start
         totals.steps += 1
-        for _, n in batch.items:
-            if n == 1:
-                totals.decode_rows += 1
-            else:
-                totals.prefill_tokens += n
         hook = None
         if self.kv_connector is not None:
             completing = [
@@ -221,6 +216,10 @@ class LLMEngine:
         sampled = self.runner.execute(batch, self.kv, hook, totals)
         for req, n in batch.items:
             req.num_computed_tokens += n
+            if n == 1:
+                totals.decode_rows += 1
+            else:
+                totals.prefill_tokens += n
         processing = time.perf_counter()
         outputs = [self._process(s) for s in sampled]
         totals.output_s += time.perf_counter() - processing
