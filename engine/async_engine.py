@@ -158,7 +158,10 @@ class AsyncEngine:
     def publish(self, items: list[Item]) -> None:
         """Hand items to their streams: one call onto each consumer's loop per stream (per
         channel), in order. Called by the engine thread (a command may call it too)."""
-        batches: dict[_Stream, list[Item]] = {}
+        # Keyed by the delivery function: every request of one channel shares its (bound)
+        # `deliver`, so a channel gets one call per step, not one per request.
+        batches: dict[Callable[[list[Item]], None], tuple[asyncio.AbstractEventLoop, list[Item]]]
+        batches = {}
         with self._streams_lock:
             for request_id, item in items:
                 s = self._streams.get(request_id)
@@ -166,10 +169,10 @@ class AsyncEngine:
                     continue
                 if is_final(item) and s.queue is None:  # `stream()` closes its own
                     del self._streams[request_id]
-                batches.setdefault(s, []).append((request_id, item))
-        for s, batch in batches.items():
-            if not s.loop.is_closed():
-                s.loop.call_soon_threadsafe(s.deliver, batch)
+                batches.setdefault(s.deliver, (s.loop, []))[1].append((request_id, item))
+        for deliver, (loop, batch) in batches.items():
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(deliver, batch)
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
