@@ -35,6 +35,8 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
     """(token id, logprob) of the top-n alternatives, best first."""
+    rank: int | None = None
+    """token_id's rank in its distribution (1: the most likely); set in prompt logprobs."""
 
 
 @dataclass
@@ -127,6 +129,9 @@ class OutputDelta(RequestProgress):
     new_text: str = ""
     new_logprobs: list[TokenLogprob] | None = None
     """None when the request asked for no logprobs."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """On a request's first delta when it asked for them: one per prompt token, the first
+    None (nothing precedes it)."""
 
 
 @dataclass
@@ -138,9 +143,12 @@ class RequestOutput(RequestProgress):
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, delta: OutputDelta) -> RequestOutput:
         """Append one delta (in order); returns self."""
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.token_ids.extend(delta.new_token_ids)
         self.text += delta.new_text
         if delta.new_logprobs is not None:

@@ -38,6 +38,10 @@ class SamplingParams:
     -100 and 100 effectively ban or force a token). A dict is accepted and stored sorted."""
     logprobs: int | None = None
     """Return the sampled token's logprob and the top-n alternatives (n = this value)."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's logprob (given the tokens before it) and the top-n
+    alternatives at its position (vLLM's field). The prompt is then computed in full, not
+    taken from a prefix cache: a cached block has no logits."""
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutput | None = None
@@ -82,6 +86,8 @@ class SamplingParams:
             raise bad("repetition_penalty", self.repetition_penalty, "must be in (0, 10]")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad("logprobs", self.logprobs, "must be in [0, 20]")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise bad("prompt_logprobs", self.prompt_logprobs, "must be in [0, 20]")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", self.seed, "must be an integer")
         if any(not isinstance(s, str) or not s for s in self.stop):

@@ -267,6 +267,7 @@ class LLMEngine:
             new_token_ids=[token_id],
             new_text=new_text,
             new_logprobs=new_logprobs,  # type: ignore[arg-type]
+            prompt_logprobs=req.take_prompt_logprobs(),
             finished=req.status == RequestStatus.FINISHED if finished is None else finished,
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,

@@ -27,6 +27,7 @@ from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
 from engine.sampler import Sampler, SamplingRow, at_position
 from engine.sampling.bias import TokenBias, row_bias
+from engine.sampling.prompt_logprobs import add_prompt_logprobs
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class ModelRunner:
         forwarded = time.perf_counter()
         if totals is not None:
             totals.forward_s += forwarded - start
+        if any(r.params.prompt_logprobs is not None for r, _ in batch.items):
+            self._prompt_logprobs(batch, hidden)
         if not to_sample:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
@@ -140,6 +143,17 @@ class ModelRunner:
             SampledToken(r, t, lp)
             for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
         ]
+
+    def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
+        """Every rank runs this (compute_logits may gather across TP ranks)."""
+        t = 0
+        for req, n in batch.items:
+            start = req.num_computed_tokens
+            # A request that already has output (resumed, or preempted after its first
+            # token) handed its prompt logprobs on already.
+            if req.params.prompt_logprobs is not None and not req.output_token_ids:
+                add_prompt_logprobs(req, hidden[t : t + n], start, self.model.compute_logits)
+            t += n
 
     def _prepare(
         self,

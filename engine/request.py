@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.hashing import BlockHash
-from core.request import FinishReason, RequestTimings
+from core.request import FinishReason, RequestTimings, TokenLogprob
 from core.sampling import SamplingParams
 
 
@@ -54,6 +54,9 @@ class Request:
     stop_checker: Any = None
     grammar: Any = None
     """A structured-output request's matcher (`engine.grammar.matcher.RequestGrammar`)."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """Filled as the prompt is computed (`params.prompt_logprobs`); handed to the first
+    output delta, then dropped."""
     num_sent_chars: int = 0
     """How much of the detokenizer's text the outputs have carried so far (text that may
     still turn out to be part of a stop string is held back)."""
@@ -75,6 +78,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """Once, for the request's first delta (the whole prompt has run by then)."""
+        taken, self.prompt_logprobs = self.prompt_logprobs, None
+        return taken
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

@@ -81,7 +81,7 @@ class Scheduler:
         # 2. waiting requests
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            hits = self.kv.get_computed_blocks(req)
+            hits = self.kv.get_computed_blocks(req) if req.params.prompt_logprobs is None else []
             num_hit_tokens = len(hits) * self.kv.block_size
             num_new = min(req.num_tokens - num_hit_tokens - req.num_computed_tokens, budget)
             if not self.kv.allocate_slots(req, num_new, hits):

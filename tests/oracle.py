@@ -26,3 +26,13 @@ def hf_greedy(model_dir: str, prompt: tuple[int, ...], max_tokens: int) -> list[
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
         )
     return out[0, len(prompt) :].tolist()
+
+
+@cache
+def hf_prompt_logprobs(model_dir: str, prompt: tuple[int, ...]) -> Any:
+    """[len(prompt) - 1, vocab]: row i is the log-softmax that predicts prompt[i + 1]."""
+    import torch
+
+    with torch.no_grad():
+        logits = _hf_model(model_dir)(torch.tensor([prompt])).logits[0, :-1].float()
+    return torch.log_softmax(logits, dim=-1)

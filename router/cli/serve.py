@@ -110,6 +110,7 @@ async def _serve(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout,
         tool_call_parser=tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        cors_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
     )
     import uvicorn
 

@@ -63,6 +63,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-key", default=None, help="require this bearer token on the API")
     p.add_argument(
+        "--allowed-origins",
+        default="",
+        help="comma-separated browser origins allowed to call the API (CORS), e.g. "
+        "https://app.example.com; default none",
+    )
+    p.add_argument(
         "--admin-token",
         default=None,
         help="admin API / dashboard token (default: generated and printed)",

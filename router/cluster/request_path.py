@@ -303,6 +303,7 @@ class _Attempt:
                 if first:  # it comes once every layer has landed: what the transfer added
                     first = False
                     self._record_transfer(reply.num_blocks_sent, first_token_at)
+                    delta.prompt_logprobs = reply.output.prompt_logprobs  # ran on P
                 yield delta
         finally:
             channel.close(rid)

@@ -4,6 +4,7 @@ TTFT, TPOT, latency, tokens and the outcome (router.frontdoor.metrics)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -17,6 +18,14 @@ from core.errors import (
 from core.request import OutputDelta
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.metrics import Metrics, RequestRecord
+
+logger = logging.getLogger(__name__)
+_LOG_LEVELS = {
+    "success": logging.DEBUG, "cancelled": logging.DEBUG,
+    "invalid": logging.INFO, "overloaded": logging.INFO,
+}  # fmt: skip
+"""Outcome -> the level of its log line (which names the request id, so the client's
+X-Request-Id finds it); the rest (deadline, failed) are the server's to look at."""
 
 
 def outcome_of(error: BaseException | None) -> str:
@@ -62,9 +71,16 @@ async def run_tracked(
         if error is None and (last is None or not last.finished):
             error = CancelledError("the client went away")
         end = time.monotonic()
+        outcome = outcome_of(error)
+        logger.log(
+            _LOG_LEVELS.get(outcome, logging.WARNING),
+            "request %s: %s after %.3f s, %d prompt + %d output tokens%s",
+            request.request_id, outcome, end - start, len(request.prompt_token_ids),
+            num_output_tokens, f" ({error})" if error and outcome != "cancelled" else "",
+        )  # fmt: skip
         metrics.observe_request(
             RequestRecord(
-                outcome=outcome_of(error),
+                outcome=outcome,
                 ttft_s=None if first_token_at is None else first_token_at - start,
                 e2e_s=end - start if error is None else None,
                 queue_s=None if last is None else last.timings.queued_s,

@@ -68,3 +68,33 @@ def cluster_factory(ray_session, loop_thread) -> Iterator[Any]:
 def cluster_factory_module(ray_session, loop_thread) -> Iterator[Any]:
     """The same, kept for a whole test module."""
     yield from _factory(loop_thread)
+
+
+ADMIN_TOKEN = "cluster-admin-token"
+
+
+@pytest.fixture(scope="module")
+def served(request):  # type: ignore[no-untyped-def]
+    """What `baton serve` runs, in-process: a 1 prefill + 1 decode cluster (every prompt
+    moves KV), the HTTP app and the gRPC server over it: (cluster, http, grpc, model_dir)."""
+    from router.cluster.admin import ControllerAdmin
+    from router.frontdoor.http.app import create_app
+    from router.frontdoor.metrics import Metrics
+    from tests.support.grpc_server import GRPCServerThread
+    from tests.support.http_server import HTTPServerThread
+
+    cluster_factory = request.getfixturevalue("cluster_factory_module")
+    model_dir = request.getfixturevalue("tiny_model_dir")("llama")
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
+    )
+    metrics = Metrics()
+    cluster.use_metrics(metrics)
+    admin = ControllerAdmin(cluster.controller, cluster.membership)
+    app = create_app(cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics)
+    http = HTTPServerThread(app).start()
+    grpc = GRPCServerThread(cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics)
+    grpc.start()
+    yield cluster, http, grpc, model_dir
+    grpc.stop()
+    http.stop()

@@ -8,34 +8,10 @@ import tempfile
 
 import pytest
 
-from router.cluster.admin import ControllerAdmin
-from router.frontdoor.http.app import create_app
-from router.frontdoor.metrics import Metrics
 from tests import oracle
-from tests.cluster.conftest import always_disaggregate, make_spec
-from tests.support.grpc_server import GRPCServerThread
-from tests.support.http_server import HTTPServerThread
+from tests.cluster.conftest import ADMIN_TOKEN as TOKEN
 
 pytestmark = pytest.mark.slow
-TOKEN = "cluster-admin-token"
-
-
-@pytest.fixture(scope="module")
-def served(request, tmp_path_factory):  # type: ignore[no-untyped-def]
-    cluster_factory = request.getfixturevalue("cluster_factory_module")
-    model_dir = request.getfixturevalue("tiny_model_dir")("llama")
-    cluster = cluster_factory(
-        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
-    )
-    metrics = Metrics()
-    cluster.use_metrics(metrics)
-    admin = ControllerAdmin(cluster.controller, cluster.membership)
-    http = HTTPServerThread(create_app(cluster.backend, admin, admin_token=TOKEN, metrics=metrics))
-    http.start()
-    grpc = GRPCServerThread(cluster.backend, admin, admin_token=TOKEN, metrics=metrics).start()
-    yield cluster, http, grpc, model_dir
-    grpc.stop()
-    http.stop()
 
 
 def test_openai_client_through_the_cluster(served) -> None:  # type: ignore[no-untyped-def]

@@ -41,6 +41,18 @@ def test_stream_deltas_add_up_to_the_unary_answer(client: BatonClient) -> None:
     assert last.usage.prompt_tokens == len(client.tokenize("pass the baton"))
 
 
+def test_prompt_logprobs_on_the_first_message(client: BatonClient) -> None:
+    ids = client.tokenize("pass the baton along")
+    args = dict(max_tokens=3, temperature=0.0, prompt_logprobs=2)
+    chunks = list(client.generate(ids, timeout=30, **args))
+    whole = client.complete(ids, timeout=30, **args)
+    first = list(chunks[0].prompt_logprobs)
+    assert not any(c.prompt_logprobs for c in chunks[1:])
+    assert first == list(whole.prompt_logprobs) and len(first) == len(ids) - 1
+    assert [lp.token_id for lp in first] == ids[1:]
+    assert all(lp.rank >= 1 and len(lp.top) == 2 for lp in first)
+
+
 def test_chat_and_token_prompts(client: BatonClient, backend: LocalBackend) -> None:
     chat = [{"role": "user", "content": "hi"}]
     ids = client.tokenize(chat)

@@ -49,3 +49,9 @@ class HTTPServerThread:
             self.server.force_exit = True
             self._thread.join(timeout_s)
         self._sock.close()
+
+    def __enter__(self) -> HTTPServerThread:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

@@ -86,6 +86,7 @@ def sampling_params(
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         min_tokens=msg.min_tokens if msg.HasField("min_tokens") else None,
         logit_bias=dict(msg.logit_bias),
         include_stop_str_in_output=msg.include_stop_str_in_output,
@@ -102,6 +103,7 @@ def _logprob(item: TokenLogprob) -> generate_pb2.TokenLogprob:
         token_id=item.token_id,
         logprob=item.logprob,
         top=[generate_pb2.TopLogprob(token_id=t, logprob=v) for t, v in item.top],
+        rank=item.rank or 0,
     )
 
 
@@ -122,6 +124,7 @@ def response(
         token_ids=token_ids,
         text=text,
         logprobs=[_logprob(x) for x in logprobs or ()],
+        prompt_logprobs=[_logprob(x) for x in out.prompt_logprobs or () if x is not None],
         finished=out.finished,
     )
     if out.finished:

@@ -11,6 +11,7 @@ import secrets
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from router.frontdoor.admin_api import ClusterAdmin
@@ -19,6 +20,7 @@ from router.frontdoor.http.admin_routes import _bearer, admin_router, refresh_cl
 from router.frontdoor.http.chat import create_chat_completion
 from router.frontdoor.http.completions import create_completion
 from router.frontdoor.http.context import ServerContext
+from router.frontdoor.http.disconnect import until_disconnect
 from router.frontdoor.http.errors import APIError, install_error_handlers
 from router.frontdoor.http.protocol import (
     ChatCompletionRequest,
@@ -29,6 +31,8 @@ from router.frontdoor.http.protocol import (
     ModelCard,
     ModelList,
 )
+from router.frontdoor.http.request_ids import HEADER, RequestIdMiddleware
+from router.frontdoor.http.token_routes import token_router
 from router.frontdoor.metrics import CONTENT_TYPE_LATEST, Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
@@ -51,8 +55,11 @@ def create_app(
     request_timeout_s: float = 300.0,
     tool_call_parser: str = DEFAULT_PARSER,
     reasoning_parser: str | None = None,
+    cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
-    """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`)."""
+    """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
+    `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
+    by default, so no page elsewhere can script it."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -67,6 +74,15 @@ def create_app(
     app.state.metrics = metrics
     app.state.context = ctx
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    if cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", HEADER],
+            expose_headers=[HEADER, "Retry-After"],
+        )
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -94,14 +110,16 @@ def create_app(
     post = functools.partial(app.post, dependencies=api, responses=_ERRORS)
 
     @post("/v1/completions", response_model=CompletionResponse)
-    async def completions(body: CompletionRequest) -> object:
+    async def completions(body: CompletionRequest, request: Request) -> object:
         check_model(body.model)
-        return await create_completion(body, ctx)
+        return await until_disconnect(request, create_completion(body, ctx))
 
     @post("/v1/chat/completions", response_model=ChatCompletionResponse)
-    async def chat_completions(body: ChatCompletionRequest) -> object:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> object:
         check_model(body.model)
-        return await create_chat_completion(body, ctx)
+        return await until_disconnect(request, create_chat_completion(body, ctx))
+
+    app.include_router(token_router(backend, check_model, dependencies=api, responses=_ERRORS))
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> JSONResponse:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from fastapi.responses import StreamingResponse
 
 from core.request import OutputDelta, RequestOutput, TokenLogprob
-from router.frontdoor.http import common
+from router.frontdoor.http import common, request_ids
 from router.frontdoor.http.chat_tools import chat_inputs, tool_constraint, tool_request
 from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
@@ -35,7 +35,7 @@ from router.frontdoor.http.tool_models import (
     FunctionCall,
     ToolCall,
 )
-from router.frontdoor.requests import encode_chat, new_request_id, resolve_max_tokens, tokenizer_of
+from router.frontdoor.requests import encode_chat, resolve_max_tokens, tokenizer_of
 from router.frontdoor.tools.calls import ParsedCall, ToolRequest
 
 
@@ -107,14 +107,15 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
     def reader() -> ReplyReader:
         return ReplyReader(tools, ctx.tool_parser, thinking)
 
-    choices = [Choice(i, prompt_ids, p) for i, p in enumerate(seeded(params, body.n))]
+    per_choice = common.first_asks_prompt_logprobs(seeded(params, body.n))
+    choices = [Choice(i, prompt_ids, p) for i, p in enumerate(per_choice)]
 
-    rid = new_request_id("chatcmpl")
+    rid, backend_rid = request_ids.for_api("chatcmpl")
     created = common.now_s()
     model = backend.model_name
     token_text = TokenText(backend)
     stream = await Prefetched(
-        generate_choices(backend, rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
+        generate_choices(backend, backend_rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
     ).start()
 
     if not body.stream:
@@ -137,6 +138,7 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
             model=model,
             choices=replies,
             usage=common.usage([len(prompt_ids)], outputs, body.n),
+            prompt_logprobs=common.prompt_logprobs(outputs[0].prompt_logprobs, token_text),
         )
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from core.errors import InvalidRequestError
-from core.request import FinishReason, OutputDelta, RequestOutput
+from core.request import FinishReason, OutputDelta, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
 from core.structured import StructuredOutput
 from router.frontdoor.backend import Backend
 from router.frontdoor.http.errors import APIError, sse_error
 from router.frontdoor.http.fanout import Choice, Prefetched
-from router.frontdoor.http.protocol import PromptTokensDetails, SamplingFields, Usage
+from router.frontdoor.http.protocol import (
+    PromptLogprob,
+    PromptLogprobs,
+    PromptTokensDetails,
+    SamplingFields,
+    Usage,
+)
 from router.frontdoor.requests import SCALAR_SAMPLING_FIELDS, make_params
 
 DONE_EVENT = "data: [DONE]\n\n"
@@ -41,6 +48,9 @@ def sampling_params(
         stop = [stop]
     if stop is not None and len(stop) > 16:
         raise InvalidRequestError("stop: at most 16 stop strings")
+    if body.prompt_logprobs is not None and body.stream:  # as vLLM answers
+        raise APIError(400, "prompt_logprobs: not available with stream=true", "invalid_value",
+                       "prompt_logprobs")  # fmt: skip
     return make_params(
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
@@ -51,6 +61,7 @@ def sampling_params(
         include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         logprobs=logprobs,
+        prompt_logprobs=body.prompt_logprobs,
         structured_outputs=structured or body.structured_output(),
         **{f: getattr(body, f) for f in SCALAR_SAMPLING_FIELDS},  # None: not set
     )
@@ -72,6 +83,35 @@ def logit_bias(bias: dict[str, float] | None, vocab_size: int | None) -> dict[in
             raise APIError(400, f"logit_bias: the bias of {key} must be in [-100, 100]",
                            "invalid_value", "logit_bias")  # fmt: skip
         out[token_id] = value
+    return out
+
+
+def first_asks_prompt_logprobs(params: list[SamplingParams]) -> list[SamplingParams]:
+    """The choices of one prompt share its prompt logprobs: only the first computes them
+    (such a request skips the prefix cache, so asking once saves the rest a full prefill)."""
+    return params[:1] + [replace(p, prompt_logprobs=None) for p in params[1:]]
+
+
+def prompt_logprobs(
+    items: list[TokenLogprob | None] | None, token_text: TokenText
+) -> PromptLogprobs | None:
+    """The engine's prompt logprobs in vLLM's shape: the prompt token, then its top-n."""
+    if items is None:
+        return None
+    out: PromptLogprobs = []
+    for lp in items:
+        if lp is None:
+            out.append(None)
+            continue
+        ranked = [(lp.token_id, lp.logprob, lp.rank)]
+        ranked += [(t, v, rank) for rank, (t, v) in enumerate(lp.top, start=1)]
+        entry: dict[str, PromptLogprob] = {}
+        for token_id, value, rank in ranked:
+            entry.setdefault(
+                str(token_id),
+                PromptLogprob(logprob=value, rank=rank, decoded_token=token_text(token_id)),
+            )
+        out.append(entry)
     return out
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from core.errors import InvalidRequestError
 from core.request import TokenLogprob
-from router.frontdoor.http import common
+from router.frontdoor.http import common, request_ids
 from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.fanout import Choice, Prefetched, generate_choices, seeded
@@ -20,7 +20,7 @@ from router.frontdoor.http.protocol import (
     CompletionResponse,
 )
 from router.frontdoor.http.refusals import COMPLETIONS, refuse_unsupported
-from router.frontdoor.requests import new_request_id, resolve_max_tokens, tokenizer_of
+from router.frontdoor.requests import resolve_max_tokens, tokenizer_of
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
             body.max_tokens, len(prompt.token_ids), backend.max_model_len
         )
         params = common.sampling_params(body, max_tokens, body.logprobs, common.vocab_size(backend))
-        for j, p in enumerate(seeded(params, body.n)):
+        for j, p in enumerate(common.first_asks_prompt_logprobs(seeded(params, body.n))):
             choices.append(Choice(i * body.n + j, prompt.token_ids, p))
     if body.echo:  # echo needs the prompt text; token prompts are decoded
         prompts = [
@@ -79,7 +79,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
             for pr in prompts
         ]
 
-    rid = new_request_id("cmpl")
+    rid, backend_rid = request_ids.for_api("cmpl")
     created = common.now_s()
     model = backend.model_name
     token_text = TokenText(backend)
@@ -90,7 +90,7 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
         return prompts[index // body.n].text if body.echo else ""
 
     stream = await Prefetched(
-        generate_choices(backend, rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
+        generate_choices(backend, backend_rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
     ).start()
 
     if not body.stream:
@@ -106,6 +106,9 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
                     text=echo_of(c.index) + out.text,
                     logprobs=lp,
                     finish_reason=finish_reason(out),
+                    prompt_logprobs=common.prompt_logprobs(
+                        outputs[c.index - c.index % body.n].prompt_logprobs, token_text
+                    ),
                 )
             )
         return CompletionResponse(

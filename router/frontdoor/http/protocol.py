@@ -65,6 +65,9 @@ class SamplingFields(StructuredOutputFields):
     min_tokens: int | None = Field(None, ge=0, description="No EOS or stop before this many.")
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=20, description="vLLM's: each prompt token's logprob and top-n."
+    )
     timeout: float | None = Field(
         None, gt=0.0, le=MAX_TIMEOUT_S, description="Baton: seconds before a 504."
     )
@@ -158,11 +161,23 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = []
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's shape: per prompt position, token id (a string in JSON) -> this."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -211,6 +226,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = Field(None, description="vLLM's place for them.")
 
 
 class DeltaMessage(BaseModel):
