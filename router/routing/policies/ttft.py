@@ -72,7 +72,7 @@ class TtftPrefill(Policy):
         s_per_token: float = 2e-3,
         step_s: float = 0.016,
         pressure_weight: float = 1.0,
-        balance_slack: float = 0.1,
+        balance_slack: float = 0.25,
         balance_halflife: float = 2000.0,
         max_utilization: float = 0.95,
     ) -> None:
