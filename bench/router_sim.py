@@ -1,152 +1,64 @@
-"""Trace replay through the router into simulated prefill workers (no model).
+"""Routing policies against the pooled-LRU oracle, in one table per run (no model).
 
-    python -m bench.router_sim [--workers 8] [--capacity 600] [--redis] [--out ...]
+    python -m bench.router_sim                      # 8 workers; Mooncake at 150/600/2000
+    python -m bench.router_sim --capacity 600 --workers 16 --load 0.9
+    python -m bench.router_sim --trace ../shared/traces/mooncake/synthetic_trace.jsonl
+    python -m bench.router_sim --redis              # also 4 router replicas over Redis
 
-Each simulated worker is an LRU cache of `capacity` blocks plus a FIFO queue whose service
-time is  a + b * uncached_tokens  (ms). Per request, in arrival order:
-  1. finished prefills are reported (Router.prefill_done) and, every `report_every`
-     requests, each worker's true backlog is sent as a WorkerLoad;
-  2. the router picks a prefill worker (one decode worker exists so decisions are complete;
-     conditional disaggregation is off, every prompt is prefilled in the prefill pool);
-  3. the worker's cache answers with its true longest prefix (the hit), touches it, stores
-     the new blocks, evicts LRU blocks, and publishes stored/removed events to the router.
-Prefix hit rate = cached prompt tokens / prompt tokens. Load spread = max / mean of the
-prefill work (service ms) each worker received. The oracle is one LRU cache pooling all
-workers' capacity (N x capacity) and seeing every request: an upper bound on the hit rate of
-any placement. With --redis, 4 router replicas share a real redis-server (started here on
-127.0.0.1 and stopped by PID): requests go round robin over the replicas, each worker's
-events are published through one replica, and replicas catch up every `sync_every` requests.
+Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
+see bench.workloads.traces_dir, or given by --trace) at each `--capacity` (blocks per
+worker), and the generated `shared_prefix`, `multi_turn` and `light_then_burst` (16-token
+blocks) at `--small-capacity`. Workers are bench.sim_worker: an LRU cache in front of a FIFO
+queue whose service times come from a measured profile (bench.sim_profile; --profile).
+
+Clock: traces are replayed at `--load` (computing every prompt in full would keep the pool
+that busy; bench.sim_run.at_load), so the queueing regime does not depend on which device
+the profile was measured on. light_then_burst is built from the profile: its light phase is
+spaced twice the longest prefill apart (no queue ever forms), its burst arrives at
+`--burst-load` times what the pool serves with every system prompt cached (saturation).
+
+Per policy: computed prefill tokens, prefix hit rate (cached prompt tokens / prompt tokens),
+its ratio to the oracle's, load max / mean (prefill time each worker was given) and TTFT
+p50 / p99 (queue wait + prefill). The oracle is one LRU cache pooling every worker's capacity
+(an upper bound on reuse; it has no queue). JSON and the table go to `--out` (.json, .md).
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
-from collections import OrderedDict
 from pathlib import Path
 
-from bench.workloads import DEFAULT_TRACE, TraceRequest, multi_turn, read_jsonl, shared_prefix
-from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
+from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
+from bench.sim_run import at_load, pooled_lru_oracle, simulate
+from bench.workloads import (
+    DEFAULT_TRACE,
+    TraceRequest,
+    light_then_burst,
+    multi_turn,
+    read_jsonl,
+    resolve_trace,
+    shared_prefix,
+)
 from router.routing.router import Router, RouterConfig
-from router.routing.ticket import Ticket
+
+POLICIES = ("ttft", "cache_aware", "least_loaded", "round_robin")
 
 
-class SimWorker:
-    def __init__(self, worker_id: str, capacity: int) -> None:
-        self.worker_id = worker_id
-        self.capacity = capacity
-        self.cache: OrderedDict[int, None] = OrderedDict()
-        self.busy_until = 0.0
-        self.work_ms = 0.0
-        self.seq = 0
-        self.backlog: list[tuple[float, int]] = []  # (finish ms, uncached tokens)
-
-    def serve(self, hashes: list[int]) -> tuple[int, KVEventBatch]:
-        hit = 0
-        for h in hashes:
-            if h not in self.cache:
-                break
-            hit += 1
-        for h in hashes[:hit]:
-            self.cache.move_to_end(h)
-        new = [h for h in hashes[hit:] if h not in self.cache]
-        for h in new:
-            self.cache[h] = None
-        evicted = []
-        while len(self.cache) > self.capacity:
-            evicted.append(self.cache.popitem(last=False)[0])
-        events = [BlockStored(hashes[hit - 1] if hit else None, new)] if new else []
-        if evicted:
-            events.append(BlockRemoved(evicted))
-        batch = KVEventBatch(self.worker_id, self.seq, events, model="m")
-        self.seq += 1
-        return hit, batch
-
-
-def oracle_hit_rate(trace: list[TraceRequest], capacity: int, block_size: int) -> float:
-    cache: OrderedDict[int, None] = OrderedDict()
-    cached = total = 0
-    for r in trace:
-        hit = 0
-        for h in r["hash_ids"]:
-            if h not in cache:
-                break
-            hit += 1
-        for h in r["hash_ids"]:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity:
-            cache.popitem(last=False)
-        cached += min(hit * block_size, r["input_length"])
-        total += r["input_length"]
-    return cached / total
-
-
-def simulate(
-    trace: list[TraceRequest],
-    routers: list[Router],
+def make_routers(
+    policy: str,
     num_workers: int,
-    capacity: int,
     block_size: int,
-    service_a_ms: float = 2.0,
-    service_b_ms: float = 0.01,
-    report_every: int = 16,
-    sync_every: int = 8,
-) -> dict:
-    workers = [SimWorker(f"p{i}", capacity) for i in range(num_workers)]
-    by_id = {w.worker_id: w for w in workers}
-    done: list[tuple[float, int, Ticket]] = []  # (finish ms, arrival order, its ticket)
-    cached_tokens = prompt_tokens = 0
-    for n, r in enumerate(trace):
-        now = float(r["timestamp"])
-        while done and done[0][0] <= now:
-            heapq.heappop(done)[2].close()
-        if n % report_every == 0:
-            for w in workers:
-                w.backlog = [(f, t) for f, t in w.backlog if f > now]
-                load = WorkerLoad(
-                    w.worker_id, "prefill", 0, len(w.backlog), sum(t for _, t in w.backlog), 0, 0
-                )
-                for router in routers:
-                    router.report_load(load)
-        if len(routers) > 1 and n % sync_every == 0:
-            for router in routers:
-                router.store.sync(10)
-        ri = n % len(routers)
-        rid = f"q{n}"
-        ticket = routers[ri].route(
-            "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=rid
-        )
-        ticket.admit()  # no gate here: the simulated worker queues it (its backlog)
-        decision = ticket.decision
-        w = by_id[decision.prefill_worker_id or ""]
-        hit, batch = w.serve(r["hash_ids"])
-        routers[int(w.worker_id[1:]) % len(routers)].apply(batch)
-        hit_tokens = min(hit * block_size, r["input_length"])
-        uncached = r["input_length"] - hit_tokens
-        service = service_a_ms + service_b_ms * uncached
-        w.busy_until = max(now, w.busy_until) + service
-        w.work_ms += service
-        w.backlog.append((w.busy_until, uncached))
-        heapq.heappush(done, (w.busy_until, n, ticket))
-        cached_tokens += hit_tokens
-        prompt_tokens += r["input_length"]
-    work = [w.work_ms for w in workers]
-    mean = sum(work) / len(work)
-    return {
-        "hit_rate": cached_tokens / prompt_tokens,
-        "load_max_over_mean": max(work) / mean if mean else 1.0,
-        "makespan_ms": max(w.busy_until for w in workers),
-    }
-
-
-def make_routers(policy: str, num_workers: int, replicas: int, redis_url: str | None, ns: str):
+    replicas: int = 1,
+    redis_url: str | None = None,
+    ns: str = "",
+) -> list[Router]:
+    """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens."""
     routers = []
     for _ in range(replicas):
         store = None
@@ -156,6 +68,7 @@ def make_routers(policy: str, num_workers: int, replicas: int, redis_url: str | 
             store = RedisStore(url=redis_url, namespace=ns, poll_ms=5)
         cfg = RouterConfig(prefill_policy=policy, disagg_min_uncached_tokens=0)
         router = Router(cfg, store=store)
+        router.register_model("m", block_size=block_size)
         for i in range(num_workers):
             router.add_worker(f"p{i}", "prefill", "m")
         router.add_worker("d0", "decode", "m")
@@ -163,11 +76,77 @@ def make_routers(policy: str, num_workers: int, replicas: int, redis_url: str | 
     return routers
 
 
+def burst_trace(profile: WorkerProfile, num_workers: int, burst_load: float) -> list[TraceRequest]:
+    """light_then_burst with its clock from the profile (see the module docstring)."""
+    longest = profile.prefill_ms(16 * (1 + 40 + 6 + 1))
+    mean_user = profile.prefill_ms(16 * 4, context=16 * 25)
+    rate = burst_load * num_workers * 1000 / mean_user
+    return light_then_burst(light_gap_ms=2 * longest, burst_rate_per_s=rate)
+
+
+def run_workload(
+    trace: list[TraceRequest],
+    capacity: int,
+    block: int,
+    args: argparse.Namespace,
+    profile: WorkerProfile,
+) -> dict:
+    oracle = pooled_lru_oracle(trace, capacity * args.workers, block)
+    res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
+    for policy in args.policies:
+        routers = make_routers(policy, args.workers, block)
+        res[policy] = simulate(trace, routers, args.workers, capacity, block, profile)
+        res[policy]["hit_over_oracle"] = res[policy]["hit_rate"] / oracle["hit_rate"]
+    if args.redis:
+        tmp = tempfile.mkdtemp()
+        proc, url = start_redis(tmp)
+        try:
+            ns = f"sim:{time.monotonic_ns()}"
+            routers = make_routers(args.policies[0], args.workers, block, 4, url, ns)
+            for r in routers:
+                r.store.sync(10)
+            key = f"{args.policies[0]}_4_replicas_redis"
+            res[key] = simulate(trace, routers, args.workers, capacity, block, profile)
+            res[key]["hit_over_oracle"] = res[key]["hit_rate"] / oracle["hit_rate"]
+            for r in routers:
+                r.close()
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+            shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def table(runs: dict) -> str:
+    """One markdown table: a row per (workload, policy), the oracle first."""
+    lines = [
+        "| workload | blocks/worker | policy | computed tokens | hit rate | hit / oracle "
+        "| load max/mean | TTFT p50 s | TTFT p99 s |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, res in runs.items():
+        cap = res["capacity_blocks"]
+        o = res["oracle_pooled_lru"]
+        lines.append(
+            f"| {name} | {cap} | oracle (pooled LRU) | {o['computed_tokens']:,} "
+            f"| {o['hit_rate']:.3f} | 1.00 | - | - | - |"
+        )
+        for policy, r in res.items():
+            if not isinstance(r, dict) or "ttft_p50_ms" not in r:
+                continue
+            lines.append(
+                f"| {name} | {cap} | {policy} | {r['computed_tokens']:,} | {r['hit_rate']:.3f} "
+                f"| {r['hit_over_oracle']:.2f} | {r['load_max_over_mean']:.2f} "
+                f"| {r['ttft_p50_ms'] / 1000:.2f} | {r['ttft_p99_ms'] / 1000:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    binary = shutil.which("redis-server") or "redis-server"
     proc = subprocess.Popen(
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", workdir],
         stdout=subprocess.DEVNULL,
@@ -176,52 +155,81 @@ def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--capacity", type=int, default=200, help="blocks per worker")
-    parser.add_argument("--requests", type=int, default=4000)
-    parser.add_argument("--redis", action="store_true", help="also run 4 replicas on Redis")
-    parser.add_argument("--trace", default=str(DEFAULT_TRACE["mooncake"]),
-                        help="a Mooncake-format JSONL trace")  # fmt: skip
-    parser.add_argument("--out", default="bench/results/router_sim.json")
-    args = parser.parse_args()
-    workloads = {
-        "shared_prefix": (shared_prefix(num_requests=args.requests, rate_per_s=1500), 16),
-        "multi_turn": (multi_turn(num_sessions=args.requests // 5, rate_per_s=40), 16),
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument(
+        "--capacity", type=int, nargs="+", default=[150, 600, 2000],
+        help="blocks per worker for the Mooncake trace (512-token blocks)",
+    )  # fmt: skip
+    p.add_argument(
+        "--small-capacity", type=int, default=200,
+        help="blocks per worker for the generated workloads (16-token blocks)",
+    )  # fmt: skip
+    p.add_argument("--requests", type=int, default=4000, help="requests per workload at most")
+    p.add_argument(
+        "--trace", default=str(DEFAULT_TRACE["mooncake"]),
+        help="a Mooncake-format JSONL trace (relative paths: cwd, then repo root)",
+    )  # fmt: skip
+    p.add_argument("--profile", default=str(DEFAULT_PROFILE), help="worker profile JSON")
+    p.add_argument(
+        "--load", type=float, default=0.8,
+        help="pool busy share if nothing were cached (0: the trace's own clock)",
+    )  # fmt: skip
+    p.add_argument("--burst-load", type=float, default=1.0)
+    p.add_argument("--policies", nargs="+", default=list(POLICIES))
+    p.add_argument(
+        "--workloads", nargs="+",
+        default=["mooncake", "shared_prefix", "multi_turn", "light_then_burst"],
+    )  # fmt: skip
+    p.add_argument("--redis", action="store_true", help="also 4 replicas on Redis (1st policy)")
+    p.add_argument("--out", default="bench/results/router_sim.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    profile = WorkerProfile.load(resolve_trace(args.profile))
+    n, small = args.workers, args.small_capacity
+    runs: dict = {}
+    for name in args.workloads:
+        if name == "mooncake":
+            path = resolve_trace(args.trace)
+            if not path.exists():
+                print(f"no trace at {path}: the Mooncake runs are skipped (--trace PATH)")
+                continue
+            trace = at_load(read_jsonl(path, args.requests), profile, n, args.load)
+            for cap in args.capacity:
+                runs[f"mooncake@{cap}"] = run_workload(trace, cap, 512, args, profile)
+        elif name == "shared_prefix":
+            trace = at_load(shared_prefix(num_requests=args.requests), profile, n, args.load)
+            runs[name] = run_workload(trace, small, 16, args, profile)
+        elif name == "multi_turn":
+            sessions = multi_turn(num_sessions=args.requests // 5)
+            runs[name] = run_workload(
+                at_load(sessions, profile, n, args.load), small, 16, args, profile
+            )
+        elif name == "light_then_burst":
+            trace = burst_trace(profile, n, args.burst_load)
+            runs[name] = run_workload(trace, small, 16, args, profile)
+        else:
+            raise SystemExit(f"unknown workload {name!r}")
+        print(f"{name} done", flush=True)
+    results = {
+        "workers": n,
+        "load": args.load,
+        "burst_load": args.burst_load,
+        "profile": profile.__dict__,
+        "runs": runs,
     }
-    if Path(args.trace).exists():
-        workloads["mooncake_synthetic"] = (read_jsonl(args.trace, args.requests), 512)
-    else:
-        print(f"no trace at {args.trace}: the mooncake run is skipped (--trace PATH)")
-    results: dict = {"workers": args.workers, "capacity_blocks": args.capacity, "runs": {}}
-    for name, (trace, block) in workloads.items():
-        cap = args.capacity if block == 16 else max(8, args.capacity // 4)
-        res: dict = {"oracle_pooled_lru": oracle_hit_rate(trace, cap * args.workers, block)}
-        for policy in ("cache_aware", "least_loaded", "round_robin", "random"):
-            routers = make_routers(policy, args.workers, 1, None, "")
-            res[policy] = simulate(trace, routers, args.workers, cap, block)
-        if args.redis:
-            tmp = tempfile.mkdtemp()
-            proc, url = start_redis(tmp)
-            try:
-                routers = make_routers("cache_aware", args.workers, 4, url, f"sim:{name}")
-                for r in routers:
-                    r.store.sync(10)
-                res["cache_aware_4_replicas_redis"] = simulate(
-                    trace, routers, args.workers, cap, block
-                )
-                for r in routers:
-                    r.close()
-            finally:
-                proc.kill()
-                proc.wait(timeout=10)
-                shutil.rmtree(tmp, ignore_errors=True)
-        results["runs"][name] = res
-        print(name, json.dumps(res, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"-> {args.out}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    text = table(runs)
+    out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    print(f"-> {out} and {out.with_suffix('.md')}")
+    return results
 
 
 if __name__ == "__main__":

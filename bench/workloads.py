@@ -6,6 +6,7 @@ A trace is a list of requests in the Mooncake JSONL format:
 
     python -m bench.workloads shared_prefix --out /tmp/sp.jsonl
     python -m bench.workloads multi_turn --out /tmp/mt.jsonl
+    python -m bench.workloads light_then_burst --out /tmp/ltb.jsonl
 """
 
 from __future__ import annotations
@@ -14,14 +15,38 @@ import argparse
 import csv
 import itertools
 import json
+import os
 import random
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-"""The public traces beside the checkout (../shared/traces), wherever it is."""
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout this file is in (a worktree, a clone, an installed copy's source tree)."""
+
+
+def traces_dir() -> Path:
+    """The public traces (docs: /work/shared/traces/PROVENANCE.md): $BATON_TRACES if set,
+    else `shared/traces` beside the checkout (../shared/traces from the repo root), else
+    inside it. Never an absolute path of one machine."""
+    env = os.environ.get("BATON_TRACES")
+    if env:
+        return Path(env)
+    candidates = [REPO.parent / "shared" / "traces", REPO / "shared" / "traces"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+def resolve_trace(path: str | Path) -> Path:
+    """A trace path as given on a command line: absolute, relative to the working directory,
+    or relative to the repo root (`../shared/traces/mooncake/...` works from anywhere)."""
+    p = Path(path)
+    if p.is_absolute() or p.exists():
+        return p
+    return (REPO / p).resolve()
+
+
+TRACES = traces_dir()
 DEFAULT_TRACE = {
     "mooncake": TRACES / "mooncake" / "synthetic_trace.jsonl",
     "azure": TRACES / "azure" / "AzureLLMInferenceTrace_conv.csv",
@@ -110,6 +135,56 @@ def multi_turn(
     return out
 
 
+def light_then_burst(
+    num_prompts: int = 50,
+    light_requests: int = 300,
+    burst_requests: int = 3000,
+    light_gap_ms: float = 1000.0,
+    burst_rate_per_s: float = 200.0,
+    shared_blocks: int = 1,
+    system_blocks: tuple[int, int] = (8, 40),
+    user_blocks: tuple[int, int] = (1, 6),
+    zipf_s: float = 0.8,
+    block_size: int = 16,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """A quiet start, then a burst: `light_requests` spaced `light_gap_ms` apart (choose a gap
+    longer than any prefill, so no queue ever forms), then `burst_requests` Poisson at
+    `burst_rate_per_s` (choose one that saturates the pool). Every prompt is one of
+    `num_prompts` system prompts (Zipf-popular) plus a unique user part, and all system
+    prompts open with the same `shared_blocks` (a chat template's header): the pattern in
+    which routers that follow the longest prefix while no queue pushes back pin every
+    prompt to the first worker they saw."""
+    rng = random.Random(seed)
+    ids = itertools.count()
+    header = [next(ids) for _ in range(shared_blocks)]
+    systems = [
+        header + [next(ids) for _ in range(rng.randint(*system_blocks))] for _ in range(num_prompts)
+    ]
+    weights = [1.0 / (k + 1) ** zipf_s for k in range(num_prompts)]
+    order = list(range(num_prompts))
+    rng.shuffle(order)  # the light phase sees every prompt early, in random order
+    out: list[TraceRequest] = []
+    t = 0.0
+    for n in range(light_requests + burst_requests):
+        if n < light_requests:
+            prompt = order[n] if n < num_prompts else rng.choices(range(num_prompts), weights)[0]
+            t += light_gap_ms
+        else:
+            prompt = rng.choices(range(num_prompts), weights)[0]
+            t += rng.expovariate(burst_rate_per_s) * 1000
+        hashes = systems[prompt] + [next(ids) for _ in range(rng.randint(*user_blocks))]
+        out.append(
+            TraceRequest(
+                timestamp=int(t),
+                input_length=len(hashes) * block_size + rng.randint(0, block_size - 1),
+                output_length=rng.randint(16, 256),
+                hash_ids=hashes,
+            )
+        )
+    return out
+
+
 def read_jsonl(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
     with open(path) as f:
         rows = [json.loads(line) for line in itertools.islice(f, limit) if line.strip()]
@@ -146,12 +221,12 @@ def write_jsonl(trace: list[TraceRequest], path: str | Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("kind", choices=["shared_prefix", "multi_turn"])
+    parser.add_argument("kind", choices=["shared_prefix", "multi_turn", "light_then_burst"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    gen = shared_prefix if args.kind == "shared_prefix" else multi_turn
-    trace = gen(seed=args.seed)
+    gen = {"shared_prefix": shared_prefix, "multi_turn": multi_turn}.get(args.kind)
+    trace = (gen or light_then_burst)(seed=args.seed)
     write_jsonl(trace, args.out)
     print(f"{len(trace)} requests -> {args.out}")
 

@@ -26,7 +26,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default="cache_aware",
-        help="prefill routing policy: cache_aware, least_loaded, round_robin, random",
+        help="prefill routing policy: cache_aware, ttft, least_loaded, round_robin, random",
     )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(

@@ -101,6 +101,7 @@ class LoadTracker:
         state.reported_free_blocks = load.num_free_blocks
         state.total_blocks = load.num_total_blocks
         state.epoch += 1
+        state.step_rate.update(load)
         state.pending_prefill_tokens = state.pending_requests = state.pending_blocks = 0
         self._refile(state)
         return True

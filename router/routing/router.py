@@ -41,7 +41,7 @@ from router.routing.ticket import Ticket
 logger = logging.getLogger(__name__)
 
 _NO_HITS: Mapping[str, int] = MappingProxyType({})
-"""`cached` of a degraded decision: no worker holds anything as far as we know."""
+"""`cached` (and `held`) of a degraded decision: no worker holds anything as far as we know."""
 
 
 class NoWorkerError(RuntimeError):
@@ -171,6 +171,9 @@ class Router:
         # 2. cached prefix per worker (None: degraded store, route by load alone)
         cached = self.store.longest_prefixes(model, hashes)
         degraded = cached is None
+        held = None
+        if self._prefill.wants_block_counts and not degraded:
+            held = self.store.block_counts(model)
         with self._lock:
             return self._decide(
                 model,
@@ -181,6 +184,7 @@ class Router:
                 num_output_tokens,
                 request_id,
                 degraded,
+                _NO_HITS if held is None else held,
             )
 
     def _decide(
@@ -193,6 +197,7 @@ class Router:
         num_output_tokens: int,
         request_id: str | None,
         degraded: bool,
+        held: Mapping[str, int] = _NO_HITS,
     ) -> Ticket:
         cfg = self.config
         block = spec.block_size
@@ -234,6 +239,7 @@ class Router:
                     block,
                     num_output_tokens,
                     prefill_pool,
+                    held,
                 )
             )
             reason = p_choice.reason
@@ -247,13 +253,14 @@ class Router:
         terms = self._terms(p_choice, d_choice)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "route %s model=%s blocks=%d prefill=%s (%s; cost_w = w_c*(T - c_w*B) + w_q*L_w) "
-                "decode=%s (%s) terms=%s degraded=%s",
+                "route %s model=%s blocks=%d prefill=%s (%s; %s) decode=%s (%s) terms=%s "
+                "degraded=%s",
                 rid,
                 model,
                 num_blocks,
                 p.worker_id if p else None,
                 reason,
+                self._prefill.formula,
                 d.worker_id,
                 d_choice.reason,
                 dict(terms),

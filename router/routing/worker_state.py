@@ -3,9 +3,10 @@ since, and the prefill load L_w the policies compare. Mutated only by `LoadTrack
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.roles import WorkerRole
+from router.routing.step_rate import StepRate
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class WorkerState:
     pending_prefill_tokens: int = 0
     pending_requests: int = 0
     pending_blocks: int = 0
+    step_rate: StepRate = field(default_factory=StepRate)
+    """Its speed and cache reuse, from its reports' step totals (router.routing.step_rate)."""
 
     @property
     def queued_prefill_tokens(self) -> int:

@@ -40,7 +40,13 @@ def ctx(workers, cached, blocks=40, out=0) -> RouteContext:
 
 
 def test_registry() -> None:
-    assert policy_names("prefill") == ["cache_aware", "least_loaded", "random", "round_robin"]
+    assert policy_names("prefill") == [
+        "cache_aware",
+        "least_loaded",
+        "random",
+        "round_robin",
+        "ttft",
+    ]
     assert policy_names("decode") == ["cache_aware", "least_loaded", "random", "round_robin"]
     with pytest.raises(ValueError, match="unknown prefill policy"):
         make_policy("nope", "prefill")

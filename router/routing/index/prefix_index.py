@@ -250,6 +250,10 @@ class PrefixIndex:
         slot = self._slot_of.get(worker_id)
         return frozenset() if slot is None else frozenset(self._blocks[slot])
 
+    def block_counts(self) -> dict[str, int]:
+        """Blocks each worker holds, as far as this view knows."""
+        return {w: len(self._blocks[slot]) for w, slot in self._slot_of.items()}
+
     def last_seq(self, worker_id: str) -> int | None:
         return self._last_seq.get(worker_id)
 

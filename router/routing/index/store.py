@@ -75,6 +75,14 @@ class IndexStore(abc.ABC):
             index = self._indexes.get(model)
             return index.longest_prefixes(block_hashes) if index is not None else {}
 
+    def block_counts(self, model: str) -> dict[str, int] | None:
+        """Blocks each worker's cache holds, per the local view (None when degraded)."""
+        with self._lock:
+            if not self.healthy:
+                return None
+            index = self._indexes.get(model)
+            return index.block_counts() if index is not None else {}
+
     @abc.abstractmethod
     def publish(self, batch: KVEventBatch) -> None: ...
 

@@ -1,6 +1,6 @@
 """Routing policies: an interface, a per-pool registry, and the built-in policies."""
 
-from router.routing.policies import cache_aware, decode, simple  # noqa: F401  (they register)
+from router.routing.policies import cache_aware, decode, simple, ttft  # noqa: F401  (register)
 from router.routing.policies.base import (
     POOLS,
     Choice,

@@ -5,9 +5,10 @@ tie-break / round-robin state.
 
 `ctx.workers` is the pool (non-empty; `ctx.pool_view()` adds its load order),
 `ctx.cached_blocks` the longest cached prefix of the prompt on each worker (workers with none
-are absent). A policy must not mutate `ctx` or the
-WorkerStates; the Router owns the accounting. Policies are looked up by name in a per-pool
-registry, so `round_robin`, `least_loaded` and `random` work for both pools and
+are absent), `ctx.held_blocks` how many blocks each worker's cache holds (filled only for a
+policy that sets `wants_block_counts`: it costs a pass over the workers). A policy must not
+mutate `ctx` or the WorkerStates; the Router owns the accounting. Policies are looked up by
+name in a per-pool registry, so `round_robin`, `least_loaded` and `random` work for both pools and
 `cache_aware` means the prefill formula or the decode formula depending on the pool.
 """
 
@@ -15,11 +16,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
 from core.roles import WorkerRole
 from router.routing.pool import Pool
 from router.routing.worker_state import WorkerState
+
+_NONE: Mapping[str, int] = MappingProxyType({})
 
 POOLS = (WorkerRole.PREFILL, WorkerRole.DECODE)
 """The pools a policy chooses in (a unified worker sits in the decode pool)."""
@@ -38,6 +42,8 @@ class RouteContext(NamedTuple):
     pool: Pool | None = None
     """`workers` with their load order, when the caller keeps one (the Router's LoadTracker).
     Policies that need it and find None build one from `workers`."""
+    held_blocks: Mapping[str, int] = _NONE
+    """Blocks each worker's cache holds, per the index (see the module docstring)."""
 
     def pool_view(self) -> Pool:
         return self.pool if self.pool is not None else Pool(self.workers)
@@ -63,6 +69,10 @@ class Policy(abc.ABC):
     """Chooses one worker of a pool for a request."""
 
     name: ClassVar[str]
+    formula: ClassVar[str] = ""
+    """The cost formula, printed in the Router's debug log line beside the terms."""
+    wants_block_counts: ClassVar[bool] = False
+    """True: the Router fills `RouteContext.held_blocks` for this policy."""
 
     def __init__(self, pool: str) -> None:
         if pool not in POOLS:

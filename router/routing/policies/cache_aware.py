@@ -30,6 +30,7 @@ _COST_TERMS = ("cost", "uncached_tokens", "cached_blocks", "queued_tokens", "run
 @register("cache_aware", pools=(WorkerRole.PREFILL,))
 class CacheAwarePrefill(Policy):
     name = "cache_aware"
+    formula = "cost_w = w_c*(T - c_w*B) + w_q*L_w"
 
     def __init__(
         self,

@@ -1,0 +1,115 @@
+"""One simulated prefill worker: an LRU prefix cache of `capacity` blocks in front of a FIFO
+server whose service times come from a measured profile (bench.sim_profile).
+
+It answers what a real prefill worker tells the router: KV events for what it stored and
+evicted, and load reports with its queued tokens, its cache occupancy and its engine step
+totals (core.step_stats), from which the router calibrates its time model online.
+
+    time --->     arrival        start = max(arrival, busy_until)        finish
+    request k        |-------- wait --------|------- prefill_ms(uncached) ------|
+                     |<------------------------ TTFT -------------------------->|
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from bench.sim_profile import WorkerProfile
+from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
+from core.step_stats import StepTotals
+
+
+@dataclass(slots=True)
+class Job:
+    start_ms: float
+    finish_ms: float
+    tokens: int
+    steps: int
+
+
+class SimWorker:
+    def __init__(self, worker_id: str, capacity: int, profile: WorkerProfile) -> None:
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.profile = profile
+        self.cache: OrderedDict[int, None] = OrderedDict()
+        self.busy_until = 0.0
+        self.work_ms = 0.0
+        self.jobs: list[Job] = []  # not yet counted in `totals`, in start order
+        self.totals = StepTotals()
+        self.prompt_tokens = self.cached_tokens = 0
+        self.seq = 0
+
+    # -- the cache ---------------------------------------------------------------------
+    def serve(self, hashes: list[int]) -> tuple[int, KVEventBatch]:
+        """Look the chain up, touch the hit, store the rest, evict LRU. Returns the hit in
+        blocks and the events to publish."""
+        cache = self.cache
+        hit = 0
+        for h in hashes:
+            if h not in cache:
+                break
+            hit += 1
+        for h in hashes[:hit]:
+            cache.move_to_end(h)
+        new = [h for h in hashes[hit:] if h not in cache]
+        for h in new:
+            cache[h] = None
+        evicted = []
+        while len(cache) > self.capacity:
+            evicted.append(cache.popitem(last=False)[0])
+        events: list = [BlockStored(hashes[hit - 1] if hit else None, new)] if new else []
+        if evicted:
+            events.append(BlockRemoved(evicted))
+        batch = KVEventBatch(self.worker_id, self.seq, events, model="m")
+        self.seq += 1
+        return hit, batch
+
+    # -- the queue ---------------------------------------------------------------------
+    def enqueue(self, now_ms: float, prompt_tokens: int, uncached: int) -> float:
+        """Queue a prefill of `uncached` tokens arriving at `now_ms`; returns its finish."""
+        service = self.profile.prefill_ms(uncached, prompt_tokens - uncached)
+        start = max(now_ms, self.busy_until)
+        self.busy_until = start + service
+        self.work_ms += service
+        self.jobs.append(Job(start, self.busy_until, uncached, self.profile.num_steps(uncached)))
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += prompt_tokens - uncached
+        return self.busy_until
+
+    def load(self, now_ms: float) -> WorkerLoad:
+        """The report a real worker would send at `now_ms`: finished prefills are in the step
+        totals, unfinished ones in the queue (the running one by its remaining part)."""
+        totals, done = self.totals, 0
+        waiting_tokens = num_waiting = 0
+        for job in self.jobs:
+            if job.finish_ms <= now_ms:
+                totals.steps += job.steps
+                totals.prefill_tokens += job.tokens
+                totals.forward_s += (job.finish_ms - job.start_ms) / 1000
+                done += 1
+            elif job.start_ms < now_ms:
+                left = (job.finish_ms - now_ms) / (job.finish_ms - job.start_ms)
+                waiting_tokens += int(job.tokens * left)
+            else:
+                waiting_tokens += job.tokens
+                num_waiting += 1
+        del self.jobs[:done]  # FIFO: the finished ones are the first
+        return WorkerLoad(
+            self.worker_id,
+            "prefill",
+            num_running=len(self.jobs) - num_waiting,
+            num_waiting=num_waiting,
+            num_waiting_tokens=waiting_tokens,
+            num_free_blocks=self.capacity,  # an engine counts evictable cached blocks free
+            num_total_blocks=self.capacity,
+            timestamp=now_ms / 1000,
+            num_prompt_tokens=self.prompt_tokens,
+            num_cached_prompt_tokens=self.cached_tokens,
+            steps=StepTotals(
+                steps=totals.steps,
+                prefill_tokens=totals.prefill_tokens,
+                forward_s=totals.forward_s,
+            ),
+        )

@@ -1,0 +1,151 @@
+"""Cost-in-time prefill policy: the estimated time to first token, plus the reuse it destroys.
+
+Algorithm (the code below follows it step by step). For each prefill worker w:
+
+    T    prompt tokens             B    block size          c_w  cached prefix blocks on w
+    U_w  = max(0, T - c_w * B)     the tokens w would compute
+    L_w  queued prefill tokens (its report + routed here since, router.routing.load)
+    t_w  seconds per prefill token, calibrated online from w's own step totals
+         (router.routing.step_rate); the prior `s_per_token` until w has reported work
+    s    per-request overhead (`step_s`: a prefill takes one engine step at least)
+    N_w  blocks w's cache holds (the index)    K_w  its KV capacity in blocks (its reports)
+    E_w  = max(0, N_w + ceil(U_w / B) - K_w)   blocks w must evict to store the new ones
+    h_w  w's recent prefix hit rate (its reports): how often a cached block is reused
+    ρ_w  w's recent utilization (its reports), capped at `max_utilization`
+
+    1. work_w     = s + t_w * U_w                          the prefill itself
+       ttft_w     = t_w * L_w + work_w                     queue wait + prefill
+       pressure_w = pressure_weight * h_w * E_w * B * t_w  recompute later of the reuse the
+                                                           evicted blocks would have served
+       cost_w     = t_w * L_w + (work_w + pressure_w) / (1 - ρ_w)          (seconds)
+
+       Work placed on a worker delays every request that queues behind it; at utilization ρ
+       that adds about work * ρ / (1 - ρ) of waiting (M/G/1), so work and the recompute it
+       causes weigh 1 / (1 - ρ): on an idle pool this is the request's own TTFT, under load
+       reuse wins over a shorter queue, because a lost hit costs the whole queue.
+    2. Bounded load (consistent hashing with bounded loads): every worker has a decayed
+       tally P_w of the prefill time this policy placed on it (half-life
+       `balance_halflife` decisions). Only workers with  P_w <= (1 + balance_slack) * mean P
+       are candidates, so no prefix, however popular, pins the pool to one worker, even
+       while no queue has formed yet to push back (the "light then burst" pattern, or a
+       first block every prompt shares).
+    3. Pick the candidate with the smallest cost (ties: smaller tally, then pool order from a
+       rotating start); add its work_w to its tally.
+
+Cost: one pass over the pool per decision (prefill pools are tens of workers). The policy
+mutates only its own tallies; it reads `ctx` and the WorkerStates. Every decision returns
+its terms (cost, ttft, wait, prefill, pressure, uncached tokens, evicted blocks, the
+worker's tally over the mean, runner-up cost) for the Router's debug log line.
+"""
+
+from __future__ import annotations
+
+from core.roles import WorkerRole
+from router.routing.policies.base import Choice, Policy, RouteContext, register
+
+_TERMS = (
+    "cost_s",
+    "ttft_s",
+    "wait_s",
+    "prefill_s",
+    "pressure_s",
+    "utilization",
+    "uncached_tokens",
+    "evict_blocks",
+    "tally_over_mean",
+    "runner_up_cost_s",
+)
+
+
+@register("ttft", pools=(WorkerRole.PREFILL,))
+class TtftPrefill(Policy):
+    name = "ttft"
+    formula = (
+        "cost_w = t_w*L_w + (s + t_w*U_w + k_p*h_w*E_w*B*t_w) / (1 - rho_w) over workers "
+        "with P_w <= (1+slack)*mean P"
+    )
+    wants_block_counts = True
+
+    def __init__(
+        self,
+        pool: str = WorkerRole.PREFILL,
+        s_per_token: float = 2e-3,
+        step_s: float = 0.016,
+        pressure_weight: float = 1.0,
+        balance_slack: float = 0.25,
+        balance_halflife: float = 2000.0,
+        max_utilization: float = 0.95,
+    ) -> None:
+        super().__init__(pool)
+        if s_per_token <= 0 or step_s < 0 or pressure_weight < 0 or balance_slack < 0:
+            raise ValueError("s_per_token must be > 0; step_s, weights and slack >= 0")
+        if balance_halflife <= 0 or not 0 <= max_utilization < 1:
+            raise ValueError("balance_halflife must be > 0, max_utilization in [0, 1)")
+        self.max_utilization = max_utilization
+        self.s_per_token = s_per_token
+        self.step_s = step_s
+        self.pressure_weight = pressure_weight
+        self.balance_slack = balance_slack
+        self._decay = 0.5 ** (1.0 / balance_halflife)
+        self._tally: dict[str, float] = {}
+        self._turn = 0
+
+    def choose(self, ctx: RouteContext) -> Choice:
+        workers = ctx.workers
+        n = len(workers)
+        self._turn += 1
+        start = self._turn % n
+        tokens, block = ctx.num_prompt_tokens, ctx.block_size
+        cached, held = ctx.cached_blocks, ctx.held_blocks
+        kp, step_s = self.pressure_weight, self.step_s
+        tally = self._tally
+        tallies = [tally.get(w.worker_id, 0.0) for w in workers]
+        bound = (1.0 + self.balance_slack) * sum(tallies) / n
+        best_key: tuple[int, float, float, int] | None = None
+        best_i, best_terms = 0, ()
+        runner_up = float("inf")
+        for j, w in enumerate(workers):
+            # 1. the worker's estimated TTFT and the reuse its placement destroys
+            t = w.step_rate.s_per_token or self.s_per_token
+            uncached = max(0, tokens - cached.get(w.worker_id, 0) * block)
+            work = step_s + t * uncached
+            wait = t * w.queued_prefill_tokens
+            evict = 0
+            if w.total_blocks > 0:
+                evict = max(0, held.get(w.worker_id, 0) + -(-uncached // block) - w.total_blocks)
+            pressure = kp * w.step_rate.hit_rate * evict * block * t
+            rho = min(w.step_rate.utilization, self.max_utilization)
+            cost = wait + (work + pressure) / (1.0 - rho)
+            # 2. bounded load: over the bound sorts after every candidate
+            over = 1 if tallies[j] > bound else 0
+            key = (over, cost, tallies[j], (j - start) % n)
+            if best_key is None or key < best_key:
+                if best_key is not None and not best_key[0]:
+                    runner_up = min(runner_up, best_key[1])
+                best_i, best_key = j, key
+                best_terms = (wait + work, wait, work, pressure, rho, uncached, evict)
+            elif not over:
+                runner_up = min(runner_up, cost)
+        # 3. the lightest tally is never over the mean, so a candidate always won
+        assert best_key is not None and not best_key[0]
+        decay = self._decay
+        for w in workers:
+            wid = w.worker_id
+            tally[wid] = tally.get(wid, 0.0) * decay
+        winner = workers[best_i]
+        tally[winner.worker_id] += best_terms[2]
+        if len(tally) > 2 * n:  # workers that left the pool
+            live = {w.worker_id for w in workers}
+            for wid in [k for k in tally if k not in live]:
+                del tally[wid]
+        mean = sum(tallies) / n
+        values = (
+            best_key[1],
+            *best_terms[:5],
+            float(best_terms[5]),
+            float(best_terms[6]),
+            tallies[best_i] / mean if mean > 0 else 1.0,
+            runner_up,
+        )
+        reason = "ttft" if cached.get(winner.worker_id, 0) else "ttft_no_hit"
+        return Choice(winner, reason, _TERMS, values)

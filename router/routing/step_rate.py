@@ -1,0 +1,75 @@
+"""A prefill worker's speed and cache reuse, calibrated online from its own load reports.
+
+Each `WorkerLoad` carries the worker's engine step totals since it started
+(core.step_stats.StepTotals) and its lifetime prompt / cached-prompt token counts. Two
+reports give exact rates over the interval between them:
+
+    s_per_token = Δ(schedule + forward + sample + output seconds) / Δprefill_tokens
+    hit_rate    = Δcached_prompt_tokens / Δprompt_tokens
+    utilization = Δbusy seconds / Δreport timestamp        (0..1: the share of time it stepped)
+
+Both are smoothed (EWMA, weight `alpha` per report that saw enough work) so one odd interval
+does not swing routing. An interval with fewer than `min_tokens` new prefill tokens says
+little about the speed (step overheads dominate) and is skipped. A restarted worker's totals
+go backwards: the new report becomes the baseline and the old estimate stays.
+
+`s_per_token` is 0 until the first usable interval: the policy then uses its prior.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.events import WorkerLoad
+from core.step_stats import StepTotals
+
+
+def busy_seconds(steps: StepTotals) -> float:
+    """Seconds the engine spent in steps, every phase (attention is inside forward)."""
+    return steps.schedule_s + steps.forward_s + steps.sample_s + steps.output_s
+
+
+@dataclass(slots=True)
+class StepRate:
+    alpha: float = 0.3
+    min_tokens: int = 256
+    s_per_token: float = 0.0
+    """Seconds of engine time per prefill token (0: not calibrated yet)."""
+    hit_rate: float = 0.0
+    """Recent share of prompt tokens the worker's prefix cache served."""
+    utilization: float = 0.0
+    """Recent share of wall time the worker spent stepping."""
+    _busy_s: float = -1.0
+    _util_busy_s: float = 0.0
+    _at: float = 0.0
+    _tokens: int = 0
+    _prompt: int = 0
+    _cached: int = 0
+
+    def update(self, load: WorkerLoad) -> None:
+        busy, tokens = busy_seconds(load.steps), load.steps.prefill_tokens
+        prompt, cached = load.num_prompt_tokens, load.num_cached_prompt_tokens
+        if self._busy_s < 0 or tokens < self._tokens or prompt < self._prompt:
+            self._baseline(busy, tokens, prompt, cached)  # first report, or a restart
+            self._util_busy_s, self._at = busy, load.timestamp
+            return
+        if load.timestamp > self._at:
+            share = (busy - self._util_busy_s) / (load.timestamp - self._at)
+            share = min(1.0, max(0.0, share))
+            self.utilization += self.alpha * (share - self.utilization)
+            self._util_busy_s, self._at = busy, load.timestamp
+        d_tokens = tokens - self._tokens
+        if d_tokens >= self.min_tokens:
+            rate = (busy - self._busy_s) / d_tokens
+            self.s_per_token = self._smooth(self.s_per_token, rate)
+            self._busy_s, self._tokens = busy, tokens
+        d_prompt = prompt - self._prompt
+        if d_prompt >= self.min_tokens:
+            self.hit_rate = self._smooth(self.hit_rate, (cached - self._cached) / d_prompt)
+            self._prompt, self._cached = prompt, cached
+
+    def _smooth(self, old: float, new: float) -> float:
+        return new if old <= 0 else old + self.alpha * (new - old)
+
+    def _baseline(self, busy: float, tokens: int, prompt: int, cached: int) -> None:
+        self._busy_s, self._tokens, self._prompt, self._cached = busy, tokens, prompt, cached

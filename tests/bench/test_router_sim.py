@@ -1,0 +1,114 @@
+"""The router simulator: trace paths, the light-then-burst generator, the simulated worker's
+queue, and the one table a run prints (on a small slice)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import router_sim
+from bench.sim_profile import WorkerProfile
+from bench.sim_run import at_load
+from bench.sim_worker import SimWorker
+from bench.workloads import (
+    DEFAULT_TRACE,
+    REPO,
+    light_then_burst,
+    resolve_trace,
+    shared_prefix,
+    traces_dir,
+    write_jsonl,
+)
+
+PROFILE = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=0.0)
+
+
+def test_traces_resolve_beside_the_checkout_never_a_fixed_path(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("BATON_TRACES", raising=False)
+    assert traces_dir() in (REPO.parent / "shared" / "traces", REPO / "shared" / "traces")
+    assert DEFAULT_TRACE["mooncake"].relative_to(traces_dir()) == Path(
+        "mooncake/synthetic_trace.jsonl"
+    )
+    monkeypatch.setenv("BATON_TRACES", str(tmp_path))
+    assert traces_dir() == tmp_path
+    # relative paths: the working directory first, then the repo root
+    monkeypatch.chdir(tmp_path)
+    assert resolve_trace("bench/workloads.py") == REPO / "bench" / "workloads.py"
+    (tmp_path / "t.jsonl").write_text("")
+    assert resolve_trace("t.jsonl") == Path("t.jsonl")
+    assert resolve_trace("../shared/x.jsonl") == (REPO.parent / "shared" / "x.jsonl").resolve()
+
+
+def test_light_then_burst_shape() -> None:
+    trace = light_then_burst(
+        num_prompts=10,
+        light_requests=30,
+        burst_requests=200,
+        light_gap_ms=500,
+        burst_rate_per_s=100,
+    )
+    light, burst = trace[:30], trace[30:]
+    assert len({r["hash_ids"][0] for r in trace}) == 1  # one shared header block
+    assert len({tuple(r["hash_ids"][:3]) for r in light[:10]}) == 10  # every prompt, early
+    gaps = [b["timestamp"] - a["timestamp"] for a, b in itertools.pairwise(light)]
+    assert set(gaps) == {500}
+    span = burst[-1]["timestamp"] - burst[0]["timestamp"]
+    assert span < 200 * 500 / 10  # the burst comes far faster than the light phase
+    assert all(r["input_length"] >= 16 * len(r["hash_ids"]) for r in trace)
+
+
+def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
+    w = SimWorker("p0", capacity=4, profile=PROFILE)
+    hit, batch = w.serve([1, 2, 3])
+    assert hit == 0 and batch.events[0].block_hashes == [1, 2, 3]
+    assert w.enqueue(0.0, 300, 300) == 2 * 10 + 300  # two chunks of 256
+    hit, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
+    assert hit == 2 and batch.events[-1].block_hashes == [3]
+    assert w.enqueue(100.0, 200, 100) == 320 + 10 + 100  # waits for the first
+    load = w.load(200.0)
+    assert load.num_waiting == 1 and load.num_running == 1
+    assert load.num_waiting_tokens == 100 + 300 * 120 // 320  # the running one: what is left
+    assert load.num_cached_prompt_tokens == 100 and load.steps.prefill_tokens == 0
+    assert w.load(1000.0).steps.prefill_tokens == 400  # both finished: in the step totals
+
+
+def test_at_load_stretches_the_clock_keeps_the_order() -> None:
+    trace = shared_prefix(num_requests=50)
+    slow = at_load(trace, PROFILE, num_workers=2, load=0.5)
+    work = sum(PROFILE.prefill_ms(r["input_length"]) for r in trace)
+    span = slow[-1]["timestamp"] - slow[0]["timestamp"]
+    assert abs(work / (2 * span) - 0.5) < 1e-9
+    assert [r["hash_ids"] for r in slow] == [r["hash_ids"] for r in trace]
+
+
+def test_one_table_per_run_on_a_trace_slice(tmp_path) -> None:
+    trace_file = tmp_path / "slice.jsonl"
+    write_jsonl(shared_prefix(num_requests=120, block_size=512, rate_per_s=5), trace_file)
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"step_ms": 5, "token_ms": 0.01, "chunk_tokens": 2048}))
+    out = tmp_path / "sim.json"
+    results = router_sim.main(
+        ["--trace", str(trace_file), "--profile", str(profile), "--capacity", "30", "200",
+         "--workers", "4", "--workloads", "mooncake", "--out", str(out)]
+    )  # fmt: skip
+    assert json.loads(out.read_text()) == json.loads(json.dumps(results))
+    assert set(results["runs"]) == {"mooncake@30", "mooncake@200"}
+    for run in results["runs"].values():
+        oracle = run["oracle_pooled_lru"]
+        for policy in router_sim.POLICIES:
+            r = run[policy]
+            assert 0 <= r["hit_rate"] <= 1 and r["load_max_over_mean"] >= 1
+            assert r["hit_over_oracle"] == pytest.approx(r["hit_rate"] / oracle["hit_rate"])
+            assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
+    table = out.with_suffix(".md").read_text().splitlines()
+    assert len(table) == 2 + 2 * (1 + len(router_sim.POLICIES))
+    assert table[2].startswith("| mooncake@30 | 30 | oracle (pooled LRU) |")
+    # a bigger cache never reuses less in the oracle
+    runs = results["runs"]
+    assert (
+        runs["mooncake@200"]["oracle_pooled_lru"]["hit_rate"]
+        >= runs["mooncake@30"]["oracle_pooled_lru"]["hit_rate"]
+    )

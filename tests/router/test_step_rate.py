@@ -1,0 +1,37 @@
+"""Online calibration from load reports' step totals (router.routing.step_rate)."""
+
+from __future__ import annotations
+
+from core.events import WorkerLoad
+from core.step_stats import StepTotals
+from router.routing.step_rate import StepRate
+
+
+def report(at: float, tokens: int, busy: float, prompt: int = 0, cached: int = 0) -> WorkerLoad:
+    steps = StepTotals(steps=tokens // 100, prefill_tokens=tokens, forward_s=busy)
+    return WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, at, prompt, cached, steps)
+
+
+def test_rates_come_from_deltas_between_reports() -> None:
+    rate = StepRate(alpha=0.5)
+    rate.update(report(0.0, 1000, 5.0, 1000, 0))  # a baseline only: totals since start
+    assert rate.s_per_token == 0
+    rate.update(report(4.0, 3000, 7.0, 3000, 1000))
+    assert rate.s_per_token == 2.0 / 2000
+    assert rate.hit_rate == 0.5
+    assert rate.utilization == 0.5 * (2.0 / 4.0)
+    rate.update(report(8.0, 5000, 11.0, 5000, 1000))  # 4 s / 2000 tokens, smoothed
+    assert rate.s_per_token == (1e-3 + 2e-3) / 2
+
+
+def test_small_intervals_wait_and_a_restart_rebaselines() -> None:
+    rate = StepRate(min_tokens=500)
+    rate.update(report(0.0, 1000, 1.0))
+    rate.update(report(1.0, 1100, 2.0))  # 100 tokens: too few to say anything
+    assert rate.s_per_token == 0
+    rate.update(report(2.0, 2000, 2.0))
+    assert rate.s_per_token == 1.0 / 1000
+    rate.update(report(3.0, 10, 0.5))  # restarted: totals went back
+    assert rate.s_per_token == 1.0 / 1000
+    rate.update(report(4.0, 1010, 2.5))  # 2 s / 1000 tokens since the restart
+    assert rate.s_per_token > 1.0 / 1000
