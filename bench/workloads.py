@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def traces_dir() -> Path:
-    """The public traces (docs: /work/shared/traces/PROVENANCE.md): $BATON_TRACES if set,
+    """The public traces (their provenance: PROVENANCE.md in that folder): $BATON_TRACES if set,
     else `shared/traces` beside the checkout (../shared/traces from the repo root), else
     inside it. Never an absolute path of one machine."""
     env = os.environ.get("BATON_TRACES")
