@@ -20,6 +20,8 @@ from router.frontdoor.http.chat import create_chat_completion
 from router.frontdoor.http.completions import create_completion
 from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.errors import APIError, install_error_handlers
+from router.frontdoor.http.guard import DoorGuard
+from router.frontdoor.http.limits import DoorLimits
 from router.frontdoor.http.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -51,8 +53,10 @@ def create_app(
     request_timeout_s: float = 300.0,
     tool_call_parser: str = DEFAULT_PARSER,
     reasoning_parser: str | None = None,
+    limits: DoorLimits | None = None,
 ) -> FastAPI:
-    """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`)."""
+    """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
+    `limits`: rate limits, quotas, admission queue and body size (guard.py); none if None."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -67,6 +71,8 @@ def create_app(
     app.state.metrics = metrics
     app.state.context = ctx
     install_error_handlers(app)
+    if limits is not None and limits.enabled():
+        app.add_middleware(DoorGuard, limits=limits)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
