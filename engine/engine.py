@@ -193,6 +193,10 @@ class LLMEngine:
         """Requests that still hold blocks here: scheduled, or parked / reserved."""
         return self.scheduler.num_unfinished + len(self._held)
 
+    def is_held(self, request_id: str) -> bool:
+        """Parked (prefilled, until `release`) or reserved (until `admit_transferred`)."""
+        return request_id in self._held
+
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
         """Schedule, run, process outputs. Returns a delta for every request that got a
@@ -291,17 +295,10 @@ class LLMEngine:
         req.status = RequestStatus.FINISHED
         self.requests.pop(req.request_id, None)
         self._held[req.request_id] = req
-        self._prefilled.append(
-            PrefillResult(
-                request_id=req.request_id,
-                first_token=s.token_id,
-                logprob=s.logprob,
-                block_ids=self.kv.block_ids(req.request_id),
-                num_prompt_tokens=req.num_prompt_tokens,
-                num_cached_tokens=max(req.num_cached_tokens, 0),
-                output=out,
-            )
-        )
+        block_ids, num_cached = self.kv.block_ids(req.request_id), max(req.num_cached_tokens, 0)
+        self._prefilled.append(PrefillResult(
+            req.request_id, s.token_id, s.logprob, block_ids, req.num_prompt_tokens, num_cached, out
+        ))  # fmt: skip
         return out
 
     def take_prefilled(self) -> list[PrefillResult]:

@@ -10,6 +10,8 @@ Module map
     transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
     protocol.py    TransferProtocol: the request tables and the protocol state machine,
                    owned by the transport and run on its I/O thread
+    holds.py       a failed send's source blocks, held while the receiver may read them
+    settling.py    failed requests' results, held until the backend released their ops
     driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
                    host: peers map each other's memfd cache), local_driver.py
     registry.py    backend registry, auto-selection, create_transport()
@@ -57,10 +59,13 @@ or (nixl) a peer whose connection dropped fails the request on that side: its re
 FAILED with a reason, an Abort message tells the peer (which then fails too, without
 waiting for its own deadline), and the FailureHook runs so the engine frees the blocks.
 The hook runs only once the backend can no longer touch the blocks (uncancellable nixl
-READs are waited out). ucxx exposes no per-request cancel: after a ucx receive times out,
-a sender that is still alive and did not get the Abort could still complete a posted
-receive; a dead sender cannot. A dead peer with ucx is detected at the deadline; with shm
-a dead receiver at the sender's next message (broken pipe), a dead sender at the deadline.
+READs are waited out); a sender that gives up while its receiver may still be reading keeps
+its source blocks until the receiver answers Stopped, or at most twice the read lease, after
+which a pull of them is refused (holds.py). ucxx exposes no per-request cancel: after a
+ucx receive times out, a sender that is still alive and did not get the Abort could still
+complete a posted receive; a dead sender cannot. A dead peer with ucx is detected at the
+deadline; with shm a dead receiver at the sender's next message (broken pipe), a dead
+sender at the deadline.
 
 Backends and when to use which: `nixl` (auto's first choice) and `ucx` work across nodes
 and, with NIXL, for VRAM. `shm` is for prefill and decode workers on one host with their

@@ -14,7 +14,12 @@ import msgspec
 
 from core.kv_layout import LAYOUT_NAME, KVLayout
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: LayersReady carries a read lease; a receiver answers an Abort with Stopped."""
+
+READ_LEASE_S = 4.0
+"""How long after reading a LayersReady a receiver may still be pulling its blocks; a pull
+that ends later is refused (see `kv_transfer.holds`)."""
 
 
 class IncompatiblePeerError(ValueError):
@@ -94,7 +99,9 @@ class PeerInfo(msgspec.Struct, frozen=True):
 class LayersReady(msgspec.Struct, tag="ready", frozen=True, array_like=True):
     """Sender -> receiver: `layers` of the request are written in the sender's cache at
     `src_block_ids`; pull them into `dst_block_ids` (which must be the reservation).
-    `tag` is unique per message from this sender; byte-stream backends tag the data with it."""
+    `tag` is unique per message from this sender; byte-stream backends tag the data with it.
+    `lease_s`: a pull must end within this long of the receiver reading this message, or
+    it is refused (an aborted sender reuses its blocks after twice that at the latest)."""
 
     request_id: str
     sender: str
@@ -102,6 +109,7 @@ class LayersReady(msgspec.Struct, tag="ready", frozen=True, array_like=True):
     src_block_ids: list[int]
     dst_block_ids: list[int]
     tag: int = 0
+    lease_s: float = READ_LEASE_S
 
 
 class LayersDone(msgspec.Struct, tag="done", frozen=True, array_like=True):
@@ -120,7 +128,15 @@ class Abort(msgspec.Struct, tag="abort", frozen=True, array_like=True):
     reason: str
 
 
-Message = LayersReady | LayersDone | Abort
+class Stopped(msgspec.Struct, tag="stopped", frozen=True, array_like=True):
+    """Receiver -> sender, answering an Abort once its pulls for the request finished or
+    were cancelled: nothing here reads the request's source blocks any more."""
+
+    request_id: str
+    sender: str
+
+
+Message = LayersReady | LayersDone | Abort | Stopped
 
 _encoder = msgspec.msgpack.Encoder()
 _message_decoder = msgspec.msgpack.Decoder(Message)

@@ -7,6 +7,9 @@ Sender                                   Receiver (reserved dst blocks via expec
                <--LayersDone(layers)----   when the pull completed
   all layers acked -> SEND ok              all layers landed -> RECV ok
   any failure / deadline -> Abort(reason) both ways, result FAILED, FailureHook
+  cancelled / late --Abort-->             stop pulling (the Aborts of a read go first)
+  src blocks held <--Stopped--             no pull in flight (holds.py); a pull ending >
+  (<= 2 x lease)                           lease after its LayersReady was read: refused
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from core.kv_layout import KVLayout
+from kv_transfer import handshake
 from kv_transfer.api import Role, SendHandle, TransferResult
 from kv_transfer.driver import Driver, OpState
-from kv_transfer.handshake import Abort, LayersDone, LayersReady, decode_message, encode
+from kv_transfer.handshake import Abort, LayersDone, LayersReady, Stopped, decode_message, encode
+from kv_transfer.holds import ReadHolds
 from kv_transfer.layout import pair_regions_layers
 from kv_transfer.requests import RecvState, SendState
+from kv_transfer.settling import Settling
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +47,8 @@ class TransferProtocol:
                       entries, this only reads them (one dict read is atomic)
       `run_commands`  run the commands queued on the I/O thread; True if there were any
       `publish`       report a finished request (a failure runs the FailureHook first)
+    `read_lease_s` (default `handshake.READ_LEASE_S`): offered with each LayersReady; see
+    holds.py.
     """
 
     def __init__(
@@ -51,8 +59,10 @@ class TransferProtocol:
         peers: Mapping[str, KVLayout],
         run_commands: Callable[[], bool],
         publish: Callable[[TransferResult], None],
+        read_lease_s: float | None = None,
     ) -> None:
         self.name = name
+        self.read_lease_s = handshake.READ_LEASE_S if read_lease_s is None else read_lease_s
         self.driver = driver
         self.layout = layout
         self._peers = peers
@@ -60,9 +70,10 @@ class TransferProtocol:
         self._publish = publish
         self._recvs: dict[str, RecvState] = {}
         self._sends: dict[str, SendState] = {}
-        # Ops of failed requests the backend could not cancel yet, with the result to publish
-        # once they settle: their blocks must not be released while memory may be touched.
-        self._zombies: list[tuple[list[Any], TransferResult]] = []
+        # Failed requests whose ops may still touch their blocks (settling.py).
+        self._settling = Settling(driver, publish)
+        self._bury = self._settling.bury
+        self._holds = ReadHolds(2 * self.read_lease_s, lambda s, r: self._bury(s.ops, r))
         self._finished: OrderedDict[str, None] = OrderedDict()
         # Requests with pulls in flight, so a step looks at those and not at every
         # reservation (a decode worker may hold hundreds waiting for their first layer).
@@ -75,23 +86,30 @@ class TransferProtocol:
 
     def active(self) -> bool:
         """Anything in flight: the I/O thread then naps only briefly between steps."""
-        return bool(self._recvs or self._sends or self._zombies)
+        return bool(self._recvs or self._sends or self._settling or self._holds)
 
     def step(self) -> bool:
         """One I/O step: queued commands, control messages, ops, deadlines. True if any of
         it made progress (the I/O thread then steps again without waiting)."""
         busy = self._run_commands()
+        read_at = time.monotonic()  # taken before the read: a lease never starts late
+        messages = []
         for raw in self.driver.messages():
             busy = True
             try:
-                message = decode_message(raw)
+                messages.append(decode_message(raw))
             except Exception as exc:
                 logger.warning("%s: dropped undecodable message: %s", self.name, exc)
-                continue
+        # Aborts first: a LayersReady read together with its request's Abort was sent
+        # before it, and its sender may reuse the blocks any time after (holds.py).
+        messages.sort(key=lambda m: not isinstance(m, Abort))
+        for message in messages:
             if isinstance(message, LayersReady):
-                self._on_ready(message)
+                self._on_ready(message, read_at)
             elif isinstance(message, LayersDone):
                 self._on_done(message)
+            elif isinstance(message, Stopped):
+                self._holds.on_stopped(message.request_id, message.sender)
             else:
                 self._on_abort(message)
         busy |= self._check_ops()
@@ -118,7 +136,7 @@ class TransferProtocol:
         self._recvs[request_id] = recv
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 
-    def _on_ready(self, msg: LayersReady) -> None:
+    def _on_ready(self, msg: LayersReady, read_at: float) -> None:
         peer_layout = self._peers.get(msg.sender)
         if peer_layout is None:
             logger.warning("%s: LayersReady from unknown peer %s ignored", self.name, msg.sender)
@@ -136,7 +154,7 @@ class TransferProtocol:
             )
             self._tell(msg.sender, Abort(msg.request_id, self.name, reason))
             return
-        error = self._check_ready(recv, msg, peer_layout)
+        error = recv.refusal(msg, peer_layout)
         if error is not None:
             reason = f"refused LayersReady from {msg.sender}: {error}"
             if recv.peer != msg.sender:
@@ -150,16 +168,20 @@ class TransferProtocol:
         except Exception as exc:
             self._fail_recv(recv, f"pull from {msg.sender} failed: {exc}")
             return
+        lease_end = read_at + msg.lease_s
         if self.driver.state(op) is OpState.DONE:  # a synchronous copy (shm, local)
-            self._landed(recv, op, msg.layers)
+            self._landed(recv, op, msg.layers, lease_end)
             return
-        recv.ops.append((op, list(msg.layers)))
+        recv.ops.append((op, list(msg.layers), lease_end))
         self._pulling.add(recv.request_id)
 
-    def _landed(self, recv: RecvState, op: Any, layers: list[int]) -> bool:
+    def _landed(self, recv: RecvState, op: Any, layers: list[int], lease_end: float) -> bool:
         """A pull finished: acknowledge its layers; publish the request if it is complete.
-        False if the request ended here (complete, or failed because the ack failed)."""
+        False if the request ended here (complete, or failed: a late pull, a failed ack)."""
         self.driver.release(op)
+        if time.monotonic() > lease_end:  # the sender may have reused the blocks meanwhile
+            self._fail_recv(recv, f"pulling layers {layers} outlived the sender's read lease")
+            return False
         recv.landed.update(layers)
         assert recv.peer is not None
         self._tell(recv.peer, LayersDone(recv.request_id, self.name, layers))
@@ -172,29 +194,13 @@ class TransferProtocol:
         self._publish(TransferResult(recv.request_id, Role.RECV, True, recv.peer, recv.block_ids))
         return False
 
-    def _check_ready(self, recv: RecvState, msg: LayersReady, peer_layout: KVLayout) -> str | None:
-        """Why `msg` may not fill `recv`'s reservation, or None if it may."""
-        if recv.peer is not None and recv.peer != msg.sender:
-            return f"request is bound to peer {recv.peer}"
-        if not msg.layers:
-            return "no layers"
-        for layer in msg.layers:
-            if not 0 <= layer < recv.num_layers:
-                return f"layer {layer} outside [0, {recv.num_layers})"
-            if layer in recv.claimed:
-                return f"layer {layer} sent twice"
-        dst = msg.dst_block_ids
-        if len(dst) != len(recv.block_ids) or set(dst) != recv.block_set:
-            return f"destination blocks {dst} are not the reservation"
-        if len(msg.src_block_ids) != len(msg.dst_block_ids):
-            return "source and destination block counts differ"
-        try:
-            peer_layout.check_block_ids(msg.src_block_ids, "source block id")
-        except ValueError as exc:
-            return str(exc)
-        return None
-
-    def _fail_recv(self, recv: RecvState, reason: str, tell: bool = True) -> None:
+    def _fail_recv(
+        self,
+        recv: RecvState,
+        reason: str,
+        tell: bool = True,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         del self._recvs[recv.request_id]
         self._remember(recv.request_id)
         if tell and recv.peer is not None:
@@ -202,7 +208,7 @@ class TransferProtocol:
         result = TransferResult(
             recv.request_id, Role.RECV, False, recv.peer, recv.block_ids, reason
         )
-        self._bury([op for op, _ in recv.ops], result)
+        self._bury([op for op, _, _ in recv.ops], result, then)
 
     # --- sender -----------------------------------------------------------------------------
 
@@ -241,7 +247,7 @@ class TransferProtocol:
             if self.driver.streams_bytes
             else []
         )
-        msg = LayersReady(handle.request_id, self.name, layers, src, dst, tag)
+        msg = LayersReady(handle.request_id, self.name, layers, src, dst, tag, self.read_lease_s)
         try:
             op = self.driver.post_ready(peer, encode(msg), tag, regions)
         except Exception as exc:
@@ -252,6 +258,8 @@ class TransferProtocol:
             self._streaming.add(send.request_id)
 
     def _on_done(self, msg: LayersDone) -> None:
+        if self._holds.on_done(msg.request_id, msg.sender, msg.layers):
+            return
         send = self._sends.get(msg.request_id)
         if send is None or send.peer != msg.sender:
             logger.debug("%s: stray LayersDone for %s", self.name, msg.request_id)
@@ -280,12 +288,14 @@ class TransferProtocol:
         self._remember(send.request_id)
         for handle in send.handles:
             handle._finish(reason)
-        if tell:
-            self._tell(send.peer, Abort(send.request_id, self.name, reason))
+        told = tell and self._tell(send.peer, Abort(send.request_id, self.name, reason))
         result = TransferResult(
             send.request_id, Role.SEND, False, send.peer, tuple(sorted(send.block_ids)), reason
         )
-        self._bury(send.ops, result)
+        if told and self._holds.needed(send):  # holds.py
+            self._holds.hold(send, result)
+        else:
+            self._bury(send.ops, result)
 
     # --- both -------------------------------------------------------------------------------
 
@@ -294,10 +304,16 @@ class TransferProtocol:
         send = self._sends.get(msg.request_id)
         if send is not None and send.peer == msg.sender:
             self._fail_send(send, reason, tell=False)
+            return
+        if self._holds.on_stopped(msg.request_id, msg.sender):  # it gave up reading
+            return
+        stopped = Stopped(msg.request_id, self.name)  # the sender waits for it: holds.py
         recv = self._recvs.get(msg.request_id)
         if recv is not None and recv.peer in (None, msg.sender):
             recv.peer = msg.sender
-            self._fail_recv(recv, reason, tell=False)
+            self._fail_recv(recv, reason, tell=False, then=lambda: self._tell(msg.sender, stopped))
+        else:
+            self._tell(msg.sender, stopped)
 
     def _check_ops(self) -> bool:
         progressed = False
@@ -306,7 +322,8 @@ class TransferProtocol:
             if recv is None or not recv.ops:
                 self._pulling.discard(request_id)
                 continue
-            for op, layers in list(recv.ops):
+            for entry in list(recv.ops):
+                op, layers, lease_end = entry
                 state = self.driver.state(op)
                 if state is OpState.PENDING:
                     continue
@@ -314,8 +331,8 @@ class TransferProtocol:
                 if state is OpState.FAILED:
                     self._fail_recv(recv, f"pulling layers {layers} from {recv.peer} failed")
                     break
-                recv.ops.remove((op, layers))
-                if not self._landed(recv, op, layers):
+                recv.ops.remove(entry)
+                if not self._landed(recv, op, layers, lease_end):
                     break
         for request_id in list(self._streaming):
             send = self._sends.get(request_id)
@@ -327,15 +344,11 @@ class TransferProtocol:
                 self._fail_send(send, f"sending to {send.peer} failed")
             elif send.complete():
                 self._finish_send(send)
-        for zombie in list(self._zombies):
-            ops, result = zombie
-            ops[:] = [op for op in ops if not self.driver.release(op)]
-            if not ops:
-                self._zombies.remove(zombie)
-                self._publish(result)
+        self._settling.check()
         return progressed
 
     def _check_deadlines(self) -> None:
+        self._holds.expire()
         now = time.monotonic()
         while self._deadlines and self._deadlines[0][0] < now:
             _, _, state = heapq.heappop(self._deadlines)
@@ -345,18 +358,11 @@ class TransferProtocol:
             elif self._sends.get(state.request_id) is state:
                 self._fail_send(state, f"deadline passed with {state.describe()}")
 
-    def _bury(self, ops: list[Any], result: TransferResult) -> None:
-        """Publish `result` once none of `ops` can touch memory any more."""
-        still = [op for op in ops if not self.driver.release(op)]
-        if still:
-            self._zombies.append((still, result))
-        else:
-            self._publish(result)
-
-    def _tell(self, peer: str, message: Any) -> None:
-        """Best effort: a peer we cannot reach fails on its own deadline."""
+    def _tell(self, peer: str, message: Any) -> bool:
+        """Best effort: False if the peer is unreachable (it fails on its own deadline)."""
         try:
             self.driver.send_message(peer, encode(message))
+            return True
         except Exception as exc:
             logger.info(
                 "%s: could not send %s to %s: %s", self.name, type(message).__name__, peer, exc
@@ -365,6 +371,7 @@ class TransferProtocol:
                 recv = self._recvs.get(message.request_id)
                 if recv is not None:
                     self._fail_recv(recv, f"peer {peer} unreachable: {exc}", tell=False)
+            return False
 
     def _remember(self, request_id: str) -> None:
         self._finished[request_id] = None
@@ -385,7 +392,9 @@ class TransferProtocol:
         self.driver.disconnect(peer)
 
     def fail_all(self, reason: str) -> None:
+        """Closing: the cache goes away with the transport, so nothing is held."""
         for send in list(self._sends.values()):
             self._fail_send(send, reason)
         for recv in list(self._recvs.values()):
             self._fail_recv(recv, reason)
+        self._holds.release_all()

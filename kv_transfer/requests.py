@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.kv_layout import KVLayout
 from kv_transfer.api import SendHandle
+from kv_transfer.handshake import LayersReady
 
 
 @dataclass
@@ -23,8 +25,8 @@ class RecvState:
     landed: set[int] = field(default_factory=set)
     claimed: set[int] = field(default_factory=set)
     """Layers announced by the peer (landed or being pulled): each may arrive once."""
-    ops: list[tuple[Any, list[int]]] = field(default_factory=list)
-    """Pulls in flight, with the layers each brings."""
+    ops: list[tuple[Any, list[int], float]] = field(default_factory=list)
+    """Pulls in flight, with the layers each brings and when its read lease ends."""
 
     def __post_init__(self) -> None:
         self.block_set = frozenset(self.block_ids)
@@ -34,6 +36,28 @@ class RecvState:
 
     def describe(self) -> str:
         return f"{len(self.landed)}/{self.num_layers} layers landed"
+
+    def refusal(self, msg: LayersReady, peer_layout: KVLayout) -> str | None:
+        """Why `msg` may not fill this reservation, or None if it may."""
+        if self.peer is not None and self.peer != msg.sender:
+            return f"request is bound to peer {self.peer}"
+        if not msg.layers:
+            return "no layers"
+        for layer in msg.layers:
+            if not 0 <= layer < self.num_layers:
+                return f"layer {layer} outside [0, {self.num_layers})"
+            if layer in self.claimed:
+                return f"layer {layer} sent twice"
+        dst = msg.dst_block_ids
+        if len(dst) != len(self.block_ids) or set(dst) != self.block_set:
+            return f"destination blocks {dst} are not the reservation"
+        if len(msg.src_block_ids) != len(msg.dst_block_ids):
+            return "source and destination block counts differ"
+        try:
+            peer_layout.check_block_ids(msg.src_block_ids, "source block id")
+        except ValueError as exc:
+            return str(exc)
+        return None
 
 
 @dataclass

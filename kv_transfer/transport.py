@@ -78,7 +78,9 @@ class DriverTransport(Transport):
         model_id: str,
         name: str | None = None,
         on_failure: FailureHook | None = None,
+        read_lease_s: float | None = None,
     ) -> None:
+        """`read_lease_s`: see kv_transfer.holds (None: handshake.READ_LEASE_S)."""
         self.layout = layout
         self.name = name or f"kv-{os.getpid()}-{random.getrandbits(32):08x}"
         self.driver = driver_factory(self.name)
@@ -110,7 +112,13 @@ class DriverTransport(Transport):
         self._results: OrderedDict[tuple[Role, str], TransferResult] = OrderedDict()
         # The request tables and their state machine; touched only on the I/O thread.
         self._protocol = TransferProtocol(
-            self.name, self.driver, layout, self._peers, self._drain_commands, self._publish
+            self.name,
+            self.driver,
+            layout,
+            self._peers,
+            self._drain_commands,
+            self._publish,
+            read_lease_s,
         )
         self._stop = False
         self._nap_s = _IDLE_POLL_S  # how long the I/O thread may sleep now (0 while it works)

@@ -103,8 +103,8 @@ class WorkerBase:
         if outcome.error is not None:
             logger.warning("%s: transfer of %s failed: %s", self.worker_id, outcome.request_id,
                            outcome.error)  # fmt: skip
-            if outcome.role is Role.RECV:
-                self.group.call_all("abort", outcome.request_id)  # frees the reservation
+        if outcome.role is Role.RECV and (outcome.error is not None or outcome.abandoned):
+            self.group.call_all("abort", outcome.request_id)  # frees the reservation
 
     # -- actor methods shared by both kinds --------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -150,7 +150,14 @@ class WorkerBase:
         return await self.engine.call(lambda g: self._abort(g, request_id))
 
     def _abort(self, g: EngineGroup, request_id: str) -> bool:
-        """Engine thread: stop tracking the request's transfer and free its blocks."""
+        """Engine thread: free the request's blocks, or, while its KV transfer may still
+        write them (a reservation) or be reading them (a prefilled prompt), cancel the
+        transfer and leave the freeing to its outcome (`_on_transfer_done`): a block freed
+        earlier could be given to another request and then overwritten by a late pull, or
+        overwritten itself while a reader still copies it."""
+        if g.call_first("is_parked", request_id) and self.tracker.abandon(request_id):
+            g.call_each("kv_cancel", request_id)
+            return True
         self.tracker.discard(request_id)
         return g.abort(request_id)
 

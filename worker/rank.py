@@ -113,6 +113,11 @@ class WorkerRank:
         """TransferResults (either role) finished on this rank since the last poll."""
         return self.transport.poll()
 
+    def is_parked(self, request_id: str) -> bool:
+        """Held outside the schedule: reserved for KV in flight, or prefilled and held until
+        its KV was handed over (a scheduled request's transfer has not started)."""
+        return self.engine.is_held(request_id)
+
     def kv_cancel(self, request_id: str) -> None:
         self.transport.cancel(request_id)
 

@@ -4,7 +4,8 @@ A request's KV moves as `tp_size` independent transfers (one per rank). It is do
 every rank reported a result: ok if all are ok, else failed with the first error. On the
 first failure the other ranks are cancelled (so they report quickly), but the outcome waits
 for all of them: until a rank reports, its transport may still touch the request's blocks,
-which therefore must not be freed yet.
+which therefore must not be freed yet. The same holds for an aborted request: `abandon`
+answers its waiter at once, but its outcome still comes, and frees the blocks.
 
 Used on the worker's engine thread only: no locks.
 """
@@ -22,6 +23,7 @@ class _Entry:
     future: concurrent.futures.Future[str | None]
     reported: set[int] = field(default_factory=set)
     error: str | None = None
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class Outcome:
     role: Role
     error: str | None
     """None: every rank's transfer succeeded."""
+    abandoned: bool = False
+    """The request was aborted meanwhile: free its blocks even if the transfer succeeded."""
 
 
 class TransferTracker:
@@ -46,6 +50,19 @@ class TransferTracker:
         entry = _Entry(concurrent.futures.Future())
         self._entries[(role, request_id)] = entry
         return entry.future
+
+    def abandon(self, request_id: str) -> bool:
+        """An aborted request whose transfer may still be running: answer its waiter now
+        ("aborted") but keep collecting results, so the outcome (`abandoned`) says when
+        its blocks may be freed. False if nothing is tracked for it."""
+        found = False
+        for role in Role:
+            entry = self._entries.get((role, request_id))
+            if entry is not None:
+                found = entry.abandoned = True
+                if not entry.future.done():
+                    entry.future.set_result("aborted")
+        return found
 
     def discard(self, request_id: str) -> None:
         """Stop tracking (aborted): later results for it are ignored."""
@@ -72,7 +89,7 @@ class TransferTracker:
                     if len(entry.reported) < self.num_ranks:
                         cancel.append(r.request_id)
                 if len(entry.reported) == self.num_ranks:
-                    done.append(Outcome(r.request_id, r.role, entry.error))
+                    done.append(Outcome(r.request_id, r.role, entry.error, entry.abandoned))
         return cancel, done
 
     def resolve(self, outcome: Outcome) -> None:

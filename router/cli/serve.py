@@ -18,6 +18,7 @@ from pathlib import Path
 
 from core.config import EngineConfig
 from router.cli.model_dir import resolve_model
+from router.cli.serve_args import door_limits
 
 logger = logging.getLogger("baton.serve")
 
@@ -111,6 +112,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tool_call_parser=tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         cors_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
+        limits=door_limits(args),
     )
     import uvicorn
 

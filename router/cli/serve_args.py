@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from router.frontdoor.http.limits import DoorLimits
+
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50051
 
@@ -93,4 +95,68 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         choices=("deepseek_r1", "qwen3"),
         help="split <think>...</think> into reasoning_content: deepseek_r1 (the template "
         "opens the block) or qwen3 (the reply does); default off",
+    )
+    add_limit_arguments(p)
+
+
+def add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """Overload and abuse limits of the HTTP API (router/frontdoor/http/limits.py); all off
+    unless given."""
+    g = p.add_argument_group("limits (HTTP API; off unless set)")
+    g.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="requests per second per API key (bearer token; no token: one shared key); "
+        "beyond it 429 with Retry-After",
+    )
+    g.add_argument(
+        "--rate-burst",
+        type=int,
+        default=None,
+        help="requests a key may send at once after idling (default: one second's worth)",
+    )
+    g.add_argument(
+        "--max-concurrent-per-key",
+        type=int,
+        default=None,
+        help="requests in flight per API key; beyond it 429",
+    )
+    g.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=None,
+        help="requests in flight on this front door; more wait in the admission queue",
+    )
+    g.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=0,
+        help="requests that may wait for a slot (with --max-concurrent-requests); beyond "
+        "it 503 at once",
+    )
+    g.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a queued request waits for a slot before a 503",
+    )
+    g.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=None,
+        help="largest request body accepted; beyond it 413",
+    )
+
+
+def door_limits(args: argparse.Namespace) -> DoorLimits:
+    return DoorLimits(
+        rate_per_s=args.rate_limit,
+        burst=args.rate_burst,
+        max_concurrent_per_key=args.max_concurrent_per_key,
+        max_concurrent=args.max_concurrent_requests,
+        max_queued=args.max_queued_requests,
+        queue_timeout_s=args.queue_timeout,
+        max_body_bytes=args.max_body_bytes,
     )

@@ -22,6 +22,8 @@ from router.frontdoor.http.completions import create_completion
 from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.disconnect import until_disconnect
 from router.frontdoor.http.errors import APIError, install_error_handlers
+from router.frontdoor.http.guard import DoorGuard
+from router.frontdoor.http.limits import DoorLimits
 from router.frontdoor.http.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -56,10 +58,12 @@ def create_app(
     tool_call_parser: str = DEFAULT_PARSER,
     reasoning_parser: str | None = None,
     cors_origins: tuple[str, ...] = (),
+    limits: DoorLimits | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
-    by default, so no page elsewhere can script it."""
+    by default, so no page elsewhere can script it. `limits`: rate limits, quotas, admission
+    queue and body size (guard.py); none if None."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -74,7 +78,10 @@ def create_app(
     app.state.metrics = metrics
     app.state.context = ctx
     install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
+    # The last added runs first: request ids on every answer (a 429 too), CORS headers on
+    # the guard's refusals, and preflights never counted against a limit.
+    if limits is not None and limits.enabled():
+        app.add_middleware(DoorGuard, limits=limits)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -83,6 +90,7 @@ def create_app(
             allow_headers=["Authorization", "Content-Type", HEADER],
             expose_headers=[HEADER, "Retry-After"],
         )
+    app.add_middleware(RequestIdMiddleware)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:

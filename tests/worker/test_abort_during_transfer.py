@@ -1,0 +1,189 @@
+"""Aborting a request while its KV is on the wire frees its blocks only once no pull can
+touch them, in both directions; the blocks' next owner keeps its KV byte for byte.
+
+A prefill and a decode worker (real engines, tiny model, tp=1) in this process, connected
+over the shm backend whose pulls pass a gate the test holds (tests/support/gated_driver.py).
+Each side's KV cache holds exactly one prompt, so a next owner gets the aborted request's
+blocks as soon as they are free, and not before."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from core.config import EngineConfig
+from core.errors import WorkerFailedError
+from core.request import EngineRequest
+from core.roles import WorkerRole
+from core.sampling import SamplingParams
+from decode_worker.worker import DecodeWorker
+from engine.output_channel import is_final
+from prefill_worker.worker import PrefillWorker
+from tests.support.gated_driver import BACKEND, Gate
+from worker.records import WorkerSpec
+
+BLOCK = 16
+PROMPT_BLOCKS = 4
+TIMEOUT_S = 30.0
+
+
+def request(request_id: str, seed: int, max_tokens: int = 1) -> EngineRequest:
+    rng = random.Random(seed)
+    prompt = [rng.randrange(3, 200) for _ in range(PROMPT_BLOCKS * BLOCK - 4)]
+    return EngineRequest(request_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
+
+
+def spec(worker_id: str, role: WorkerRole, model_dir: Any, num_blocks: int) -> WorkerSpec:
+    engine = EngineConfig(
+        block_size=BLOCK, num_kv_blocks=num_blocks, max_model_len=num_blocks * BLOCK
+    )
+    return WorkerSpec(worker_id, role, str(model_dir), engine, transport=BACKEND)
+
+
+def on_engine(worker: Any, fn: Callable[[Any], Any]) -> Any:
+    """Run `fn(rank)` on the worker's engine thread."""
+    return worker.engine.call(lambda g: fn(g.rank))
+
+
+def gate_of(worker: Any) -> Gate:
+    return worker.group.rank.transport.driver.gate
+
+
+def cached_kv(rank: Any) -> dict[int, torch.Tensor]:
+    """The KV of every cached full block, by its hash."""
+    kv = rank.engine.runner.kv_cache
+    pool = rank.engine.kv.pool
+    return {b.block_hash: kv[:, b.block_id].clone() for b in pool.blocks if b.block_hash}
+
+
+def same(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor], keys: Any) -> bool:
+    return all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in keys)
+
+
+async def run_here(decode: DecodeWorker, req: EngineRequest) -> None:
+    """Prefill and decode `req` on the decode worker itself, to its end."""
+    channel = f"ch-{req.request_id}"
+    await decode.generate(req, TIMEOUT_S, channel)
+    stream = decode.outputs(channel)
+    try:
+        async for batch in stream:
+            for request_id, item in batch:
+                assert not isinstance(item, Exception), item
+                if request_id == req.request_id and is_final(item):
+                    return
+    finally:
+        await stream.aclose()
+
+
+async def held_transfer(prefill: PrefillWorker, decode: DecodeWorker, req: EngineRequest) -> Any:
+    """Reserve, prefill, and hold the decode worker's first pull at its gate."""
+    gate_of(decode).close()
+    res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
+    reply = await prefill.prefill(req, decode.worker_id, res.block_ids, 0, TIMEOUT_S)
+    held = await asyncio.to_thread(gate_of(decode).holding.wait, 10)
+    assert held, "the pull never reached the gate"
+    return res, reply
+
+
+async def give_a_chance(task: asyncio.Task) -> None:
+    """Let `task` run as far as it can before the held pull goes on: were the blocks free
+    too early, a tiny model's request would be done well within this."""
+    await asyncio.wait({task}, timeout=0.5)
+
+
+async def settled(worker: Any) -> None:
+    """Poll until the worker holds no blocks and tracks no transfer."""
+    for _ in range(400):
+        used = await on_engine(worker, lambda r: r.engine.kv.pool.num_used_blocks)
+        if used == 0 and not worker.tracker.pending:
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError(f"{worker.worker_id} still holds {used} blocks")
+
+
+@pytest.fixture
+def pair(tiny_model_dir, loop_thread):
+    made: list[Any] = []
+
+    def make(prefill_blocks: int, decode_blocks: int) -> tuple[PrefillWorker, DecodeWorker]:
+        model = tiny_model_dir()
+        prefill = PrefillWorker(spec("p0", WorkerRole.PREFILL, model, prefill_blocks))
+        made.append(prefill)
+        decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model, decode_blocks))
+        made.append(decode)
+        loop_thread.run(decode.connect(prefill.info().transport_metadata))
+        loop_thread.run(prefill.connect(decode.info().transport_metadata))
+        return prefill, decode
+
+    yield make
+    for worker in made:
+        gate_of(worker).open()
+        worker.shutdown()
+
+
+def test_decode_abort_keeps_the_reservation_until_the_pull_ended(pair, loop_thread) -> None:
+    prefill, decode = pair(prefill_blocks=2 * PROMPT_BLOCKS, decode_blocks=PROMPT_BLOCKS)
+    a, b = request("a", 1), request("b", 2)
+
+    async def scenario() -> None:
+        await run_here(decode, b)  # the reference: b's KV, computed on this engine
+        reference = await on_engine(decode, cached_kv)
+        assert await on_engine(decode, lambda r: r.engine.kv.pool.reset_prefix_cache())
+        await held_transfer(prefill, decode, a)
+        await decode.abort(a.request_id)
+        free = await on_engine(decode, lambda r: r.engine.kv.pool.num_free_blocks)
+        assert free == 0, "a's blocks were freed while a pull may still write them"
+        b_done = asyncio.create_task(run_here(decode, b))
+        await give_a_chance(b_done)  # b, the blocks' next owner, waits for them
+        gate_of(decode).open()
+        await asyncio.wait_for(b_done, TIMEOUT_S)
+        await settled(decode)
+        await settled(prefill)
+        after = await on_engine(decode, cached_kv)
+        assert reference.keys() == after.keys()
+        assert same(reference, after, reference), "b's KV was overwritten by a's late pull"
+
+    loop_thread.run(scenario())
+
+
+def test_prefill_abort_keeps_source_blocks_until_the_reader_ended(pair, loop_thread) -> None:
+    prefill, decode = pair(prefill_blocks=PROMPT_BLOCKS, decode_blocks=2 * PROMPT_BLOCKS + 1)
+    a, c = request("a", 1, max_tokens=2), request("c", 3, max_tokens=2)
+
+    async def scenario() -> None:
+        _, reply_a = await held_transfer(prefill, decode, a)
+        sent = await on_engine(prefill, cached_kv)  # a's full blocks, as offered
+        await prefill.abort(a.request_id)
+        free = await on_engine(prefill, lambda r: r.engine.kv.pool.num_free_blocks)
+        assert free == 0, "a's source blocks were freed while the decode worker reads them"
+        res_c = await decode.reserve(c, TIMEOUT_S, prefill.worker_id)
+        c_prefilled = asyncio.create_task(
+            prefill.prefill(c, decode.worker_id, res_c.block_ids, 0, TIMEOUT_S)
+        )
+        await give_a_chance(c_prefilled)  # c, the source blocks' next owner, waits for them
+        gate_of(decode).open()
+        reply_c = await asyncio.wait_for(c_prefilled, TIMEOUT_S)
+        await decode.admit(c.request_id, reply_c.first_token, None, TIMEOUT_S, "ch")
+        try:  # the reader either refuses a's KV, or it is exactly what was offered
+            await decode.admit(a.request_id, reply_a.first_token, None, TIMEOUT_S, "ch")
+            admitted_a = True
+        except WorkerFailedError:
+            admitted_a = False
+        stream = decode.outputs("ch")
+        await stream.aclose()
+        await settled(decode)
+        await settled(prefill)
+        on_decode = await on_engine(decode, cached_kv)
+        on_prefill = await on_engine(prefill, cached_kv)
+        c_hashes = on_prefill.keys() - sent.keys()
+        assert len(c_hashes) == PROMPT_BLOCKS - 1
+        assert same(on_prefill, on_decode, c_hashes), "c's KV did not arrive intact"
+        if admitted_a:
+            assert same(sent, on_decode, sent), "a was admitted with KV it was not sent"
+
+    loop_thread.run(scenario())
