@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from core.step_stats import PHASES
 
@@ -32,6 +33,7 @@ _TPOT_BUCKETS = (
     0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
+_EXEMPLAR_ID_LEN = 100
 OUTCOMES = ("success", "invalid", "overloaded", "deadline", "failed", "cancelled")
 
 
@@ -47,6 +49,10 @@ class RequestRecord:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    request_id: str = ""
+    """Attached to the latency observations as an OpenMetrics exemplar: a slow bucket
+    names a request that landed in it (X-Request-Id leads the id), without a label per
+    request."""
 
     @property
     def tpot_s(self) -> float | None:
@@ -133,6 +139,8 @@ class Metrics:
         self.prompt_tokens.inc(rec.num_prompt_tokens)
         self.generation_tokens.inc(rec.num_output_tokens)
         self.cached_tokens.inc(rec.num_cached_tokens)
+        # OpenMetrics caps an exemplar's labels at 128 characters.
+        exemplar = {"request_id": rec.request_id[:_EXEMPLAR_ID_LEN]} if rec.request_id else None
         for hist, value in (
             (self.ttft, rec.ttft_s),
             (self.tpot, rec.tpot_s),
@@ -140,7 +148,7 @@ class Metrics:
             (self.queue, rec.queue_s),
         ):
             if value is not None:
-                hist.observe(value)
+                hist.observe(value, exemplar)
         self.live.add(rec)
 
     # -- request path / cluster state ---------------------------------------------------
@@ -214,8 +222,17 @@ class Metrics:
     def record_router_decision(self, policy: str) -> None:
         self.router_decisions.labels(policy=policy).inc()
 
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+    def exposition(self, accept: str = "") -> tuple[bytes, str]:
+        """(body, content type): OpenMetrics, exemplars included, when `accept` (the
+        scraper's Accept header) asks for it, as Prometheus does with exemplar storage on;
+        else the classic text format."""
+        if "application/openmetrics-text" in accept:
+            # Names printed as they are: the default escaping turns the colon into `_` in
+            # the samples but not in their family's HELP/TYPE lines (prometheus_client
+            # 0.26), which a parser rejects. Colons are valid OpenMetrics names.
+            body = openmetrics.generate_latest(self.registry, escaping=openmetrics.ALLOWUTF8)
+            return body, openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
 class LiveStats:

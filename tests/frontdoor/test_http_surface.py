@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from core.config import EngineConfig
 from router.frontdoor.http.app import create_app
@@ -210,3 +211,21 @@ def test_bad_prompt_logprobs_are_400(server: HTTPServerThread, extra: dict) -> N
     assert assert_error(post(server, "/v1/completions", json=body), 400)["param"] == (
         "prompt_logprobs"
     )
+
+
+def test_latency_buckets_name_a_request_by_its_x_request_id(server: HTTPServerThread) -> None:
+    body = {"model": _model(server), "prompt": "Hi", "max_tokens": 3}
+    r = post(server, "/v1/completions", json=body, headers={"X-Request-Id": "exemplar-7"})
+    assert r.status_code == 200
+    openmetrics = httpx.get(f"{server.url}/metrics", timeout=10,
+                            headers={"Accept": "application/openmetrics-text"})  # fmt: skip
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    ttft = next(
+        f for f in text_string_to_metric_families(openmetrics.text)
+        if f.name == "baton:time_to_first_token_seconds"
+    )  # fmt: skip
+    ids = [s.exemplar.labels["request_id"] for s in ttft.samples if s.exemplar]
+    assert any(i.startswith("cmpl-exemplar-7.") for i in ids)
+    classic = httpx.get(f"{server.url}/metrics", timeout=10)
+    assert classic.headers["content-type"].startswith("text/plain")
+    assert "exemplar-7" not in classic.text

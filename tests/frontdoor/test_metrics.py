@@ -48,7 +48,7 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
     assert sample(m, "baton:worker_step_seconds_total", forward) == 0.75
     m.forget_worker("decode-0")
     assert sample(m, "baton:num_requests_running", {"worker": "decode-0"}) is None
-    assert b"baton:pool_size" in m.exposition()
+    assert b"baton:pool_size" in m.exposition()[0]
 
 
 def test_request_record_feeds_histograms_and_tpot() -> None:

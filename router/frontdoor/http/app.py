@@ -35,7 +35,7 @@ from router.frontdoor.http.protocol import (
 )
 from router.frontdoor.http.request_ids import HEADER, RequestIdMiddleware
 from router.frontdoor.http.token_routes import token_router
-from router.frontdoor.metrics import CONTENT_TYPE_LATEST, Metrics
+from router.frontdoor.metrics import Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
 
@@ -136,7 +136,7 @@ def create_app(
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
         if admin is not None:
             try:
                 await asyncio.wait_for(
@@ -144,7 +144,8 @@ def create_app(
                 )
             except Exception:  # a slow controller must not break scraping
                 logger.warning("could not refresh cluster metrics", exc_info=True)
-        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+        body, content_type = metrics.exposition(request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     app.include_router(admin_router(admin, admin_token, metrics))
     return app
