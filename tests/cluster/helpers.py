@@ -38,3 +38,12 @@ async def collect(
 def prompts(n: int, vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab) for _ in range(lengths[i % len(lengths)])] for i in range(n)]
+
+
+def worker_loads(cluster: Any) -> dict[str, Any]:
+    """worker id -> its current `WorkerLoad` (running, waiting, free and total blocks)."""
+    import ray
+
+    workers = list(cluster.membership.workers.items())
+    reports = ray.get([m.handle.report.remote() for _, m in workers], timeout=30)
+    return {wid: r.load for (wid, _), r in zip(workers, reports, strict=True)}

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-import ray
 
 from proto.baton.v1 import generate_pb2
 from router.frontdoor.grpc.client import BatonClient, build_request
 from tests import oracle
+from tests.cluster.helpers import worker_loads
 from tests.frontdoor.test_tool_calls_http import CHAT, SCHEMAS, TOOLS
 from tests.support.json_schemas import random_schema
 
@@ -123,8 +123,8 @@ def test_prompt_logprobs_come_from_the_prefill_worker(served) -> None:  # type: 
 
 
 def _loads(cluster) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    workers = cluster.membership.workers.values()
-    return {m.role: ray.get(m.handle.report.remote(), timeout=30).load for m in workers}
+    """role -> load (one worker per role here)."""
+    return {cluster.membership.workers[w].role: load for w, load in worker_loads(cluster).items()}
 
 
 def test_a_hung_up_non_streaming_request_frees_kv_on_both_workers(served) -> None:  # type: ignore[no-untyped-def]
