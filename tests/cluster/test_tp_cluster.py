@@ -70,11 +70,10 @@ def test_killing_a_decode_rank_fails_over_cleanly(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:
     """A rank actor dies mid-stream: the worker's engine is broken, the controller replaces
-    the whole worker (and its placement group); every request completes with the right
-    tokens or ends with a clear error, none hangs; the new worker serves correctly."""
+    the whole worker (and its placement group), and every request resumes on the new one:
+    each completes with exactly the tokens it would have had without the fault."""
     import ray
 
-    from core.errors import BatonError
     from tests.cluster.test_failures import wait_for_pools
 
     model_dir = tiny_model_dir("llama")
@@ -88,7 +87,7 @@ def test_killing_a_decode_rank_fails_over_cleanly(
     async def run() -> list:
         started = [asyncio.Event() for _ in batch]
         tasks = [
-            asyncio.create_task(collect(backend, f"kr{i}", p, params, 60.0, started[i]))
+            asyncio.create_task(collect(backend, f"kr{i}", p, params, 150.0, started[i]))
             for i, p in enumerate(batch)
         ]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
@@ -99,13 +98,10 @@ def test_killing_a_decode_rank_fails_over_cleanly(
         ray.kill(ranks[1], no_restart=True)
         return await asyncio.gather(*tasks, return_exceptions=True)
 
-    outs = loop_thread.run(run(), timeout=150)
+    outs = loop_thread.run(run(), timeout=200)
     for p, out in zip(batch, outs, strict=True):
-        if isinstance(out, BaseException):
-            assert isinstance(out, BatonError), f"unclear error: {out!r}"
-        else:
-            assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), 60)
-    print("outcomes:", [type(o).__name__ for o in outs])
+        assert not isinstance(out, BaseException), f"not resumed: {out!r}"
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), 60)
     wait_for_pools(cluster, loop_thread)
     _, members = ray.get(cluster.controller.get_members.remote(), timeout=30)
     assert killed[0] not in {m.worker_id for m in members}  # replaced, not patched up
