@@ -34,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.sim_misses import MissLedger
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from bench.workloads import (
@@ -48,6 +49,16 @@ from bench.workloads import (
 from router.routing.router import Router, RouterConfig
 
 POLICIES = ("ttft", "cache_aware", "least_loaded", "round_robin")
+MISS_KEYS = (
+    "hit",
+    "transferred",
+    "routed_away_holder_busier",
+    "routed_away_other",
+    "evicted_everywhere",
+    "cold",
+    "pooled_kept_no_worker_did",
+    "duplicate_share",
+)
 
 
 def make_routers(
@@ -95,8 +106,10 @@ def run_workload(
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
     for policy in args.policies:
         routers = make_routers(policy, args.workers, block)
-        res[policy] = simulate(trace, routers, args.workers, capacity, block, profile)
+        ledger = MissLedger(capacity * args.workers)
+        res[policy] = simulate(trace, routers, args.workers, capacity, block, profile, ledger)
         res[policy]["hit_over_oracle"] = res[policy]["hit_rate"] / oracle["hit_rate"]
+        res[policy]["misses"] = ledger.summary()
     if args.redis:
         tmp = tempfile.mkdtemp()
         proc, url = start_redis(tmp)
@@ -139,6 +152,23 @@ def table(runs: dict) -> str:
                 f"| {r['hit_over_oracle']:.2f} | {r['load_max_over_mean']:.2f} "
                 f"| {r['ttft_p50_ms'] / 1000:.2f} | {r['ttft_p99_ms'] / 1000:.2f} |"
             )
+    return "\n".join(lines)
+
+
+def misses_table(runs: dict) -> str:
+    """Where each policy's prompt blocks went (bench.sim_misses), shares of all blocks."""
+    keys = MISS_KEYS
+    lines = [
+        "| workload | policy | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+        "| --- | --- |" + " ---: |" * len(keys),
+    ]
+    for name, res in runs.items():
+        for policy, r in res.items():
+            if isinstance(r, dict) and "misses" in r:
+                m = r["misses"]
+                lines.append(
+                    f"| {name} | {policy} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |"
+                )
     return "\n".join(lines)
 
 
@@ -225,7 +255,11 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
-    text = table(runs)
+    text = (
+        table(runs)
+        + "\n\nWhere the prompt blocks went (shares of all blocks):\n\n"
+        + misses_table(runs)
+    )
     out.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"-> {out} and {out.with_suffix('.md')}")

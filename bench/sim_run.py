@@ -19,8 +19,9 @@ import heapq
 from collections import OrderedDict
 from typing import Any
 
+from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
-from bench.sim_worker import SimWorker
+from bench.sim_worker import SimWorker, store_chain
 from bench.workloads import TraceRequest
 from router.routing.router import Router
 from router.routing.ticket import Ticket
@@ -35,11 +36,7 @@ def pooled_lru_oracle(trace: list[TraceRequest], capacity: int, block_size: int)
             if h not in cache:
                 break
             hit += 1
-        for h in r["hash_ids"]:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity:
-            cache.popitem(last=False)
+        store_chain(cache, r["hash_ids"], capacity)
         cached += min(hit * block_size, r["input_length"])
         total += r["input_length"]
     return {"hit_rate": cached / total, "computed_tokens": total - cached}
@@ -73,6 +70,7 @@ def simulate(
     capacity: int,
     block_size: int,
     profile: WorkerProfile,
+    misses: MissLedger | None = None,
     report_every: int = 8,
     sync_every: int = 8,
 ) -> dict[str, Any]:
@@ -100,6 +98,8 @@ def simulate(
         )
         ticket.admit()  # no gate here: the simulated worker queues it
         w = by_id[ticket.decision.prefill_worker_id or ""]
+        if misses is not None:
+            misses.observe(r, w, workers, now)
         hit, batch = w.serve(r["hash_ids"])
         routers[int(w.worker_id[1:]) % len(routers)].apply(batch)
         hit_tokens = min(hit * block_size, r["input_length"])

@@ -28,6 +28,20 @@ class Job:
     steps: int
 
 
+def store_chain(cache: OrderedDict[int, None], hashes: list[int], capacity: int) -> list[int]:
+    """Put a served prompt's chain in an LRU cache and evict down to `capacity`; returns the
+    evicted hashes. The chain is touched tail first, so its own tail is the first of it to
+    go: an engine frees a finished request's blocks in reverse order for this reason
+    (engine.kv_cache.manager), since a block is only useful while its prefix is cached."""
+    for h in reversed(hashes):
+        cache[h] = None
+        cache.move_to_end(h)
+    evicted = []
+    while len(cache) > capacity:
+        evicted.append(cache.popitem(last=False)[0])
+    return evicted
+
+
 class SimWorker:
     def __init__(self, worker_id: str, capacity: int, profile: WorkerProfile) -> None:
         self.worker_id = worker_id
@@ -51,14 +65,8 @@ class SimWorker:
             if h not in cache:
                 break
             hit += 1
-        for h in hashes[:hit]:
-            cache.move_to_end(h)
         new = [h for h in hashes[hit:] if h not in cache]
-        for h in new:
-            cache[h] = None
-        evicted = []
-        while len(cache) > self.capacity:
-            evicted.append(cache.popitem(last=False)[0])
+        evicted = store_chain(cache, hashes, self.capacity)
         events: list = [BlockStored(hashes[hit - 1] if hit else None, new)] if new else []
         if evicted:
             events.append(BlockRemoved(evicted))
