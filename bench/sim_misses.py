@@ -22,21 +22,10 @@ prompt blocks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Container
 from dataclasses import dataclass, field
 
-from bench.sim_worker import SimWorker, store_chain
+from bench.sim_worker import SimWorker, prefix_length, store_chain
 from bench.workloads import TraceRequest
-
-
-def prefix_in(hashes: list[int], cache: Container[int]) -> int:
-    """How many leading blocks of the chain `cache` holds."""
-    n = 0
-    for h in hashes:
-        if h not in cache:
-            break
-        n += 1
-    return n
 
 
 @dataclass
@@ -69,11 +58,11 @@ class MissLedger:
     ) -> None:
         """Called before `chosen` serves `r`; `pulled` blocks come from a peer by transfer."""
         hashes = r["hash_ids"]
-        prefixes = {w.worker_id: prefix_in(hashes, w.cache) for w in workers}
+        prefixes = {w.worker_id: prefix_length(hashes, w.cache) for w in workers}
         h = prefixes[chosen.worker_id]
         holder = max(workers, key=lambda w: prefixes[w.worker_id])
         a = prefixes[holder.worker_id]
-        s = prefix_in(hashes, self._seen)
+        s = prefix_length(hashes, self._seen)
         reused = max(h, min(a, h + pulled))
         self.blocks += len(hashes)
         self.hit += h
@@ -85,7 +74,7 @@ class MissLedger:
                 self.away_other += a - reused
         self.evicted += s - a
         self.cold += len(hashes) - s
-        o = prefix_in(hashes, self._oracle)
+        o = prefix_length(hashes, self._oracle)
         self.oracle_hit += o
         self.pooled_kept += max(0, o - a)
         store_chain(self._oracle, hashes, self.capacity)

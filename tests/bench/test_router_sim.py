@@ -63,10 +63,10 @@ def test_light_then_burst_shape() -> None:
 
 def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     w = SimWorker("p0", capacity=4, profile=PROFILE)
-    hit, batch = w.serve([1, 2, 3])
+    hit, _, batch = w.serve([1, 2, 3])
     assert hit == 0 and batch.events[0].block_hashes == [1, 2, 3]
     assert w.enqueue(0.0, 300, 300) == 2 * 10 + 300  # two chunks of 256
-    hit, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
+    hit, _, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
     assert hit == 2 and batch.events[-1].block_hashes == [3]
     assert w.enqueue(100.0, 200, 100) == 320 + 10 + 100  # waits for the first
     load = w.load(200.0)
@@ -80,7 +80,7 @@ def test_a_served_chain_loses_its_tail_first() -> None:
     """Like an engine freeing a finished request's blocks in reverse: a prompt longer than
     the cache keeps its prefix (the part a later prompt can hit), not its tail."""
     w = SimWorker("p0", capacity=3, profile=PROFILE)
-    _, batch = w.serve([1, 2, 3, 4, 5])
+    _, _, batch = w.serve([1, 2, 3, 4, 5])
     assert batch.events[-1].block_hashes == [5, 4]
     assert w.serve([1, 2, 3, 9])[0] == 3
 
