@@ -140,6 +140,7 @@ class SimWorker:
             timestamp=now_ms / 1000,
             num_prompt_tokens=self.prompt_tokens,
             num_cached_prompt_tokens=self.cached_tokens,
+            num_pulled_prompt_tokens=self.transferred_tokens,
             steps=StepTotals(
                 steps=totals.steps,
                 prefill_tokens=totals.prefill_tokens,

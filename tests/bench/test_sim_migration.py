@@ -33,7 +33,7 @@ def test_a_worker_copies_its_peers_blocks_and_counts_them_apart() -> None:
     assert finish == 2.0 + 48 * 1e-3 + PROFILE.prefill_ms(32, 64)
     load = w.load(1e6)
     assert load.num_prompt_tokens == 96 and load.num_cached_prompt_tokens == 16
-    assert w.transferred_tokens == 48 and load.steps.prefill_tokens == 32
+    assert load.num_pulled_prompt_tokens == 48 and load.steps.prefill_tokens == 32
 
 
 def test_a_stale_pull_copies_only_what_the_peer_still_holds() -> None:

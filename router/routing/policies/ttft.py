@@ -10,7 +10,8 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
     s    per-request overhead (`step_s`: a prefill takes one engine step at least)
     N_w  blocks w's cache holds (the index)    K_w  its KV capacity in blocks (its reports)
     E_w  = max(0, N_w + ceil(U_w / B) - K_w)   blocks w must evict to store the new ones
-    h_w  w's recent prefix hit rate (its reports): how often a cached block is reused
+    h_w  w's recent prefix reuse (its reports: cache hits plus prefix pulled from peers):
+         how often what it caches is reused
     ρ_w  w's recent utilization (its reports), capped at `max_utilization`
 
     1. work_w     = s + t_w * U_w                          the prefill itself
@@ -152,7 +153,7 @@ class TtftPrefill(Policy):
             evict = 0
             if w.total_blocks > 0:
                 evict = max(0, held.get(w.worker_id, 0) + -(-uncached // block) - w.total_blocks)
-            pressure = kp * w.step_rate.hit_rate * evict * block * t
+            pressure = kp * w.step_rate.reuse_rate * evict * block * t
             rho = min(w.step_rate.utilization, self.max_utilization)
             cost = wait + (work + pressure) / (1.0 - rho)
             pull, transfer = 0, 0.0
