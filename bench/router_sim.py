@@ -34,7 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.sim_misses import MissLedger
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
+from bench.sim_report import add_ratios, misses_table, table
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from bench.workloads import (
     DEFAULT_TRACE,
@@ -47,7 +49,18 @@ from bench.workloads import (
 )
 from router.routing.router import Router, RouterConfig
 
-POLICIES = ("ttft", "cache_aware", "least_loaded", "round_robin")
+POLICIES = ("ttft", "ttft_no_pull", "cache_aware", "least_loaded", "round_robin")
+"""Rows of the table. `ttft` pulls prefixes from peers when the profile gives a transfer rate;
+`ttft_no_pull` is the same policy without migration, to show what migration buys."""
+
+
+def policy_config(label: str, profile: WorkerProfile) -> tuple[str, dict[str, float]]:
+    """(registered policy name, its arguments) of a table row's label."""
+    if label == "ttft":
+        return "ttft", profile.policy_args()
+    if label == "ttft_no_pull":
+        return "ttft", {}
+    return label, {}
 
 
 def make_routers(
@@ -57,6 +70,7 @@ def make_routers(
     replicas: int = 1,
     redis_url: str | None = None,
     ns: str = "",
+    policy_args: dict[str, float] | None = None,
 ) -> list[Router]:
     """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens."""
     routers = []
@@ -66,7 +80,11 @@ def make_routers(
             from router.routing.index.redis_store import RedisStore
 
             store = RedisStore(url=redis_url, namespace=ns, poll_ms=5)
-        cfg = RouterConfig(prefill_policy=policy, disagg_min_uncached_tokens=0)
+        cfg = RouterConfig(
+            prefill_policy=policy,
+            prefill_policy_args=policy_args or {},
+            disagg_min_uncached_tokens=0,
+        )
         router = Router(cfg, store=store)
         router.register_model("m", block_size=block_size)
         for i in range(num_workers):
@@ -93,21 +111,25 @@ def run_workload(
 ) -> dict:
     oracle = pooled_lru_oracle(trace, capacity * args.workers, block)
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
-    for policy in args.policies:
-        routers = make_routers(policy, args.workers, block)
-        res[policy] = simulate(trace, routers, args.workers, capacity, block, profile)
-        res[policy]["hit_over_oracle"] = res[policy]["hit_rate"] / oracle["hit_rate"]
+    for label in args.policies:
+        name, policy_args = policy_config(label, profile)
+        routers = make_routers(name, args.workers, block, policy_args=policy_args)
+        ledger = MissLedger(capacity * args.workers)
+        res[label] = simulate(trace, routers, args.workers, capacity, block, profile, ledger)
+        res[label]["misses"] = ledger.summary()
+        add_ratios(res[label], oracle)
     if args.redis:
         tmp = tempfile.mkdtemp()
         proc, url = start_redis(tmp)
         try:
             ns = f"sim:{time.monotonic_ns()}"
-            routers = make_routers(args.policies[0], args.workers, block, 4, url, ns)
+            name, policy_args = policy_config(args.policies[0], profile)
+            routers = make_routers(name, args.workers, block, 4, url, ns, policy_args)
             for r in routers:
                 r.store.sync(10)
             key = f"{args.policies[0]}_4_replicas_redis"
             res[key] = simulate(trace, routers, args.workers, capacity, block, profile)
-            res[key]["hit_over_oracle"] = res[key]["hit_rate"] / oracle["hit_rate"]
+            add_ratios(res[key], oracle)
             for r in routers:
                 r.close()
         finally:
@@ -115,31 +137,6 @@ def run_workload(
             proc.wait(timeout=10)
             shutil.rmtree(tmp, ignore_errors=True)
     return res
-
-
-def table(runs: dict) -> str:
-    """One markdown table: a row per (workload, policy), the oracle first."""
-    lines = [
-        "| workload | blocks/worker | policy | computed tokens | hit rate | hit / oracle "
-        "| load max/mean | TTFT p50 s | TTFT p99 s |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for name, res in runs.items():
-        cap = res["capacity_blocks"]
-        o = res["oracle_pooled_lru"]
-        lines.append(
-            f"| {name} | {cap} | oracle (pooled LRU) | {o['computed_tokens']:,} "
-            f"| {o['hit_rate']:.3f} | 1.00 | - | - | - |"
-        )
-        for policy, r in res.items():
-            if not isinstance(r, dict) or "ttft_p50_ms" not in r:
-                continue
-            lines.append(
-                f"| {name} | {cap} | {policy} | {r['computed_tokens']:,} | {r['hit_rate']:.3f} "
-                f"| {r['hit_over_oracle']:.2f} | {r['load_max_over_mean']:.2f} "
-                f"| {r['ttft_p50_ms'] / 1000:.2f} | {r['ttft_p99_ms'] / 1000:.2f} |"
-            )
-    return "\n".join(lines)
 
 
 def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
@@ -225,7 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1) + "\n")
-    text = table(runs)
+    text = (
+        table(runs)
+        + "\n\nWhere the prompt blocks went (shares of all blocks):\n\n"
+        + misses_table(runs)
+    )
     out.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"-> {out} and {out.with_suffix('.md')}")

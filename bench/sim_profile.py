@@ -4,7 +4,13 @@
                      + attn_ms * U * (C + U / 2) / 1000
 
 for U new tokens after C cached ones: a cache hit saves the hit's own compute, not the
-attention of the new tokens over it.
+attention of the new tokens over it. Copying K tokens' KV from a peer prefill worker
+(prefix migration) takes
+
+    transfer_ms(K) = transfer_latency_ms + K * kv_bytes_per_token / transfer_gbps / 1e6
+
+with the model's KV bytes per token and the KV transport's sustained rate between hosts
+(bench.kv_transfer); a profile without them has no migration.
 
 A profile is a small JSON file written by `python -m bench.worker_profile` from the engine's
 own step totals (core.step_stats), the same numbers a router reads from load reports. The
@@ -32,6 +38,9 @@ class WorkerProfile:
     chunk_tokens: int
     attn_ms: float = 0.0
     source: str = ""
+    kv_bytes_per_token: float = 0.0
+    transfer_gbps: float = 0.0
+    transfer_latency_ms: float = 0.0
 
     @classmethod
     def load(cls, path: str | Path = DEFAULT_PROFILE) -> WorkerProfile:
@@ -42,12 +51,35 @@ class WorkerProfile:
             int(raw["chunk_tokens"]),
             float(raw.get("attn_ms", 0.0)),
             str(raw.get("source", path)),
+            float(raw.get("kv_bytes_per_token", 0.0)),
+            float(raw.get("transfer_gbps", 0.0)),
+            float(raw.get("transfer_latency_ms", 0.0)),
         )
-        if min(profile.step_ms, profile.attn_ms) < 0 or profile.token_ms <= 0:
+        transfer = (profile.kv_bytes_per_token, profile.transfer_gbps, profile.transfer_latency_ms)
+        if min(profile.step_ms, profile.attn_ms, *transfer) < 0 or profile.token_ms <= 0:
             raise ValueError(f"{path}: not a usable profile: {raw}")
         if profile.chunk_tokens < 1:
             raise ValueError(f"{path}: chunk_tokens must be >= 1")
         return profile
+
+    @property
+    def can_transfer(self) -> bool:
+        return self.kv_bytes_per_token > 0 and self.transfer_gbps > 0
+
+    def transfer_ms(self, tokens: int) -> float:
+        """Time to copy `tokens` tokens' KV from a peer prefill worker."""
+        per_token = self.kv_bytes_per_token / (self.transfer_gbps * 1e6)
+        return self.transfer_latency_ms + tokens * per_token
+
+    def policy_args(self) -> dict[str, float]:
+        """The `ttft` policy's transfer parameters (router.routing.policies.ttft)."""
+        if not self.can_transfer:
+            return {}
+        return {
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "transfer_gbps": self.transfer_gbps,
+            "transfer_latency_s": self.transfer_latency_ms / 1000,
+        }
 
     def num_steps(self, tokens: int) -> int:
         """Engine steps a prefill of `tokens` takes (at least one: the first token)."""

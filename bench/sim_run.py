@@ -6,8 +6,13 @@ Per request, in arrival order (`simulate`):
      (bench.sim_worker: queued tokens, capacity, step totals, prompt / cached tokens);
   3. the router picks a prefill worker (one decode worker exists so decisions are complete;
      conditional disaggregation is off: every prompt is prefilled in the prefill pool);
-  4. that worker's cache answers with its true longest prefix, stores the rest, evicts LRU
-     and publishes the events; its FIFO queue gives the request's TTFT.
+  4. that worker's cache answers with its true longest prefix, copies the blocks the
+     decision pulls from a peer (as far as the peer still holds them), stores the rest,
+     evicts LRU and publishes the events; its FIFO queue gives the request's TTFT.
+
+Reuse is counted two ways: cache hits (the worker's own cache) and tokens transferred from
+a peer; computed tokens are the rest. The oracle compares with both together (`reuse_rate`):
+a pooled cache is what migration makes of the workers' caches.
 
 The oracle is one LRU cache of all workers' capacity seeing every request: what any
 placement could reuse at most (computed tokens it cannot go below), with no queue model.
@@ -19,8 +24,9 @@ import heapq
 from collections import OrderedDict
 from typing import Any
 
+from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
-from bench.sim_worker import SimWorker
+from bench.sim_worker import SimWorker, store_chain
 from bench.workloads import TraceRequest
 from router.routing.router import Router
 from router.routing.ticket import Ticket
@@ -35,11 +41,7 @@ def pooled_lru_oracle(trace: list[TraceRequest], capacity: int, block_size: int)
             if h not in cache:
                 break
             hit += 1
-        for h in r["hash_ids"]:
-            cache[h] = None
-            cache.move_to_end(h)
-        while len(cache) > capacity:
-            cache.popitem(last=False)
+        store_chain(cache, r["hash_ids"], capacity)
         cached += min(hit * block_size, r["input_length"])
         total += r["input_length"]
     return {"hit_rate": cached / total, "computed_tokens": total - cached}
@@ -73,6 +75,7 @@ def simulate(
     capacity: int,
     block_size: int,
     profile: WorkerProfile,
+    misses: MissLedger | None = None,
     report_every: int = 8,
     sync_every: int = 8,
 ) -> dict[str, Any]:
@@ -80,7 +83,7 @@ def simulate(
     by_id = {w.worker_id: w for w in workers}
     done: list[tuple[float, int, Ticket]] = []  # (finish ms, arrival order, its ticket)
     ttfts: list[float] = []
-    cached_tokens = prompt_tokens = 0
+    cached_tokens = transferred_tokens = prompt_tokens = num_pulls = 0
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         while done and done[0][0] <= now:
@@ -99,22 +102,34 @@ def simulate(
             "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=f"q{n}"
         )
         ticket.admit()  # no gate here: the simulated worker queues it
-        w = by_id[ticket.decision.prefill_worker_id or ""]
-        hit, batch = w.serve(r["hash_ids"])
+        decision = ticket.decision
+        w = by_id[decision.prefill_worker_id or ""]
+        if misses is not None:
+            misses.observe(r, w, workers, now, decision.pulled_blocks)
+        peer = by_id[decision.pull_from.peer_id] if decision.pull_from is not None else None
+        hit, pulled, batch = w.serve(r["hash_ids"], peer, decision.pulled_blocks)
         routers[int(w.worker_id[1:]) % len(routers)].apply(batch)
-        hit_tokens = min(hit * block_size, r["input_length"])
-        finish = w.enqueue(now, r["input_length"], r["input_length"] - hit_tokens)
+        length = r["input_length"]
+        hit_tokens = min(hit * block_size, length)
+        moved = min((hit + pulled) * block_size, length) - hit_tokens
+        finish = w.enqueue(now, length, length - hit_tokens - moved, moved)
         ttfts.append(finish - now)
         heapq.heappush(done, (finish, n, ticket))
         cached_tokens += hit_tokens
-        prompt_tokens += r["input_length"]
+        transferred_tokens += moved
+        num_pulls += 1 if moved else 0
+        prompt_tokens += length
     for _, _, ticket in done:
         ticket.close()
     work = [w.work_ms for w in workers]
     mean = sum(work) / len(work)
     return {
-        "computed_tokens": prompt_tokens - cached_tokens,
+        "computed_tokens": prompt_tokens - cached_tokens - transferred_tokens,
         "hit_rate": cached_tokens / prompt_tokens,
+        "transfer_rate": transferred_tokens / prompt_tokens,
+        "reuse_rate": (cached_tokens + transferred_tokens) / prompt_tokens,
+        "transferred_tokens": transferred_tokens,
+        "num_pulls": num_pulls,
         "load_max_over_mean": max(work) / mean if mean else 1.0,
         "ttft_p50_ms": percentile(ttfts, 0.5),
         "ttft_p99_ms": percentile(ttfts, 0.99),

@@ -5,6 +5,12 @@ It answers what a real prefill worker tells the router: KV events for what it st
 evicted, and load reports with its queued tokens, its cache occupancy and its engine step
 totals (core.step_stats), from which the router calibrates its time model online.
 
+Prefix migration: told to pull k blocks from a peer, it copies the blocks that follow its
+own cached prefix from the peer's cache, as far as the peer still holds them (its index
+entry may be stale), stores them like computed ones, and counts them apart: they are neither
+its cache hits nor computed. The copy starts when the request arrives (the peer's compute is
+not involved) and the prefill starts once both the copy and the queue ahead are done.
+
     time --->     arrival        start = max(arrival, busy_until)        finish
     request k        |-------- wait --------|------- prefill_ms(uncached) ------|
                      |<------------------------ TTFT -------------------------->|
@@ -13,6 +19,7 @@ totals (core.step_stats), from which the router calibrates its time model online
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass
 
 from bench.sim_profile import WorkerProfile
@@ -28,6 +35,30 @@ class Job:
     steps: int
 
 
+def prefix_length(hashes: list[int], cache: Container[int]) -> int:
+    """How many leading blocks of the chain `cache` holds."""
+    n = 0
+    for h in hashes:
+        if h not in cache:
+            break
+        n += 1
+    return n
+
+
+def store_chain(cache: OrderedDict[int, None], hashes: list[int], capacity: int) -> list[int]:
+    """Put a served prompt's chain in an LRU cache and evict down to `capacity`; returns the
+    evicted hashes. The chain is touched tail first, so its own tail is the first of it to
+    go: an engine frees a finished request's blocks in reverse order for this reason
+    (engine.kv_cache.manager), since a block is only useful while its prefix is cached."""
+    for h in reversed(hashes):
+        cache[h] = None
+        cache.move_to_end(h)
+    evicted = []
+    while len(cache) > capacity:
+        evicted.append(cache.popitem(last=False)[0])
+    return evicted
+
+
 class SimWorker:
     def __init__(self, worker_id: str, capacity: int, profile: WorkerProfile) -> None:
         self.worker_id = worker_id
@@ -38,44 +69,46 @@ class SimWorker:
         self.work_ms = 0.0
         self.jobs: list[Job] = []  # not yet counted in `totals`, in start order
         self.totals = StepTotals()
-        self.prompt_tokens = self.cached_tokens = 0
+        self.prompt_tokens = self.cached_tokens = self.transferred_tokens = 0
         self.seq = 0
 
     # -- the cache ---------------------------------------------------------------------
-    def serve(self, hashes: list[int]) -> tuple[int, KVEventBatch]:
-        """Look the chain up, touch the hit, store the rest, evict LRU. Returns the hit in
-        blocks and the events to publish."""
+    def serve(
+        self, hashes: list[int], peer: SimWorker | None = None, pull_blocks: int = 0
+    ) -> tuple[int, int, KVEventBatch]:
+        """Look the chain up, copy up to `pull_blocks` more from `peer`, store the rest, evict
+        LRU. Returns the hit and the copied blocks, and the events to publish."""
         cache = self.cache
-        hit = 0
-        for h in hashes:
-            if h not in cache:
-                break
-            hit += 1
-        for h in hashes[:hit]:
-            cache.move_to_end(h)
+        hit = prefix_length(hashes, cache)
+        pulled = 0
+        if peer is not None and pull_blocks > 0:
+            pulled = max(0, min(hit + pull_blocks, prefix_length(hashes, peer.cache)) - hit)
+            for h in reversed(hashes[hit : hit + pulled]):  # read: recently used there too
+                peer.cache.move_to_end(h)
         new = [h for h in hashes[hit:] if h not in cache]
-        for h in new:
-            cache[h] = None
-        evicted = []
-        while len(cache) > self.capacity:
-            evicted.append(cache.popitem(last=False)[0])
+        evicted = store_chain(cache, hashes, self.capacity)
         events: list = [BlockStored(hashes[hit - 1] if hit else None, new)] if new else []
         if evicted:
             events.append(BlockRemoved(evicted))
         batch = KVEventBatch(self.worker_id, self.seq, events, model="m")
         self.seq += 1
-        return hit, batch
+        return hit, pulled, batch
 
     # -- the queue ---------------------------------------------------------------------
-    def enqueue(self, now_ms: float, prompt_tokens: int, uncached: int) -> float:
-        """Queue a prefill of `uncached` tokens arriving at `now_ms`; returns its finish."""
+    def enqueue(
+        self, now_ms: float, prompt_tokens: int, uncached: int, transferred: int = 0
+    ) -> float:
+        """Queue a prefill of `uncached` tokens arriving at `now_ms`, `transferred` of the
+        others copied from a peer first; returns its finish."""
         service = self.profile.prefill_ms(uncached, prompt_tokens - uncached)
-        start = max(now_ms, self.busy_until)
+        ready = now_ms + (self.profile.transfer_ms(transferred) if transferred else 0.0)
+        start = max(ready, self.busy_until)
         self.busy_until = start + service
         self.work_ms += service
         self.jobs.append(Job(start, self.busy_until, uncached, self.profile.num_steps(uncached)))
         self.prompt_tokens += prompt_tokens
-        self.cached_tokens += prompt_tokens - uncached
+        self.cached_tokens += prompt_tokens - uncached - transferred
+        self.transferred_tokens += transferred
         return self.busy_until
 
     def load(self, now_ms: float) -> WorkerLoad:
@@ -107,6 +140,7 @@ class SimWorker:
             timestamp=now_ms / 1000,
             num_prompt_tokens=self.prompt_tokens,
             num_cached_prompt_tokens=self.cached_tokens,
+            num_pulled_prompt_tokens=self.transferred_tokens,
             steps=StepTotals(
                 steps=totals.steps,
                 prefill_tokens=totals.prefill_tokens,

@@ -72,6 +72,9 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     """Prompt tokens seen since the worker started, and those its prefix cache served."""
     steps: StepTotals = msgspec.field(default_factory=StepTotals)
     """Where its engine steps have gone since it started."""
+    num_pulled_prompt_tokens: int = 0
+    """Prompt tokens whose KV it copied from a peer prefill worker's cache instead of
+    computing them (prefix migration), since it started; not in the cached count."""
 
     @property
     def kv_usage(self) -> float:

@@ -6,12 +6,25 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixPull:
+    """Prompt blocks the prefill worker copies from a peer prefill worker's cache over the KV
+    transport instead of computing them: blocks [its own cached prefix, + num_blocks) of the
+    prompt, which `peer_id` held when the router decided (prefix migration)."""
+
+    peer_id: str
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingDecision:
     """Where a request goes and why.
 
     `prefill_worker_id` is None when the decode worker prefills the prompt itself
     (conditional disaggregation, a unified worker, or an empty prefill pool). Cached counts
     are prompt blocks, per the index at decision time (0 everywhere when `index_degraded`).
+    `pull_from`, when set, names the peer prefill worker whose blocks follow the prefill
+    worker's cached prefix and how many of them to pull (only a policy given a transfer
+    bandwidth sets it; router.routing.policies.ttft).
     """
 
     request_id: str
@@ -25,6 +38,7 @@ class RoutingDecision:
     reason: str
     terms: tuple[tuple[str, float], ...] = ()
     index_degraded: bool = False
+    pull_from: PrefixPull | None = None
 
     @property
     def prefill_on_decode(self) -> bool:
@@ -34,3 +48,8 @@ class RoutingDecision:
     def cached_blocks(self) -> int:
         """Prompt blocks the prefilling worker does not recompute."""
         return self.decode_cached_blocks if self.prefill_on_decode else self.prefill_cached_blocks
+
+    @property
+    def pulled_blocks(self) -> int:
+        """Prompt blocks copied from a peer (not computed, not in the prefill worker's cache)."""
+        return self.pull_from.num_blocks if self.pull_from is not None else 0

@@ -245,9 +245,11 @@ class Router:
             reason = p_choice.reason
         p = p_choice.worker if p_choice is not None else None
         p_cached = cached.get(p.worker_id, 0) if p is not None else 0
-        # 5. accounting
+        pull = p_choice.pull if p_choice is not None else None
+        # 5. accounting (blocks pulled from a peer are not computed: not charged either)
         rid = request_id if request_id is not None else f"route-{next(self._ids)}"
-        prefill_tokens = max(0, tokens - p_cached * block) if p is not None else d_uncached
+        p_reused = p_cached + (pull.num_blocks if pull is not None else 0)
+        prefill_tokens = max(0, tokens - p_reused * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
         charge = loads.start(p, prefill_tokens, d, decode_blocks)
         terms = self._terms(p_choice, d_choice)
@@ -278,6 +280,7 @@ class Router:
             reason,
             terms,
             degraded,
+            pull,
         )
         return Ticket(decision, charge, loads, self._lock)
 

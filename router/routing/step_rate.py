@@ -1,11 +1,11 @@
 """A prefill worker's speed and cache reuse, calibrated online from its own load reports.
 
 Each `WorkerLoad` carries the worker's engine step totals since it started
-(core.step_stats.StepTotals) and its lifetime prompt / cached-prompt token counts. Two
-reports give exact rates over the interval between them:
+(core.step_stats.StepTotals) and its lifetime prompt / cached / pulled prompt token counts.
+Two reports give exact rates over the interval between them:
 
     s_per_token = Δ(schedule + forward + sample + output seconds) / Δprefill_tokens
-    hit_rate    = Δcached_prompt_tokens / Δprompt_tokens
+    reuse_rate  = Δ(cached + pulled prompt tokens) / Δprompt_tokens
     utilization = Δbusy seconds / Δreport timestamp        (0..1: the share of time it stepped)
 
 Both are smoothed (EWMA, weight `alpha` per report that saw enough work) so one odd interval
@@ -35,8 +35,10 @@ class StepRate:
     min_tokens: int = 256
     s_per_token: float = 0.0
     """Seconds of engine time per prefill token (0: not calibrated yet)."""
-    hit_rate: float = 0.0
-    """Recent share of prompt tokens the worker's prefix cache served."""
+    reuse_rate: float = 0.0
+    """Recent share of its prompt tokens it did not compute: its prefix cache served them, or
+    it pulled them from a peer's. How much of what it caches its workload goes on to reuse
+    (a worker fed by pulls has few hits of its own, yet evicting its blocks still costs)."""
     utilization: float = 0.0
     """Recent share of wall time the worker spent stepping."""
     _busy_s: float = -1.0
@@ -48,7 +50,8 @@ class StepRate:
 
     def update(self, load: WorkerLoad) -> None:
         busy, tokens = busy_seconds(load.steps), load.steps.prefill_tokens
-        prompt, cached = load.num_prompt_tokens, load.num_cached_prompt_tokens
+        prompt = load.num_prompt_tokens
+        cached = load.num_cached_prompt_tokens + load.num_pulled_prompt_tokens
         if self._busy_s < 0 or tokens < self._tokens or prompt < self._prompt:
             self._baseline(busy, tokens, prompt, cached)  # first report, or a restart
             self._util_busy_s, self._at = busy, load.timestamp
@@ -65,7 +68,7 @@ class StepRate:
             self._busy_s, self._tokens = busy, tokens
         d_prompt = prompt - self._prompt
         if d_prompt >= self.min_tokens:
-            self.hit_rate = self._smooth(self.hit_rate, (cached - self._cached) / d_prompt)
+            self.reuse_rate = self._smooth(self.reuse_rate, (cached - self._cached) / d_prompt)
             self._prompt, self._cached = prompt, cached
 
     def _smooth(self, old: float, new: float) -> float:

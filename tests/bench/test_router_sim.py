@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import router_sim
+from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
 from bench.sim_run import at_load
 from bench.sim_worker import SimWorker
@@ -62,10 +63,10 @@ def test_light_then_burst_shape() -> None:
 
 def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     w = SimWorker("p0", capacity=4, profile=PROFILE)
-    hit, batch = w.serve([1, 2, 3])
+    hit, _, batch = w.serve([1, 2, 3])
     assert hit == 0 and batch.events[0].block_hashes == [1, 2, 3]
     assert w.enqueue(0.0, 300, 300) == 2 * 10 + 300  # two chunks of 256
-    hit, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
+    hit, _, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
     assert hit == 2 and batch.events[-1].block_hashes == [3]
     assert w.enqueue(100.0, 200, 100) == 320 + 10 + 100  # waits for the first
     load = w.load(200.0)
@@ -73,6 +74,33 @@ def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     assert load.num_waiting_tokens == 100 + 300 * 120 // 320  # the running one: what is left
     assert load.num_cached_prompt_tokens == 100 and load.steps.prefill_tokens == 0
     assert w.load(1000.0).steps.prefill_tokens == 400  # both finished: in the step totals
+
+
+def test_a_served_chain_loses_its_tail_first() -> None:
+    """Like an engine freeing a finished request's blocks in reverse: a prompt longer than
+    the cache keeps its prefix (the part a later prompt can hit), not its tail."""
+    w = SimWorker("p0", capacity=3, profile=PROFILE)
+    _, _, batch = w.serve([1, 2, 3, 4, 5])
+    assert batch.events[-1].block_hashes == [5, 4]
+    assert w.serve([1, 2, 3, 9])[0] == 3
+
+
+def test_miss_ledger_attributes_each_block() -> None:
+    """Hit, routed away from a busier holder, evicted everywhere, cold, against the oracle."""
+    a, b = SimWorker("a", 6, PROFILE), SimWorker("b", 6, PROFILE)
+    ledger = MissLedger(capacity=8, sample_every=1)
+    for chain in ([7, 8], [1, 2, 3]):
+        ledger.observe({"hash_ids": chain}, a, [a, b], 0.0)  # type: ignore[typeddict-item]
+        a.serve(chain)
+    a.serve([20, 21, 22])  # outside the ledger's view: evicts 7 and 8 from a
+    a.enqueue(0.0, 1000, 1000)  # a is busy until 1,020 ms
+    ledger.observe({"hash_ids": [1, 2, 3, 4, 5]}, b, [a, b], 10.0)  # type: ignore[typeddict-item]
+    ledger.observe({"hash_ids": [7, 8, 9]}, b, [a, b], 10.0)  # type: ignore[typeddict-item]
+    m, total = ledger.summary(), 3 + 2 + 5 + 3
+    assert m["hit"] == 0 and m["routed_away_holder_busier"] == 3 / total
+    assert m["evicted_everywhere"] == 2 / total and m["cold"] == (3 + 2 + 2 + 1) / total
+    assert m["oracle_hit"] == (3 + 2) / total and m["pooled_kept_no_worker_did"] == 2 / total
+    assert 0 <= m["duplicate_share"] < 1
 
 
 def test_at_load_stretches_the_clock_keeps_the_order() -> None:
@@ -103,9 +131,11 @@ def test_one_table_per_run_on_a_trace_slice(tmp_path) -> None:
             assert 0 <= r["hit_rate"] <= 1 and r["load_max_over_mean"] >= 1
             assert r["hit_over_oracle"] == pytest.approx(r["hit_rate"] / oracle["hit_rate"])
             assert 0 < r["ttft_p50_ms"] <= r["ttft_p99_ms"]
-    table = out.with_suffix(".md").read_text().splitlines()
+    table, misses = out.with_suffix(".md").read_text().split("\n\n")[::2]
+    table = table.splitlines()
     assert len(table) == 2 + 2 * (1 + len(router_sim.POLICIES))
     assert table[2].startswith("| mooncake@30 | 30 | oracle (pooled LRU) |")
+    assert len(misses.splitlines()) == 2 + 2 * len(router_sim.POLICIES)
     # a bigger cache never reuses less in the oracle
     runs = results["runs"]
     assert (

@@ -18,7 +18,7 @@ def test_rates_come_from_deltas_between_reports() -> None:
     assert rate.s_per_token == 0
     rate.update(report(4.0, 3000, 7.0, 3000, 1000))
     assert rate.s_per_token == 2.0 / 2000
-    assert rate.hit_rate == 0.5
+    assert rate.reuse_rate == 0.5
     assert rate.utilization == 0.5 * (2.0 / 4.0)
     rate.update(report(8.0, 5000, 11.0, 5000, 1000))  # 4 s / 2000 tokens, smoothed
     assert rate.s_per_token == (1e-3 + 2e-3) / 2
@@ -35,3 +35,15 @@ def test_small_intervals_wait_and_a_restart_rebaselines() -> None:
     assert rate.s_per_token == 1.0 / 1000
     rate.update(report(4.0, 1010, 2.5))  # 2 s / 1000 tokens since the restart
     assert rate.s_per_token > 1.0 / 1000
+
+
+def test_reuse_counts_prefix_pulled_from_peers() -> None:
+    """A worker fed by pulls has few hits of its own; its prompts are still reused work."""
+    rate = StepRate(alpha=1.0)
+    steps = StepTotals(steps=1, prefill_tokens=0, forward_s=0.0)
+    rate.update(WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, 0.0, 0, 0, steps))
+    more = StepTotals(steps=2, prefill_tokens=1000, forward_s=1.0)
+    rate.update(
+        WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, 1.0, 4000, 1000, more, 2000)
+    )  # 1,000 hits, 2,000 pulled, 1,000 computed of 4,000 prompt tokens
+    assert rate.reuse_rate == 0.75

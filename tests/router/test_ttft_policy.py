@@ -53,7 +53,7 @@ def test_under_load_a_hit_outweighs_a_shorter_queue() -> None:
 def test_cache_pressure_avoids_evicting_a_hot_cache() -> None:
     for order in ("ab", "ba"):  # whatever the tie-break rotation
         full, roomy = ws("a", total=100), ws("b", total=100)
-        full.step_rate.hit_rate = roomy.step_rate.hit_rate = 0.8
+        full.step_rate.reuse_rate = roomy.step_rate.reuse_rate = 0.8
         workers = [full, roomy] if order == "ab" else [roomy, full]
         choice = make_policy("ttft", "prefill").choose(ctx(workers, {}, held={"a": 100, "b": 10}))
         assert choice.worker is roomy and dict(choice.terms)["evict_blocks"] == 0

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple
 
 from core.roles import WorkerRole
+from router.routing.decision import PrefixPull
 from router.routing.pool import Pool
 from router.routing.worker_state import WorkerState
 
@@ -59,6 +60,8 @@ class Choice(NamedTuple):
     reason: str
     term_names: tuple[str, ...] = ()
     term_values: tuple[float, ...] = ()
+    pull: PrefixPull | None = None
+    """Blocks the chosen worker copies from a peer's cache (prefix migration), if any."""
 
     @property
     def terms(self) -> tuple[tuple[str, float], ...]:

@@ -10,7 +10,8 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
     s    per-request overhead (`step_s`: a prefill takes one engine step at least)
     N_w  blocks w's cache holds (the index)    K_w  its KV capacity in blocks (its reports)
     E_w  = max(0, N_w + ceil(U_w / B) - K_w)   blocks w must evict to store the new ones
-    h_w  w's recent prefix hit rate (its reports): how often a cached block is reused
+    h_w  w's recent prefix reuse (its reports: cache hits plus prefix pulled from peers):
+         how often what it caches is reused
     ρ_w  w's recent utilization (its reports), capped at `max_utilization`
 
     1. work_w     = s + t_w * U_w                          the prefill itself
@@ -18,6 +19,23 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        pressure_w = pressure_weight * h_w * E_w * B * t_w  recompute later of the reuse the
                                                            evicted blocks would have served
        cost_w     = t_w * L_w + (work_w + pressure_w) / (1 - ρ_w)          (seconds)
+
+       Prefix migration (only with a transfer bandwidth: `kv_bytes_per_token` and
+       `transfer_gbps`, the KV transport's measured rate between prefill workers). Let
+       c* be the longest cached prefix on any worker, held by peer q (ties: the shorter
+       queue). A worker with c_w < c* may instead pull blocks [c_w, c*) from q:
+
+       X_w        = x0 + (c* - c_w) * B * kv_bytes_per_token / transfer_gbps   transfer
+       U'_w       = max(0, T - c* * B),  work'_w = s + t_w * U'_w
+       cost'_w    = t_w * L_w + X_w + (work'_w + pressure_w) / (1 - ρ_w)
+
+       and takes it when cost'_w < cost_w. X_w is added to the wait, not divided by
+       1 - ρ_w: the copy occupies the transport, not w's compute, so it delays no one
+       queued behind. (An upper bound: a copy that overlaps the queue wait costs less.)
+       E_w is unchanged (the pulled blocks are stored on w too). When q is busy, a worker
+       with a short queue pulls q's prefix instead of recomputing it or queueing behind q;
+       when the bound below takes q out, hot prefixes get copied to the workers that take
+       their overflow: replication under load, with no separate mechanism.
 
        Work placed on a worker delays every request that queues behind it; at utilization ρ
        that adds about work * ρ / (1 - ρ) of waiting (M/G/1), so work and the recompute it
@@ -30,17 +48,20 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        while no queue has formed yet to push back (the "light then burst" pattern, or a
        first block every prompt shares).
     3. Pick the candidate with the smallest cost (ties: smaller tally, then pool order from a
-       rotating start); add its work_w to its tally.
+       rotating start); add its work_w (work'_w if it pulls) to its tally. A pull goes into
+       the Choice (`PrefixPull(q, c* - c_w)`) and so into the RoutingDecision.
 
 Cost: one pass over the pool per decision (prefill pools are tens of workers). The policy
 mutates only its own tallies; it reads `ctx` and the WorkerStates. Every decision returns
 its terms (cost, ttft, wait, prefill, pressure, uncached tokens, evicted blocks, the
-worker's tally over the mean, runner-up cost) for the Router's debug log line.
+worker's tally over the mean, runner-up cost, pulled blocks and their transfer time) for the
+Router's debug log line.
 """
 
 from __future__ import annotations
 
 from core.roles import WorkerRole
+from router.routing.decision import PrefixPull
 from router.routing.policies.base import Choice, Policy, RouteContext, register
 
 _TERMS = (
@@ -54,6 +75,8 @@ _TERMS = (
     "evict_blocks",
     "tally_over_mean",
     "runner_up_cost_s",
+    "pull_blocks",
+    "transfer_s",
 )
 
 
@@ -61,8 +84,8 @@ _TERMS = (
 class TtftPrefill(Policy):
     name = "ttft"
     formula = (
-        "cost_w = t_w*L_w + (s + t_w*U_w + k_p*h_w*E_w*B*t_w) / (1 - rho_w) over workers "
-        "with P_w <= (1+slack)*mean P"
+        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + t_w*U_w + k_p*h_w*E_w*B*t_w) "
+        "/ (1 - rho_w) over workers with P_w <= (1+slack)*mean P"
     )
     wants_block_counts = True
 
@@ -75,13 +98,26 @@ class TtftPrefill(Policy):
         balance_slack: float = 0.25,
         balance_halflife: float = 2000.0,
         max_utilization: float = 0.95,
+        kv_bytes_per_token: float = 0.0,
+        transfer_gbps: float = 0.0,
+        transfer_latency_s: float = 0.0,
     ) -> None:
         super().__init__(pool)
         if s_per_token <= 0 or step_s < 0 or pressure_weight < 0 or balance_slack < 0:
             raise ValueError("s_per_token must be > 0; step_s, weights and slack >= 0")
         if balance_halflife <= 0 or not 0 <= max_utilization < 1:
             raise ValueError("balance_halflife must be > 0, max_utilization in [0, 1)")
+        if min(kv_bytes_per_token, transfer_gbps, transfer_latency_s) < 0:
+            raise ValueError("kv_bytes_per_token, transfer_gbps, transfer_latency_s must be >= 0")
         self.max_utilization = max_utilization
+        # seconds to copy one token's KV between prefill workers; 0: no migration (the
+        # request path must know how to pull before a bandwidth is configured)
+        self.transfer_s_per_token = (
+            kv_bytes_per_token / (transfer_gbps * 1e9)
+            if kv_bytes_per_token and transfer_gbps
+            else 0.0
+        )
+        self.transfer_latency_s = transfer_latency_s
         self.s_per_token = s_per_token
         self.step_s = step_s
         self.pressure_weight = pressure_weight
@@ -100,22 +136,34 @@ class TtftPrefill(Policy):
         kp, step_s = self.pressure_weight, self.step_s
         tally = self._tally
         tallies = [tally.get(w.worker_id, 0.0) for w in workers]
+        peer, top = self._holder(ctx) if self.transfer_s_per_token else (None, 0)
+        x_block = self.transfer_s_per_token * block
+        top_uncached = max(0, tokens - top * block)
         bound = (1.0 + self.balance_slack) * sum(tallies) / n
         best_key: tuple[int, float, float, int] | None = None
-        best_i, best_terms = 0, ()
+        best_i, best_terms, best_pull = 0, (), (0, 0.0)
         runner_up = float("inf")
         for j, w in enumerate(workers):
             # 1. the worker's estimated TTFT and the reuse its placement destroys
             t = w.step_rate.s_per_token or self.s_per_token
-            uncached = max(0, tokens - cached.get(w.worker_id, 0) * block)
+            c_w = cached.get(w.worker_id, 0)
+            uncached = max(0, tokens - c_w * block)
             work = step_s + t * uncached
             wait = t * w.queued_prefill_tokens
             evict = 0
             if w.total_blocks > 0:
                 evict = max(0, held.get(w.worker_id, 0) + -(-uncached // block) - w.total_blocks)
-            pressure = kp * w.step_rate.hit_rate * evict * block * t
+            pressure = kp * w.step_rate.reuse_rate * evict * block * t
             rho = min(w.step_rate.utilization, self.max_utilization)
             cost = wait + (work + pressure) / (1.0 - rho)
+            pull, transfer = 0, 0.0
+            if top > c_w:  # a peer holds more of the prompt: copying it may beat computing
+                x = self.transfer_latency_s + (top - c_w) * x_block
+                work_pull = step_s + t * top_uncached
+                cost_pull = wait + x + (work_pull + pressure) / (1.0 - rho)
+                if cost_pull < cost:
+                    cost, work, uncached = cost_pull, work_pull, top_uncached
+                    pull, transfer = top - c_w, x
             # 2. bounded load: over the bound sorts after every candidate
             over = 1 if tallies[j] > bound else 0
             key = (over, cost, tallies[j], (j - start) % n)
@@ -123,7 +171,8 @@ class TtftPrefill(Policy):
                 if best_key is not None and not best_key[0]:
                     runner_up = min(runner_up, best_key[1])
                 best_i, best_key = j, key
-                best_terms = (wait + work, wait, work, pressure, rho, uncached, evict)
+                best_terms = (wait + transfer + work, wait, work, pressure, rho, uncached, evict)
+                best_pull = (pull, transfer)
             elif not over:
                 runner_up = min(runner_up, cost)
         # 3. the lightest tally is never over the mean, so a candidate always won
@@ -146,6 +195,24 @@ class TtftPrefill(Policy):
             float(best_terms[6]),
             tallies[best_i] / mean if mean > 0 else 1.0,
             runner_up,
+            float(best_pull[0]),
+            best_pull[1],
         )
+        if best_pull[0]:
+            assert peer is not None
+            return Choice(winner, "ttft_pull", _TERMS, values, PrefixPull(peer, best_pull[0]))
         reason = "ttft" if cached.get(winner.worker_id, 0) else "ttft_no_hit"
         return Choice(winner, reason, _TERMS, values)
+
+    @staticmethod
+    def _holder(ctx: RouteContext) -> tuple[str | None, int]:
+        """The pool worker holding the longest cached prefix of the prompt, and its length in
+        blocks (ties: the shorter queue, which serves a copy soonest on a real transport)."""
+        best: tuple[int, int] = (0, 0)
+        holder = None
+        in_pool = {w.worker_id: w for w in ctx.workers}
+        for worker_id, hit in ctx.cached_blocks.items():
+            w = in_pool.get(worker_id)
+            if w is not None and hit > 0 and (hit, -w.queued_prefill_tokens) > best:
+                best, holder = (hit, -w.queued_prefill_tokens), worker_id
+        return holder, best[0]
