@@ -120,6 +120,11 @@ class ChaosRun:
         self._start = 0.0
         self._killing = False
         self._killed: set[str] = set()
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Start no more requests (those under way finish)."""
+        self._stopped = True
 
     async def run(self) -> ChaosReport:
         """The load and the killer, until the plan's requests are done (or its time is up)."""
@@ -138,6 +143,8 @@ class ChaosRun:
 
     def _more(self) -> bool:
         plan = self.plan
+        if self._stopped:
+            return False
         if plan.duration_s is not None and time.monotonic() - self._start >= plan.duration_s:
             return False
         if plan.num_requests is None:
