@@ -18,6 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ray.exceptions import RayActorError
+
+from core.errors import WorkerFailedError
 from core.events import WorkerLoad
 from core.roles import WorkerRole
 from router.cluster.deadlines import CONTROL_CALL_S, bounded
@@ -93,16 +96,12 @@ class Membership:
 
     async def sync(self) -> None:
         """Bring the workers in step with the controller's membership."""
-        version, members = await bounded(
-            self.controller.get_members.remote(), CONTROL_CALL_S, "the controller (members)"
-        )
+        version, members = await self._ask_controller("get_members", "members")
         if version == self._version:
             return
         self._version = version
         # Pool sizes only matter when membership changed (scaling bumps the version too).
-        desired = await bounded(
-            self.controller.get_desired.remote(), CONTROL_CALL_S, "the controller (pool sizes)"
-        )
+        desired = await self._ask_controller("get_desired", "pool sizes")
         self._prefill_pool_wanted = desired.get(WorkerRole.PREFILL, 0) > 0
         ready = {m.worker_id: m for m in members if m.state == "ready"}
         for worker_id in [w for w in self.workers if w not in ready]:
@@ -112,6 +111,22 @@ class Membership:
         for worker_id, m in ready.items():
             if worker_id not in self.workers and worker_id not in self._suspects:
                 self._join(m)
+
+    async def _ask_controller(self, method: str, what: str) -> Any:
+        """A controller call, bounded; a controller that is gone is a clean error (a request
+        waiting on it fails with 503 rather than Ray's exception). Its workers died with it
+        (Ray ends actors with their owner), and nothing restarts it."""
+        try:
+            return await bounded(
+                getattr(self.controller, method).remote(),
+                CONTROL_CALL_S,
+                f"the controller ({what})",
+            )
+        except RayActorError as e:
+            raise WorkerFailedError(
+                f"the cluster's controller is gone ({type(e).__name__}): no worker can be "
+                "found or replaced"
+            ) from e
 
     def _join(self, member: Any) -> None:
         info: WorkerInfo = member.info

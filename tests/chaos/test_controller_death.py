@@ -1,0 +1,69 @@
+"""Killing the controller (issue 19) takes the serving cluster down with it: Ray ends the
+worker actors with their owner, the controller, and nothing restarts it. What this test
+holds the cluster to is that the outage is clean: streams that finished before it are
+exact, every other request fails with a `core.errors` error before its deadline (503: the
+controller is gone, or 429: no worker of a pool), none hangs, and the front door says it
+is not ready."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+
+from bench.chaos import ChaosPlan, ChaosRun
+from bench.chaos_workload import workload
+from core.errors import OverloadedError, WorkerFailedError
+from core.sampling import SamplingParams
+from router.frontdoor.backend import GenerateRequest
+from tests.cluster.conftest import always_disaggregate, make_spec
+
+pytestmark = pytest.mark.slow
+SEED = 29
+PLAN = ChaosPlan(
+    seed=SEED,
+    num_requests=10,
+    concurrency=4,
+    timeout_s=60.0,
+    kill_every_tokens=None,  # no worker kills: the controller's death is the fault
+    hang_up_share=0.0,
+)
+
+
+def test_controller_death_fails_requests_cleanly(cluster_factory, loop_thread, tiny_model_dir):
+    model_dir = tiny_model_dir("llama")
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=1, num_decode=1), always_disaggregate()
+    )
+    specs, references = workload(cluster.backend.tokenizer, model_dir, 4, 64, SEED)
+    workers = list(cluster.membership.workers.values())
+
+    async def run() -> None:
+        chaos = ChaosRun(cluster, specs, references, PLAN)
+        load = asyncio.create_task(chaos.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while chaos.report.num_tokens < 60:
+            assert loop.time() < deadline, "streams never got under way"
+            await asyncio.sleep(0.02)
+        ray.kill(cluster.controller, no_restart=True)
+        report = await asyncio.wait_for(load, PLAN.timeout_s + PLAN.grace_s + 60)
+        print(report.summary())
+        assert report.ok, "\n".join(report.problems)  # exact or a clean error; none hung
+        assert report.counts["clean_error"] > 0
+        # 503 for a request that needed the controller (a retry, or no worker known);
+        # 429 for one routed while this front door still knew a worker of one pool only
+        assert set(report.errors) <= {"WorkerFailedError", "OverloadedError"}
+
+        # The workers went with their owner, and a new request fails at once, cleanly.
+        for m in workers:
+            with pytest.raises(ray.exceptions.RayActorError):
+                await asyncio.wait_for(m.handle.ping.remote(), 30)
+        request = GenerateRequest("after", list(specs[0].prompt), SamplingParams(max_tokens=4), 30)
+        with pytest.raises((WorkerFailedError, OverloadedError)):
+            async for _ in cluster.backend.generate(request):
+                pass
+        assert not cluster.backend.is_ready()
+
+    loop_thread.run(run(), timeout=300)
