@@ -47,3 +47,28 @@ def worker_loads(cluster: Any) -> dict[str, Any]:
     workers = list(cluster.membership.workers.items())
     reports = ray.get([m.handle.report.remote() for _, m in workers], timeout=30)
     return {wid: r.load for (wid, _), r in zip(workers, reports, strict=True)}
+
+
+def wait_until_cached(
+    router: Any,
+    model: str,
+    token_ids: list[int],
+    num_blocks: int,
+    num_workers: int = 1,
+    timeout_s: float = 15.0,
+) -> dict[str, int]:
+    """Poll `router`'s index (its store synced each time) until `num_workers` workers are
+    known to cache the first `num_blocks` blocks of `token_ids`, as KV events report them:
+    what a test waits for instead of sleeping. Returns worker id -> cached blocks."""
+    import time
+
+    hashes = router.hash_blocks(model, token_ids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        router.store.sync(1.0)
+        cached = router.store.longest_prefixes(model, hashes) or {}
+        if sum(n >= num_blocks for n in cached.values()) >= num_workers:
+            return cached
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no worker known to cache {num_blocks} blocks: {cached}")
+        time.sleep(0.02)

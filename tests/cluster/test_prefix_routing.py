@@ -3,14 +3,14 @@ them, and a decode worker is sent only the blocks it does not already hold."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 
 import pytest
 
 from core.sampling import SamplingParams
 from tests import oracle
 from tests.cluster.conftest import MAX_TOKENS, always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts
+from tests.cluster.helpers import collect, prompts, wait_until_cached
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
@@ -28,21 +28,30 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     tails = prompts(6, 1000, [20], seed=12)
 
     async def run() -> list:
-        outs = [await collect(backend, "first", prefix + tails[0], GREEDY)]
-        await asyncio.sleep(0.5)  # the index learns the first prompt's blocks from KV events
+        outs = []
         for i, tail in enumerate(tails[1:]):
             outs.append(await collect(backend, f"next{i}", prefix + tail, GREEDY))
-        await asyncio.sleep(0.3)
         return outs
 
-    outs = loop_thread.run(run())
+    outs = [loop_thread.run(collect(backend, "first", prefix + tails[0], GREEDY))]
+    # The router learns the first prompt's blocks from the prefill worker's KV events.
+    model_id = cluster.membership.model.model_id
+    wait_until_cached(cluster.router, model_id, prefix, len(prefix) // 16)
+    outs += loop_thread.run(run())
     for tail, out in zip(tails, outs, strict=True):
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
-    prefill_stats = [s for s in cluster.membership.loads.values() if s.role == "prefill"]
-    hits = sorted(s.num_cached_prompt_tokens for s in prefill_stats)
+
+    def prefill_stats() -> list:
+        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
+
+    deadline = time.monotonic() + 15  # the loads arrive with the workers' next reports
+    while sum(s.num_cached_prompt_tokens for s in prefill_stats()) < 5 * 256:
+        assert time.monotonic() < deadline, prefill_stats()
+        time.sleep(0.02)
+    hits = sorted(s.num_cached_prompt_tokens for s in prefill_stats())
     # Every later request reused the 256-token prefix on the same worker: 5 * 256 tokens.
     assert hits == [0, 5 * 256], hits
-    busy = max(prefill_stats, key=lambda s: s.num_prompt_tokens)
+    busy = max(prefill_stats(), key=lambda s: s.num_prompt_tokens)
     assert busy.prefix_hit_rate > 0.7
 
 

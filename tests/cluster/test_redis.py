@@ -3,8 +3,6 @@ the pool sizes."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 
@@ -13,7 +11,7 @@ from router.cluster.controller import Controller
 from router.routing.index import make_store
 from router.routing.router import Router
 from tests.cluster.conftest import always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts
+from tests.cluster.helpers import collect, prompts, wait_until_cached
 from tests.router.conftest import redis_server  # noqa: F401 - the session fixture
 
 pytestmark = pytest.mark.slow
@@ -30,16 +28,16 @@ def test_second_router_and_restarted_controller(
     cluster = cluster_factory(spec, always_disaggregate(), name="ctl-redis")
     [prompt] = prompts(1, 1000, [200], seed=51)
     loop_thread.run(collect(cluster.backend, "r1", prompt, SamplingParams(max_tokens=4)))
-    time.sleep(0.5)  # the poller publishes the workers' KV events to Redis
-
-    # Another router replica, sharing only Redis, sees which workers cache the prompt.
+    # Another router replica, sharing only Redis, sees which workers cache the prompt
+    # once the poller has published the workers' KV events there.
     other = Router(always_disaggregate(), store=make_store("redis", url=redis_server.url))
     try:
         model_id = cluster.membership.model.model_id
         other.register_model(model_id, 16)
         for m in cluster.membership.workers.values():
             other.add_worker(m.worker_id, m.role, model_id)
-        other.store.sync(5.0)
+        # The prefill worker, and the decode worker it sent the blocks to.
+        wait_until_cached(other, model_id, prompt, 200 // 16, num_workers=2)
         decision = other.route(model_id, prompt).decision
         assert decision.prefill_cached_blocks == 200 // 16
         assert decision.decode_cached_blocks == 200 // 16
