@@ -18,8 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ray.exceptions import RayActorError
-
 from core.errors import WorkerFailedError
 from core.events import WorkerLoad
 from core.roles import WorkerRole
@@ -122,7 +120,13 @@ class Membership:
                 CONTROL_CALL_S,
                 f"the controller ({what})",
             )
-        except RayActorError as e:
+        except Exception as e:
+            # Imported here, not at the top: Ray must not be imported before init_ray has
+            # set its environment (a local cluster would listen beyond loopback).
+            from ray.exceptions import RayActorError
+
+            if not isinstance(e, RayActorError):
+                raise
             raise WorkerFailedError(
                 f"the cluster's controller is gone ({type(e).__name__}): no worker can be "
                 "found or replaced"
