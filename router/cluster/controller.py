@@ -187,11 +187,7 @@ class Controller:
 
     async def _health_check(self) -> None:
         async def ping(m: Member) -> tuple[Member, bool]:
-            try:
-                await asyncio.wait_for(m.handle.ping.remote(), self.spec.health_timeout_s)
-                return m, True
-            except Exception:
-                return m, False
+            return m, await self._alive(m)
 
         checks = [ping(m) for m in self.members.values() if m.state in ("ready", "draining")]
         for m, alive in await asyncio.gather(*checks):
@@ -293,14 +289,32 @@ class Controller:
             if m.role == other and m.info is not None and m.state in ("starting", "ready")
         ]
         for peer in peers:
-            await bounded(
-                peer.handle.connect.remote(info.transport_metadata),
-                CONTROL_CALL_S, f"{peer.worker_id} (connect to {member.worker_id})",
-            )  # fmt: skip
-            await bounded(
-                member.handle.connect.remote(peer.info.transport_metadata),
-                CONTROL_CALL_S, f"{member.worker_id} (connect to {peer.worker_id})",
-            )  # fmt: skip
+            try:
+                await bounded(
+                    peer.handle.connect.remote(info.transport_metadata),
+                    CONTROL_CALL_S, f"{peer.worker_id} (connect to {member.worker_id})",
+                )  # fmt: skip
+                await bounded(
+                    member.handle.connect.remote(peer.info.transport_metadata),
+                    CONTROL_CALL_S, f"{member.worker_id} (connect to {peer.worker_id})",
+                )  # fmt: skip
+            except Exception:
+                # A peer that died after the last health check is the check's to replace
+                # (its replacement connects to this worker then); throwing this healthy new
+                # worker away for it would only start another that meets the same peer.
+                if not await self._alive(member) or await self._alive(peer):
+                    raise
+                logger.warning(
+                    "controller: %s skips %s, which died while it started",
+                    member.worker_id, peer.worker_id,
+                )  # fmt: skip
+
+    async def _alive(self, m: Member) -> bool:
+        try:
+            await asyncio.wait_for(m.handle.ping.remote(), self.spec.health_timeout_s)
+            return True
+        except Exception:
+            return False
 
     async def _disconnect_everywhere(self, worker_id: str) -> None:
         for m in self.members.values():
