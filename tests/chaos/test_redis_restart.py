@@ -13,6 +13,7 @@ import pytest
 from bench.chaos import ChaosPlan, ChaosRun, settle
 from bench.chaos_workload import workload
 from tests.cluster.conftest import always_disaggregate, make_spec
+from tests.cluster.helpers import poll
 
 pytestmark = pytest.mark.slow
 SEED = 23
@@ -26,15 +27,6 @@ PLAN = ChaosPlan(
     max_kills=1,
     hang_up_share=0.0,
 )
-
-
-async def poll(predicate, timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 def test_redis_restart_under_load(cluster_factory, loop_thread, tiny_model_dir, own_redis) -> None:

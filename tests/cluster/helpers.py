@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -72,3 +73,14 @@ def wait_until_cached(
         if time.monotonic() > deadline:
             raise AssertionError(f"no worker known to cache {num_blocks} blocks: {cached}")
         time.sleep(0.02)
+
+
+async def poll(predicate: Any, timeout_s: float, what: str) -> None:
+    """Wait on the running loop until `predicate()` holds; AssertionError naming `what`
+    past `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.02)

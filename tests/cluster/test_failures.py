@@ -17,7 +17,7 @@ from core.sampling import SamplingParams
 from engine.engine import LLMEngine
 from tests import oracle
 from tests.cluster.conftest import always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts
+from tests.cluster.helpers import collect, poll, prompts
 
 pytestmark = pytest.mark.slow
 LONG = 120
@@ -45,15 +45,6 @@ def fault_free(model_dir, batch: list[list[int]]) -> list[Chunks]:
         for delta in engine.step():
             streams[delta.request_id].append((delta.new_token_ids, delta.new_text))
     return list(streams.values())
-
-
-async def poll(predicate, timeout_s: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.01)
 
 
 def run_with_kill(cluster, loop_thread, batch, victim_role: str) -> list[Chunks]:

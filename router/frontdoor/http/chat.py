@@ -43,7 +43,7 @@ def chat_prompt_ids(
     body: ChatCompletionRequest, ctx: ServerContext, tools: ToolRequest | None = None
 ) -> list[int]:
     tokenizer = tokenizer_of(ctx.backend)
-    messages, template_tools = chat_inputs(body, tools, tokenizer)
+    messages, template_tools = chat_inputs(body.messages, tools, tokenizer)
     return encode_chat(tokenizer, messages, "messages", template_tools)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from core.structured import StructuredOutput
 from router.frontdoor.http.errors import APIError
-from router.frontdoor.http.protocol import ChatCompletionRequest
+from router.frontdoor.http.protocol import ChatCompletionRequest, ChatMessage
 from router.frontdoor.http.tool_models import NamedToolChoice
 from router.frontdoor.requests import TokenizerLike
 from router.frontdoor.tools.calls import ToolRequest, ToolSpec
@@ -53,7 +53,7 @@ def tool_constraint(
 
 
 def chat_inputs(
-    body: ChatCompletionRequest, tools: ToolRequest | None, tokenizer: TokenizerLike
+    chat: list[ChatMessage], tools: ToolRequest | None, tokenizer: TokenizerLike
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """(messages, tools) for the chat template."""
     messages = [
@@ -62,7 +62,7 @@ def chat_inputs(
         | ({"tool_call_id": m.tool_call_id} if m.tool_call_id is not None else {})
         | ({"reasoning_content": m.reasoning_content} if m.reasoning_content is not None else {})
         | ({"tool_calls": [c.model_dump() for c in m.tool_calls]} if m.tool_calls else {})
-        for m in body.messages
+        for m in chat
     ]
     shown = list(tools.tools) if tools is not None and tools.renders_tools else None
     return template_messages(messages, shown, template_source(tokenizer, shown is not None))

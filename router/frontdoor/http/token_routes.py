@@ -73,7 +73,7 @@ def token_router(backend: Backend, check_model: Callable[[str], None], **route: 
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         model_ok(body.model)
         if body.messages is not None:
-            messages, _ = chat_inputs(body, None, tokenizer)  # type: ignore[arg-type]
+            messages, _ = chat_inputs(body.messages, None, tokenizer)
             ids = encode_chat(tokenizer, messages, "messages")
         else:
             ids = tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
