@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from core.config import EngineConfig
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
 from core.step_stats import StepTotals
@@ -21,6 +22,7 @@ from engine.config import ModelConfig
 from engine.grammar import token_mask
 from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
+from engine.kv_connector import LayerHook, layer_written
 from engine.layers import cpu_gemm
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
@@ -103,13 +105,15 @@ class ModelRunner:
         """This rank's cache, as the KV transport registers it (hence the TP rank in it)."""
         self.kv_cache = allocate_kv_cache(self.kv_layout, device)
         self.sampler = Sampler(model_config.vocab_size, seed=config.seed)
+        self.layer_event: Callable[[int], DeviceEvent | None] = self._layer_written
+        """The event after which a layer's K/V is written (a test may make it late)."""
 
     @torch.inference_mode()
     def execute(
         self,
         batch: ScheduledBatch,
         kv: KVCacheManager,
-        layer_done: Callable[[int], None] | None = None,
+        layer_done: LayerHook | None = None,
         totals: StepTotals | None = None,
     ) -> list[SampledToken]:
         """Run one step. Returns a token for every request whose tokens are all computed
@@ -155,11 +159,23 @@ class ModelRunner:
                 add_prompt_logprobs(req, hidden[t : t + n], start, self.model.compute_logits)
             t += n
 
+    def _layer_written(self, _layer: int) -> DeviceEvent | None:
+        return layer_written(self.device)
+
+    def _with_event(self, hook: LayerHook) -> Callable[[int], None]:
+        """The model calls its hook with the layer index only; the connector also gets the
+        event after which that layer is written."""
+
+        def layer_done(layer: int) -> None:
+            hook(layer, self.layer_event(layer))
+
+        return layer_done
+
     def _prepare(
         self,
         batch: ScheduledBatch,
         kv: KVCacheManager,
-        layer_done: Callable[[int], None] | None,
+        layer_done: LayerHook | None,
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]] | None:
         if not batch.items:
             return None
@@ -204,7 +220,7 @@ class ModelRunner:
             ),
             decode_seq_lens=torch.tensor(decode_lens, dtype=torch.long, device=dev),
             prefills=prefills,
-            layer_done=layer_done,
+            layer_done=None if layer_done is None else self._with_event(layer_done),
         )
         ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
         idx = torch.tensor(logits_idx, dtype=torch.long, device=dev)

@@ -8,6 +8,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from core.device_event import DeviceEvent
+
 PeerId = str
 """A peer's agent name, as returned by `Transport.add_peer`."""
 
@@ -130,10 +132,13 @@ class Transport(ABC):
         dst_block_ids: Sequence[int],
         layers: Sequence[int],
         timeout_s: float = 30.0,
+        ready: DeviceEvent | None = None,
     ) -> SendHandle:
         """Offer `layers` of our blocks `src_block_ids` to `peer`'s reserved blocks
         `dst_block_ids` (pairwise). Non-blocking. The request's deadline is set by its first
-        send. Our source blocks must stay unchanged until the handle completes."""
+        send. Our source blocks must stay unchanged until the handle completes. With
+        `ready` (a device event recorded after the layers' KV writes), the layers are
+        offered only once it completed; sends of a request are offered in call order."""
 
     @abstractmethod
     def cancel(self, request_id: str) -> None:

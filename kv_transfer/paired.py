@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from core.device_event import DeviceEvent
 from kv_transfer.api import PeerId, Role, SendHandle, TransferResult, Transport
 from kv_transfer.handshake import IncompatiblePeerError, decode_versioned
 from kv_transfer.host import host_identity
@@ -129,12 +130,15 @@ class PairedTransport(Transport):
         dst_block_ids: Sequence[int],
         layers: Sequence[int],
         timeout_s: float = 30.0,
+        ready: DeviceEvent | None = None,
     ) -> SendHandle:
         transport = self._by_peer.get(peer)  # the per-layer path: two dict operations
         if transport is None:
             transport = self._transport_of(peer)
         self._by_request[(Role.SEND, request_id)] = transport
-        return transport.send(request_id, src_block_ids, peer, dst_block_ids, layers, timeout_s)
+        return transport.send(
+            request_id, src_block_ids, peer, dst_block_ids, layers, timeout_s, ready
+        )
 
     def _transport_of(self, peer: PeerId) -> Transport:
         transport = self._by_peer.get(peer)

@@ -10,6 +10,10 @@ Sender                                   Receiver (reserved dst blocks via expec
   cancelled / late --Abort-->             stop pulling (the Aborts of a read go first)
   src blocks held <--Stopped--             no pull in flight (holds.py); a pull ending >
   (<= 2 x lease)                           lease after its LayersReady was read: refused
+
+A send may come with a device event (core.device_event): its layers are offered only once
+the event completed, in the order they were sent, so no READ ever sees KV still being
+written on the GPU.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout
 from kv_transfer import handshake
 from kv_transfer.api import Role, SendHandle, TransferResult
@@ -29,12 +34,22 @@ from kv_transfer.driver import Driver, OpState
 from kv_transfer.handshake import Abort, LayersDone, LayersReady, Stopped, decode_message, encode
 from kv_transfer.holds import ReadHolds
 from kv_transfer.layout import pair_regions_layers
-from kv_transfer.requests import RecvState, SendState
+from kv_transfer.requests import GatedLayers, RecvState, SendState
 from kv_transfer.settling import Settling
 
 logger = logging.getLogger(__name__)
 
 _FINISHED_MEMORY = 4096  # how many finished request ids we remember, to quiet late messages
+
+
+class _Done:
+    """The event of a send that came without one, queued behind gated layers."""
+
+    def query(self) -> bool:
+        return True
+
+
+_DONE = _Done()
 
 
 class TransferProtocol:
@@ -79,6 +94,7 @@ class TransferProtocol:
         # reservation (a decode worker may hold hundreds waiting for their first layer).
         self._pulling: set[str] = set()
         self._streaming: set[str] = set()  # the same for sends with backend ops (byte streams)
+        self._gated: set[str] = set()  # the same for sends with layers waiting on the device
         # Min-heap of (deadline, sequence, state): a step looks at the earliest only. Entries
         # of finished requests stay until their deadline passes and are skipped then.
         self._deadlines: list[tuple[float, int, RecvState | SendState]] = []
@@ -112,6 +128,7 @@ class TransferProtocol:
                 self._holds.on_stopped(message.request_id, message.sender)
             else:
                 self._on_abort(message)
+        busy |= self._offer_written()
         busy |= self._check_ops()
         self._check_deadlines()
         return busy
@@ -222,6 +239,7 @@ class TransferProtocol:
         layers: list[int],
         deadline: float,
         tag: int,
+        ready: DeviceEvent | None = None,
     ) -> None:
         """`Transport.send`, on the I/O thread (its arguments already checked)."""
         send = self._sends.get(handle.request_id)
@@ -233,13 +251,30 @@ class TransferProtocol:
         elif send.peer != peer:
             handle._finish(f"request {handle.request_id} is already being sent to {send.peer}")
             return
-        again = send.posted.intersection(layers)
+        again = send.pending_layers().intersection(layers)
         if again:
             handle._finish(f"layers {sorted(again)} of {handle.request_id} already sent")
             return
-        send.posted.update(layers)
         send.block_ids.update(src)
         send.handles.append(handle)
+        if send.gated or (ready is not None and not ready.query()):
+            send.gated.append(GatedLayers(ready or _DONE, peer_layout, layers, src, dst, tag))
+            self._gated.add(send.request_id)
+            return
+        self._offer(send, peer_layout, layers, src, dst, tag)
+
+    def _offer(
+        self,
+        send: SendState,
+        peer_layout: KVLayout,
+        layers: list[int],
+        src: list[int],
+        dst: list[int],
+        tag: int,
+    ) -> bool:
+        """Tell the peer `layers` are ready to read. False if that failed (send failed)."""
+        send.posted.update(layers)
+        peer = send.peer
         # Only byte-stream backends send the bytes themselves; the others let the receiver
         # pull, and it works the regions out from the message.
         regions = (
@@ -247,15 +282,30 @@ class TransferProtocol:
             if self.driver.streams_bytes
             else []
         )
-        msg = LayersReady(handle.request_id, self.name, layers, src, dst, tag, self.read_lease_s)
+        msg = LayersReady(send.request_id, self.name, layers, src, dst, tag, self.read_lease_s)
         try:
             op = self.driver.post_ready(peer, encode(msg), tag, regions)
         except Exception as exc:
             self._fail_send(send, f"offering layers to {peer} failed: {exc}", tell=False)
-            return
+            return False
         if op is not None:
             send.ops.append(op)
             self._streaming.add(send.request_id)
+        return True
+
+    def _offer_written(self) -> bool:
+        """Offer the gated layers whose device event completed, oldest first."""
+        progressed = False
+        for request_id in list(self._gated):
+            send = self._sends.get(request_id)
+            while send is not None and send.gated and send.gated[0].ready.query():
+                g = send.gated.popleft()
+                progressed = True
+                if not self._offer(send, g.peer_layout, g.layers, g.src, g.dst, g.tag):
+                    send = None
+            if send is None or not send.gated:
+                self._gated.discard(request_id)
+        return progressed
 
     def _on_done(self, msg: LayersDone) -> None:
         if self._holds.on_done(msg.request_id, msg.sender, msg.layers):

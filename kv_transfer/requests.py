@@ -5,9 +5,11 @@ Owned by the transport's I/O thread only: no locks here.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout
 from kv_transfer.api import SendHandle
 from kv_transfer.handshake import LayersReady
@@ -60,6 +62,18 @@ class RecvState:
         return None
 
 
+@dataclass(frozen=True)
+class GatedLayers:
+    """One `send` call waiting for its layers' KV to be written (core.device_event)."""
+
+    ready: DeviceEvent
+    peer_layout: KVLayout
+    layers: list[int]
+    src: list[int]
+    dst: list[int]
+    tag: int
+
+
 @dataclass
 class SendState:
     """Layers offered to a peer, waiting for its acknowledgements."""
@@ -73,14 +87,23 @@ class SendState:
     acked: set[int] = field(default_factory=set)
     handles: list[SendHandle] = field(default_factory=list)
     ops: list[Any] = field(default_factory=list)
+    gated: deque[GatedLayers] = field(default_factory=deque)
+    """Layers handed to `send` whose device event has not completed: not offered yet, in
+    the order they came (a later layer never overtakes an earlier one)."""
 
     def complete(self) -> bool:
         return len(self.acked) == self.num_layers
 
     def describe(self) -> str:
+        waiting = sum(len(g.layers) for g in self.gated)
         return (
             f"{len(self.posted)}/{self.num_layers} layers offered, {len(self.acked)} acknowledged"
+            + (f", {waiting} still being computed" if waiting else "")
         )
+
+    def pending_layers(self) -> set[int]:
+        """Layers offered or waiting to be: each may be handed to `send` once."""
+        return self.posted.union(*(g.layers for g in self.gated))
 
     def resolve_handles(self) -> None:
         for handle in self.handles:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout
 from kv_transfer.api import (
     FailureHook,
@@ -182,6 +183,7 @@ class DriverTransport(Transport):
         dst_block_ids: Sequence[int],
         layers: Sequence[int],
         timeout_s: float = 30.0,
+        ready: DeviceEvent | None = None,
     ) -> SendHandle:
         # The prefill loop calls this once per layer between kernels: keep it to builtins.
         peer_layout = self._peers.get(peer)  # one dict read: atomic, no lock needed
@@ -197,7 +199,7 @@ class DriverTransport(Transport):
         tag = (self._tag_salt << 23) | (next(self._tag_counter) & 0x7FFFFF)
         self._submit(
             lambda: self._protocol.post_send(
-                handle, peer, peer_layout, src, dst, layer_list, deadline, tag
+                handle, peer, peer_layout, src, dst, layer_list, deadline, tag, ready
             )
         )
         return handle

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from core.device_event import DeviceEvent
 from core.request import EngineRequest
 from engine.kv_connector import LayerHook
 from engine.request import Request
@@ -65,10 +66,10 @@ class PrefillRank(WorkerRank):
         if not sends:
             return None
 
-        def layer_done(layer: int) -> None:
+        def layer_done(layer: int, written: DeviceEvent | None) -> None:
             for send in sends:
                 if send.num_posted >= 0:  # not failed yet
-                    self._send_layer(send, layer)
+                    self._send_layer(send, layer, written)
 
         return layer_done
 
@@ -87,11 +88,13 @@ class PrefillRank(WorkerRank):
             return None
         return _Send(req.request_id, src, peer, dst, dest.timeout_s)
 
-    def _send_layer(self, send: _Send, layer: int) -> None:
+    def _send_layer(self, send: _Send, layer: int, written: DeviceEvent | None) -> None:
         try:
+            # Offered once `written` completed: on a GPU the layer's kernels may still be
+            # queued when the hook fires.
             self.transport.send(
                 send.request_id, send.src_block_ids, send.peer, send.dst_block_ids, [layer],
-                send.timeout_s,
+                send.timeout_s, written,
             )  # fmt: skip
             send.num_posted += 1
         except Exception as e:  # never fail the step (the other ranks go on)
