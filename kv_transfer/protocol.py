@@ -251,7 +251,7 @@ class TransferProtocol:
         elif send.peer != peer:
             handle._finish(f"request {handle.request_id} is already being sent to {send.peer}")
             return
-        again = send.pending_layers().intersection(layers)
+        again = (send.pending_layers() if send.gated else send.posted).intersection(layers)
         if again:
             handle._finish(f"layers {sorted(again)} of {handle.request_id} already sent")
             return
