@@ -9,19 +9,15 @@ long-lived stream per front door that carries a batch per engine step (worker/ou
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from core.errors import KVCapacityError, WorkerFailedError
+from core.errors import WorkerFailedError
 from core.request import EngineRequest, TokenLogprob
 from core.roles import WorkerRole
 from decode_worker.rank import DecodeRank
-from engine.engine import NoCapacityError, Reservation
 from engine.output_channel import Item
-from kv_transfer import Role
 from worker.base import WorkerBase
 from worker.group import EngineGroup
 from worker.outlets import Outlets
@@ -36,8 +32,6 @@ class DecodeWorker(WorkerBase):
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
         super().__init__(spec, placement)
-        self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
-        """request id -> resolves when every rank reported its RECV (None: all ok)."""
         self._outlets = Outlets()
 
     # -- output channels ----------------------------------------------------------------------
@@ -72,24 +66,6 @@ class DecodeWorker(WorkerBase):
         self._forget(request_id)
         self.engine.submit(lambda g: self._abort(g, request_id))
 
-    async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
-        """Reserve blocks for the prompt and arm every rank's transport to receive its KV
-        heads from prefill worker `sender`. Blocks this worker already caches for the prefix
-        are reused: the sender skips them. The block ids are the same on every rank
-        (lockstep schedulers)."""
-        self._check_admitting()
-        request_id = request.request_id
-
-        def reserve(g: EngineGroup) -> Reservation:
-            res = g.call_all("reserve", request, timeout_s, sender)
-            self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
-            return res
-
-        try:
-            return await self.engine.call(reserve)
-        except NoCapacityError as e:
-            raise KVCapacityError(f"{self.worker_id}: {e}") from e
-
     async def admit(
         self,
         request_id: str,
@@ -101,18 +77,7 @@ class DecodeWorker(WorkerBase):
         """Wait until every rank received every layer of the prompt's KV, then join the
         running batch; its deltas (the first carries the first token) go to channel
         `channel_id` until the request finishes."""
-        arrival = self._arrivals.pop(request_id, None)
-        if arrival is None:
-            raise WorkerFailedError(f"no reservation waiting for KV under {request_id!r}")
-        try:
-            error = await asyncio.wait_for(asyncio.wrap_future(arrival), timeout_s)
-        except TimeoutError as e:
-            await self.abort(request_id)
-            raise WorkerFailedError(
-                f"KV for {request_id} did not arrive within {timeout_s} s"
-            ) from e
-        if error is not None:  # the reservation was already freed on every rank
-            raise WorkerFailedError(f"KV transfer for {request_id} failed: {error}")
+        await self._kv_arrived(request_id, timeout_s)
         self._open(request_id, timeout_s, channel_id)
 
         def admit(g: EngineGroup) -> None:

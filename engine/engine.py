@@ -312,7 +312,7 @@ class LLMEngine:
         if req is not None:
             self.kv.free(req)
 
-    # -- decode role ---------------------------------------------------------------------
+    # -- receiving KV (decode role; a prefill worker pulling a prefix) -------------------
     def reserve(self, request: EngineRequest) -> Reservation:
         """Reserve blocks for a prompt whose KV another engine computes. Blocks this engine
         already caches for the prompt's prefix are reused and need not be sent."""
@@ -346,6 +346,19 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.admit_transferred(req)
         return self._process(SampledToken(req, first_token, logprob))
+
+    def cache_transferred(self, request_id: str) -> int:
+        """The reserved blocks now hold a prefix copied from a peer (prefix migration):
+        name them in the prefix cache and free them, so the prompt that follows hits them.
+        Returns the number of blocks cached."""
+        req = self._held.pop(request_id, None)
+        if req is None or req.status != RequestStatus.WAITING_FOR_KV:
+            raise KeyError(f"no reservation waiting for KV under request id {request_id!r}")
+        req.num_computed_tokens = req.num_tokens
+        self.kv.cache_computed_blocks(req)
+        num_blocks = len(self.kv.block_ids(request_id))
+        self.kv.free(req)
+        return num_blocks
 
     # -- reporting -----------------------------------------------------------------------
     def take_kv_events(self) -> KVEventBatch | None:

@@ -7,6 +7,11 @@ matching rank of the decode worker the moment the model finishes the layer, so t
 transfer overlaps the remaining layers. The first token goes back to the caller; the
 blocks stay held until every rank's transfer finished (acknowledged or failed), then
 return to this worker's prefix cache, on all ranks at once.
+
+Prefix migration (the router's `PrefixPull`): this worker may also receive a prompt prefix
+from a peer prefill worker that caches it, instead of computing it: `reserve()` (shared with
+the decode worker), the peer's `prefill()` of the prefix sends its KV here, then
+`import_prefix()` names the blocks in this worker's prefix cache for the prompt to hit.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import DeadlineExceededError
+from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta, TokenLogprob
 from core.roles import WorkerRole
 from engine.engine import PrefillResult
@@ -90,6 +95,15 @@ class PrefillWorker(WorkerBase):
         return PrefillReply(
             result.first_token, result.logprob, result.output, result.num_cached_tokens, num_sent
         )
+
+    async def import_prefix(self, request_id: str, timeout_s: float) -> int:
+        """Once a reserved prefix (`reserve`) has arrived from the peer, put its blocks in
+        this worker's prefix cache on every rank. Returns the blocks now cached."""
+        await self._kv_arrived(request_id, timeout_s)
+        try:
+            return await self.engine.call(lambda g: g.call_all("cache_transferred", request_id))
+        except KeyError as e:  # aborted meanwhile
+            raise WorkerFailedError(str(e)) from e
 
     def _after_step(self) -> None:
         """Engine thread: hand first tokens to waiting callers, then (base class) collect

@@ -15,6 +15,7 @@ where actors start).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import os
@@ -23,10 +24,12 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from core.config import EngineConfig
-from core.errors import OverloadedError, WorkerFailedError
+from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
 from core.events import KVEventBatch
+from core.request import EngineRequest
 from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
+from engine.engine import NoCapacityError, Reservation
 from kv_transfer import Role
 from worker.event_log import EventLog
 from worker.group import EngineGroup, LocalGroup, decode_group_metadata, encode_group_metadata
@@ -66,6 +69,8 @@ class WorkerBase:
         self.engine.after_step.append(self._after_step)
         self.events = EventLog()
         self.draining = False
+        self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}
+        """request id -> resolves when every rank reported its RECV (None: all ok)."""
         logger.info("worker %s (%s, tp=%d) ready in %.1f s", spec.worker_id, spec.role, spec.tp,
                     time.monotonic() - start)  # fmt: skip
 
@@ -146,7 +151,42 @@ class WorkerBase:
         self.events.append(snapshot)  # every reader's sequence stays without gaps
         return snapshot
 
+    async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
+        """Reserve blocks for the prompt and arm every rank's transport to receive its KV
+        heads from worker `sender`. Blocks this worker already caches for the prefix are
+        reused: the sender skips them. The block ids are the same on every rank (lockstep
+        schedulers)."""
+        self._check_admitting()
+        request_id = request.request_id
+
+        def reserve(g: EngineGroup) -> Reservation:
+            res = g.call_all("reserve", request, timeout_s, sender)
+            self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
+            return res
+
+        try:
+            return await self.engine.call(reserve)
+        except NoCapacityError as e:
+            raise KVCapacityError(f"{self.worker_id}: {e}") from e
+
+    async def _kv_arrived(self, request_id: str, timeout_s: float) -> None:
+        """Wait until every rank received every layer into the request's reservation;
+        WorkerFailedError (the reservation freed) if that failed or took too long."""
+        arrival = self._arrivals.pop(request_id, None)
+        if arrival is None:
+            raise WorkerFailedError(f"no reservation waiting for KV under {request_id!r}")
+        try:
+            error = await asyncio.wait_for(asyncio.wrap_future(arrival), timeout_s)
+        except TimeoutError as e:
+            await self.abort(request_id)
+            raise WorkerFailedError(
+                f"KV for {request_id} did not arrive within {timeout_s} s"
+            ) from e
+        if error is not None:  # the reservation was already freed on every rank
+            raise WorkerFailedError(f"KV transfer for {request_id} failed: {error}")
+
     async def abort(self, request_id: str) -> bool:
+        self._arrivals.pop(request_id, None)
         return await self.engine.call(lambda g: self._abort(g, request_id))
 
     def _abort(self, g: EngineGroup, request_id: str) -> bool:

@@ -14,8 +14,9 @@ the schedulers run in lockstep. Nothing here changes engine state on its own: a 
 transport failure is only reported, and the worker aborts or releases on all ranks at once
 (a rank freeing blocks on its own would make the schedulers diverge).
 
-This is the part both roles share; `prefill_worker.rank` adds the per-layer KV connector,
-`decode_worker.rank` the reservations.
+This is the part both roles share, reservations included (a decode worker receives prompts,
+a prefill worker prefixes migrated from a peer); `prefill_worker.rank` adds the per-layer KV
+connector.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.events import KVEventBatch, WorkerLoad
+from core.request import EngineRequest
 from engine import cpu_kernels
-from engine.engine import LLMEngine
+from engine.engine import LLMEngine, Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, create_transport
 from worker.records import WorkerInfo, WorkerSpec
@@ -64,6 +66,21 @@ class WorkerRank:
             block_copy=cpu_kernels.load("copy_blocks"),
             require_network=not spec.local_cluster,
         )
+
+    def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
+        """Reserve blocks (reusing this engine's cached prefix, which is not sent) and
+        expect the rest of the prompt's KV into them, from worker `sender` only."""
+        res = self.engine.reserve(request)
+        skip = res.num_cached_tokens // self.engine.config.block_size
+        try:
+            self.transport.expect(
+                request.request_id, res.block_ids[skip:],
+                self.engine.model_config.num_hidden_layers, timeout_s, self.peer_name(sender),
+            )  # fmt: skip
+        except Exception:
+            self.engine.abort(request.request_id)  # the same refusal on every rank: in step
+            raise
+        return res
 
     def __getattr__(self, name: str) -> Any:
         if name == "engine":  # not built yet: no recursion

@@ -67,6 +67,14 @@ def _parser_for(model_dir: Path | None) -> str:
     return parser_for_model_type(model_type)
 
 
+def _policy_args(args: argparse.Namespace) -> dict[str, float]:
+    if not args.prefix_pull_gbps:
+        return {}
+    if args.policy != "ttft":
+        raise SystemExit("baton serve: --prefix-pull-gbps needs --policy ttft")
+    return {"transfer_gbps": args.prefix_pull_gbps}
+
+
 def _detect_device() -> str:
     import torch
 
@@ -94,7 +102,11 @@ async def _serve(args: argparse.Namespace) -> int:
         logger.info("bringing up the pools (%s) for %s", pools, spec.model_dir)
     cluster = await start_cluster(
         spec,
-        RouterConfig(prefill_policy=args.policy, decode_policy=args.decode_policy),
+        RouterConfig(
+            prefill_policy=args.policy,
+            decode_policy=args.decode_policy,
+            prefill_policy_args=_policy_args(args),
+        ),
         attach=args.attach,
     )
     metrics = Metrics()

@@ -30,6 +30,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default="cache_aware",
         help="prefill routing policy: cache_aware, ttft, least_loaded, round_robin, random",
     )
+    p.add_argument(
+        "--prefix-pull-gbps",
+        type=float,
+        default=0.0,
+        metavar="GB/S",
+        help="with --policy ttft: the KV transfer rate between prefill workers; when set, a "
+        "prefill worker may copy a prompt prefix a busy peer caches instead of computing it "
+        "(prefix migration; 0, the default: never)",
+    )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(
         "--redis",

@@ -279,14 +279,23 @@ class Controller:
             )
 
     async def _connect_peers(self, member: Member, info: Any) -> None:
-        """Prefill workers talk to decode workers (and back, for acknowledgements)."""
+        """Prefill workers talk to decode workers (and back, for acknowledgements), and to
+        each other (prefix migration: one sends a cached prefix into another's cache)."""
         if member.role == WorkerRole.UNIFIED:
             return
-        other = WorkerRole.DECODE if member.role == WorkerRole.PREFILL else WorkerRole.PREFILL
+        others = (
+            (WorkerRole.DECODE, WorkerRole.PREFILL)
+            if member.role == WorkerRole.PREFILL
+            else (WorkerRole.PREFILL,)
+        )
         peers = [
             m
             for m in self.members.values()
-            if m.role == other and m.info is not None and m.state in ("starting", "ready")
+            if m.role in others
+            and m is not member
+            and m.worker_id != member.worker_id
+            and m.info is not None
+            and m.state in ("starting", "ready")
         ]
         for peer in peers:
             try:

@@ -137,6 +137,7 @@ class Membership:
         if self.model is None:
             self.model = info
             self.router.register_model(info.model_id, info.block_size)
+            self.router.set_kv_bytes_per_token(info.kv_bytes_per_block / info.block_size)
         self.workers[member.worker_id] = member
         self.router.add_worker(member.worker_id, member.role, self.model.model_id)
         logger.info("router: worker %s (%s) joined", member.worker_id, member.role)

@@ -95,6 +95,11 @@ class Router:
         size = block_size or self.config.default_block_size
         self._models[model] = _ModelSpec(size, model_root_hash(model, size), extra)
 
+    def set_kv_bytes_per_token(self, num_bytes: float) -> None:
+        """KV bytes one token takes across all layers (a policy may price transfers)."""
+        self._prefill.set_kv_bytes_per_token(num_bytes)
+        self._decode.set_kv_bytes_per_token(num_bytes)
+
     def add_worker(self, worker_id: str, role: str, model: str = "") -> None:
         """Register a worker; the store asks it for a cache snapshot (on_resync)."""
         if model not in self._models:

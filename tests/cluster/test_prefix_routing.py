@@ -7,7 +7,12 @@ import time
 
 import pytest
 
+from core.roles import WorkerRole
 from core.sampling import SamplingParams
+from router.routing.decision import PrefixPull
+from router.routing.policies.base import Choice, Policy, RouteContext, register
+from router.routing.router import RouterConfig
+from router.routing.worker_state import WorkerState
 from tests import oracle
 from tests.cluster.conftest import MAX_TOKENS, always_disaggregate, make_spec
 from tests.cluster.helpers import collect, prompts, wait_until_cached
@@ -77,3 +82,50 @@ def test_multi_turn_sends_only_new_blocks(cluster_factory, loop_thread, tiny_mod
     assert t.num_blocks_skipped >= 6
     total_blocks = -(-len(turn2) // 16)
     assert t.num_blocks_sent - sent_before == total_blocks - t.num_blocks_skipped
+
+
+@register("test_pull_to_other", pools=(WorkerRole.PREFILL,))
+class PullToOther(Policy):
+    """Sends each prompt to the prefill worker caching the least of it, which pulls what the
+    one caching the most holds: a prefix migration whenever a worker caches some."""
+
+    def choose(self, ctx: RouteContext) -> Choice:
+        def hit(w: WorkerState) -> int:
+            return ctx.cached_blocks.get(w.worker_id, 0)
+
+        ranked = sorted(ctx.workers, key=lambda w: (hit(w), w.worker_id))
+        target, holder = ranked[0], ranked[-1]
+        pull = PrefixPull(holder.worker_id, hit(holder) - hit(target))
+        return Choice(target, "test_pull", pull=pull if pull.num_blocks > 0 else None)
+
+
+def test_a_prefix_pulled_between_prefill_workers_gives_the_oracle_tokens(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    model_dir = tiny_model_dir("llama")
+    config = RouterConfig(prefill_policy="test_pull_to_other", disagg_min_uncached_tokens=0)
+    cluster = cluster_factory(make_spec(model_dir, num_prefill=2, num_decode=1), config)
+    backend = cluster.backend
+    [prefix] = prompts(1, 1000, [256], seed=31)
+    tails = prompts(2, 1000, [20], seed=32)
+    model_id = cluster.membership.model.model_id
+
+    first = loop_thread.run(collect(backend, "first", prefix + tails[0], GREEDY))
+    wait_until_cached(cluster.router, model_id, prefix, len(prefix) // 16)
+    second = loop_thread.run(collect(backend, "second", prefix + tails[1], GREEDY))
+    for tail, out in zip(tails, (first, second), strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
+    t = backend.transfers
+    assert (t.prefix_pulls, t.prefix_pulls_failed) == (1, 0)
+    assert t.prefix_blocks_pulled == len(prefix) // 16
+
+    def prefill_hits() -> list[int]:
+        loads = cluster.membership.loads.values()
+        return sorted(s.num_cached_prompt_tokens for s in loads if s.role == "prefill")
+
+    # The holder sent the prefix from its cache (computing one token past it), and the
+    # second prompt hit the pulled prefix on the other worker: their load reports say so.
+    deadline = time.monotonic() + 15
+    while prefill_hits() != [len(prefix), len(prefix)]:
+        assert time.monotonic() < deadline, prefill_hits()
+        time.sleep(0.02)

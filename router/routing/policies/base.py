@@ -85,6 +85,9 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def choose(self, ctx: RouteContext) -> Choice: ...
 
+    def set_kv_bytes_per_token(self, num_bytes: float) -> None:  # noqa: B027 - optional hook
+        """The served model's KV size, known once a worker joined (for costs in time)."""
+
 
 def pool_load(worker: WorkerState, pool: str) -> tuple[int, int]:
     """The "load" ties and the least-loaded fallback compare, per pool (smaller is lighter)."""

@@ -110,13 +110,10 @@ class TtftPrefill(Policy):
         if min(kv_bytes_per_token, transfer_gbps, transfer_latency_s) < 0:
             raise ValueError("kv_bytes_per_token, transfer_gbps, transfer_latency_s must be >= 0")
         self.max_utilization = max_utilization
-        # seconds to copy one token's KV between prefill workers; 0: no migration (the
-        # request path must know how to pull before a bandwidth is configured)
-        self.transfer_s_per_token = (
-            kv_bytes_per_token / (transfer_gbps * 1e9)
-            if kv_bytes_per_token and transfer_gbps
-            else 0.0
-        )
+        self.transfer_gbps = transfer_gbps
+        self.transfer_s_per_token = 0.0
+        """Seconds to copy one token's KV between prefill workers; 0: no migration."""
+        self.set_kv_bytes_per_token(kv_bytes_per_token)
         self.transfer_latency_s = transfer_latency_s
         self.s_per_token = s_per_token
         self.step_s = step_s
@@ -125,6 +122,10 @@ class TtftPrefill(Policy):
         self._decay = 0.5 ** (1.0 / balance_halflife)
         self._tally: dict[str, float] = {}
         self._turn = 0
+
+    def set_kv_bytes_per_token(self, num_bytes: float) -> None:
+        gbps = self.transfer_gbps
+        self.transfer_s_per_token = num_bytes / (gbps * 1e9) if num_bytes and gbps else 0.0
 
     def choose(self, ctx: RouteContext) -> Choice:
         workers = ctx.workers
