@@ -35,7 +35,7 @@ def _rates(text: str) -> float:
 def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--url", help="a running server's HTTP front door")
-    target.add_argument("--compare", choices=["all", "pd", "policy", "peer"],
+    target.add_argument("--compare", choices=["all", "pd", "policy", "mooncake", "peer"],
                         help="start `baton serve` per configuration and compare them; peer: "
                         "against `vllm serve` (needs --vllm-python)")  # fmt: skip
     p.add_argument(

@@ -1,12 +1,15 @@
 """`baton bench --compare`: configurations side by side, on the same machine, in one run.
 
-Two experiments, each one workload sent to each configuration at the same rates:
+Three experiments, each one workload sent to each configuration at the same rates:
 - `pd`: the long-prompt mix, `unified` (2 colocated workers) against disaggregated
   (1 prefill + 1 decode), every worker one torch thread, so both get the same cores.
 - `policy`: the shared-prefix workload on 2 prefill workers + 1 decode worker, prefix-aware
   (`cache_aware`) against `round_robin` routing. The KV cache of each worker is sized to
   hold about half the tenants' system prompts: both workers' caches together hold them
   all only if the router keeps each tenant on one worker.
+- `mooncake`: the Mooncake trace replayed at its own (compressed) timing on 4 prefill + 1
+  decode workers with small caches: `ttft` with prefix migration against `cache_aware` and
+  `round_robin`; prompt tokens computed (and pulled between prefill workers), TTFT.
 
 Each configuration gets a fresh `baton serve` (stopped by PID at the end, even on errors).
 Results: bench/results/serve_<experiment>.json and .png; a verdict against the issue's
@@ -116,6 +119,28 @@ EXPERIMENTS = {
         tpot_slo_s=0.075,
         warm_tenants=True,
     ),
+    "mooncake": Experiment(
+        name="mooncake",
+        title="Mooncake trace (1/32 lengths), 4 prefill + 1 decode workers, small caches",
+        workload={"workload": "mooncake", "time_scale": 0.05, "max_output": 16},
+        configs=[
+            Config(
+                name,
+                f"--mode disaggregated --prefill 4 --decode 1 --policy {policy} "
+                f"--kv-cache-gb 0.04 {_ONE_THREAD}".split(),
+            )
+            for name, policy in (
+                ("ttft_pull", "ttft --prefix-pull-gbps 2"),
+                ("cache_aware", "cache_aware"),
+                ("round_robin", "round_robin"),
+            )
+        ],
+        rates=[],  # the trace's own arrivals
+        num_requests=200,
+        duration_s=240.0,
+        ttft_slo_s=5.0,
+        tpot_slo_s=0.2,
+    ),
 }
 
 
@@ -198,6 +223,18 @@ def verdict(exp: Experiment, runs: dict[str, list[dict[str, Any]]]) -> dict[str,
             "target_tpot_met": tpot_ratio is not None and tpot_ratio >= 2.0,
             "target_goodput_met": good_ratio is not None and good_ratio >= 1.5,
         }
+    if exp.name == "mooncake":
+        return {
+            name: {
+                "prompt_tokens_computed": r[0].get("prompt_tokens_computed"),
+                "prompt_tokens_pulled": r[0].get("prompt_tokens_pulled"),
+                "ttft_mean_s": r[0]["ttft_s"]["mean"],
+                "ttft_p99_s": r[0]["ttft_s"]["p99"],
+                "num_errors": r[0]["num_errors"],
+            }
+            for name, r in runs.items()
+            if r
+        }
     ca, rr = runs.get("cache_aware", []), runs.get("round_robin", [])
     per_rate = []
     for a in ca:
@@ -246,7 +283,7 @@ def run_comparison(args: argparse.Namespace) -> int:
         exp_args.tpot_slo = args.tpot_slo or exp.tpot_slo_s
         high = min(args.token_range[1], _vocab_high(model_dir))
         space = wl.TokenSpace(args.token_range[0], high)
-        if args.rate is None:  # Poisson sweeps only: the trace's own timing is for --url
+        if args.rate is None:  # a trace experiment has no rates: the trace's own timing
             exp_args.rate = exp.rates
         print(f"\n== {exp.title}\n{HEADER}", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {}

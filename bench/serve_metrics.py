@@ -145,3 +145,19 @@ def scrape_by_label(exposition: str, name: str, label: str) -> dict[str, float]:
         if m and m.group(1) == name and m.group(2) and (lm := pattern.search(m.group(2))):
             out[lm.group(1)] = float(m.group(3))
     return out
+
+
+def scrape_by_labels(
+    exposition: str, name: str, labels: tuple[str, ...]
+) -> dict[tuple[str, ...], float]:
+    """The values of `labels` -> sample, for the samples named exactly `name`."""
+    out: dict[tuple[str, ...], float] = {}
+    patterns = [re.compile(rf'{re.escape(label)}="([^"]*)"') for label in labels]
+    for line in exposition.splitlines():
+        m = _SAMPLE.match(line)
+        if not (m and m.group(1) == name and m.group(2)):
+            continue
+        found = [p.search(m.group(2)) for p in patterns]
+        if all(found):
+            out[tuple(f.group(1) for f in found if f)] = float(m.group(3))
+    return out

@@ -13,12 +13,14 @@ import httpx
 
 from bench import serve_workloads as wl
 from bench.serve_client import run_load, scrape_metrics
-from bench.serve_metrics import SLO, scrape_by_label, scrape_sum, summarize
+from bench.serve_metrics import SLO, scrape_by_label, scrape_by_labels, scrape_sum, summarize
 from bench.workloads import DEFAULT_TRACE
 
 WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
              "azure")  # fmt: skip
 KV_SECONDS = "baton:kv_transfer_seconds_sum"
+STEP_TOKENS = "baton:worker_step_tokens_total"
+PULLED_TOKENS = "baton:prefix_pulled_tokens_total"
 WORKER_HIT_RATE = "baton:prefix_cache_hit_rate"
 
 
@@ -92,10 +94,17 @@ async def measure(
     after = await scrape_metrics(base_url)
     kv_s = None
     worker_hits: dict[str, float] = {}
+    computed = pulled = None
     if before is not None and after is not None:
         kv_s = scrape_sum(after, KV_SECONDS) - scrape_sum(before, KV_SECONDS)
         worker_hits = scrape_by_label(after, WORKER_HIT_RATE, "worker")
+        computed = _prompt_tokens_computed(after) - _prompt_tokens_computed(before)
+        pulled = scrape_sum(after, PULLED_TOKENS) - scrape_sum(before, PULLED_TOKENS)
     summary = summarize(run.results, run.duration_s, SLO(args.ttft_slo, args.tpot_slo), kv_s)
+    # Prompt tokens the workers computed during the run (every pool: a decode worker may
+    # prefill), and those copied between prefill workers instead (prefix migration).
+    summary["prompt_tokens_computed"] = computed
+    summary["prompt_tokens_pulled"] = pulled
     # The machine's 1-minute load average around the run: other work on a shared box is
     # the first thing to check when two runs disagree.
     # Per worker, over the server's lifetime: in disaggregated mode `usage.cached_tokens`
@@ -105,6 +114,11 @@ async def measure(
     summary.update(rate=rate, num_not_sent=run.num_not_sent,
                    load_avg_1m=(load_before, os.getloadavg()[0]))  # fmt: skip
     return summary
+
+
+def _prompt_tokens_computed(exposition: str) -> float:
+    by_kind = scrape_by_labels(exposition, STEP_TOKENS, ("worker", "kind"))
+    return sum(v for (_, kind), v in by_kind.items() if kind == "prefill")
 
 
 async def served_model(base_url: str, api_key: str | None = None) -> str:

@@ -412,8 +412,11 @@ class _Attempt:
                         req.request_id, peer.worker_id, type(e).__name__, e)  # fmt: skip
             self._abort_prefix(prefix.request_id, peer)
             return
+        pulled = max(0, num_blocks - skip)
         stats.prefix_pulls += 1
-        stats.prefix_blocks_pulled += max(0, num_blocks - skip)
+        stats.prefix_blocks_pulled += pulled
+        if self.path.metrics is not None:
+            self.path.metrics.record_prefix_pull(pulled * block)
 
     def _abort_prefix(self, prefix_id: str, peer: Any) -> None:
         for m in (self.prefill, peer):

@@ -104,6 +104,11 @@ class Metrics:
             "baton:prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens per worker.",
             ["worker"], registry=r,
         )  # fmt: skip
+        self.prefix_pulled_tokens = Counter(
+            "baton:prefix_pulled_tokens",
+            "Prompt tokens a prefill worker copied from a peer's cache instead of computing.",
+            registry=r,
+        )  # fmt: skip
         self.kv_transfer_bytes = Counter(
             "baton:kv_transfer_bytes", "KV cache bytes moved between workers.", registry=r
         )
@@ -211,6 +216,9 @@ class Metrics:
             for phase in PHASES:
                 with contextlib.suppress(KeyError):
                     self.worker_step_seconds.remove(worker_id, phase)
+
+    def record_prefix_pull(self, num_tokens: int) -> None:
+        self.prefix_pulled_tokens.inc(num_tokens)
 
     def record_kv_transfer(self, num_bytes: int, seconds: float) -> None:
         self.kv_transfer_bytes.inc(num_bytes)
