@@ -5,7 +5,7 @@ stated distance of the float32 ones.
 The bfloat16 bound, over the logits of every prompt position of a few prompts:
     mean |bf16 - fp32| <= 0.05 * std(fp32 logits)   and   max |bf16 - fp32| <= 0.1 * max |fp32|
 About three times what the same comparison gives on the CPU's bfloat16 path (tiny llama and
-qwen3: mean 0.008-0.015 of the std, max 0.015-0.031 of the largest logit), which rounds the
+qwen3: mean 0.008-0.015 of the std, max 0.012-0.030 of the largest logit), which rounds the
 same weights and activations; a wrong KV read or a broken kernel is off by the logits' whole
 spread (about 4 here). Not yet measured on a GPU."""
 
