@@ -3,7 +3,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 MODEL_DIR ?= models/tiny-llama
 
-.PHONY: install serve demo test lint format bench-engine
+.PHONY: install serve demo test test-gpu bench-kernels lint format bench-engine
 
 install: .install-stamp
 
@@ -29,6 +29,14 @@ demo: install
 
 test: install
 	$(PYTHON) -m pytest -q -p no:cacheprovider
+
+# On a CUDA machine (with a CUDA torch and triton installed); everything skips without one.
+# Its own run: the CPU kernel tests switch the Triton interpreter on for the whole process.
+test-gpu:
+	$(PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+
+bench-kernels:
+	$(PYTHON) -m bench.kernels
 
 lint:
 	ruff format --check . && ruff check .

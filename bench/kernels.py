@@ -6,12 +6,19 @@ For each kernel, the median time (triton.testing.do_bench) next to a torch basel
 achieved memory bandwidth = bytes the kernel must move / time, against the device's peak:
 
     decode   paged_decode_attention  vs  SDPA on K/V already gathered contiguous (the gather
-             itself is timed apart: it is what a non-paged kernel would have to pay)
+             itself is timed apart: it is what a non-paged kernel would have to pay), and
+             flash-attn's paged flash_attn_with_kvcache (`flash_ms`)
              bytes = K + V of every context + q + out
-    prefill  paged_prefill_attention vs  causal SDPA per prompt batch; also TFLOP/s
+    prefill  paged_prefill_attention vs  causal SDPA per prompt batch, and flash-attn's
+             flash_attn_varlen_func on the packed prompts (`flash_ms`); also TFLOP/s
     cache    reshape_and_cache       vs  torch index_put     bytes = 2 x (K + V) of new tokens
     norm     rms_norm (fused add)    vs  torch reference     bytes = x, residual in, 2 out
     rotary   apply_rotary            vs  torch reference     bytes = q + k in and out
+
+flash-attn is a baseline where it is installed and the dtype is half precision (it has no
+float32 kernels); otherwise the run says why it is left out. Its paged KV cache needs pages
+of a multiple of 256 tokens, so it reads the same contexts in 256-token pages where the
+Triton kernel reads 16-token ones.
 
 The peak is the theoretical DRAM bandwidth when torch reports the memory clock and bus
 width, else a measured device-to-device copy (marked "copy"). Without CUDA it prints a
@@ -43,6 +50,21 @@ def peak_bandwidth(device: torch.device) -> tuple[float, str]:
     return 2 * src.numel() / (ms * 1e-3), "copy"
 
 
+FLASH_PAGE = 256
+"""flash-attn's paged cache takes pages of a multiple of 256 tokens."""
+
+
+def load_flash_attn(dtype: torch.dtype) -> tuple[Any, str]:
+    """flash-attn's module when it can be a baseline at `dtype` (else None), and a note."""
+    if dtype == torch.float32:
+        return None, "flash-attn left out: it has no float32 kernels"
+    try:
+        import flash_attn
+    except (ImportError, OSError) as e:  # absent, or built against another torch / CUDA
+        return None, f"flash-attn left out: not importable ({e})"
+    return flash_attn, f"flash-attn {flash_attn.__version__} as a second baseline (flash_ms)"
+
+
 def _time(fn: Callable[[], Any]) -> float:
     import triton.testing
 
@@ -54,19 +76,23 @@ def _row(name: str, ms: float, base_ms: float, nbytes: float, peak: float, **ext
     row = dict(kernel=name, ms=ms, baseline_ms=base_ms, speedup=base_ms / ms, gb_s=gbps,
                pct_peak=100 * gbps * 1e9 / peak, **extra)  # fmt: skip
     extras = " ".join(
-        f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()
-    )
+        f"{k}={v:.3f}" if k.endswith("_ms") else f"{k}={v:.1f}" if isinstance(v, float)
+        else f"{k}={v}"
+        for k, v in extra.items()
+    )  # fmt: skip
     print(f"{name:<44} {ms:8.3f} ms  base {base_ms:8.3f} ms  {gbps:7.1f} GB/s "
           f"({row['pct_peak']:5.1f}% of peak) {extras}")  # fmt: skip
     return row
 
 
-def bench_decode(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
+def bench_decode(dtype: torch.dtype, peak: float, dev: torch.device, flash: Any) -> list[dict]:
     cases = [(1, 4096), (8, 2048), (64, 1024), (256, 512), (32, 16384)]
-    return [_decode_case(batch, ctx, dtype, peak, dev) for batch, ctx in cases]
+    return [_decode_case(batch, ctx, dtype, peak, dev, flash) for batch, ctx in cases]
 
 
-def _decode_case(batch: int, ctx: int, dtype: torch.dtype, peak: float, dev: torch.device) -> dict:
+def _decode_case(
+    batch: int, ctx: int, dtype: torch.dtype, peak: float, dev: torch.device, flash: Any
+) -> dict:
     from engine.kernels.decode_attention import paged_decode_attention
 
     page, hq, hk, d = 16, 32, 8, 128
@@ -82,19 +108,37 @@ def _decode_case(batch: int, ctx: int, dtype: torch.dtype, peak: float, dev: tor
     base = _time(
         lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=d**-0.5, enable_gqa=True)
     )
-    gather = _time(lambda: kv[tables.long()])
+    extra = {"gather_ms": _time(lambda: kv[tables.long()])}
+    if flash is not None:
+        extra["flash_ms"] = _flash_decode_ms(flash, q, lens, hk, ctx)
     nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
     name = f"decode B={batch} ctx={ctx} {hq}/{hk}x{d}"
-    return _row(name, ms, base, nbytes, peak, gather_ms=gather)
+    return _row(name, ms, base, nbytes, peak, **extra)
 
 
-def bench_prefill(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
+def _flash_decode_ms(flash: Any, q: torch.Tensor, lens: torch.Tensor, hk: int, ctx: int) -> float:
+    """flash_attn_with_kvcache over a paged cache of FLASH_PAGE-token pages, scattered."""
+    batch, _, d = q.shape
+    pages = batch * ctx // FLASH_PAGE
+    k_cache, v_cache = (
+        torch.randn(pages, FLASH_PAGE, hk, d, dtype=q.dtype, device=q.device) for _ in range(2)
+    )
+    table = torch.randperm(pages, device=q.device).view(batch, -1).int()
+    q4 = q.unsqueeze(1)  # [B, 1 new token, Hq, D]
+    return _time(
+        lambda: flash.flash_attn_with_kvcache(
+            q4, k_cache, v_cache, cache_seqlens=lens, block_table=table, softmax_scale=d**-0.5
+        )
+    )
+
+
+def bench_prefill(dtype: torch.dtype, peak: float, dev: torch.device, flash: Any) -> list[dict]:
     cases = [(1, 4096), (8, 1024), (32, 256)]
-    return [_prefill_case(batch, length, dtype, peak, dev) for batch, length in cases]
+    return [_prefill_case(batch, length, dtype, peak, dev, flash) for batch, length in cases]
 
 
 def _prefill_case(
-    batch: int, length: int, dtype: torch.dtype, peak: float, dev: torch.device
+    batch: int, length: int, dtype: torch.dtype, peak: float, dev: torch.device, flash: Any
 ) -> dict:
     from engine.kernels.prefill_attention import PrefillLayout, paged_prefill_attention
 
@@ -116,10 +160,21 @@ def _prefill_case(
             qb, k, v, is_causal=True, scale=d**-0.5, enable_gqa=True
         )
     )
+    extra = {}
+    if flash is not None:
+        # The prompts packed [B * len, H, D], as a varlen batch sees them.
+        packed_k, packed_v = (kv[idx, i].flatten(0, 2) for i in (0, 1))
+        cu_seqlens = torch.arange(batch + 1, dtype=torch.int32, device=dev) * length
+        extra["flash_ms"] = _time(
+            lambda: flash.flash_attn_varlen_func(
+                q, packed_k, packed_v, cu_seqlens, cu_seqlens, length, length,
+                softmax_scale=d**-0.5, causal=True,
+            )
+        )  # fmt: skip
     flops = 4 * batch * hq * d * length * length / 2
     nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
     name = f"prefill B={batch} len={length} {hq}/{hk}x{d}"
-    return _row(name, ms, base, nbytes, peak, tflops=flops / (ms * 1e-3) / 1e12)
+    return _row(name, ms, base, nbytes, peak, tflops=flops / (ms * 1e-3) / 1e12, **extra)
 
 
 def bench_small(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
@@ -167,13 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     peak, source = peak_bandwidth(dev)
     name = torch.cuda.get_device_name(dev)
-    print(f"{name}: peak {peak / 1e9:.0f} GB/s ({source}), dtype {args.dtype}")
-    rows = bench_decode(dtype, peak, dev) + bench_prefill(dtype, peak, dev)
+    flash, flash_note = load_flash_attn(dtype)
+    print(f"{name}: peak {peak / 1e9:.0f} GB/s ({source}), dtype {args.dtype}; {flash_note}")
+    rows = bench_decode(dtype, peak, dev, flash) + bench_prefill(dtype, peak, dev, flash)
     rows += bench_small(dtype, peak, dev)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         report = dict(device=name, peak_gb_s=peak / 1e9, peak_source=source,
-                      dtype=args.dtype, rows=rows)  # fmt: skip
+                      dtype=args.dtype, flash_attn=flash_note, rows=rows)  # fmt: skip
         args.out.write_text(json.dumps(report, indent=2))
     return 0
 

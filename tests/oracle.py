@@ -8,19 +8,21 @@ from typing import Any
 
 
 @cache
-def _hf_model(model_dir: str) -> Any:
+def _hf_model(model_dir: str, device: str = "cpu") -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
 
 
 @cache
-def hf_greedy(model_dir: str, prompt: tuple[int, ...], max_tokens: int) -> list[int]:
+def hf_greedy(
+    model_dir: str, prompt: tuple[int, ...], max_tokens: int, device: str = "cpu"
+) -> list[int]:
     import torch
 
-    model = _hf_model(model_dir)
-    ids = torch.tensor([prompt])
+    model = _hf_model(model_dir, device)
+    ids = torch.tensor([prompt], device=device)
     with torch.no_grad():
         out = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False

@@ -14,12 +14,18 @@ The worker actor starts its rank actors (`start_ray_ranks`): they are owned by i
 with it; removing the placement group (the controller does, when it kills the worker)
 kills them too. Each rank is driven through `engine.tp.RankHandle`, so `TPEngine` runs the
 lockstep exactly as it does over local processes.
+
+GPUs: Ray would narrow each rank's CUDA_VISIBLE_DEVICES to its own GPU, and NCCL, seeing
+no peer device, could fall back from P2P / NVLink to copies through the host. So the ranks
+start with Ray's RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES (as vLLM's do on Ray): each
+sees every GPU of the node and selects the one Ray assigned it (`visible_device_index`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +34,18 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from engine.tp.ranks import RankStart, Reply, build_rank, free_port, portable_error, serve_call
+from engine.tp.ranks import (
+    RankStart,
+    Reply,
+    build_rank,
+    free_port,
+    portable_error,
+    serve_call,
+    visible_device_index,
+)
+
+NOSET_VISIBLE_DEVICES = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+"""A GPU rank's env_vars: Ray leaves CUDA_VISIBLE_DEVICES as the node has it."""
 
 
 async def create_tp_placement(
@@ -70,8 +87,11 @@ class RankActor:
 
     def start(self, start: RankStart) -> Reply:
         try:
-            # Ray shows a GPU actor only its own device: it is device 0 here.
-            self.target = build_rank(start, 0 if start.backend == "nccl" else None)
+            device_index = None
+            if start.backend == "nccl":
+                visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+                device_index = visible_device_index(ray.get_gpu_ids(), visible)
+            self.target = build_rank(start, device_index)
             return ("ok", None)
         except BaseException as e:  # report why this rank never came up
             return ("error", portable_error(e))
@@ -133,7 +153,7 @@ def start_ray_ranks(
     for rank in range(size):
         options: dict[str, Any] = {"max_restarts": 0}
         if backend == "nccl":
-            options.update(num_gpus=1, num_cpus=0)
+            options.update(num_gpus=1, num_cpus=0, runtime_env={"env_vars": NOSET_VISIBLE_DEVICES})
         else:
             options.update(num_cpus=1)
         if placement is not None:

@@ -2,7 +2,7 @@
 
 driver.py  TPEngine: the LLMEngine surface, each call sent to every rank in lockstep
 ranks.py   a rank's life (join the group, build its target, serve calls) and its handle;
-           the Ray actor ranks of a worker live in decode_worker/ray_ranks.py (no Ray here)
+           the Ray actor ranks of a worker live in worker/ray_ranks.py (no Ray here)
 """
 
 from engine.tp.driver import TPEngine, check_tp_size

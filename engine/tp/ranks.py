@@ -14,7 +14,7 @@ import functools
 import os
 import socket
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,9 +76,42 @@ class RankStart:
     factory: Callable[..., Any]
 
 
+def visible_device_index(assigned_gpu_ids: Sequence[int | str], visible_devices: str | None) -> int:
+    """The CUDA device index of the one GPU a scheduler (Ray) assigned this process.
+
+    The scheduler names GPUs as the node does: physical ids, or the entries of the node's
+    own CUDA_VISIBLE_DEVICES (ids or UUIDs) when it was started with one. CUDA numbers the
+    devices this process sees 0, 1, ... in the order of `visible_devices`, so the index is
+    the id's position there; without a visible list every GPU is seen and the id is the
+    index. A visible list narrowed to the one GPU (Ray's default) gives 0 the same way.
+
+        CUDA_VISIBLE_DEVICES="2,3,5", assigned ["5"]  ->  device 2
+        unset,                        assigned [5]    ->  device 5
+    """
+    if len(assigned_gpu_ids) != 1:
+        raise RuntimeError(
+            f"a tensor-parallel rank needs exactly one GPU, got {list(assigned_gpu_ids)}"
+        )
+    gpu = str(assigned_gpu_ids[0]).strip()
+    if visible_devices is None:
+        if not gpu.isdigit():
+            raise RuntimeError(
+                f"GPU {gpu!r} is not a device number and CUDA_VISIBLE_DEVICES is unset"
+            )
+        return int(gpu)
+    visible = [d.strip() for d in visible_devices.split(",") if d.strip()]
+    if gpu not in visible:
+        raise RuntimeError(
+            f"GPU {gpu} assigned to this rank is not visible to it "
+            f"(CUDA_VISIBLE_DEVICES={visible_devices!r})"
+        )
+    return visible.index(gpu)
+
+
 def build_rank(start: RankStart, device_index: int | None = None) -> Any:
     """Join the group and build the rank's target. `device_index` is the CUDA device of
-    this rank (default: the rank; 0 under Ray, which shows each actor only its own GPU)."""
+    this rank (default: the rank, as for local processes that see every GPU of the node;
+    a Ray rank passes `visible_device_index` of the GPU Ray assigned it)."""
     if start.backend == "gloo" and "127.0.0.1" in start.init_method:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if start.backend == "nccl":

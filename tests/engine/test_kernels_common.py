@@ -1,5 +1,6 @@
-"""Helpers shared by the kernel tests (paged caches with scattered blocks, tolerances), and
-tests of the argument checks every host wrapper runs before it launches."""
+"""The interpreter's tolerances shared by the kernel tests (their paged caches come from
+tests/support/paged_kv.py), and tests of the argument checks every host wrapper runs before
+it launches."""
 
 from __future__ import annotations
 
@@ -8,63 +9,16 @@ import os
 # Read when `@triton.jit` runs: set before any kernel module is imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from dataclasses import dataclass
-
 import pytest
 import torch
+
+from tests.support.paged_kv import make_paged_contexts, to_page_one
 
 TOLERANCE = {
     torch.float32: dict(atol=2e-5, rtol=1e-5),
     torch.float16: dict(atol=2e-3, rtol=2e-3),
     torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
 }
-
-
-@dataclass
-class PagedContexts:
-    kv_layer: torch.Tensor  # [num_blocks, 2, page, Hk, D]
-    block_ids: list[list[int]]  # per sequence, scattered over the pool
-    seq_lens: list[int]
-
-
-def make_paged_contexts(
-    seq_lens: list[int], num_kv_heads: int, head_dim: int, page: int, dtype: torch.dtype, seed: int
-) -> PagedContexts:
-    """Random K/V for each sequence in a cache whose every other slot holds NaN, so a kernel
-    that reads past a sequence's length (or a wrong block) produces NaN."""
-    gen = torch.Generator().manual_seed(seed)
-    needed = [-(-n // page) for n in seq_lens]
-    num_blocks = sum(needed) + 3  # spare blocks stay NaN
-    kv = torch.full((num_blocks, 2, page, num_kv_heads, head_dim), float("nan"), dtype=dtype)
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    block_ids = []
-    for n, k in zip(seq_lens, needed, strict=True):
-        blocks, order = order[:k], order[k:]
-        block_ids.append(blocks)
-        values = torch.randn(2, n, num_kv_heads, head_dim, generator=gen).to(dtype)
-        for p in range(n):
-            kv[blocks[p // page], :, p % page] = values[:, p]
-    return PagedContexts(kv, block_ids, list(seq_lens))
-
-
-def to_page_one(ctx: PagedContexts) -> PagedContexts:
-    """The same contexts in a block-size-1 layout (block b, offset o -> block b*page + o)."""
-    num_blocks, _, page, heads, dim = ctx.kv_layer.shape
-    kv = ctx.kv_layer.transpose(1, 2).reshape(num_blocks * page, 2, 1, heads, dim).contiguous()
-    block_ids = [
-        [blocks[p // page] * page + p % page for p in range(n)]
-        for blocks, n in zip(ctx.block_ids, ctx.seq_lens, strict=True)
-    ]
-    return PagedContexts(kv, block_ids, ctx.seq_lens)
-
-
-def padded_table(block_ids: list[list[int]]) -> torch.Tensor:
-    width = max(len(b) for b in block_ids)
-    return torch.tensor([b + [0] * (width - len(b)) for b in block_ids], dtype=torch.int32)
-
-
-def poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    return torch.full(shape, float("nan"), dtype=dtype)
 
 
 def test_page_one_layout_holds_the_same_tokens() -> None:

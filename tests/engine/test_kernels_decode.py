@@ -11,13 +11,8 @@ import pytest
 import torch
 
 from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
-from tests.engine.test_kernels_common import (
-    TOLERANCE,
-    make_paged_contexts,
-    padded_table,
-    poisoned,
-    to_page_one,
-)
+from tests.engine.test_kernels_common import TOLERANCE
+from tests.support.paged_kv import make_paged_contexts, padded_table, poisoned, to_page_one
 
 # (query heads, kv heads, head_dim, page, context lengths, splits, dtype): GQA ratios 1, 2,
 # 4 and MQA; lengths of 1 and at block boundaries; head sizes sampled sparingly.

@@ -16,7 +16,8 @@ from engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from engine.kernels.rotary import apply_rotary, apply_rotary_ref
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
-from tests.engine.test_kernels_common import TOLERANCE, poisoned
+from tests.engine.test_kernels_common import TOLERANCE
+from tests.support.paged_kv import poisoned
 
 LLAMA3 = {
     "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -15,13 +15,8 @@ from engine.kernels.prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
-from tests.engine.test_kernels_common import (
-    TOLERANCE,
-    PagedContexts,
-    make_paged_contexts,
-    poisoned,
-    to_page_one,
-)
+from tests.engine.test_kernels_common import TOLERANCE
+from tests.support.paged_kv import PagedContexts, make_paged_contexts, poisoned, to_page_one
 
 # (query heads, kv heads, head_dim, page, [(query_len, seq_len) per chunk], dtype):
 # fresh prompts (query_len == seq_len), extends over a cached prefix, a single-token chunk,

@@ -1,4 +1,5 @@
-"""A transport in a child process, driven command by command over a Pipe by the test.
+"""A transport in a child process, driven command by command over a Pipe by the test
+(`PipedProcess` drives other children the same way: a worker in tests/gpu).
 
 Commands are tuples `(name, *args)`; every command gets one reply `("ok", value)` or
 `("error", message)`. Caches are filled from a seed, so the test can rebuild them.
@@ -10,6 +11,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from multiprocessing.connection import Connection
 from typing import Any
@@ -101,18 +103,17 @@ def peer_main(conn: Connection, backend: str, tls: str, layout_kwargs: dict, see
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-class Peer:
-    """Test-side handle of one child process."""
+class PipedProcess:
+    """Test-side handle of a child process (spawn) that greets with `(name, metadata)`, then
+    answers every command tuple with `("ok", value)` or `("error", message)`; "exit" ends
+    it. `target(conn, *args)` is the child's body (`peer_main` here; a worker elsewhere)."""
 
-    def __init__(self, backend: str, tls: str, layout_kwargs: dict, seed: int) -> None:
-        self.backend = backend
+    def __init__(self, target: Callable[..., None], args: tuple, start_timeout_s: float = 60.0):
         ctx = mp.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(
-            target=peer_main, args=(child_conn, backend, tls, layout_kwargs, seed), daemon=True
-        )
+        self.process = ctx.Process(target=target, args=(child_conn, *args), daemon=True)
         self.process.start()
-        self.name, self.metadata = self._receive("start", 60.0)
+        self.name, self.metadata = self._receive("start", start_timeout_s)
 
     def _receive(self, what: str, timeout_s: float) -> Any:
         deadline = time.monotonic() + timeout_s
@@ -141,3 +142,11 @@ class Peer:
             self.process.join(10)
         if self.process.is_alive():
             self.kill()
+
+
+class Peer(PipedProcess):
+    """A transport in a child process (`peer_main`)."""
+
+    def __init__(self, backend: str, tls: str, layout_kwargs: dict, seed: int) -> None:
+        self.backend = backend
+        super().__init__(peer_main, (backend, tls, layout_kwargs, seed))

@@ -1,0 +1,159 @@
+"""Every Triton kernel of engine/kernels compiled for the GPU (real bf16 / fp16 dots, which
+the interpreter tests never run) against its torch reference, at serving shapes: head_dim
+64 and 128, GQA and MQA, block size 16, contexts of thousands of tokens.
+
+Tolerances, per dtype:
+- attention: the largest error of a sequence's outputs, relative to its largest |output|
+  (long contexts average many values, so outputs shrink and a fixed atol would pass zeros):
+  fp32 1e-4 (the reference sums thousands of terms in another order), fp16 2e-3 and bf16
+  2e-2 (a few roundings of the probabilities and the output in that dtype);
+- norm and rotary: assert_close's atol / rtol below (values are O(1));
+- reshape_and_cache: exact (a copy)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from engine.kernels.prefill_attention import (
+    PrefillLayout,
+    paged_prefill_attention,
+    paged_prefill_attention_ref,
+)
+from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
+from engine.kernels.rms_norm import rms_norm, rms_norm_ref
+from engine.kernels.rotary import apply_rotary, apply_rotary_ref
+from engine.layers.rotary import RotaryEmbedding
+from tests.support.paged_kv import make_paged_contexts, padded_table, poisoned
+
+pytestmark = pytest.mark.gpu
+
+CUDA = torch.device("cuda")
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+ATTENTION_TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+ELEMENTWISE_TOLERANCE = {
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+    torch.float16: dict(atol=2e-3, rtol=2e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+}
+PAGE = 16
+
+
+def check_attention(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    assert not got.isnan().any(), f"{what}: NaN (a read past the context, or an unwritten row)"
+    scale = want.float().abs().amax()
+    error = (got.float() - want.float()).abs().amax()
+    assert error <= ATTENTION_TOLERANCE[dtype] * scale, f"{what}: error {error} of {scale}"
+
+
+# (query heads, kv heads, head_dim, context lengths, splits; None: the device's default)
+DECODE_CASES = [
+    (32, 8, 128, [1, 17, 1000, 4096], None),
+    (32, 8, 128, [4096, 33], 1),  # one split: the kernel writes the output directly
+    (8, 1, 128, [8191, 300], None),
+    (16, 16, 64, [2048, 15, 16], None),
+    (32, 4, 64, [5000, 2], 16),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hk,dim,lens,splits", DECODE_CASES)
+def test_decode_attention(hq, hk, dim, lens, splits, dtype) -> None:
+    ctx = make_paged_contexts(lens, hk, dim, PAGE, dtype, seed=sum(lens), device=CUDA)
+    gen = torch.Generator().manual_seed(dim)
+    q = torch.randn(len(lens), hq, dim, generator=gen).to(dtype).to(CUDA)
+    table = padded_table(ctx.block_ids, CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    out = poisoned(tuple(q.shape), dtype, CUDA)
+    got = paged_decode_attention(q, ctx.kv_layer, table, seq_lens, dim**-0.5, splits, out=out)
+    want = paged_decode_attention_ref(q, ctx.kv_layer, table, seq_lens, dim**-0.5)
+    for b, n in enumerate(lens):
+        check_attention(got[b], want[b], dtype, f"sequence of {n} tokens")
+
+
+LEADING_ROWS = 3  # rows before the chunks (the step's decode tokens): never written
+# (query heads, kv heads, head_dim, [(query_len, seq_len) per chunk]): fresh prompts, extends
+# over a long cached prefix, a one-token chunk, lengths off the block and tile boundaries.
+PREFILL_CASES = [
+    (32, 8, 128, [(2048, 2048), (1, 3000), (100, 1100), (37, 37)]),
+    (16, 16, 64, [(512, 512), (300, 4096)]),
+    (8, 1, 128, [(1000, 1000), (65, 129)]),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hk,dim,chunks", PREFILL_CASES)
+def test_prefill_attention(hq, hk, dim, chunks, dtype) -> None:
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], hk, dim, PAGE, dtype, seed=dim, device=CUDA)
+    starts = [LEADING_ROWS + sum(query_lens[:i]) for i in range(len(chunks))]
+    layout = PrefillLayout.build(starts, query_lens, ctx.seq_lens, ctx.block_ids, CUDA)
+    gen = torch.Generator().manual_seed(hq)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), hq, dim, generator=gen).to(dtype).to(CUDA)
+    out = poisoned(tuple(q.shape), dtype, CUDA)
+    got = paged_prefill_attention(q, ctx.kv_layer, layout, dim**-0.5, out=out)
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout, dim**-0.5)
+    assert got[:LEADING_ROWS].isnan().all(), "rows outside the chunks were written"
+    for start, (q_len, n) in zip(starts, chunks, strict=True):
+        rows = slice(start, start + q_len)
+        check_attention(got[rows], want[rows], dtype, f"chunk of {q_len} over {n} tokens")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_reshape_and_cache(dtype) -> None:
+    hk, dim, num_tokens, num_blocks = 8, 128, 300, 40
+    kv = poisoned((num_blocks, 2, PAGE, hk, dim), dtype, CUDA)
+    want = kv.clone()
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randperm(num_blocks * PAGE, generator=gen)[:num_tokens].to(CUDA)
+    blocks, offsets = (slots // PAGE).int(), (slots % PAGE).int()
+    blocks[7] = -1  # a padding token: written nowhere
+    k = torch.randn(num_tokens, hk, dim, generator=gen).to(dtype).to(CUDA)
+    v = torch.randn(num_tokens, 2 * hk, dim, generator=gen).to(dtype).to(CUDA)[:, :hk]  # strided
+    reshape_and_cache(k, v, kv, blocks, offsets)
+    reshape_and_cache_ref(k, v, want, blocks, offsets)
+    torch.testing.assert_close(kv, want, equal_nan=True, rtol=0, atol=0)
+
+
+NORM_CASES = [(1, 4096, True), (300, 5120, True), (7, 2048, False)]  # rows, hidden, residual
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,hidden,fused", NORM_CASES)
+def test_rms_norm(rows: int, hidden: int, fused: bool, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(hidden)
+    x, residual, weight = (
+        torch.randn(shape, generator=gen).to(dtype).to(CUDA)
+        for shape in ((rows, hidden), (rows, hidden), (hidden,))
+    )
+    out, new_residual = rms_norm(x, weight, 1e-5, residual if fused else None)
+    want, want_residual = rms_norm_ref(x, weight, 1e-5, residual if fused else None)
+    torch.testing.assert_close(out, want, **ELEMENTWISE_TOLERANCE[dtype])
+    torch.testing.assert_close(new_residual, want_residual, **ELEMENTWISE_TOLERANCE[dtype])
+
+
+LLAMA3 = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "hq,hk,dim,scaling,neox", [(32, 8, 128, LLAMA3, True), (16, 16, 64, None, False)]
+)
+def test_rotary(hq: int, hk: int, dim: int, scaling, neox: bool, dtype: torch.dtype) -> None:
+    rope = RotaryEmbedding(dim, 32768, 500000.0, scaling, dtype).to(CUDA)
+    gen = torch.Generator().manual_seed(dim)
+    positions = torch.randint(0, 32768, (257,), generator=gen).to(CUDA)
+    # q and k as strided views of one fused projection, as the attention layer has them.
+    qkv = torch.randn(257, (hq + 2 * hk) * dim, generator=gen).to(dtype).to(CUDA)
+    q = qkv[:, : hq * dim].view(257, hq, dim)
+    k = qkv[:, hq * dim : (hq + hk) * dim].view(257, hk, dim)
+    want_q, want_k = apply_rotary_ref(positions, q, k, rope.cos, rope.sin, neox)
+    untouched = qkv[:, (hq + hk) * dim :].clone()
+    got_q, got_k = apply_rotary(positions, q, k, rope.cos, rope.sin, neox)
+    torch.testing.assert_close(got_q, want_q, **ELEMENTWISE_TOLERANCE[dtype])
+    torch.testing.assert_close(got_k, want_k, **ELEMENTWISE_TOLERANCE[dtype])
+    assert torch.equal(qkv[:, (hq + hk) * dim :], untouched), "v was written"

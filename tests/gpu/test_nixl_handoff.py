@@ -1,0 +1,94 @@
+"""Disaggregated on one GPU: a prefill worker in a child process and a decode worker in this
+one, both with their KV cache in VRAM, the prompt's KV moved block by block over NIXL. Every
+prompt's tokens equal one-process decoding's (an LLM on the same GPU, one prompt at a time
+as here, in float32), and again once the decode worker caches the prefixes and is sent only
+the rest. Skipped where nixl cannot be imported."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.config import EngineConfig
+from core.request import EngineRequest
+from core.roles import WorkerRole
+from decode_worker.worker import DecodeWorker
+from engine import LLM
+from kv_transfer import unavailable_reason
+from tests.engine.test_parity import GREEDY, make_prompts
+from tests.gpu.prefill_process import prefill_worker_main
+from tests.kv_transfer.peer_process import PipedProcess
+from worker.records import WorkerSpec
+
+pytestmark = pytest.mark.gpu
+
+TIMEOUT_S = 120.0
+ENGINE = dict(device="cuda", dtype="float32", num_kv_blocks=512)
+
+
+def spec(worker_id: str, role: WorkerRole, model_dir: str) -> WorkerSpec:
+    return WorkerSpec(worker_id, role, model_dir, EngineConfig(**ENGINE), transport="nixl")
+
+
+async def disaggregated(prefill: PipedProcess, decode: DecodeWorker, request: EngineRequest):
+    """The request path of router/cluster/request_path.py, reduced to its calls: reserve on
+    the decode worker, prefill (sending the KV), admit, read the deltas. Returns (tokens,
+    prompt blocks the decode worker already held)."""
+    res = await decode.reserve(request, TIMEOUT_S, prefill.name)
+    skip = res.num_cached_tokens // EngineConfig().block_size
+    reply = await asyncio.to_thread(
+        prefill.call, "prefill", request, decode.worker_id, res.block_ids, skip, TIMEOUT_S,
+        timeout_s=TIMEOUT_S,
+    )  # fmt: skip
+    if reply.output.finished:  # the first token ended it
+        await decode.abort(request.request_id)
+        return reply.output.new_token_ids, skip
+    channel = f"ch-{request.request_id}"
+    await decode.admit(request.request_id, reply.first_token, reply.logprob, TIMEOUT_S, channel)
+    tokens: list[int] = []
+    stream = decode.outputs(channel)
+    try:
+        async for batch in stream:
+            for _, item in batch:
+                assert not isinstance(item, BaseException), item
+                tokens += item.new_token_ids
+                if item.finished:
+                    return tokens, skip
+    finally:
+        await stream.aclose()
+    raise AssertionError("the stream ended before the request finished")
+
+
+def test_prefill_to_decode_over_nixl_equals_one_process(tiny_model_dir, loop_thread) -> None:
+    reason = unavailable_reason("nixl")
+    if reason is not None:
+        pytest.skip(reason)
+    model_dir = str(tiny_model_dir("llama"))
+    one_process = LLM(model_dir, **ENGINE)
+    prompts = make_prompts(one_process.engine.model_config.vocab_size)
+    want = [one_process.generate([p], GREEDY)[0].token_ids for p in prompts]
+
+    prefill = PipedProcess(
+        prefill_worker_main, (spec("p0", WorkerRole.PREFILL, model_dir),), start_timeout_s=300
+    )
+    decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model_dir))
+    try:
+        assert decode.info().transport_backend == "nixl"
+        assert decode.group.rank.engine.runner.kv_cache.is_cuda
+        loop_thread.run(decode.connect(prefill.metadata))
+        prefill.call("connect", decode.info().transport_metadata)
+        skipped = []
+        for round_ in range(2):  # the second: prefixes come from the decode worker's cache
+            got = []
+            skipped.append(0)
+            for i, prompt in enumerate(prompts):
+                request = EngineRequest(f"r{round_}-{i}", prompt, GREEDY)
+                tokens, skip = loop_thread.run(disaggregated(prefill, decode, request), TIMEOUT_S)
+                got.append(tokens)
+                skipped[-1] += skip
+            assert got == want, f"round {round_}"
+        assert skipped[1] > skipped[0], "the second round sent as many blocks as the first"
+    finally:
+        decode.shutdown()
+        prefill.stop()
