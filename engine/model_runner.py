@@ -74,7 +74,7 @@ class ModelRunner:
         self.block_size = config.block_size
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
-        self.model.load_weights(iter_weights(model_config.model_dir, dtype))
+        self.model.load_weights(iter_weights(model_config.model_dir))
         self.model.eval()
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
