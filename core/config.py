@@ -7,13 +7,22 @@ from dataclasses import dataclass
 
 from core.roles import WorkerRole
 
+CPU_KV_CACHE_BYTES = 1 << 30
+"""The KV cache of a CPU worker when no size is given (there is no device to fill)."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     """Blocks in the KV cache; None sizes it from `kv_cache_memory_bytes`."""
-    kv_cache_memory_bytes: int = 1 << 30
+    kv_cache_memory_bytes: int | None = None
+    """KV cache per worker (per TP rank). None: on CUDA what `gpu_memory_utilization` leaves
+    after the weights and a profiling forward (engine/kv_cache/sizing.py); on CPU
+    CPU_KV_CACHE_BYTES."""
+    gpu_memory_utilization: float = 0.9
+    """Share of the device's total memory this worker may fill with weights, activations
+    and KV cache when the KV size is not given (CUDA only; vLLM's default)."""
     max_num_seqs: int = 64
     """Cap on running sequences."""
     max_num_batched_tokens: int = 2048
@@ -43,5 +52,9 @@ class EngineConfig:
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
         object.__setattr__(self, "role", WorkerRole.parse(self.role))
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from core.config import EngineConfig
+from core.config import CPU_KV_CACHE_BYTES, EngineConfig
 from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
@@ -20,10 +20,12 @@ from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.grammar import token_mask
+from engine.kv_cache import sizing
 from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
 from engine.kv_connector import LayerHook, layer_written
 from engine.layers import cpu_gemm
+from engine.memory_profile import CudaMemory, DeviceMemory, measure_device_usage
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
@@ -68,15 +70,19 @@ class ModelRunner:
         dtype: torch.dtype,
         attention_backend: str,
         tp: TPGroup = SINGLE,
+        device_memory: DeviceMemory | None = None,
     ) -> None:
+        """`device_memory`: how the KV sizing reads device memory (default: torch.cuda on
+        CUDA; on CPU none, and the cache takes its configured or default size)."""
         self.model_config = model_config
         self.config = config
         self.device = device
         self.dtype = dtype
         self.block_size = config.block_size
+        self.tp = tp
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
-        self.model.load_weights(iter_weights(model_config.model_dir, dtype))
+        self.model.load_weights(iter_weights(model_config.model_dir))
         self.model.eval()
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
@@ -98,15 +104,37 @@ class ModelRunner:
             tp_rank=tp.rank,
             tp_size=tp.size,
         )
-        num_blocks = config.num_kv_blocks or per_block.num_blocks_for_memory(
-            config.kv_cache_memory_bytes
-        )
+        if device_memory is None and device.type == "cuda":
+            device_memory = CudaMemory(device)
+        num_blocks = self._num_kv_blocks(per_block, device_memory)
         self.kv_layout = replace(per_block, num_blocks=num_blocks)
         """This rank's cache, as the KV transport registers it (hence the TP rank in it)."""
         self.kv_cache = allocate_kv_cache(self.kv_layout, device)
         self.sampler = Sampler(model_config.vocab_size, seed=config.seed)
         self.layer_event: Callable[[int], DeviceEvent | None] = self._layer_written
         """The event after which a layer's K/V is written (a test may make it late)."""
+
+    def _num_kv_blocks(self, per_block: KVLayout, memory: DeviceMemory | None) -> int:
+        """Given blocks, else given bytes, else (on a device) what the device has left after
+        a profiling forward, else the CPU default."""
+        config = self.config
+        if config.num_kv_blocks:
+            return config.num_kv_blocks
+        if config.kv_cache_memory_bytes is not None:
+            return per_block.num_blocks_for_memory(config.kv_cache_memory_bytes)
+        if memory is None:
+            return per_block.num_blocks_for_memory(CPU_KV_CACHE_BYTES)
+        mc = self.model_config
+        max_len = min(
+            n for n in (mc.max_position_embeddings, config.max_model_len, mc.sliding_window) if n
+        )
+        usage = measure_device_usage(
+            self.model, per_block, config, max_len, mc.vocab_size, memory, self.device, self.tp
+        )
+        utilization = config.gpu_memory_utilization
+        size = sizing.size_kv_cache(usage, utilization, per_block.block_bytes_all_layers)
+        logger.info("%s", sizing.describe(usage, utilization, size))
+        return size.num_blocks
 
     @torch.inference_mode()
     def execute(

@@ -39,6 +39,15 @@ class TPGroup:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
+    def max_over_ranks(self, values: list[int], device: torch.device) -> list[int]:
+        """The element-wise max of every rank's `values`, the same on every rank. `device`
+        holds the collective's tensor (NCCL reduces only on the GPU)."""
+        if self.size == 1:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [int(v) for v in t.tolist()]
+
 
 SINGLE = TPGroup()
 

@@ -25,20 +25,21 @@ class SelfAttention(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp
+            hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, tp, dtype
         )
-        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, False, tp)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden_size, False, tp, dtype)
         self.head_dim = head_dim
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.scale = head_dim**-0.5
         self.q_norm = self.k_norm = None
         if qk_norm_eps is not None:
-            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
-            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, dtype)
         self.rotary = rotary
         self.backend = backend
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.checkpoint import copy_into
 from engine.layers import cpu_gemm
 from engine.parallel import SINGLE, TPGroup
 
@@ -20,13 +21,20 @@ def _padded_vocab(vocab_size: int, tp: TPGroup) -> int:
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.tp = tp
         self.vocab_size = vocab_size
         self.per_rank = _padded_vocab(vocab_size, tp) // tp.size
         self.start = tp.rank * self.per_rank
-        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size), False)
+        # Zeros: the padding rows past the vocabulary are never loaded.
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size, dtype=dtype), False)
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
@@ -36,7 +44,7 @@ class VocabParallelEmbedding(nn.Module):
                 f"({self.vocab_size}, {param.shape[1]}), checkpoint has {tuple(loaded.shape)}"
             )
         end = min(self.start + self.per_rank, self.vocab_size)
-        param.data[: end - self.start].copy_(loaded[self.start : end])
+        copy_into(param.data[: end - self.start], loaded[self.start : end])
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -49,8 +57,14 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup = SINGLE) -> None:
-        super().__init__(vocab_size, hidden_size, tp)
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(vocab_size, hidden_size, tp, dtype)
 
         self.use_cpu_gemm = False
         """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""

@@ -1,8 +1,9 @@
 """Tensor-parallel linear layers, each parameter carrying its own weight loader.
 
-A checkpoint tensor is always the *full* (unsharded) HF tensor; the parameter's
-`weight_loader(param, loaded, shard_id)` copies this rank's slice into place, so one loading
-loop serves every TP size and the merged (QKV, gate+up) projections.
+A checkpoint tensor is always the *full* (unsharded) HF tensor, in the file's dtype; the
+parameter's `weight_loader(param, loaded, shard_id)` copies this rank's slice into place,
+casting on the way (`checkpoint.copy_into`), so one loading loop serves every TP size and the
+merged (QKV, gate+up) projections, and no cast copy of a whole tensor is ever made.
 
     column parallel:  y_r = x @ W_r^T        W split by output rows; no communication
     row parallel:     y = sum_r x_r @ W_r^T  W split by input columns; all-reduce
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.checkpoint import copy_into
 from engine.layers import cpu_gemm
 from engine.parallel import SINGLE, TPGroup, divide
 
@@ -36,7 +38,7 @@ def _set_loader(param: nn.Parameter, loader: WeightLoader) -> None:
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
     _check_shape(getattr(param, "hf_name", "parameter"), param.shape, loaded.shape)
-    param.data.copy_(loaded)
+    copy_into(param.data, loaded)
 
 
 def _copy_shard(
@@ -45,7 +47,7 @@ def _copy_shard(
     """dst <- this rank's `size` entries of the full checkpoint tensor along `dim`."""
     shard = loaded.narrow(dim, start, size)
     _check_shape(what, dst.shape, shard.shape)
-    dst.copy_(shard)
+    copy_into(dst, shard)
 
 
 class _ShardedLinear(nn.Module):
@@ -57,7 +59,12 @@ class _ShardedLinear(nn.Module):
     split_dim: int
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, tp: TPGroup = SINGLE
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.tp = tp
@@ -65,10 +72,10 @@ class _ShardedLinear(nn.Module):
         what = ("output features", "input features")[self.split_dim]
         self.per_rank = divide(shape[self.split_dim], tp.size, what)
         shape[self.split_dim] = self.per_rank
-        self.weight = nn.Parameter(torch.empty(shape), False)
+        self.weight = nn.Parameter(torch.empty(shape, dtype=dtype), False)
         self.bias = None
         if bias:
-            self.bias = nn.Parameter(torch.empty(shape[0]), False)
+            self.bias = nn.Parameter(torch.empty(shape[0], dtype=dtype), False)
         # A column split cuts the bias like the weight's rows; a row split keeps it whole.
         self._set_loaders(self._load_slice, default_weight_loader if self.split_dim else None)
         self.use_cpu_gemm = False
@@ -105,9 +112,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """
 
     def __init__(
-        self, in_features: int, out_sizes: list[int], bias: bool, tp: TPGroup = SINGLE
+        self,
+        in_features: int,
+        out_sizes: list[int],
+        bias: bool,
+        tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__(in_features, sum(out_sizes), bias, tp)
+        super().__init__(in_features, sum(out_sizes), bias, tp, dtype)
         self.part_sizes = [divide(s, tp.size, "output features") for s in out_sizes]
         self._set_loaders(self._load_part)
 
@@ -134,6 +146,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_kv_heads: int,
         bias: bool,
         tp: TPGroup = SINGLE,
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, tp.size, "attention heads")
@@ -144,7 +157,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = divide(num_kv_heads, tp.size, "KV heads")
         self.total_kv_heads = num_kv_heads
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        super().__init__(hidden_size, out * tp.size, bias, tp)
+        super().__init__(hidden_size, out * tp.size, bias, tp, dtype)
         self._set_loaders(self._load_qkv)
 
     @property

@@ -11,10 +11,10 @@ from engine.device import cpu_fused_ops, use_fused_kernels
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(hidden_size), False)
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype), False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype

@@ -38,10 +38,10 @@ _FUSED = {
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, tp: TPGroup) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TPGroup, dtype: torch.dtype) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, False, tp)
-        self.down_proj = RowParallelLinear(intermediate, hidden, False, tp)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate] * 2, False, tp, dtype)
+        self.down_proj = RowParallelLinear(intermediate, hidden, False, tp, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -49,7 +49,12 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, tp: TPGroup
+        self,
+        cfg: ModelConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        tp: TPGroup,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         self.self_attn = SelfAttention(
@@ -62,10 +67,11 @@ class DecoderLayer(nn.Module):
             rotary=rotary,
             backend=backend,
             tp=tp,
+            dtype=dtype,
         )
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, tp, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(
         self,
@@ -86,14 +92,14 @@ class LlamaModel(nn.Module):
         self, cfg: ModelConfig, backend: AttentionBackend, tp: TPGroup, dtype: torch.dtype
     ):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp, dtype)
         rotary = RotaryEmbedding(
             cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling, dtype
         )
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, rotary, backend, tp) for _ in range(cfg.num_hidden_layers)
+            DecoderLayer(cfg, rotary, backend, tp, dtype) for _ in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(
         self,
@@ -123,7 +129,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, backend, tp, dtype)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp, dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.tie_to(self.model.embed_tokens)
 

@@ -35,6 +35,8 @@ def build_model(
             f"unsupported architecture {cfg.architecture!r} in {cfg.model_dir}/config.json; "
             f"supported: {', '.join(supported_architectures())}"
         )
+    # Every parameter is made in `dtype` on `device` (the layers take the dtype), so no
+    # float32 copy of the model exists on the way; the rotary tables are computed in float32
+    # and cast, as Hugging Face does.
     with torch.device(device):
-        model = cls(cfg, backend, tp, dtype)
-    return model.to(dtype=dtype)
+        return cls(cfg, backend, tp, dtype)

@@ -34,8 +34,10 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
     from router.cluster.spec import ClusterSpec
 
     device = args.device if args.device != "auto" else _detect_device()
+    kv_bytes = None if args.kv_cache_gb is None else int(args.kv_cache_gb * (1 << 30))
     engine = EngineConfig(
-        kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)),
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,

@@ -64,7 +64,20 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (CPU)")
-    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="KV cache per worker, GiB")
+    p.add_argument(
+        "--kv-cache-gb",
+        type=float,
+        default=None,
+        help="KV cache per worker (per TP rank), GiB; default: on CUDA what "
+        "--gpu-memory-utilization leaves after the weights and a profiling forward, on CPU 1",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of each GPU a worker fills with weights, activations and KV cache, when "
+        "--kv-cache-gb is not given (default 0.9)",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(

@@ -1,0 +1,158 @@
+"""The profiling forward that sizes a GPU worker's KV cache: after loading, run the largest
+step the scheduler can build (max_num_batched_tokens as one prefill chunk, through the real
+model, attention backend and a sampler, on a small temporary cache), and read what it took.
+
+Device memory is queried through `DeviceMemory`: `CudaMemory` asks torch.cuda; a test passes
+its own numbers so that this same path runs on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from core.config import EngineConfig
+from core.kv_layout import KVLayout
+from core.sampling import SamplingParams
+from engine.attention.backend import AttentionMetadata, PrefillChunk
+from engine.kv_cache.manager import cdiv
+from engine.kv_cache.sizing import DeviceUsage
+from engine.kv_cache.tensor import allocate_kv_cache
+from engine.parallel import SINGLE, TPGroup
+from engine.sampler import Sampler, SamplingRow
+
+# A filtered, random draw with logprobs: the sampler's most memory-hungry path.
+_PROFILE_SAMPLING = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, logprobs=5)
+
+
+class DeviceMemory(Protocol):
+    """The memory queries KV sizing asks of a device."""
+
+    def synchronize(self) -> None:
+        """Wait for queued kernels, so that the numbers below include them."""
+
+    def allocated_bytes(self) -> int:
+        """Bytes in live torch tensors on the device."""
+
+    def reset_peak(self) -> None: ...
+
+    def peak_allocated_bytes(self) -> int:
+        """Most bytes in live torch tensors at once since `reset_peak`."""
+
+    def release_cached(self) -> None:
+        """Hand memory torch's allocator caches but no tensor uses back to the device."""
+
+    def total_and_non_torch_bytes(self) -> tuple[int, int]:
+        """(the device's memory, bytes in use on it outside torch's allocator)."""
+
+
+class CudaMemory:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def allocated_bytes(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak_allocated_bytes(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def release_cached(self) -> None:
+        torch.cuda.empty_cache()
+
+    def total_and_non_torch_bytes(self) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(self.device)
+        # Used but not reserved by torch: the CUDA context, NCCL, cuBLAS workspaces outside
+        # the allocator, and any other process on this GPU.
+        return total, total - free - torch.cuda.memory_reserved(self.device)
+
+
+def chunk_lengths(num_tokens: int, max_len: int) -> list[int]:
+    """`num_tokens` as prefills of sequences no longer than `max_len` (one, unless the step
+    budget exceeds the longest sequence the model takes)."""
+    return [min(max_len, num_tokens - start) for start in range(0, num_tokens, max_len)]
+
+
+@torch.inference_mode()
+def measure_device_usage(
+    model: nn.Module,
+    layout: KVLayout,
+    config: EngineConfig,
+    max_model_len: int,
+    vocab_size: int,
+    memory: DeviceMemory,
+    device: torch.device,
+    tp: TPGroup = SINGLE,
+) -> DeviceUsage:
+    """Run the largest step once and return what the device holds besides a KV cache.
+    Every TP rank must call this together (the forward's collectives); each gets the worst
+    of all ranks' numbers, so they all size the same cache. `layout`: the cache's geometry
+    (its num_blocks is ignored)."""
+    memory.synchronize()
+    weights = memory.allocated_bytes()
+    lengths = chunk_lengths(config.max_num_batched_tokens, max_model_len)
+    num_blocks = sum(cdiv(n, layout.block_size) for n in lengths)
+    kv_cache = allocate_kv_cache(replace(layout, num_blocks=num_blocks), device)
+    input_ids, positions, meta = _prefill_batch(lengths, layout.block_size, device)
+    num_rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    rows = [SamplingRow(_PROFILE_SAMPLING, (), ()) for _ in range(num_rows)]
+
+    memory.synchronize()
+    memory.reset_peak()
+    before = memory.allocated_bytes()  # weights + the temporary cache
+    hidden = model(input_ids, positions, kv_cache, meta)
+    # A sampler of its own: the engine's keeps its generator state untouched.
+    Sampler(vocab_size, seed=0)(model.compute_logits(hidden[:num_rows]).float(), rows)
+    memory.synchronize()
+    activation_peak = memory.peak_allocated_bytes() - before
+
+    del hidden, kv_cache, meta, input_ids, positions
+    memory.release_cached()
+    total, non_torch = memory.total_and_non_torch_bytes()
+    neg_total, weights, activation_peak, non_torch = tp.max_over_ranks(
+        [-total, weights, activation_peak, non_torch], device
+    )
+    return DeviceUsage(
+        total_bytes=-neg_total,
+        weights_bytes=weights,
+        activation_peak_bytes=activation_peak,
+        non_torch_bytes=non_torch,
+        num_profile_tokens=config.max_num_batched_tokens,
+    )
+
+
+def _prefill_batch(
+    lengths: list[int], block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """One prefill chunk per length, from position 0, on consecutive blocks of the cache."""
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    prefills: list[PrefillChunk] = []
+    slot_blocks: list[torch.Tensor] = []
+    start = first_block = 0
+    for n in lengths:
+        block_ids = torch.arange(first_block, first_block + cdiv(n, block_size))
+        prefills.append(PrefillChunk(start, n, n, block_ids.to(device)))
+        slot_blocks.append(block_ids.repeat_interleave(block_size)[:n])
+        start += n
+        first_block += len(block_ids)
+    positions = positions.to(device)
+    meta = AttentionMetadata(
+        block_size=block_size,
+        slot_blocks=torch.cat(slot_blocks).to(device),
+        slot_offsets=positions % block_size,
+        num_decodes=0,
+        decode_block_tables=torch.zeros((0, 0), dtype=torch.long, device=device),
+        decode_seq_lens=torch.zeros(0, dtype=torch.long, device=device),
+        prefills=prefills,
+    )
+    # Token 0: any id runs the same kernels; the values do not change the memory.
+    input_ids = torch.zeros(sum(lengths), dtype=torch.long, device=device)
+    return input_ids, positions, meta

@@ -1,0 +1,33 @@
+"""`baton serve`'s KV-cache flags reach the engine config every worker is started with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from router.cli.main import build_parser
+from router.cli.serve import build_spec
+
+
+def engine_config(*flags: str):  # -> EngineConfig
+    args = build_parser().parse_args(["serve", "--device", "cpu", *flags])
+    return build_spec(args, Path("/models/m")).engine
+
+
+def test_by_default_the_gpu_share_sizes_the_cache() -> None:
+    config = engine_config()
+    assert config.kv_cache_memory_bytes is None
+    assert config.gpu_memory_utilization == 0.9
+
+
+def test_both_flags_pass_through() -> None:
+    config = engine_config("--kv-cache-gb", "2.5", "--gpu-memory-utilization", "0.75")
+    assert config.kv_cache_memory_bytes == int(2.5 * (1 << 30))
+    assert config.gpu_memory_utilization == 0.75
+
+
+def test_help_lists_the_utilization_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    assert "--gpu-memory-utilization" in capsys.readouterr().out
