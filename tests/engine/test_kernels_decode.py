@@ -11,6 +11,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from engine.attention.backend import AttentionMetadata, DecodeWorkspace
+from engine.attention.triton_backend import TritonPagedAttention
 from engine.kernels.decode_attention import (
     _decode_reduce_kernel,
     _decode_split_kernel,
@@ -105,3 +107,26 @@ def test_split_count_is_not_a_compile_time_constant() -> None:
     for kernel in (_decode_split_kernel, _decode_reduce_kernel):
         param = inspect.signature(kernel.fn).parameters["NUM_SPLITS"]
         assert param.annotation is inspect.Parameter.empty
+
+
+def test_triton_backend_decodes_into_the_steps_workspace() -> None:
+    # A captured step's metadata carries a fixed split count and its scratch.
+    ctx = make_paged_contexts([9, 40], 2, 64, 16, torch.float32, seed=5)
+    q = torch.randn(2, 4, 64)
+    table, lens = padded_table(ctx.block_ids), torch.tensor(ctx.seq_lens)
+    f32 = torch.float32
+    workspace = DecodeWorkspace(3, poisoned((2, 4, 3, 64), f32), poisoned((2, 4, 3), f32))
+    meta = AttentionMetadata(
+        block_size=16,
+        slot_blocks=torch.zeros(2, dtype=torch.long),
+        slot_offsets=torch.zeros(2, dtype=torch.long),
+        num_decodes=2,
+        decode_block_tables=table,
+        decode_seq_lens=lens,
+        decode_workspace=workspace,
+    )
+    out = poisoned((2, 4, 64), f32)
+    TritonPagedAttention().decode_into(out, q, ctx.kv_layer, meta, 0.125)
+    want = paged_decode_attention_ref(q, ctx.kv_layer, table, lens, 0.125)
+    torch.testing.assert_close(out, want, **TOLERANCE[f32])
+    assert not workspace.lse.isnan().any()  # the split results went there
