@@ -13,10 +13,10 @@ made at the largest size, and padded up to the next captured size S:
     id, position   its own                            left from an earlier step
 
 Padding rows write their K/V into a block no request ever holds (the KV cache manager
-reserves it) and attend to that one slot; their ids and positions, left over from earlier
-steps, can spoil only their own outputs, which are dropped. So only the slots, lengths and
-first table column are reset: the fewest copies per step. Sampling runs after the graph,
-on the real rows only.
+reserves it), all into one slot, and attend to that slot; their ids and positions, left
+over from earlier steps, can spoil only their own outputs, which are dropped. So only the
+slots, lengths and first table column are reset: the fewest copies per step. Sampling runs
+after the graph, on the real rows only.
 
 Only decode-only steps replay (every row one new token, no prefill chunk, no prompt
 logprobs); any other step runs eagerly. A prefill engine captures nothing: its steps are
@@ -129,6 +129,11 @@ def _num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.d
     return default_num_splits(batch, num_kv_heads, max_context, device)
 
 
+def _free_device_bytes(device: torch.device) -> int | None:
+    """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
 class DecodeGraphs:
     """The static buffers and one recorded forward pass per capture size. Built once, after
     the KV cache exists; `replay` is then called from the model runner's steps."""
@@ -166,18 +171,23 @@ class DecodeGraphs:
             splits = {s: _num_splits(s, num_kv_heads, max_context, dev) for s in self.sizes}
             # One scratch for all sizes (one graph runs at a time), viewed per size.
             rows = max(s * splits[s] for s in self.sizes)
-            self._partial = torch.empty(rows * num_heads * head_dim, device=dev)
-            self._lse = torch.empty(rows * num_heads, device=dev)
-            start = time.monotonic()
+            f32 = torch.float32
+            self._partial = torch.empty(rows * num_heads * head_dim, dtype=f32, device=dev)
+            self._lse = torch.empty(rows * num_heads, dtype=f32, device=dev)
+            start, free_before = time.monotonic(), _free_device_bytes(dev)
             self._replays = {
                 s: capturer.capture(self._forward_fn(s, splits[s], num_heads, head_dim))
                 for s in reversed(self.sizes)
             }
+        free_after, took = _free_device_bytes(dev), ""
+        if free_before is not None and free_after is not None:
+            took = f", {(free_before - free_after) / 2**30:.2f} GiB"
         logger.info(
-            "decode graphs for batch sizes %s (block tables %d wide) in %.1f s",
+            "decode graphs for batch sizes %s (block tables %d wide) in %.1f s%s",
             self.sizes,
             self.max_blocks_per_seq,
             time.monotonic() - start,
+            took,
         )
 
     def _forward_fn(
