@@ -41,6 +41,10 @@ class EngineConfig:
     num_threads: int | None = None
     """torch intra-op threads on CPU; None leaves torch's default."""
     tp_size: int = 1
+    cuda_graphs: bool = True
+    """Replay decode steps from CUDA graphs captured at start-up (CUDA devices with the
+    Triton backend only; never on CPU). False runs every step eagerly (vLLM's
+    --enforce-eager): slower decode, quicker start, no graph memory."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

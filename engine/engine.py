@@ -33,6 +33,7 @@ from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from core.step_stats import StepTotals
 from engine.config import ModelConfig
+from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, GraphCapturer, choose_capturer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.grammar.cache import GrammarCache
@@ -87,7 +88,10 @@ class LLMEngine:
         config: EngineConfig | None = None,
         tp: TPGroup = SINGLE,
         worker_id: str = "engine-0",
+        capturer: GraphCapturer | None = None,
     ) -> None:
+        """`capturer` records the decode graphs instead of the default (CUDA graphs on a
+        CUDA device); `config.cuda_graphs` off overrides both."""
         self.config = config = config or EngineConfig()
         self.worker_id = worker_id
         if config.num_threads:
@@ -98,10 +102,16 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
         backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
-        num_blocks = self.runner.kv_layout.num_blocks
+        capturer = choose_capturer(config, device, backend, capturer)
+        num_reserved = NUM_SCRATCH_BLOCKS if capturer is not None else 0
+        num_blocks = self.runner.kv_layout.num_blocks - num_reserved
         self.root_hash = model_root_hash(self.model_config.model_id, config.block_size)
         self.kv = KVCacheManager(
-            num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
+            self.runner.kv_layout.num_blocks,
+            config.block_size,
+            self.root_hash,
+            config.enable_prefix_caching,
+            num_reserved,
         )
         self.scheduler = Scheduler(config, self.kv)
         limits = [self.model_config.max_position_embeddings, num_blocks * config.block_size]
@@ -110,6 +120,8 @@ class LLMEngine:
         if self.model_config.sliding_window:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
+        if capturer is not None:
+            self.runner.capture_decode_graphs(capturer, self.max_model_len)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -120,13 +132,15 @@ class LLMEngine:
         self.kv_connector: KVConnector | None = None
         """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
         logger.info(
-            "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
+            "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s, "
+            "decode graphs %s",
             worker_id,
             config.role,
             num_blocks,
             config.block_size,
             self.max_model_len,
             backend,
+            "on" if capturer is not None else "off",
         )
 
     # -- requests ------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
+from engine.cuda_graphs import DecodeGraphs, GraphCapturer
 from engine.grammar import token_mask
 from engine.kv_cache import sizing
 from engine.kv_cache.manager import KVCacheManager, cdiv
@@ -61,7 +62,16 @@ def _bias(req: Request) -> TokenBias | None:
     return row_bias(req.params.logit_bias, banned)
 
 
+def _wants_prompt_logprobs(req: Request) -> bool:
+    # A request that already has output (resumed, or preempted after its first token)
+    # handed its prompt logprobs on already.
+    return req.params.prompt_logprobs is not None and not req.output_token_ids
+
+
 class ModelRunner:
+    decode_graphs: DecodeGraphs | None = None
+    """Set by `capture_decode_graphs`; None runs every step eagerly."""
+
     def __init__(
         self,
         model_config: ModelConfig,
@@ -153,12 +163,17 @@ class ModelRunner:
         input_ids, positions, meta, logits_idx, to_sample = inputs
         if totals is not None and self.device.type == "cpu":
             meta.totals = totals  # kernels run synchronously: host time is their time
+        prompt_logprobs = any(_wants_prompt_logprobs(r) for r, _ in batch.items)
+        graphs = self.decode_graphs
         start = time.perf_counter()
-        hidden = self.model(input_ids, positions, self.kv_cache, meta)
+        if graphs is not None and not prompt_logprobs and graphs.can_replay(meta):
+            hidden = graphs.replay(input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv_cache, meta)
         forwarded = time.perf_counter()
         if totals is not None:
             totals.forward_s += forwarded - start
-        if any(r.params.prompt_logprobs is not None for r, _ in batch.items):
+        if prompt_logprobs:
             self._prompt_logprobs(batch, hidden)
         if not to_sample:
             return []
@@ -176,14 +191,24 @@ class ModelRunner:
             for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
         ]
 
+    def capture_decode_graphs(self, capturer: GraphCapturer, max_model_len: int) -> None:
+        """Record decode steps for replay, once, after the KV cache exists (whose block
+        SCRATCH_BLOCK the KV cache manager must never hand out)."""
+        self.decode_graphs = DecodeGraphs(
+            self.model,
+            self.kv_cache,
+            capturer,
+            max_batch=min(self.config.max_num_seqs, self.config.max_num_batched_tokens),
+            max_model_len=max_model_len,
+            block_size=self.block_size,
+        )
+
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
         """Every rank runs this (compute_logits may gather across TP ranks)."""
         t = 0
         for req, n in batch.items:
             start = req.num_computed_tokens
-            # A request that already has output (resumed, or preempted after its first
-            # token) handed its prompt logprobs on already.
-            if req.params.prompt_logprobs is not None and not req.output_token_ids:
+            if _wants_prompt_logprobs(req):
                 add_prompt_logprobs(req, hidden[t : t + n], start, self.model.compute_logits)
             t += n
 

@@ -38,6 +38,19 @@ class PrefillChunk:
     """[ceil(seq_len / block_size)] long: the sequence's blocks covering the context."""
 
 
+@dataclass(frozen=True)
+class DecodeWorkspace:
+    """Split-KV scratch fixed ahead of time, for a decode step replayed from a CUDA graph:
+    the kernel may neither choose its split count from the step's context lengths nor
+    allocate per call. Shared by every layer (they run one after another on one stream)."""
+
+    num_splits: int
+    partial: torch.Tensor
+    """[num_decodes, Hq, num_splits, D] float32."""
+    lse: torch.Tensor
+    """[num_decodes, Hq, num_splits] float32."""
+
+
 @dataclass
 class AttentionMetadata:
     block_size: int
@@ -58,6 +71,9 @@ class AttentionMetadata:
     """Per-step values a backend derives once and reuses in every layer (masks, indices)."""
     totals: StepTotals | None = None
     """Set where kernels run synchronously (CPU): attention adds its time here."""
+    decode_workspace: DecodeWorkspace | None = None
+    """Set in a captured decode step (engine/cuda_graphs.py); backends without split-KV
+    scratch ignore it."""
 
     @property
     def num_tokens(self) -> int:

@@ -41,8 +41,11 @@ class TritonPagedAttention(AttentionBackend):
     def decode_into(
         self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float
     ) -> None:
-        tables, lens = meta.decode_block_tables, meta.decode_seq_lens
-        self._decode(q, kv_layer, tables, lens, scale, out=out)
+        tables, lens, ws = meta.decode_block_tables, meta.decode_seq_lens, meta.decode_workspace
+        if ws is None:
+            self._decode(q, kv_layer, tables, lens, scale, out=out)
+        else:
+            self._decode(q, kv_layer, tables, lens, scale, ws.num_splits, out, ws.partial, ws.lse)
 
     def prefill_into(
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,

@@ -34,10 +34,13 @@ from engine.kernels._paged_attention import attend_paged_kv, check_paged_attenti
 MAX_SPLITS = 16
 
 
-@triton.jit
+# NUM_SPLITS only bounds ranges and masks, so it is a runtime argument, unspecialised (Triton
+# would otherwise compile apart the values 1 and multiples of 16): one compiled kernel serves
+# every split count. DIRECT (one split) stays a constant: it removes the lse store.
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_split_kernel(
     q_ptr, kv_ptr, table_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale,
+    scale, NUM_SPLITS,
     stride_qb, stride_qh,
     stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
     stride_tb,
@@ -45,7 +48,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -82,13 +85,13 @@ def _decode_split_kernel(
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=row_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_reduce_kernel(
-    partial_ptr, lse_ptr, out_ptr,
+    partial_ptr, lse_ptr, out_ptr, NUM_SPLITS,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -129,10 +132,16 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    partial: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; kv_layer: [num_blocks, 2, block_size, Hk, D]; block_tables:
     [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], each
-    >= 1, the context length including the new token. Returns [B, Hq, D] (into `out`)."""
+    >= 1, the context length including the new token. Returns [B, Hq, D] (into `out`).
+
+    `partial` ([B, Hq, num_splits, D]) and `lse` ([B, Hq, num_splits]), float32, are the
+    split results' scratch; given (with `num_splits`), nothing is allocated and the launch
+    depends on no value in the tensors, as a captured CUDA graph needs."""
     out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, q.device)
     check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES, q.device)
@@ -142,6 +151,10 @@ def paged_decode_attention(
         f"block_tables has {block_tables.shape[0]} rows for {batch} queries",
     )
     check_shape("seq_lens", seq_lens, (batch,))
+    check(
+        (partial is None) == (lse is None) and (partial is None or num_splits is not None),
+        "partial and lse come together, with num_splits",
+    )
     if batch == 0:
         return out
     max_context = block_tables.shape[1] * page
@@ -151,7 +164,7 @@ def paged_decode_attention(
     block_d = next_pow2(head_dim)
     meta = dict(
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_D=block_d, BLOCK_N=32 if head_dim <= 128 else 16, NUM_SPLITS=splits,
+        BLOCK_D=block_d, BLOCK_N=32 if head_dim <= 128 else 16,
         DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
     )  # fmt: skip
     if splits == 1:
@@ -159,12 +172,17 @@ def paged_decode_attention(
         partial, lse = out.unsqueeze(2), out.new_empty(1, dtype=torch.float32)
         lse_strides = (0, 0)
     else:
-        partial = q.new_empty(batch, num_heads, splits, head_dim, dtype=torch.float32)
-        lse = q.new_empty(batch, num_heads, splits, dtype=torch.float32)
+        if partial is None or lse is None:
+            partial = q.new_empty(batch, num_heads, splits, head_dim, dtype=torch.float32)
+            lse = q.new_empty(batch, num_heads, splits, dtype=torch.float32)
+        check_tensor("partial", partial, 4, (torch.float32,), q.device)
+        check_shape("partial", partial, (batch, num_heads, splits, head_dim))
+        check_tensor("lse", lse, 3, (torch.float32,), q.device)
+        check_shape("lse", lse, (batch, num_heads, splits))
         lse_strides = (lse.stride(0), lse.stride(1))
     _decode_split_kernel[(batch, num_kv_heads, splits)](
         q, kv_layer, block_tables, seq_lens, partial, lse,
-        scale,
+        scale, splits,
         q.stride(0), q.stride(1),
         kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
         block_tables.stride(0),
@@ -174,11 +192,11 @@ def paged_decode_attention(
     )  # fmt: skip
     if splits > 1:
         _decode_reduce_kernel[(batch, num_heads)](
-            partial, lse, out,
+            partial, lse, out, splits,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=splits, BLOCK_S=next_pow2(splits),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=next_pow2(splits),
         )  # fmt: skip
     return out
 

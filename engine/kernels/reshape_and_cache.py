@@ -58,7 +58,9 @@ def reshape_and_cache(
     slot_offsets: torch.Tensor,
 ) -> None:
     """k, v: [T, Hk, D]; kv_layer: [num_blocks, 2, block_size, Hk, D] (mutated);
-    slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one)."""
+    slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one), but
+    for a slot whose content matters to nobody, such as the scratch slot every padding row
+    of a replayed decode step writes: which of those tokens lands there is undefined."""
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, (k.dtype,), k.device)
     check_tensor("slot_blocks", slot_blocks, 1, INDEX_DTYPES, k.device)

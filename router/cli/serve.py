@@ -42,6 +42,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
         tp_size=args.tp,
+        cuda_graphs=args.cuda_graphs,
     )
     return ClusterSpec(
         model_dir=str(model_dir),

@@ -81,6 +81,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay decode steps from CUDA graphs captured at start-up, for batch sizes up "
+        "to --max-num-seqs (CUDA workers with the Triton kernels; never on CPU); "
+        "--no-cuda-graphs runs every step eagerly (vLLM's --enforce-eager)",
+    )
+    p.add_argument(
         "--transport",
         default="auto",
         help="KV transport: auto, nixl, ucx, shm (workers on one host), local",

@@ -263,3 +263,11 @@ def _broken(path: str) -> dict[str, Any]:
 def test_validation_catches_a_misspelt_field(path: str) -> None:
     with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
         validate(_broken(path))
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_cuda_graphs_value_reaches_the_engine_config(cuda_graphs: bool) -> None:
+    from router.cli.serve import build_spec
+
+    args, _ = _head_serve(render({"serve": {"cudaGraphs": cuda_graphs}}))
+    assert build_spec(args, args.model).engine.cuda_graphs is cuda_graphs

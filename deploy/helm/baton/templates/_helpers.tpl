@@ -215,6 +215,9 @@ in the RayCluster object.
 - {{ .Values.serve.maxNumSeqs | quote }}
 - --max-num-batched-tokens
 - {{ .Values.serve.maxNumBatchedTokens | quote }}
+{{- if not .Values.serve.cudaGraphs }}
+- --no-cuda-graphs
+{{- end }}
 - --transport
 - {{ .Values.serve.transport | quote }}
 - --request-timeout

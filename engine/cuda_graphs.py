@@ -1,0 +1,248 @@
+"""Decode steps replayed from CUDA graphs: one graph per batch size in `capture_sizes`,
+recorded once at start-up, so a decode step costs a few copies and one launch instead of
+the Python and kernel-launch overhead of every layer.
+
+A graph replays fixed kernels on fixed addresses, so a step is copied into static buffers
+made at the largest size, and padded up to the next captured size S:
+
+    row            0 .. B-1: the step's decodes      B .. S-1: padding
+    K/V slot       its (block, offset)                (SCRATCH_BLOCK, 0)
+    seq len        its context length                 1
+    block table    its blocks, then columns left      SCRATCH_BLOCK, then columns left
+    [W columns]    from earlier steps (masked out)    (W = blocks of max_model_len)
+    id, position   its own                            left from an earlier step
+
+Padding rows write their K/V into a block no request ever holds (the KV cache manager
+reserves it), all into one slot, and attend to that slot; their ids and positions, left
+over from earlier steps, can spoil only their own outputs, which are dropped. So only the
+slots, lengths and first table column are reset: the fewest copies per step. Sampling runs
+after the graph, on the real rows only.
+
+Only decode-only steps replay (every row one new token, no prefill chunk, no prompt
+logprobs); any other step runs eagerly. A prefill engine captures nothing: its steps are
+prompts, and its per-layer KV hook is host code that a graph would not run.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from core.config import EngineConfig
+from core.roles import WorkerRole
+from engine.attention.backend import AttentionMetadata, DecodeWorkspace
+from engine.kv_cache.manager import cdiv
+
+logger = logging.getLogger(__name__)
+
+SCRATCH_BLOCK = 0
+NUM_SCRATCH_BLOCKS = 1
+"""The KV cache manager holds back block ids [0, NUM_SCRATCH_BLOCKS) when graphs are on."""
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 up to `max_batch`, and `max_batch` itself (as
+    vLLM does: a step pads by at most 7 rows past 8)."""
+    sizes = {s for s in (1, 2, 4, 8) if s <= max_batch}
+    sizes.update(range(16, max_batch + 1, 8))
+    sizes.add(max_batch)
+    return sorted(sizes)
+
+
+class GraphCapturer(ABC):
+    """Records work once for replay. `capture` is called once per batch size, largest
+    first, with a function that reads and writes only tensors that outlive it."""
+
+    @abstractmethod
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Record `fn`; the returned callable redoes its work on whatever its tensors hold
+        when called."""
+
+
+class CUDAGraphCapturer(GraphCapturer):
+    """`torch.cuda.CUDAGraph`s sharing one memory pool: captured largest first, each reuses
+    the pool memory the ones before it freed (a step never holds two graphs' outputs)."""
+
+    def __init__(self, device: torch.device, num_warmups: int = 2) -> None:
+        self.device = device
+        self.num_warmups = num_warmups
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        with torch.cuda.device(self.device):
+            # Warm-up off the default stream, as capture will be: Triton compiles, cuBLAS
+            # picks its kernels and the allocator settles before anything is recorded.
+            main = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                for _ in range(self.num_warmups):
+                    fn()
+            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                fn()
+        return graph.replay
+
+
+class RerunCapturer(GraphCapturer):
+    """Replays by running `fn` again: the static-buffer path with no graph. On CPU it is
+    what tests run; on a GPU it tells a capture problem from a padding or buffer one."""
+
+    def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
+        return fn
+
+
+def choose_capturer(
+    config: EngineConfig,
+    device: torch.device,
+    attention_backend: str,
+    given: GraphCapturer | None = None,
+) -> GraphCapturer | None:
+    """What records this engine's decode graphs, or None to run every step eagerly: the
+    given capturer, else CUDA graphs on a CUDA device with the Triton backend (the torch
+    backend gathers every column of the fixed-width block table, all of max_model_len,
+    each step). None when `config.cuda_graphs` is off or the engine prefills only."""
+    if not config.cuda_graphs or config.role == WorkerRole.PREFILL:
+        return None
+    if given is not None:
+        return given
+    if device.type == "cuda" and attention_backend == "triton":
+        return CUDAGraphCapturer(device)
+    return None
+
+
+def _num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """The decode kernel's split count for a graph of `batch` rows, fixed at capture since
+    the steps' lengths are not known yet: as the kernel would pick for the longest context.
+    Only the Triton kernel reads it, and it splits only on CUDA."""
+    if device.type != "cuda":
+        return 1
+    from engine.kernels.decode_attention import default_num_splits
+
+    return default_num_splits(batch, num_kv_heads, max_context, device)
+
+
+def _free_device_bytes(device: torch.device) -> int | None:
+    """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+class DecodeGraphs:
+    """The static buffers and one recorded forward pass per capture size. Built once, after
+    the KV cache exists; `replay` is then called from the model runner's steps."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_cache: torch.Tensor,
+        capturer: GraphCapturer,
+        *,
+        max_batch: int,
+        max_model_len: int,
+        block_size: int,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.sizes = capture_sizes(max_batch)
+        self.max_batch = self.sizes[-1]
+        self.max_blocks_per_seq = cdiv(max_model_len, block_size)
+        attn = model.model.layers[0].self_attn
+        num_heads, num_kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        dev, n = kv_cache.device, self.max_batch
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
+            self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+            self.slot_blocks = torch.full((n,), SCRATCH_BLOCK, dtype=torch.long, device=dev)
+            self.slot_offsets = torch.zeros(n, dtype=torch.long, device=dev)
+            self.seq_lens = torch.ones(n, dtype=torch.long, device=dev)
+            self.block_tables = torch.full(
+                (n, self.max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev
+            )
+            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
+            max_context = self.max_blocks_per_seq * block_size
+            splits = {s: _num_splits(s, num_kv_heads, max_context, dev) for s in self.sizes}
+            # One scratch for all sizes (one graph runs at a time), viewed per size.
+            rows = max(s * splits[s] for s in self.sizes)
+            f32 = torch.float32
+            self._partial = torch.empty(rows * num_heads * head_dim, dtype=f32, device=dev)
+            self._lse = torch.empty(rows * num_heads, dtype=f32, device=dev)
+            start, free_before = time.monotonic(), _free_device_bytes(dev)
+            self._replays = {
+                s: capturer.capture(self._forward_fn(s, splits[s], num_heads, head_dim))
+                for s in reversed(self.sizes)
+            }
+        free_after, took = _free_device_bytes(dev), ""
+        if free_before is not None and free_after is not None:
+            took = f", {(free_before - free_after) / 2**30:.2f} GiB"
+        logger.info(
+            "decode graphs for batch sizes %s (block tables %d wide) in %.1f s%s",
+            self.sizes,
+            self.max_blocks_per_seq,
+            time.monotonic() - start,
+            took,
+        )
+
+    def _forward_fn(
+        self, size: int, num_splits: int, num_heads: int, head_dim: int
+    ) -> Callable[[], None]:
+        workspace = DecodeWorkspace(
+            num_splits,
+            self._partial[: size * num_heads * num_splits * head_dim].view(
+                size, num_heads, num_splits, head_dim
+            ),
+            self._lse[: size * num_heads * num_splits].view(size, num_heads, num_splits),
+        )
+        meta = AttentionMetadata(
+            block_size=self.block_size,
+            slot_blocks=self.slot_blocks[:size],
+            slot_offsets=self.slot_offsets[:size],
+            num_decodes=size,
+            decode_block_tables=self.block_tables[:size],
+            decode_seq_lens=self.seq_lens[:size],
+            decode_workspace=workspace,
+        )
+        ids, pos = self.input_ids[:size], self.positions[:size]
+
+        def forward() -> None:
+            # Values a backend derives per step (masks) must be derived inside the graph,
+            # from the buffers, not kept from a warm-up run.
+            meta.backend_state.clear()
+            self.hidden[:size].copy_(self.model(ids, pos, self.kv_cache, meta))
+
+        return forward
+
+    def can_replay(self, meta: AttentionMetadata) -> bool:
+        """A decode-only step (no prefill chunk) of at most the largest captured size."""
+        return not meta.prefills and 0 < meta.num_decodes <= self.max_batch
+
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The step's final hidden states ([B, hidden], a view of the static output: read it
+        before the next replay). `meta` is the eager step's (B decodes, no chunk)."""
+        assert meta.layer_done is None, "a per-layer hook cannot run inside a graph"
+        b = meta.num_decodes
+        size = self.sizes[bisect.bisect_left(self.sizes, b)]
+        width = meta.decode_block_tables.shape[1]
+        assert width <= self.max_blocks_per_seq, f"{width} blocks > max_model_len's"
+        self.input_ids[:b].copy_(input_ids)
+        self.positions[:b].copy_(positions)
+        self.slot_blocks[:b].copy_(meta.slot_blocks)
+        self.slot_offsets[:b].copy_(meta.slot_offsets)
+        self.seq_lens[:b].copy_(meta.decode_seq_lens)
+        self.block_tables[:b, :width].copy_(meta.decode_block_tables)
+        # Rows a larger earlier step left behind become padding again (see the map above).
+        self.slot_blocks[b:size] = SCRATCH_BLOCK
+        self.slot_offsets[b:size] = 0
+        self.seq_lens[b:size] = 1
+        self.block_tables[b:size, 0] = SCRATCH_BLOCK
+        self._replays[size]()
+        return self.hidden[:b]
