@@ -209,8 +209,12 @@ in the RayCluster object.
 - {{ .Values.serve.dtype | quote }}
 - --threads
 - {{ .Values.serve.threads | quote }}
+{{- if .Values.serve.kvCacheGb }}
 - --kv-cache-gb
 - {{ .Values.serve.kvCacheGb | quote }}
+{{- end }}
+- --gpu-memory-utilization
+- {{ .Values.serve.gpuMemoryUtilization | quote }}
 - --max-num-seqs
 - {{ .Values.serve.maxNumSeqs | quote }}
 - --max-num-batched-tokens
