@@ -6,17 +6,17 @@ A graph replays fixed kernels on fixed addresses, so a step is copied into stati
 made at the largest size, and padded up to the next captured size S:
 
     row            0 .. B-1: the step's decodes      B .. S-1: padding
-    K/V slot       its (block, offset)                (SCRATCH_BLOCK, 0)
+    K/V slot       its (block, offset)                (scratch block, 0)
     seq len        its context length                 1
-    block table    its blocks, then columns left      SCRATCH_BLOCK, then columns left
+    block table    its blocks, then columns left      scratch block, then columns left
     [W columns]    from earlier steps (masked out)    (W = blocks of max_model_len)
     id, position   its own                            left from an earlier step
 
-Padding rows write their K/V into a block no request ever holds (the KV cache manager
-reserves it), all into one slot, and attend to that slot; their ids and positions, left
-over from earlier steps, can spoil only their own outputs, which are dropped. So only the
-slots, lengths and first table column are reset: the fewest copies per step. Sampling runs
-after the graph, on the real rows only.
+Padding rows write their K/V into a block no request ever holds (the cache's last: the KV
+cache manager is not given it), all into one slot, and attend to that slot; their ids and
+positions, left over from earlier steps, can spoil only their own outputs, which are
+dropped. So only the slots, lengths and first table column are reset: the fewest copies per
+step. Sampling runs after the graph, on the real rows only.
 
 Only decode-only steps replay (every row one new token, no prefill chunk, no prompt
 logprobs); any other step runs eagerly. A prefill engine captures nothing: its steps are
@@ -41,9 +41,9 @@ from engine.kv_cache.manager import cdiv
 
 logger = logging.getLogger(__name__)
 
-SCRATCH_BLOCK = 0
 NUM_SCRATCH_BLOCKS = 1
-"""The KV cache manager holds back block ids [0, NUM_SCRATCH_BLOCKS) when graphs are on."""
+"""Blocks at the end of the KV cache that the KV cache manager is not given when graphs
+are on: the padding rows' scratch."""
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -156,15 +156,16 @@ class DecodeGraphs:
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
         attn = model.model.layers[0].self_attn
         num_heads, num_kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        self.scratch_block = scratch = kv_cache.shape[1] - NUM_SCRATCH_BLOCKS
         dev, n = kv_cache.device, self.max_batch
         with torch.inference_mode():
             self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
             self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-            self.slot_blocks = torch.full((n,), SCRATCH_BLOCK, dtype=torch.long, device=dev)
+            self.slot_blocks = torch.full((n,), scratch, dtype=torch.long, device=dev)
             self.slot_offsets = torch.zeros(n, dtype=torch.long, device=dev)
             self.seq_lens = torch.ones(n, dtype=torch.long, device=dev)
             self.block_tables = torch.full(
-                (n, self.max_blocks_per_seq), SCRATCH_BLOCK, dtype=torch.long, device=dev
+                (n, self.max_blocks_per_seq), scratch, dtype=torch.long, device=dev
             )
             self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
             max_context = self.max_blocks_per_seq * block_size
@@ -240,9 +241,9 @@ class DecodeGraphs:
         self.seq_lens[:b].copy_(meta.decode_seq_lens)
         self.block_tables[:b, :width].copy_(meta.decode_block_tables)
         # Rows a larger earlier step left behind become padding again (see the map above).
-        self.slot_blocks[b:size] = SCRATCH_BLOCK
+        self.slot_blocks[b:size] = self.scratch_block
         self.slot_offsets[b:size] = 0
         self.seq_lens[b:size] = 1
-        self.block_tables[b:size, 0] = SCRATCH_BLOCK
+        self.block_tables[b:size, 0] = self.scratch_block
         self._replays[size]()
         return self.hidden[:b]

@@ -26,19 +26,20 @@ import torch
 
 from core.config import EngineConfig
 from core.errors import InvalidRequestError
-from core.events import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch, WorkerLoad
+from core.events import KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from core.step_stats import StepTotals
 from engine.config import ModelConfig
-from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, GraphCapturer, choose_capturer
+from engine.cuda_graphs import GraphCapturer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.grammar.cache import GrammarCache
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_connector import KVConnector
+from engine.kv_events import KVEventFeed
 from engine.model_runner import ModelRunner, SampledToken
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request, RequestStatus
@@ -90,8 +91,6 @@ class LLMEngine:
         worker_id: str = "engine-0",
         capturer: GraphCapturer | None = None,
     ) -> None:
-        """`capturer` records the decode graphs instead of the default (CUDA graphs on a
-        CUDA device); `config.cuda_graphs` off overrides both."""
         self.config = config = config or EngineConfig()
         self.worker_id = worker_id
         if config.num_threads:
@@ -102,16 +101,10 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
         backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
-        capturer = choose_capturer(config, device, backend, capturer)
-        num_reserved = NUM_SCRATCH_BLOCKS if capturer is not None else 0
-        num_blocks = self.runner.kv_layout.num_blocks - num_reserved
+        num_blocks = self.runner.kv_layout.num_blocks - self.runner.plan_decode_graphs(capturer)
         self.root_hash = model_root_hash(self.model_config.model_id, config.block_size)
         self.kv = KVCacheManager(
-            self.runner.kv_layout.num_blocks,
-            config.block_size,
-            self.root_hash,
-            config.enable_prefix_caching,
-            num_reserved,
+            num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
         )
         self.scheduler = Scheduler(config, self.kv)
         limits = [self.model_config.max_position_embeddings, num_blocks * config.block_size]
@@ -120,27 +113,24 @@ class LLMEngine:
         if self.model_config.sliding_window:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
-        if capturer is not None:
-            self.runner.capture_decode_graphs(capturer, self.max_model_len)
+        self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._prefilled: list[PrefillResult] = []
         self._held: dict[str, Request] = {}
-        self._event_seq = 0
+        self.kv_events = KVEventFeed(worker_id, self.model_config.model_id)
         self.step_totals = StepTotals()
         self.kv_connector: KVConnector | None = None
         """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
         logger.info(
-            "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s, "
-            "decode graphs %s",
+            "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
             worker_id,
             config.role,
             num_blocks,
             config.block_size,
             self.max_model_len,
             backend,
-            "on" if capturer is not None else "off",
         )
 
     # -- requests ------------------------------------------------------------------------
@@ -376,33 +366,12 @@ class LLMEngine:
 
     # -- reporting -----------------------------------------------------------------------
     def take_kv_events(self) -> KVEventBatch | None:
-        events: list[KVEvent] = self.kv.pool.take_events()
-        if self._event_seq == 0:
-            events.insert(0, AllBlocksCleared())  # a (re)started worker's view begins empty
-        elif not events:
-            return None
-        return self._event_batch(events)
+        return self.kv_events.take(self.kv.pool)
 
     def kv_snapshot(self) -> KVEventBatch:
         """Everything this engine caches, as one batch that replaces the receiver's view
         (a router that missed events asks for this)."""
-        self.kv.pool.take_events()  # superseded by the snapshot
-        hashes = self.kv.pool.cached_hashes()
-        events: list[KVEvent] = [AllBlocksCleared()]
-        if hashes:
-            events.append(BlockStored(parent=None, block_hashes=hashes))
-        return self._event_batch(events)
-
-    def _event_batch(self, events: list[KVEvent]) -> KVEventBatch:
-        batch = KVEventBatch(
-            worker_id=self.worker_id,
-            seq=self._event_seq,
-            events=events,
-            timestamp=time.time(),
-            model=self.model_config.model_id,
-        )
-        self._event_seq += 1
-        return batch
+        return self.kv_events.snapshot(self.kv.pool)
 
     def load(self) -> WorkerLoad:
         waiting = list(self.scheduler.waiting)

@@ -19,7 +19,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
-from engine.cuda_graphs import DecodeGraphs, GraphCapturer
+from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, DecodeGraphs, GraphCapturer, choose_capturer
 from engine.grammar import token_mask
 from engine.kv_cache import sizing
 from engine.kv_cache.manager import KVCacheManager, cdiv
@@ -71,6 +71,7 @@ def _wants_prompt_logprobs(req: Request) -> bool:
 class ModelRunner:
     decode_graphs: DecodeGraphs | None = None
     """Set by `capture_decode_graphs`; None runs every step eagerly."""
+    _graph_capturer: GraphCapturer | None = None
 
     def __init__(
         self,
@@ -191,13 +192,22 @@ class ModelRunner:
             for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
         ]
 
-    def capture_decode_graphs(self, capturer: GraphCapturer, max_model_len: int) -> None:
-        """Record decode steps for replay, once, after the KV cache exists (whose block
-        SCRATCH_BLOCK the KV cache manager must never hand out)."""
+    def plan_decode_graphs(self, capturer: GraphCapturer | None = None) -> int:
+        """Decide whether decode steps will replay graphs (`choose_capturer`: `capturer`
+        stands in for CUDA's). Returns how many blocks at the end of the KV cache the KV
+        cache manager must not be given: the graphs' scratch."""
+        backend = self.model.model.layers[0].self_attn.backend.name
+        self._graph_capturer = choose_capturer(self.config, self.device, backend, capturer)
+        return 0 if self._graph_capturer is None else NUM_SCRATCH_BLOCKS
+
+    def capture_decode_graphs(self, max_model_len: int) -> None:
+        """Record the planned graphs (none if none were planned), once, at start-up."""
+        if self._graph_capturer is None or self.decode_graphs is not None:
+            return
         self.decode_graphs = DecodeGraphs(
             self.model,
             self.kv_cache,
-            capturer,
+            self._graph_capturer,
             max_batch=min(self.config.max_num_seqs, self.config.max_num_batched_tokens),
             max_model_len=max_model_len,
             block_size=self.block_size,

@@ -7,9 +7,6 @@ Every block is in exactly one of three states:
     used    ref_cnt >  0 (hash or not)      owned by running requests
 
 so `num_free + num_cached + num_used == num_blocks` (checked by `check_invariants`).
-A pool may hold back its first `num_reserved` ids: they are in no state, never handed out
-and not counted in `num_blocks`. The model runner writes there what belongs to no request
-(the K/V of a CUDA graph's padding rows).
 The free queue is ordered least recently used first: allocation takes from the front, and a
 cached block taken from there is evicted (its hash dropped, a `removed` event emitted). A
 cached block that a new request hits is taken out of the queue wherever it sits.
@@ -34,20 +31,13 @@ class Block:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True, num_reserved: int = 0) -> None:
-        if num_blocks - num_reserved < 1:
-            raise ValueError(
-                f"the KV cache needs at least one block, got {num_blocks} "
-                f"({num_reserved} of them reserved)"
-            )
-        self.num_blocks = num_blocks - num_reserved
-        """Blocks requests can use (the cache tensor holds `num_reserved` more)."""
-        self.num_reserved = num_reserved
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
+        self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict(
-            (i, None) for i in range(num_reserved, num_blocks)
-        )
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
         self._events: list[KVEvent] = []
 
@@ -162,10 +152,6 @@ class BlockPool:
         return events
 
     def check_invariants(self) -> None:
-        assert all(
-            b.ref_cnt == 0 and b.block_hash is None and b.block_id not in self._free
-            for b in self.blocks[: self.num_reserved]
-        ), "a reserved block was handed out"
         used = sum(1 for b in self.blocks if b.ref_cnt > 0)
         assert all(b.ref_cnt >= 0 for b in self.blocks), "negative ref count"
         assert all(self.blocks[i].ref_cnt == 0 for i in self._free), "used block in free queue"

@@ -22,19 +22,12 @@ def cdiv(a: int, b: int) -> int:
 
 class KVCacheManager:
     def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        root_hash: BlockHash,
-        enable_caching: bool = True,
-        num_reserved: int = 0,
+        self, num_blocks: int, block_size: int, root_hash: BlockHash, enable_caching: bool = True
     ) -> None:
-        """`num_blocks` ids in the cache tensor; the first `num_reserved` are never handed
-        out (see BlockPool)."""
         self.block_size = block_size
         self.root_hash = root_hash
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching, num_reserved)
+        self.pool = BlockPool(num_blocks, enable_caching)
         self._blocks: dict[str, list[Block]] = {}
         self._num_hashed: dict[str, int] = {}
         """Per request: how many of its leading blocks are already named in the cache."""

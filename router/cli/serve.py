@@ -89,6 +89,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from router.cluster.bringup import init_ray, start_cluster
     from router.frontdoor.grpc.server import GRPCServer
     from router.frontdoor.http.app import create_app
+    from router.frontdoor.limits import DoorControls
     from router.frontdoor.metrics import Metrics
     from router.routing.router import RouterConfig
 
@@ -117,6 +118,7 @@ async def _serve(args: argparse.Namespace) -> int:
     admin = ControllerAdmin(cluster.controller, cluster.membership)
     token = args.admin_token or secrets.token_urlsafe(24)
     tool_call_parser = args.tool_call_parser or _parser_for(spec.model_dir if spec else None)
+    controls = DoorControls(door_limits(args))  # one count for both doors
     app = create_app(
         cluster.backend,
         admin,
@@ -127,7 +129,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tool_call_parser=tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         cors_origins=tuple(o.strip() for o in args.allowed_origins.split(",") if o.strip()),
-        limits=door_limits(args),
+        limits=controls,
     )
     import uvicorn
 
@@ -144,6 +146,7 @@ async def _serve(args: argparse.Namespace) -> int:
         metrics=metrics,
         request_timeout_s=args.request_timeout,
         tool_call_parser=tool_call_parser,
+        limits=controls,
     )
     http_task = asyncio.create_task(server.serve())
     while not server.started and not http_task.done():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from router.frontdoor.http.limits import DoorLimits
+from router.frontdoor.limits import DoorLimits
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50051
@@ -130,9 +130,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:
-    """Overload and abuse limits of the HTTP API (router/frontdoor/http/limits.py); all off
-    unless given."""
-    g = p.add_argument_group("limits (HTTP API; off unless set)")
+    """Overload and abuse limits of the HTTP and gRPC APIs (router/frontdoor/limits.py); all
+    off unless given."""
+    g = p.add_argument_group("limits (HTTP and gRPC APIs, counted together; off unless set)")
     g.add_argument(
         "--rate-limit",
         type=float,
@@ -176,7 +176,7 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
         "--max-body-bytes",
         type=int,
         default=None,
-        help="largest request body accepted; beyond it 413",
+        help="largest request body accepted (HTTP: 413; gRPC: the largest request message)",
     )
 
 

@@ -7,9 +7,8 @@ For each request (docs/architecture.md, "One request, disaggregated"):
   1. the router picks a decode worker D and, unless D prefills it itself, a prefill worker
      P, and hands back the request's ticket; the request waits its turn at P's gate
   1b. when the router chose to migrate a prefix (`PrefixPull`: a busy peer prefill worker
-     Q caches more of the prompt than P), P reserves those blocks, Q sends them from its
-     cache, and P caches them: P then computes only the rest (best effort: on any failure
-     P computes them)
+     Q caches more of the prompt than P), P copies those blocks from Q's cache first and
+     computes only the rest (prefix_pull.py)
   2. D reserves blocks (reusing its cached prefix) and arms its transport    -> block ids
   3. P prefills (reusing its own cached prefix), sending each layer's KV into D's blocks
      as soon as the layer is done                                             -> first token
@@ -46,13 +45,12 @@ from core.errors import (
 from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
 from core.resume import ResumeState
-from core.sampling import SamplingParams
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
+from router.cluster.prefix_pull import pull_prefix
 from router.cluster.worker_channel import Queue, WorkerChannel
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
-from router.routing.decision import RoutingDecision
 from router.routing.router import NoWorkerError, Router
 from router.routing.ticket import Ticket
 
@@ -284,7 +282,7 @@ class _Attempt:
                 return
             await self.path.gate.admit(ticket, self._left())
             if ticket.decision.pull_from is not None:
-                await self._pull_prefix(ticket.decision)
+                await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()
             skip = reservation.num_cached_tokens // decode.info.block_size
             self.calling = prefill
@@ -362,66 +360,6 @@ class _Attempt:
                     raise
             await asyncio.sleep(delay)
             delay = min(2 * delay, 0.5)
-
-    async def _pull_prefix(self, decision: RoutingDecision) -> None:
-        """Copy the prompt's blocks [P's cached prefix, + `pull.num_blocks`) from peer Q's
-        cache into P's (prefix migration): Q "prefills" that prefix, which it caches, and its
-        KV connector sends the blocks into P's reservation; P then caches the full ones and
-        the prompt hits them. Best effort: a failure costs P the compute it would have done
-        anyway."""
-        pull = decision.pull_from
-        assert pull is not None
-        peer = self.path.membership.workers.get(pull.peer_id)
-        if peer is None or self.prefill is None:
-            return
-        req = self.request
-        block = self.prefill.info.block_size
-        num_blocks = min(len(req.block_hashes), decision.prefill_cached_blocks + pull.num_blocks)
-        # One token past the prefix, when there is one: Q then hits every block of it and
-        # computes that token only (its engine always computes a prompt's last token).
-        tokens = [*req.prompt_token_ids, *req.resume.output_token_ids][: num_blocks * block + 1]
-        prefix = EngineRequest(
-            f"{req.request_id}.prefix",
-            tokens,
-            SamplingParams(max_tokens=1, temperature=0.0),
-            req.block_hashes[:num_blocks],
-        )
-        stats = self.path.transfers
-        try:
-            res = await asyncio.wait_for(
-                self.prefill.handle.reserve.remote(prefix, self._left(), peer.worker_id),
-                self._left(),
-            )
-            skip = res.num_cached_tokens // block
-            await asyncio.wait_for(
-                peer.handle.prefill.remote(
-                    prefix, self.prefill.worker_id, res.block_ids, skip, self._left()
-                ),
-                self._left(),
-            )
-            await asyncio.wait_for(
-                self.prefill.handle.import_prefix.remote(prefix.request_id, self._left()),
-                self._left(),
-            )
-        except asyncio.CancelledError:
-            self._abort_prefix(prefix.request_id, peer)
-            raise
-        except Exception as e:
-            stats.prefix_pulls_failed += 1
-            logger.info("request %s: prefix pull from %s failed (%s: %s); computing it",
-                        req.request_id, peer.worker_id, type(e).__name__, e)  # fmt: skip
-            self._abort_prefix(prefix.request_id, peer)
-            return
-        pulled = max(0, num_blocks - skip)
-        stats.prefix_pulls += 1
-        stats.prefix_blocks_pulled += pulled
-        if self.path.metrics is not None:
-            self.path.metrics.record_prefix_pull(pulled * block)
-
-    def _abort_prefix(self, prefix_id: str, peer: Any) -> None:
-        for m in (self.prefill, peer):
-            with contextlib.suppress(Exception):
-                m.handle.abort.remote(prefix_id)
 
     def cancel(self) -> None:
         """Free the request's blocks on both workers (fire and forget: they may be gone)."""

@@ -39,21 +39,6 @@ def test_allocate_release_accounting() -> None:
         pool.allocate(9)
 
 
-def test_reserved_blocks_are_never_handed_out_nor_counted() -> None:
-    pool = BlockPool(8, num_reserved=1)
-    assert pool.num_blocks == 7 and pool.num_free_blocks == 7
-    blocks = pool.allocate(7)
-    assert sorted(b.block_id for b in blocks) == list(range(1, 8))
-    pool.check_invariants()
-    with pytest.raises(RuntimeError, match="asked for 1"):
-        pool.allocate(1)
-    pool.release(blocks)
-    assert pool.num_used_blocks == 0 and pool.num_free_blocks == 7
-    pool.check_invariants()
-    with pytest.raises(ValueError, match="at least one block"):
-        BlockPool(1, num_reserved=1)
-
-
 def test_prefix_hit_reuses_blocks_and_stops_before_last_token() -> None:
     kv = KVCacheManager(16, BS, ROOT)
     a = make_request("a", list(range(10)))  # 2 full blocks + 2 tokens

@@ -15,7 +15,7 @@ from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
-from engine.cuda_graphs import SCRATCH_BLOCK, RerunCapturer, capture_sizes, choose_capturer
+from engine.cuda_graphs import RerunCapturer, capture_sizes, choose_capturer
 from engine.engine import LLMEngine
 from tests.support.graph_capturer import CountingCapturer
 
@@ -128,6 +128,9 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model_dir) -> None:
     capturer = CountingCapturer()
     engine = make_engine(tiny_model_dir("llama"), capturer)
     bs, kv = engine.config.block_size, engine.runner.kv_cache
+    graphs = engine.runner.decode_graphs
+    # The manager hands out ids below it only.
+    assert graphs is not None and graphs.scratch_block == engine.kv.pool.num_blocks
     # 5 decodes (padded to 8), then 2 finish and 3 remain (padded to 4): row 3 of the
     # static buffers last held r3, whose blocks are free now.
     for i, (n, max_tokens) in enumerate([(5, 9), (20, 9), (33, 9), (17, 2), (40, 2)]):
@@ -143,7 +146,6 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model_dir) -> None:
     new_slots = set()
     for req in engine.scheduler.running:
         block_ids = engine.kv.block_ids(req.request_id)
-        assert SCRATCH_BLOCK not in block_ids
         for pos in range(req.num_computed_tokens):
             live[block_ids[pos // bs], pos % bs] = True
         pos = req.num_computed_tokens
@@ -155,4 +157,4 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model_dir) -> None:
     written = ((kv != sentinel).transpose(2, 3).flatten(start_dim=3).any(-1).any(0)) & ~live
     written_slots = {(b, o) for b, o in written.nonzero().tolist()}
     # The real rows' new K/V, and the padding row's in the scratch block: nothing else.
-    assert written_slots == new_slots | {(SCRATCH_BLOCK, 0)}
+    assert written_slots == new_slots | {(graphs.scratch_block, 0)}

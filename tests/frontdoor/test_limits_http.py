@@ -1,4 +1,4 @@
-"""Overload and abuse limits at the HTTP door (router/frontdoor/http/limits.py, guard.py):
+"""Overload and abuse limits at the HTTP door (router/frontdoor/limits.py, guard.py):
 per-key rate limits and concurrent quotas (429), the bounded admission queue (503), the
 body size limit (413). Refused requests never reach the engine; quotas come back when a
 streaming client goes away."""
@@ -18,7 +18,7 @@ import pytest
 from router.cli.serve_args import add_serve_arguments, door_limits
 from router.frontdoor.http.app import create_app
 from router.frontdoor.http.guard import DoorGuard
-from router.frontdoor.http.limits import DoorLimits
+from router.frontdoor.limits import DoorLimits
 from tests.frontdoor.conftest import wait_until_idle
 from tests.support.http_server import HTTPServerThread
 from tests.support.local_backend import LocalBackend

@@ -9,6 +9,7 @@ backend stream, which aborts the request and frees its KV blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -35,6 +36,7 @@ from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
 from router.frontdoor.grpc.auth import BearerAuth
 from router.frontdoor.grpc.tools import tool_calls, tool_request
+from router.frontdoor.limits import DoorControls, DoorLimits, Refusal
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.requests import new_request_id, tokenizer_of
 from router.frontdoor.tools.calls import ToolRequest
@@ -58,6 +60,25 @@ SERVICE_NAMES = (
 )
 
 
+_REFUSED = {429: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+
+
+async def _refuse(context: grpc.aio.ServicerContext, refusal: Refusal) -> None:
+    """A door limit said no (the HTTP door's 429 / 503): the same message and retry hint."""
+    retry = str(max(1, math.ceil(refusal.retry_after_s)))
+    context.set_trailing_metadata((("retry-after", retry),))
+    await context.abort(_REFUSED.get(refusal.status, grpc.StatusCode.UNAVAILABLE), refusal.message)
+
+
+def _api_key(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer":
+                return token.strip()
+    return ""
+
+
 async def _abort(context: grpc.aio.ServicerContext, e: BatonError) -> None:
     code = next((c for t, c in _STATUS.items() if isinstance(e, t)), grpc.StatusCode.INTERNAL)
     if isinstance(e, OverloadedError):
@@ -73,11 +94,24 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         metrics: Metrics,
         request_timeout_s: float,
         tool_call_parser: str = DEFAULT_PARSER,
+        controls: DoorControls | None = None,
     ) -> None:
         self.backend = backend
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.tool_parser = get_parser(tool_call_parser)
+        self.controls = controls
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+        """The door's limits around one generate call (nothing when none are set)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.controls is not None:
+                try:
+                    await stack.enter_async_context(self.controls.admitted(_api_key(context)))
+                except Refusal as refusal:
+                    await _refuse(context, refusal)  # raises: the call ends here
+            yield
 
     def _request(
         self, msg: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -107,29 +141,32 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     async def Generate(
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
-        try:
-            req, tools = self._request(request, context)
-            num_tokens, text = 0, ""
-            async for out in run_tracked(self.backend, req, self.metrics):
-                num_tokens += len(out.new_token_ids)
-                text += out.new_text if tools is not None else ""
-                if not out.new_token_ids and not out.finished:
-                    continue
-                msg = convert.response(out, req.request_id, len(req.prompt_token_ids), num_tokens)
-                yield self._with_calls(msg, tools, text)
-        except BatonError as e:
-            await _abort(context, e)
+        async with self._admitted(context):
+            try:
+                req, tools = self._request(request, context)
+                num_tokens, text = 0, ""
+                async for out in run_tracked(self.backend, req, self.metrics):
+                    num_tokens += len(out.new_token_ids)
+                    text += out.new_text if tools is not None else ""
+                    if not out.new_token_ids and not out.finished:
+                        continue
+                    num_prompt = len(req.prompt_token_ids)
+                    msg = convert.response(out, req.request_id, num_prompt, num_tokens)
+                    yield self._with_calls(msg, tools, text)
+            except BatonError as e:
+                await _abort(context, e)
 
     async def GenerateUnary(
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generate_pb2.GenerateResponse:
-        try:
-            req, tools = self._request(request, context)
-            whole = RequestOutput(req.request_id, req.prompt_token_ids)
-            async for out in run_tracked(self.backend, req, self.metrics):
-                whole.add(out)
-        except BatonError as e:
-            await _abort(context, e)
+        async with self._admitted(context):
+            try:
+                req, tools = self._request(request, context)
+                whole = RequestOutput(req.request_id, req.prompt_token_ids)
+                async for out in run_tracked(self.backend, req, self.metrics):
+                    whole.add(out)
+            except BatonError as e:
+                await _abort(context, e)
         if not whole.finished:
             await context.abort(grpc.StatusCode.INTERNAL, "the backend returned no output")
         num_prompt = len(req.prompt_token_ids)
@@ -197,17 +234,25 @@ class GRPCServer:
         metrics: Metrics | None = None,
         request_timeout_s: float = 300.0,
         tool_call_parser: str = DEFAULT_PARSER,
+        limits: DoorLimits | DoorControls | None = None,
     ) -> GRPCServer:
         """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
-        carry `admin_token`."""
+        carry `admin_token`. `limits`: the door's rate limits, quotas and admission queue
+        (RESOURCE_EXHAUSTED / UNAVAILABLE with `retry-after`), and its largest request
+        message; the HTTP door's `DoorControls` to share their counts."""
         tokens = {SERVICE_NAMES[1]: admin_token}
         if api_key is not None:
             tokens[SERVICE_NAMES[0]] = api_key
-        server = grpc.aio.server(interceptors=[BearerAuth(tokens)])
+        controls = DoorControls(limits) if isinstance(limits, DoorLimits) else limits
+        options = []
+        if controls is not None and controls.limits.max_body_bytes is not None:
+            options.append(("grpc.max_receive_message_length", controls.limits.max_body_bytes))
+        if controls is not None and not controls.limits.enabled():
+            controls = None
+        server = grpc.aio.server(interceptors=[BearerAuth(tokens)], options=options)
         metrics = metrics or Metrics()
-        generate_pb2_grpc.add_GenerateServiceServicer_to_server(
-            GenerateServicer(backend, metrics, request_timeout_s, tool_call_parser), server
-        )
+        servicer = GenerateServicer(backend, metrics, request_timeout_s, tool_call_parser, controls)
+        generate_pb2_grpc.add_GenerateServiceServicer_to_server(servicer, server)
         names = [SERVICE_NAMES[0]]
         if admin is not None:
             admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(admin), server)

@@ -23,7 +23,6 @@ from router.frontdoor.http.context import ServerContext
 from router.frontdoor.http.disconnect import until_disconnect
 from router.frontdoor.http.errors import APIError, install_error_handlers
 from router.frontdoor.http.guard import DoorGuard
-from router.frontdoor.http.limits import DoorLimits
 from router.frontdoor.http.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -35,6 +34,7 @@ from router.frontdoor.http.protocol import (
 )
 from router.frontdoor.http.request_ids import HEADER, RequestIdMiddleware
 from router.frontdoor.http.token_routes import token_router
+from router.frontdoor.limits import DoorControls, DoorLimits
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
@@ -58,12 +58,13 @@ def create_app(
     tool_call_parser: str = DEFAULT_PARSER,
     reasoning_parser: str | None = None,
     cors_origins: tuple[str, ...] = (),
-    limits: DoorLimits | None = None,
+    limits: DoorLimits | DoorControls | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
     by default, so no page elsewhere can script it. `limits`: rate limits, quotas, admission
-    queue and body size (guard.py); none if None."""
+    queue and body size (guard.py); none if None; `DoorControls` to share their state with
+    the gRPC door."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -80,8 +81,9 @@ def create_app(
     install_error_handlers(app)
     # The last added runs first: request ids on every answer (a 429 too), CORS headers on
     # the guard's refusals, and preflights never counted against a limit.
-    if limits is not None and limits.enabled():
-        app.add_middleware(DoorGuard, limits=limits)
+    controls = DoorControls(limits) if isinstance(limits, DoorLimits) else limits
+    if controls is not None and controls.limits.enabled():
+        app.add_middleware(DoorGuard, controls=controls)
     if cors_origins:
         app.add_middleware(
             CORSMiddleware,

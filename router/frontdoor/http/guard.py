@@ -17,21 +17,17 @@ from __future__ import annotations
 from typing import Any
 
 from router.frontdoor.http.errors import error_response
-from router.frontdoor.http.limits import Admission, DoorLimits, KeyQuotas, Refusal
+from router.frontdoor.limits import DoorControls, Refusal
 
 _GENERATION = ("/v1/completions", "/v1/chat/completions")
 
 
 class DoorGuard:
-    def __init__(self, app: Any, limits: DoorLimits) -> None:
+    def __init__(self, app: Any, controls: DoorControls) -> None:
         self.app = app
-        self.limits = limits
-        self.quotas = KeyQuotas(limits)
-        self.admission = (
-            Admission(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
-            if limits.max_concurrent is not None
-            else None
-        )
+        self.limits = controls.limits
+        self.quotas = controls.quotas
+        self.admission = controls.admission
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):

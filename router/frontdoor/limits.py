@@ -1,5 +1,7 @@
-"""The front door's overload and abuse limits, as plain bookkeeping (no HTTP here; the
-middleware in guard.py applies them). All off unless configured.
+"""The front door's overload and abuse limits, as plain bookkeeping, shared by the HTTP door
+(the middleware in http/guard.py) and the gRPC door (grpc/server.py): one `DoorControls`
+per front-door process, so a key's quota and the door's slots count both. All off unless
+configured.
 
     per API key   a token bucket (requests/s, burst) and a cap on requests in flight
                   -> 429 rate_limit_exceeded, Retry-After: when the next token is due
@@ -15,9 +17,11 @@ Single event loop: every method runs on the server's loop, so nothing locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 
@@ -194,3 +198,32 @@ class Admission:
                 waiter.set_result(None)
                 return
         self.in_use -= 1
+
+
+class DoorControls:
+    """The limits' live state: per-key quotas and the door's admission (None: no cap)."""
+
+    def __init__(self, limits: DoorLimits) -> None:
+        self.limits = limits
+        self.quotas = KeyQuotas(limits)
+        self.admission = (
+            Admission(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
+            if limits.max_concurrent is not None
+            else None
+        )
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, key: str) -> AsyncIterator[None]:
+        """Hold the key's quota and a door slot for the body (Refusal on entry if not)."""
+        self.quotas.acquire(key)
+        try:
+            if self.admission is None:
+                yield
+                return
+            await self.admission.enter()
+            try:
+                yield
+            finally:
+                self.admission.leave()
+        finally:
+            self.quotas.release(key)
