@@ -66,6 +66,10 @@ class Controller:
             self._load_desired_from_redis()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()
+        """Reconciles and drains started from a call: the loop keeps only a weak reference
+        to a task, so one nobody holds may be collected before it finishes (the likely cause
+        of a scale-up that never started its worker, seen once in the suite)."""
 
     # -- persistence -------------------------------------------------------------------------
     def _load_desired_from_redis(self) -> None:
@@ -130,7 +134,7 @@ class Controller:
         self.desired[pool] = size
         self._save_desired()
         logger.info("controller: pool %s scaled to %d", pool, size)
-        asyncio.get_running_loop().create_task(self._reconcile_once())
+        self._spawn(self._reconcile_once())
         return dict(self.desired)
 
     async def drain(self, worker_id: str) -> None:
@@ -152,6 +156,11 @@ class Controller:
         self.members.clear()
 
     # -- reconciliation ----------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     def _count(self, pool: str, states: tuple[str, ...]) -> int:
         return sum(1 for m in self.members.values() if m.role == pool and m.state in states)
 
@@ -175,7 +184,7 @@ class Controller:
                 for _ in range(want - have):
                     starts.append(self._start_worker(pool))
                 for m in self._pick_for_scale_down(pool, have - want):
-                    asyncio.get_running_loop().create_task(self._drain_member(m))
+                    self._spawn(self._drain_member(m))
         if starts:
             await asyncio.gather(*starts, return_exceptions=True)
 

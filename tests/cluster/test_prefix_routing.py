@@ -10,7 +10,8 @@ import pytest
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from router.routing.decision import PrefixPull
-from router.routing.policies.base import Choice, Policy, RouteContext, register
+from router.routing.policies import base as policies_base
+from router.routing.policies.base import Choice, Policy, RouteContext
 from router.routing.router import RouterConfig
 from router.routing.worker_state import WorkerState
 from tests import oracle
@@ -84,7 +85,6 @@ def test_multi_turn_sends_only_new_blocks(cluster_factory, loop_thread, tiny_mod
     assert t.num_blocks_sent - sent_before == total_blocks - t.num_blocks_skipped
 
 
-@register("test_pull_to_other", pools=(WorkerRole.PREFILL,))
 class PullToOther(Policy):
     """Sends each prompt to the prefill worker caching the least of it, which pulls what the
     one caching the most holds: a prefix migration whenever a worker caches some."""
@@ -99,11 +99,18 @@ class PullToOther(Policy):
         return Choice(target, "test_pull", pull=pull if pull.num_blocks > 0 else None)
 
 
+@pytest.fixture
+def pull_to_other(monkeypatch: pytest.MonkeyPatch) -> str:
+    """PullToOther registered as a prefill policy for one test (the registry is global)."""
+    monkeypatch.setitem(policies_base._REGISTRY, (WorkerRole.PREFILL, "test_pull"), PullToOther)
+    return "test_pull"
+
+
 def test_a_prefix_pulled_between_prefill_workers_gives_the_oracle_tokens(
-    cluster_factory, loop_thread, tiny_model_dir
+    cluster_factory, loop_thread, tiny_model_dir, pull_to_other
 ) -> None:
     model_dir = tiny_model_dir("llama")
-    config = RouterConfig(prefill_policy="test_pull_to_other", disagg_min_uncached_tokens=0)
+    config = RouterConfig(prefill_policy=pull_to_other, disagg_min_uncached_tokens=0)
     cluster = cluster_factory(make_spec(model_dir, num_prefill=2, num_decode=1), config)
     backend = cluster.backend
     [prefix] = prompts(1, 1000, [256], seed=31)
