@@ -135,6 +135,7 @@ async def start_cluster(
             .options(
                 name=name, get_if_exists=True, num_cpus=0, max_concurrency=1000,
                 scheduling_strategy=here,
+                max_restarts=-1,  # a dead controller comes back and restarts the pools
             )
             .remote(spec)
         )  # fmt: skip

@@ -6,6 +6,13 @@ transport with every decode worker's, health-checks all of them, restarts dead o
 and drains workers on scale-down (stop admitting, finish what runs, then exit). With Redis
 the desired sizes live there, so a restarted controller keeps them.
 
+Ray restarts the controller when it dies (`max_restarts=-1`, bringup.py). Its workers die
+with it (Ray ends actors with their owner), so a restarted controller starts the pools
+afresh as soon as a front door asks it anything, under worker ids no earlier incarnation
+used (its `incarnation` is in them and in the membership version), so no front door takes
+a new worker for a dead one. Requests in flight when it died fail with a clear error;
+later ones are served once the new pools are up.
+
 Front doors poll `members()` (a version number changes with every membership change) and
 route only to workers in state `ready`. This is the only router module that imports the
 worker packages, to start their actors.
@@ -18,6 +25,7 @@ import contextlib
 import itertools
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,6 +69,10 @@ class Controller:
         self.last_start_failure = ""
         """Why the last worker that failed to start did (said when the pools never come up)."""
         self._ids = itertools.count()
+        self.incarnation = secrets.token_hex(2)
+        self._id_prefix = f"{self.incarnation}-" if _restarted() else ""
+        """Worker ids of a first controller are `prefill-0`...; a restarted one's carry
+        its incarnation, so none repeats a dead worker's."""
         self._redis = None
         if spec.redis_url:
             self._load_desired_from_redis()
@@ -116,8 +128,11 @@ class Controller:
             why += f"; the last worker to fail said: {self.last_start_failure}"
         return why
 
-    def get_members(self) -> tuple[int, list[Member]]:
-        return self.version, list(self.members.values())
+    async def get_members(self) -> tuple[tuple[str, int], list[Member]]:
+        """(incarnation, version) and the members. Starts the pools if nothing has yet: a
+        front door polling a controller Ray just restarted brings its pools back."""
+        await self.start()
+        return (self.incarnation, self.version), list(self.members.values())
 
     def get_spec(self) -> ClusterSpec:
         return self.spec
@@ -215,7 +230,7 @@ class Controller:
         from worker.base import WorkerSpec
 
         spec = self.spec
-        worker_id = f"{pool}-{next(self._ids)}"
+        worker_id = f"{pool}-{self._id_prefix}{next(self._ids)}"
         cls = PrefillWorker if pool == WorkerRole.PREFILL else DecodeWorker
         options: dict[str, Any] = {
             "name": f"baton-{worker_id}",
@@ -371,3 +386,11 @@ def _min_size(pool: str) -> int:
     """The prefill pool may be empty (decode workers then prefill themselves); the others
     need a worker."""
     return 0 if pool == WorkerRole.PREFILL else 1
+
+
+def _restarted() -> bool:
+    """Whether Ray restarted this controller (it died before); False outside an actor."""
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:
+        return False

@@ -113,7 +113,8 @@ class Membership:
     async def _ask_controller(self, method: str, what: str) -> Any:
         """A controller call, bounded; a controller that is gone is a clean error (a request
         waiting on it fails with 503 rather than Ray's exception). Its workers died with it
-        (Ray ends actors with their owner), and nothing restarts it."""
+        (Ray ends actors with their owner); Ray restarts it, and the next poll that reaches
+        it brings the pools back (controller.py)."""
         try:
             return await bounded(
                 getattr(self.controller, method).remote(),
@@ -128,8 +129,8 @@ class Membership:
             if not isinstance(e, RayActorError):
                 raise
             raise WorkerFailedError(
-                f"the cluster's controller is gone ({type(e).__name__}): no worker can be "
-                "found or replaced"
+                f"the cluster's controller is unavailable ({type(e).__name__}: Ray is "
+                "restarting it, or it is gone): no worker can be found or replaced now"
             ) from e
 
     def _join(self, member: Any) -> None:

@@ -1,6 +1,7 @@
-"""Killing the controller (issue 19) takes the serving cluster down with it: Ray ends the
-worker actors with their owner, the controller, and nothing restarts it. What this test
-holds the cluster to is that the outage is clean: streams that finished before it are
+"""Killing the controller for good (issue 19; `no_restart=True`: otherwise Ray restarts it,
+test_controller_restart.py) takes the serving cluster down with it: Ray ends the worker
+actors with their owner, the controller. What this test holds the cluster to is that the
+outage is clean: streams that finished before it are
 exact, every other request fails with a `core.errors` error before its deadline (503: the
 controller is gone, or 429: no worker of a pool), none hangs, and the front door says it
 is not ready."""
