@@ -1,35 +1,27 @@
 """Killing the controller for good (issue 19; `no_restart=True`: otherwise Ray restarts it,
 test_controller_restart.py) takes the serving cluster down with it: Ray ends the worker
 actors with their owner, the controller. What this test holds the cluster to is that the
-outage is clean: streams that finished before it are
-exact, every other request fails with a `core.errors` error before its deadline (503: the
-controller is gone, or 429: no worker of a pool), none hangs, and the front door says it
-is not ready."""
+outage is clean: streams that finished before it are exact, every other request fails with
+a `core.errors` error before its deadline (503: the controller is gone, or 429: no worker
+of a pool), none hangs, and the front door says it is not ready."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 import ray
 
-from bench.chaos import ChaosPlan, ChaosRun
 from bench.chaos_workload import workload
 from core.errors import OverloadedError, WorkerFailedError
 from core.sampling import SamplingParams
 from router.frontdoor.backend import GenerateRequest
+from tests.chaos.controller_kill import PLAN, kill_controller_under_load
 from tests.cluster.conftest import always_disaggregate, make_spec
 
 pytestmark = pytest.mark.slow
 SEED = 29
-PLAN = ChaosPlan(
-    seed=SEED,
-    num_requests=10,
-    concurrency=4,
-    timeout_s=60.0,
-    kill_every_tokens=None,  # no worker kills: the controller's death is the fault
-    hang_up_share=0.0,
-)
 
 
 def test_controller_death_fails_requests_cleanly(cluster_factory, loop_thread, tiny_model_dir):
@@ -41,17 +33,9 @@ def test_controller_death_fails_requests_cleanly(cluster_factory, loop_thread, t
     workers = list(cluster.membership.workers.values())
 
     async def run() -> None:
-        chaos = ChaosRun(cluster, specs, references, PLAN)
-        load = asyncio.create_task(chaos.run())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120
-        while chaos.report.num_tokens < 60:
-            assert loop.time() < deadline, "streams never got under way"
-            await asyncio.sleep(0.02)
-        ray.kill(cluster.controller, no_restart=True)
-        report = await asyncio.wait_for(load, PLAN.timeout_s + PLAN.grace_s + 60)
-        print(report.summary())
-        assert report.ok, "\n".join(report.problems)  # exact or a clean error; none hung
+        report = await kill_controller_under_load(
+            cluster, specs, references, replace(PLAN, seed=SEED), restart=False
+        )
         assert report.counts["clean_error"] > 0
         # 503 for a request that needed the controller (a retry, or no worker known);
         # 429 for one routed while this front door still knew a worker of one pool only

@@ -7,26 +7,18 @@ its desired sizes with every KV block free, and a new request is served exactly.
 
 from __future__ import annotations
 
-import asyncio
+from dataclasses import replace
 
 import pytest
-import ray
 
-from bench.chaos import ChaosPlan, ChaosRun, settle
+from bench.chaos import settle
 from bench.chaos_workload import workload
+from tests.chaos.controller_kill import PLAN, kill_controller_under_load
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect
 
 pytestmark = pytest.mark.slow
 SEED = 31
-PLAN = ChaosPlan(
-    seed=SEED,
-    num_requests=8,
-    concurrency=4,
-    timeout_s=60.0,
-    kill_every_tokens=None,  # no worker kills: the controller's death is the fault
-    hang_up_share=0.0,
-)
 
 
 def test_a_killed_controller_comes_back_with_its_pools(
@@ -40,17 +32,9 @@ def test_a_killed_controller_comes_back_with_its_pools(
     first_workers = set(cluster.membership.workers)
 
     async def run() -> None:
-        chaos = ChaosRun(cluster, specs, references, PLAN)
-        load = asyncio.create_task(chaos.run())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120
-        while chaos.report.num_tokens < 60:
-            assert loop.time() < deadline, "streams never got under way"
-            await asyncio.sleep(0.02)
-        ray.kill(cluster.controller, no_restart=False)
-        report = await asyncio.wait_for(load, PLAN.timeout_s + PLAN.grace_s + 60)
-        print(report.summary())
-        assert report.ok, "\n".join(report.problems)  # exact or a clean error; none hung
+        await kill_controller_under_load(
+            cluster, specs, references, replace(PLAN, seed=SEED), restart=True
+        )
 
         await settle(cluster, timeout_s=240)  # pools at their sizes, every block free
         assert first_workers.isdisjoint(cluster.membership.workers), "dead workers reused"
