@@ -271,3 +271,19 @@ def test_cuda_graphs_value_reaches_the_engine_config(cuda_graphs: bool) -> None:
 
     args, _ = _head_serve(render({"serve": {"cudaGraphs": cuda_graphs}}))
     assert build_spec(args, args.model).engine.cuda_graphs is cuda_graphs
+
+
+def test_limits_values_reach_the_door_limits() -> None:
+    from router.cli.serve_args import door_limits
+    from router.frontdoor.limits import DoorLimits
+
+    args, _ = _head_serve(render({}))
+    assert door_limits(args) == DoorLimits()  # off by default
+    limits = {"rateLimit": 2.5, "rateBurst": 5, "maxConcurrentPerKey": 3,
+              "maxConcurrentRequests": 64, "maxQueuedRequests": 16, "queueTimeout": 10,
+              "maxBodyBytes": 1 << 20}  # fmt: skip
+    args, _ = _head_serve(render({"serve": {"limits": limits}}))
+    assert door_limits(args) == DoorLimits(
+        rate_per_s=2.5, burst=5, max_concurrent_per_key=3, max_concurrent=64, max_queued=16,
+        queue_timeout_s=10, max_body_bytes=1 << 20,
+    )  # fmt: skip

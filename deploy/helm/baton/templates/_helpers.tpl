@@ -226,6 +226,34 @@ in the RayCluster object.
 - {{ .Values.serve.transport | quote }}
 - --request-timeout
 - {{ .Values.serve.requestTimeout | quote }}
+{{- with .Values.serve.limits.rateLimit }}
+- --rate-limit
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.serve.limits.rateBurst }}
+- --rate-burst
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.serve.limits.maxConcurrentPerKey }}
+- --max-concurrent-per-key
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.serve.limits.maxConcurrentRequests }}
+- --max-concurrent-requests
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.serve.limits.maxQueuedRequests }}
+- --max-queued-requests
+- {{ . | int64 | quote }}
+{{- end }}
+{{- with .Values.serve.limits.queueTimeout }}
+- --queue-timeout
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.serve.limits.maxBodyBytes }}
+- --max-body-bytes
+- {{ . | int64 | quote }}
+{{- end }}
 - --admin-token
 - "$(BATON_ADMIN_TOKEN)"
 {{- if .Values.apiKey.existingSecret }}
