@@ -341,25 +341,26 @@ class LLMEngine:
         self, request_id: str, first_token: int, logprob: TokenLogprob | None = None
     ) -> OutputDelta:
         """The reserved blocks now hold the prompt's KV: join the running batch."""
-        req = self._held.pop(request_id, None)
-        if req is None or req.status != RequestStatus.WAITING_FOR_KV:
-            raise KeyError(f"no reservation waiting for KV under request id {request_id!r}")
-        req.num_computed_tokens = req.num_tokens
-        self.kv.cache_computed_blocks(req)
+        req = self._landed(request_id)
         req.timings.first_scheduled = req.timings.first_scheduled or time.monotonic()
         self.requests[request_id] = req
         self.scheduler.admit_transferred(req)
         return self._process(SampledToken(req, first_token, logprob))
 
-    def cache_transferred(self, request_id: str) -> int:
-        """The reserved blocks now hold a prefix copied from a peer (prefix migration):
-        name them in the prefix cache and free them, so the prompt that follows hits them.
-        Returns the number of blocks cached."""
+    def _landed(self, request_id: str) -> Request:
+        """The reservation whose KV has landed, taken off hold, its blocks named."""
         req = self._held.pop(request_id, None)
         if req is None or req.status != RequestStatus.WAITING_FOR_KV:
             raise KeyError(f"no reservation waiting for KV under request id {request_id!r}")
         req.num_computed_tokens = req.num_tokens
         self.kv.cache_computed_blocks(req)
+        return req
+
+    def cache_transferred(self, request_id: str) -> int:
+        """The reserved blocks now hold a prefix copied from a peer (prefix migration):
+        name them in the prefix cache and free them, so the prompt that follows hits them.
+        Returns the number of blocks cached."""
+        req = self._landed(request_id)
         num_blocks = len(self.kv.block_ids(request_id))
         self.kv.free(req)
         return num_blocks

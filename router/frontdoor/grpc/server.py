@@ -34,7 +34,7 @@ from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
-from router.frontdoor.grpc.auth import BearerAuth
+from router.frontdoor.grpc.auth import BearerAuth, bearer
 from router.frontdoor.grpc.tools import tool_calls, tool_request
 from router.frontdoor.limits import DoorControls, DoorLimits, Refusal
 from router.frontdoor.metrics import Metrics
@@ -70,15 +70,6 @@ async def _refuse(context: grpc.aio.ServicerContext, refusal: Refusal) -> None:
     await context.abort(_REFUSED.get(refusal.status, grpc.StatusCode.UNAVAILABLE), refusal.message)
 
 
-def _api_key(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization" and isinstance(value, str):
-            scheme, _, token = value.partition(" ")
-            if scheme.lower() == "bearer":
-                return token.strip()
-    return ""
-
-
 async def _abort(context: grpc.aio.ServicerContext, e: BatonError) -> None:
     code = next((c for t, c in _STATUS.items() if isinstance(e, t)), grpc.StatusCode.INTERNAL)
     if isinstance(e, OverloadedError):
@@ -107,8 +98,9 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         """The door's limits around one generate call (nothing when none are set)."""
         async with contextlib.AsyncExitStack() as stack:
             if self.controls is not None:
+                key = bearer(context.invocation_metadata()) or ""  # no key: the anonymous one
                 try:
-                    await stack.enter_async_context(self.controls.admitted(_api_key(context)))
+                    await stack.enter_async_context(self.controls.admitted(key))
                 except Refusal as refusal:
                     await _refuse(context, refusal)  # raises: the call ends here
             yield
