@@ -124,6 +124,14 @@ class Controller:
             await asyncio.sleep(0.2)
         ready = {pool: self._count(pool, ("ready",)) for pool in self.desired}
         why = f"the pools did not come up within {timeout_s} s (ready {ready} of {self.desired})"
+        now = time.time()
+        waiting = [
+            f"{m.worker_id} {m.state} for {now - m.started_at:.0f} s"
+            for m in self.members.values()
+            if m.state != "ready"
+        ]
+        if waiting:
+            why += f"; {', '.join(waiting)}"
         if self.last_start_failure:
             why += f"; the last worker to fail said: {self.last_start_failure}"
         return why
@@ -225,67 +233,35 @@ class Controller:
                 await self._disconnect_everywhere(m.worker_id)
 
     async def _start_worker(self, pool: str) -> None:
-        from decode_worker.worker import DecodeWorker
-        from prefill_worker.worker import PrefillWorker
-        from worker.base import WorkerSpec
+        from router.cluster.launch import launch_worker
 
         spec = self.spec
         worker_id = f"{pool}-{self._id_prefix}{next(self._ids)}"
-        cls = PrefillWorker if pool == WorkerRole.PREFILL else DecodeWorker
-        options: dict[str, Any] = {
-            "name": f"baton-{worker_id}",
-            "resources": {pool: 1},
-            "max_restarts": 0,
-            "max_concurrency": 1000,
-        }
-        tp = spec.tp_of(pool)
-        placement = None
-        if tp > 1:  # ranks are actors in one placement group on one node (ray_ranks.py)
-            from worker.ray_ranks import create_tp_placement
-
-            try:
-                placement, pg_options = await create_tp_placement(
-                    pool, tp, spec.device, spec.worker_start_timeout_s
-                )
-            except Exception as e:
-                logger.error("controller: cannot place %s: %s", worker_id, e)
-                return
-            options.update(pg_options)
-        elif spec.device == "cuda":
-            options["num_gpus"] = 1
-            options["num_cpus"] = 1
-        else:
-            options["num_cpus"] = 1
-        wspec = WorkerSpec(
-            worker_id=worker_id,
-            role=WorkerRole.parse(pool),
-            model_dir=spec.model_dir,
-            engine=replace(spec.engine, device=spec.device),
-            transport=spec.transport,
-            num_threads=spec.num_threads,
-            tp=tp,
-            local_cluster=spec.local,
-        )
-        handle = ray.remote(cls).options(**options).remote(wspec, placement)
-        member = Member(worker_id, pool, "starting", handle, None, time.time(), placement)
+        # The incarnation in the actor's name too: controllers sharing a Ray namespace (two
+        # clusters, or a test session's consecutive ones) all have a `prefill-0`.
+        actor_name = f"baton-{worker_id}-{self.incarnation}"
+        member = Member(worker_id, pool, "starting", None, None, time.time())
         self.members[worker_id] = member
         logger.info("controller: starting %s", worker_id)
         try:
-            info = await asyncio.wait_for(handle.info.remote(), spec.worker_start_timeout_s)
+            launched = await launch_worker(spec, pool, worker_id, actor_name)
+            member = replace(member, handle=launched.handle, placement=launched.placement)
+            self.members[worker_id] = member
+            try:
+                info = await asyncio.wait_for(
+                    launched.handle.info.remote(), spec.worker_start_timeout_s
+                )
+            except TimeoutError:  # Ray keeps an actor it cannot place pending without a word
+                raise TimeoutError(
+                    f"not up within {spec.worker_start_timeout_s:.0f} s (is {launched.asked}?)"
+                ) from None
             # Record the info before connecting: a peer that comes up concurrently then
             # sees it and connects both ways itself (add_peer is idempotent).
             member = replace(member, info=info)
             self.members[worker_id] = member
             await self._connect_peers(member, info)
         except Exception as e:
-            why = error_message(e)
-            if isinstance(e, TimeoutError):
-                # Ray keeps an actor it cannot place pending without a word: say what it needed.
-                why = (
-                    f"not up within {spec.worker_start_timeout_s:.0f} s (is a node with "
-                    f"{options.get('resources')} and {options.get('num_cpus', 0)} CPU, "
-                    f"{options.get('num_gpus', 0)} GPU free?)"
-                )
+            why = str(e) if isinstance(e, TimeoutError) else error_message(e)
             logger.error("controller: worker %s failed to start: %s", worker_id, why)
             self.last_start_failure = f"{worker_id}: {why}"
             self._kill(member)

@@ -45,9 +45,12 @@ def _factory(loop_thread: Any) -> Iterator[Any]:
     ) -> Cluster:
         cluster = loop_thread.run(
             start_cluster(
-                spec, router_config, controller_name=name or f"ctl-{os.urandom(3).hex()}"
+                spec,
+                router_config,
+                ready_timeout_s=360,
+                controller_name=name or f"ctl-{os.urandom(3).hex()}",
             ),
-            timeout=300,
+            timeout=390,  # past the controller's own wait, so a failure says which worker hung
         )
         started.append(cluster)
         return cluster
