@@ -75,6 +75,9 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     num_pulled_prompt_tokens: int = 0
     """Prompt tokens whose KV it copied from a peer prefill worker's cache instead of
     computing them (prefix migration), since it started; not in the cached count."""
+    oldest_wait_s: float = 0.0
+    """How long the oldest request in its engine's queue has waited (the autoscaler's early
+    signal: a queue grows before any latency shows it)."""
 
     @property
     def kv_usage(self) -> float:

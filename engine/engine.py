@@ -388,6 +388,7 @@ class LLMEngine:
             num_prompt_tokens=self.kv.num_prompt_tokens,
             num_cached_prompt_tokens=self.kv.num_cached_prompt_tokens,
             steps=msgspec.structs.replace(self.step_totals),
+            oldest_wait_s=time.monotonic() - waiting[0].arrival_time if waiting else 0.0,
         )
 
     def check_invariants(self) -> None:

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from core.config import EngineConfig
 from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
-from core.events import KVEventBatch
+from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
@@ -129,15 +129,25 @@ class WorkerBase:
         event_log.py; a snapshot when they are no longer kept) and the load."""
 
         def report(g: EngineGroup) -> WorkerReport:
-            events, load = g.call_all("report_state")
-            if events is not None:
-                self.events.append(events)
+            load = self._take_load(g)
             batches = self.events.since(after_seq)
             if batches is None:
                 batches = [self._snapshot(g)]
             return WorkerReport(batches, load)
 
         return await self.engine.call(report)
+
+    async def load(self) -> WorkerLoad:
+        """The load alone (the autoscaler's read; the KV events stay in the log for the
+        front doors)."""
+        return await self.engine.call(self._take_load)
+
+    def _take_load(self, g: EngineGroup) -> WorkerLoad:
+        """Engine thread: the load now; the KV events since the last read go to the log."""
+        events, load = g.call_all("report_state")
+        if events is not None:
+            self.events.append(events)
+        return load
 
     async def snapshot(self) -> KVEventBatch:
         """Everything cached here, as one batch that replaces a reader's view."""

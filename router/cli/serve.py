@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from core.config import EngineConfig
+from router.cli.autoscale_args import autoscale_config
 from router.cli.model_dir import resolve_model
 from router.cli.serve_args import door_limits
 
@@ -56,6 +57,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         device=device,
         redis_url=args.redis,
         local=args.address is None,
+        autoscale=autoscale_config(args),
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from router.cli.autoscale_args import add_autoscale_arguments
 from router.frontdoor.limits import DoorLimits
 
 DEFAULT_HTTP_PORT = 8000
@@ -127,6 +128,7 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "opens the block) or qwen3 (the reply does); default off",
     )
     add_limit_arguments(p)
+    add_autoscale_arguments(p)
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:

@@ -153,5 +153,12 @@ async def start_cluster(
         os.path.basename(spec.model_dir.rstrip("/")),
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
     )
+    if spec.autoscale is not None:
+        from router.cluster.autoscale.signals import door_report
+
+        door_id = f"door-{os.getpid()}-{os.urandom(2).hex()}"
+        membership.door_report = lambda: door_report(
+            door_id, backend.metrics.slo if backend.metrics else None, backend.waits
+        )
     await membership.start()
     return Cluster(controller, membership, backend, router, spec)

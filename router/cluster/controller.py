@@ -78,6 +78,13 @@ class Controller:
             self._load_desired_from_redis()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self.autoscale = None
+        if spec.autoscale is not None:
+            from router.cluster.autoscale.loop import AutoscaleLoop
+
+            self.autoscale = AutoscaleLoop(
+                spec.autoscale, lambda: list(self.members.values()), self.get_desired, self.scale
+            )
         self._background: set[asyncio.Task] = set()
         """Reconciles and drains started from a call: the loop keeps only a weak reference
         to a task, so one nobody holds may be collected before it finishes (the likely cause
@@ -112,6 +119,8 @@ class Controller:
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._reconcile_forever())
+            if self.autoscale is not None:
+                self._spawn(self.autoscale.run_forever())
 
     async def wait_ready(self, timeout_s: float) -> str | None:
         """None once every pool has its desired ready workers; after `timeout_s`, why not
@@ -141,6 +150,15 @@ class Controller:
         front door polling a controller Ray just restarted brings its pools back."""
         await self.start()
         return (self.incarnation, self.version), list(self.members.values())
+
+    def report_door(self, report: Any) -> None:
+        """A front door's queues and recent latencies (autoscale/signals.py DoorReport)."""
+        if self.autoscale is not None:
+            self.autoscale.add_door(report)
+
+    def autoscale_status(self) -> dict[str, Any] | None:
+        """The autoscaler's settings and decisions; None when it is off."""
+        return None if self.autoscale is None else self.autoscale.status()
 
     def get_spec(self) -> ClusterSpec:
         return self.spec
@@ -174,6 +192,8 @@ class Controller:
     async def shutdown(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        for task in list(self._background):  # the autoscaler's loop among them
+            task.cancel()
         for m in list(self.members.values()):
             self._kill(m)
         self.members.clear()

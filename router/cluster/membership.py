@@ -52,6 +52,9 @@ class Membership:
         """The first worker's facts: the model every worker serves (id, context, blocks)."""
         self.on_left: list[Callable[[str], None]] = []
         """Called with a worker id when it leaves (the prefill gate fails its waiters)."""
+        self.door_report: Callable[[], Any] | None = None
+        """This front door's queues and latencies for the controller's autoscaler
+        (autoscale/signals.py door_report), sent with each membership poll when set."""
         self._version = -1
         self._prefill_pool_wanted = True
         """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
@@ -110,14 +113,14 @@ class Membership:
             if worker_id not in self.workers and worker_id not in self._suspects:
                 self._join(m)
 
-    async def _ask_controller(self, method: str, what: str) -> Any:
+    async def _ask_controller(self, method: str, what: str, *args: Any) -> Any:
         """A controller call, bounded; a controller that is gone is a clean error (a request
         waiting on it fails with 503 rather than Ray's exception). Its workers died with it
         (Ray ends actors with their owner); Ray restarts it, and the next poll that reaches
         it brings the pools back (controller.py)."""
         try:
             return await bounded(
-                getattr(self.controller, method).remote(),
+                getattr(self.controller, method).remote(*args),
                 CONTROL_CALL_S,
                 f"the controller ({what})",
             )
@@ -159,6 +162,9 @@ class Membership:
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
                     await self.sync()
                     last_sync = time.monotonic()
+                    if self.door_report is not None:
+                        await self._ask_controller("report_door", "door report",
+                                                   self.door_report())  # fmt: skip
                 await self.poll_reports()
             except asyncio.CancelledError:
                 raise

@@ -45,6 +45,8 @@ from core.errors import (
 from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
 from core.resume import ResumeState
+from core.roles import WorkerRole
+from router.cluster.autoscale.signals import WaitBook
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
 from router.cluster.prefix_pull import pull_prefix
@@ -112,6 +114,8 @@ class RequestPath:
         self.max_retries = max_retries
         self.max_kv_wait_s = max_kv_wait_s
         self.transfers = TransferStats()
+        self.waits = {WorkerRole.PREFILL: WaitBook(), WorkerRole.DECODE: WaitBook()}
+        """Requests queued at this door for a pool (reported to the autoscaler)."""
         self.metrics: Metrics | None = None
         """Set when front doors export metrics (routing decisions, KV transfers)."""
 
@@ -280,7 +284,8 @@ class _Attempt:
                 async for delta in self._stream():
                     yield delta
                 return
-            await self.path.gate.admit(ticket, self._left())
+            with self.path.waits[WorkerRole.PREFILL].waiting():
+                await self.path.gate.admit(ticket, self._left())
             if ticket.decision.pull_from is not None:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()
@@ -345,21 +350,25 @@ class _Attempt:
         refuse at once: a burst is queued, as a single engine would queue it."""
         loop = asyncio.get_running_loop()
         give_up = min(self.deadline, loop.time() + self.path.max_kv_wait_s)
-        delay = 0.02
-        while True:
-            timeout = self._left()
-            try:
-                return await asyncio.wait_for(
-                    self.decode.handle.reserve.remote(
-                        self.request, timeout, self.prefill.worker_id
-                    ),
-                    timeout,
-                )
-            except KVCapacityError:
-                if loop.time() + delay >= give_up:
-                    raise
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 0.5)
+        delay, queued_since_refusal = 0.02, False
+        with contextlib.ExitStack() as queued:
+            while True:
+                timeout = self._left()
+                try:
+                    return await asyncio.wait_for(
+                        self.decode.handle.reserve.remote(
+                            self.request, timeout, self.prefill.worker_id
+                        ),
+                        timeout,
+                    )
+                except KVCapacityError:
+                    if loop.time() + delay >= give_up:
+                        raise
+                if not queued_since_refusal:  # it waits for the decode pool from here on
+                    queued.enter_context(self.path.waits[WorkerRole.DECODE].waiting())
+                    queued_since_refusal = True
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
 
     def cancel(self) -> None:
         """Free the request's blocks on both workers (fire and forget: they may be gone)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.roles import WorkerRole
+from router.cluster.autoscale.policy import AutoscaleConfig
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class ClusterSpec:
     worker_start_timeout_s: float = 180.0
     health_interval_s: float = 1.0
     health_timeout_s: float = 10.0
+    autoscale: AutoscaleConfig | None = None
+    """Size the pools to TTFT / ITL targets while serving (router/cluster/autoscale); off
+    when None."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("disaggregated", "unified"):

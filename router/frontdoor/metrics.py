@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from core.step_stats import PHASES
+from router.frontdoor.slo_window import SloWindow
 
 __all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
 
@@ -65,6 +66,8 @@ class RequestRecord:
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
+        self.slo = SloWindow()
+        """Recent TTFT / ITL percentiles, which this door reports to the autoscaler."""
 
         def seconds(
             name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS
@@ -141,6 +144,7 @@ class Metrics:
     # -- front doors -------------------------------------------------------------------
     def observe_request(self, rec: RequestRecord) -> None:
         self.requests.labels(outcome=rec.outcome).inc()
+        self.slo.add(rec.ttft_s, rec.tpot_s)
         self.prompt_tokens.inc(rec.num_prompt_tokens)
         self.generation_tokens.inc(rec.num_output_tokens)
         self.cached_tokens.inc(rec.num_cached_tokens)
