@@ -22,6 +22,10 @@ class ControllerAdmin:
             self.controller.get_members.remote(), CONTROL_CALL_S, "the controller (members)"
         )
         desired = await self._desired()
+        status = await bounded(
+            self.controller.autoscale_status.remote(), CONTROL_CALL_S, "the controller (autoscale)"
+        )
+        decided = {d["pool"]: d for d in status["latest"]} if status else {}
         loads = self.membership.loads
         pools = []
         for pool, size in desired.items():
@@ -30,7 +34,7 @@ class ControllerAdmin:
                 for m in sorted(members, key=lambda m: m.worker_id)
                 if m.role == pool
             )
-            pools.append(PoolInfo(pool, size, workers))
+            pools.append(PoolInfo(pool, size, workers, decided.get(pool)))
         return ClusterState(tuple(pools))
 
     async def _desired(self) -> dict[str, int]:

@@ -8,7 +8,7 @@ the Ray pool controller (tests implement it over in-process engines).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -71,6 +71,9 @@ class PoolInfo:
     name: str
     desired_size: int
     workers: tuple[WorkerStatus, ...] = ()
+    autoscale: dict[str, Any] | None = None
+    """The autoscaler's latest decision for the pool (size, target, pressure, reason, the
+    signals it read, at); None when autoscaling is off."""
 
 
 @dataclass(frozen=True)

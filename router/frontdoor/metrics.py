@@ -132,6 +132,15 @@ class Metrics:
         self._step_totals: dict[str, dict[str, float]] = {}
         """worker -> the totals it last reported (the counters grow by the difference)."""
         self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
+        self.autoscale_target = Gauge(
+            "baton:autoscale_target_workers", "The autoscaler's latest size for a pool.",
+            ["pool"], registry=r,
+        )  # fmt: skip
+        self.autoscale_pressure = Gauge(
+            "baton:autoscale_pressure",
+            "A pool's distance to its SLO budget at the autoscaler's latest look (1: at it).",
+            ["pool"], registry=r,
+        )  # fmt: skip
         self.router_decisions = Counter(
             "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r
         )
@@ -230,6 +239,10 @@ class Metrics:
 
     def set_pool_size(self, pool: str, size: int) -> None:
         self.pool_size.labels(pool=pool).set(size)
+
+    def set_autoscale(self, pool: str, target: int, pressure: float) -> None:
+        self.autoscale_target.labels(pool=pool).set(target)
+        self.autoscale_pressure.labels(pool=pool).set(pressure)
 
     def record_router_decision(self, policy: str) -> None:
         self.router_decisions.labels(policy=policy).inc()

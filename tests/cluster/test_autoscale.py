@@ -9,7 +9,10 @@ import time
 import pytest
 
 from core.sampling import SamplingParams
+from router.cluster.admin import ControllerAdmin
 from router.cluster.autoscale.policy import AutoscaleConfig
+from router.frontdoor.http.admin_routes import refresh_cluster_metrics
+from router.frontdoor.metrics import Metrics
 from tests import oracle
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect, prompts
@@ -64,9 +67,9 @@ def wait_for(cluster, pool: str, size: int, timeout_s: float = 90.0) -> None:  #
     while True:
         _, members = ray.get(cluster.controller.get_members.remote(), timeout=30)
         mine = [m for m in members if m.role == pool]
-        if desired(cluster)[pool] == size and len(mine) == size:
-            if all(m.state == "ready" for m in mine):
-                return
+        settled = len(mine) == size and all(m.state == "ready" for m in mine)
+        if settled and desired(cluster)[pool] == size:
+            return
         assert time.monotonic() < deadline, (pool, size, [(m.worker_id, m.state) for m in mine])
         time.sleep(0.1)
 
@@ -92,6 +95,13 @@ def test_a_queue_grows_the_prefill_pool_and_calm_drains_it_back(
     ups = [d for d in status["history"] if d["pool"] == "prefill" and d["target"] > d["size"]]
     assert ups and max(sizes_seen) == 2, (sizes_seen, status["history"])
     assert "over target" in ups[0]["reason"] and ups[0]["pressure"] > 1
+    # The admin view (dashboard, admin API) and the metrics show the latest decisions.
+    admin = ControllerAdmin(cluster.controller, cluster.membership)
+    shown = loop_thread.run(admin.state(), timeout=30).pool("prefill").autoscale
+    assert shown is not None and {"target", "pressure", "reason", "signals"} <= set(shown)
+    metrics = Metrics()
+    loop_thread.run(refresh_cluster_metrics(admin, metrics), timeout=30)
+    assert 'baton:autoscale_pressure{pool="prefill"}' in metrics.exposition()[0].decode()
     wait_for(cluster, "prefill", 1)  # calm: drained back to its minimum
     status = ray.get(cluster.controller.autoscale_status.remote(), timeout=30)
     downs = [d for d in status["history"] if d["pool"] == "prefill" and d["target"] < d["size"]]

@@ -287,3 +287,20 @@ def test_limits_values_reach_the_door_limits() -> None:
         rate_per_s=2.5, burst=5, max_concurrent_per_key=3, max_concurrent=64, max_queued=16,
         queue_timeout_s=10, max_body_bytes=1 << 20,
     )  # fmt: skip
+
+
+def test_autoscale_values_reach_the_autoscaler() -> None:
+    from router.cli.autoscale_args import autoscale_config
+    from router.cluster.autoscale.policy import AutoscaleConfig
+
+    args, _ = _head_serve(render({}))
+    assert autoscale_config(args) is None  # off by default
+    values = {"enabled": True, "ttftSlo": 1.5, "itlSlo": 0.1, "minPrefill": 1, "maxPrefill": 6,
+              "minDecode": 2, "maxDecode": 5, "interval": 3, "scaleUpCooldown": 20,
+              "scaleDownCooldown": 120}  # fmt: skip
+    args, _ = _head_serve(render({"serve": {"autoscale": values}}))
+    assert autoscale_config(args) == AutoscaleConfig(
+        ttft_slo_s=1.5, itl_slo_s=0.1, min_sizes={"prefill": 1, "decode": 2},
+        max_sizes={"prefill": 6, "decode": 5}, interval_s=3, up_cooldown_s=20,
+        down_cooldown_s=120,
+    )  # fmt: skip

@@ -112,6 +112,8 @@ async def refresh_cluster_metrics(admin: ClusterAdmin, metrics: Metrics) -> None
         metrics.forget_worker(gone)
     for pool in cluster.pools:
         metrics.set_pool_size(pool.name, len(pool.workers))
+        if pool.autoscale is not None:
+            metrics.set_autoscale(pool.name, pool.autoscale["target"], pool.autoscale["pressure"])
         for w in pool.workers:
             metrics.record_worker(
                 w.worker_id,

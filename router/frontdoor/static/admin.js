@@ -61,6 +61,18 @@ function renderPools(state) {
     title.appendChild(button("+", `scale-${pool.name}-up`,
       () => scale(pool.name, pool.desired_size + 1)));
     box.appendChild(title);
+    if (pool.autoscale) {
+      // The autoscaler's latest look at this pool: its verdict and what it read.
+      const a = pool.autoscale;
+      const line = document.createElement("p");
+      line.className = "muted autoscale";
+      line.id = `pool-${pool.name}-autoscale`;
+      line.textContent = `autoscale: ${a.size} → ${a.target} (${a.reason}; pressure ` +
+        `${a.pressure.toFixed(2)}; queued ${a.signals.queued}, oldest wait ` +
+        `${a.signals.oldest_wait_s.toFixed(2)} s, busy ${pct(a.signals.busy)}, ` +
+        `KV ${pct(a.signals.kv_usage)})`;
+      box.appendChild(line);
+    }
 
     const table = document.createElement("table");
     const head = table.createTHead().insertRow();

@@ -254,6 +254,29 @@ in the RayCluster object.
 - --max-body-bytes
 - {{ . | int64 | quote }}
 {{- end }}
+{{- with .Values.serve.autoscale }}
+{{- if .enabled }}
+- --autoscale
+- --ttft-slo
+- {{ .ttftSlo | quote }}
+- --itl-slo
+- {{ .itlSlo | quote }}
+- --min-prefill
+- {{ .minPrefill | int64 | quote }}
+- --max-prefill
+- {{ .maxPrefill | int64 | quote }}
+- --min-decode
+- {{ .minDecode | int64 | quote }}
+- --max-decode
+- {{ .maxDecode | int64 | quote }}
+- --autoscale-interval
+- {{ .interval | quote }}
+- --scale-up-cooldown
+- {{ .scaleUpCooldown | quote }}
+- --scale-down-cooldown
+- {{ .scaleDownCooldown | quote }}
+{{- end }}
+{{- end }}
 - --admin-token
 - "$(BATON_ADMIN_TOKEN)"
 {{- if .Values.apiKey.existingSecret }}
