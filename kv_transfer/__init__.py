@@ -82,6 +82,7 @@ from kv_transfer.api import (
     TransferError,
     TransferResult,
     Transport,
+    UnknownPeerError,
 )
 from kv_transfer.handshake import PROTOCOL_VERSION, CompatRecord, IncompatiblePeerError
 from kv_transfer.layout import pair_regions
@@ -104,6 +105,7 @@ __all__ = [
     "TransferError",
     "TransferResult",
     "Transport",
+    "UnknownPeerError",
     "backend_names",
     "create_transport",
     "pair_regions",

@@ -23,6 +23,10 @@ class TransferError(RuntimeError):
     """A transfer failed: timeout, peer gone, broken connection, protocol violation."""
 
 
+class UnknownPeerError(ValueError):
+    """No connection to that peer: never added, or removed (it left the cluster)."""
+
+
 @dataclass(frozen=True)
 class TransferResult:
     """How one request ended on one side. For RECV, `block_ids` is the reservation (now full

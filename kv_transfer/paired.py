@@ -24,7 +24,14 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from core.device_event import DeviceEvent
-from kv_transfer.api import PeerId, Role, SendHandle, TransferResult, Transport
+from kv_transfer.api import (
+    PeerId,
+    Role,
+    SendHandle,
+    TransferResult,
+    Transport,
+    UnknownPeerError,
+)
 from kv_transfer.handshake import IncompatiblePeerError, decode_versioned
 from kv_transfer.host import host_identity
 
@@ -143,7 +150,7 @@ class PairedTransport(Transport):
     def _transport_of(self, peer: PeerId) -> Transport:
         transport = self._by_peer.get(peer)
         if transport is None:
-            raise ValueError(f"unknown peer {peer!r}; call add_peer first")
+            raise UnknownPeerError(f"unknown peer {peer!r}; call add_peer first")
         return transport
 
     def cancel(self, request_id: str) -> None:

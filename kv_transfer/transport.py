@@ -42,6 +42,7 @@ from kv_transfer.api import (
     TransferError,
     TransferResult,
     Transport,
+    UnknownPeerError,
 )
 from kv_transfer.driver import Driver
 from kv_transfer.handshake import (
@@ -170,6 +171,8 @@ class DriverTransport(Transport):
             raise ValueError(f"num_layers {layers} outside [1, {self.layout.num_layers}]")
         if not block_ids:
             raise ValueError(f"request {request_id}: empty reservation")
+        if peer is not None and peer not in self._peers:  # it would never send: say so now
+            raise UnknownPeerError(f"unknown peer {peer!r}; call add_peer first")
         deadline = time.monotonic() + timeout_s
         self._submit(
             lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline, peer)
@@ -188,7 +191,7 @@ class DriverTransport(Transport):
         # The prefill loop calls this once per layer between kernels: keep it to builtins.
         peer_layout = self._peers.get(peer)  # one dict read: atomic, no lock needed
         if peer_layout is None:
-            raise ValueError(f"unknown peer {peer!r}; call add_peer first")
+            raise UnknownPeerError(f"unknown peer {peer!r}; call add_peer first")
         src, dst = self._checked_blocks(request_id, peer, peer_layout, src_block_ids, dst_block_ids)
         layer_list = list(map(int, layers))
         self.layout.check_layers(layer_list)

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from core.config import EngineConfig
+from core.errors import WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from engine import cpu_kernels
 from engine.engine import LLMEngine, Reservation
 from engine.parallel import SINGLE, TPGroup
-from kv_transfer import TransferResult, create_transport
+from kv_transfer import TransferResult, UnknownPeerError, create_transport
 from worker.records import WorkerInfo, WorkerSpec
 from worker.threads import pin_threads
 
@@ -77,8 +78,10 @@ class WorkerRank:
                 request.request_id, res.block_ids[skip:],
                 self.engine.model_config.num_hidden_layers, timeout_s, self.peer_name(sender),
             )  # fmt: skip
-        except Exception:
+        except Exception as e:
             self.engine.abort(request.request_id)  # the same refusal on every rank: in step
+            if isinstance(e, UnknownPeerError):  # the sender left: retry elsewhere, blame none
+                raise WorkerFailedError(f"prefill worker {sender} is no longer connected") from e
             raise
         return res
 

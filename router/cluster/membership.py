@@ -98,7 +98,9 @@ class Membership:
     async def sync(self) -> None:
         """Bring the workers in step with the controller's membership."""
         version, members = await self._ask_controller("get_members", "members")
-        if version == self._version:
+        now = time.monotonic()
+        cleared = any(now - t >= _SUSPECT_S for t in self._suspects.values())
+        if version == self._version and not cleared:
             return
         self._version = version
         # Pool sizes only matter when membership changed (scaling bumps the version too).
@@ -107,7 +109,8 @@ class Membership:
         ready = {m.worker_id: m for m in members if m.state == "ready"}
         for worker_id in [w for w in self.workers if w not in ready]:
             self._leave(worker_id)
-        now = time.monotonic()
+        # A suspect the controller still lists as ready after _SUSPECT_S was alive after all
+        # (its call failed for another reason): it rejoins, membership change or not.
         self._suspects = {w: t for w, t in self._suspects.items() if now - t < _SUSPECT_S}
         for worker_id, m in ready.items():
             if worker_id not in self.workers and worker_id not in self._suspects:

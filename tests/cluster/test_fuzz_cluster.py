@@ -10,6 +10,11 @@ from typing import Any
 import pytest
 import schemathesis
 
+# Imported here, at collection, not by `from_url` inside a fixture: CPython 3.11.7 can fail
+# to compile a module that deep in the stack (SystemError "AST constructor recursion depth
+# mismatch", seen once when this module had no .pyc yet).
+import schemathesis.specs.openapi.schemas
+
 from core.config import EngineConfig
 from router.frontdoor.http.app import create_app
 from tests.cluster.conftest import always_disaggregate, make_spec

@@ -133,3 +133,17 @@ def test_prefill_abort_keeps_source_blocks_until_the_reader_ended(pair, loop_thr
             assert same(sent, on_decode, sent), "a was admitted with KV it was not sent"
 
     loop_thread.run(scenario())
+
+
+def test_a_reservation_from_a_sender_that_left_is_a_worker_failure_and_frees_its_blocks(
+    pair, loop_thread
+) -> None:
+    """The prefill worker left (drained, disconnected) while a front door still routed to
+    it: the decode worker refuses the reservation with WorkerFailedError (the request is
+    retried elsewhere, and this healthy decode worker is not blamed) and holds nothing."""
+    prefill, decode = pair(prefill_blocks=PROMPT_BLOCKS, decode_blocks=PROMPT_BLOCKS)
+    loop_thread.run(decode.disconnect(prefill.worker_id))
+    with pytest.raises(WorkerFailedError, match="no longer connected"):
+        loop_thread.run(decode.reserve(request("a", 1), TIMEOUT_S, prefill.worker_id))
+    load = loop_thread.run(decode.load())
+    assert load.num_free_blocks == load.num_total_blocks and load.num_running == 0
