@@ -68,6 +68,7 @@ def run_profile(args: argparse.Namespace) -> int:
             f"baton profile: {Path(args.model).name}, {mc.dtype} on {engine.runner.device}, "
             f"{args.threads} thread(s), {platform.machine()} {platform.processor() or ''}".strip()
         ),
+        "tp": 1,  # the engine in this process (tensor parallelism is not profiled yet)
         "chunk_tokens": args.chunk_tokens,
         **{k: round(v, 6) for k, v in pp.fit_prefill(prefill).items()},
         "decode": {k: round(v, 6) for k, v in pp.fit_decode(decode).items()},
