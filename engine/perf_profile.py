@@ -1,0 +1,170 @@
+"""How fast one engine is on the hardware it runs on: the measurements behind `baton profile`
+(and the planner and router simulator that replay them).
+
+Everything is read from the engine's own step totals (core/step_stats.py), before and after
+each measured piece of work, exactly as a router reads two load reports, so a profile
+counts what a served step costs (schedule, forward, sampling, output), not a kernel alone.
+Two fits, least squares over the fastest repeat of each shape (on a shared machine the
+slower repeats measure the neighbours):
+
+    prefill_ms(U, C)       = step_ms * ceil(U / chunk_tokens) + token_ms * U
+                             + attn_ms * U * (C + U / 2) / 1000
+    decode_step_ms(B, L)   = decode_step_ms + decode_row_ms * B + decode_ctx_ms * B * L / 1000
+
+U new prompt tokens after C cached ones (each new token attends to everything before it),
+B running requests of L tokens of context each.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from core.sampling import SamplingParams
+from core.step_stats import StepTotals
+
+
+def busy_s(t: StepTotals) -> float:
+    """Time spent stepping (attention is inside forward)."""
+    return t.schedule_s + t.forward_s + t.sample_s + t.output_s
+
+
+def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
+    """Coefficients (clipped at 0: a cost is never negative) of ys ~ rows, no intercept;
+    normal equations by Gauss-Jordan (a handful of unknowns, no numpy needed here)."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            raise ValueError("the samples do not separate the terms: measure more shapes")
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        for i in range(k):
+            if i != col:
+                f = a[i][col] / a[col][col]
+                a[i] = [x - f * y for x, y in zip(a[i], a[col], strict=True)]
+                b[i] -= f * b[col]
+    return [max(0.0, b[i] / a[i][i]) for i in range(k)]
+
+
+@dataclass(frozen=True)
+class Sample:
+    shape: tuple[int, ...]
+    """prefill: (steps, new tokens, cached tokens); decode: (batch, context)."""
+    seconds: float
+    """prefill: the prompt's whole prefill; decode: one step."""
+
+
+def fastest(samples: list[Sample]) -> list[Sample]:
+    best: dict[tuple[int, ...], float] = {}
+    for s in samples:
+        best[s.shape] = min(s.seconds, best.get(s.shape, s.seconds))
+    return [Sample(shape, t) for shape, t in sorted(best.items())]
+
+
+def prefill_terms(steps: int, tokens: int, cached: int) -> tuple[float, float, float]:
+    return float(steps), float(tokens), tokens * (cached + tokens / 2) / 1000
+
+
+def decode_terms(batch: int, context: int) -> tuple[float, float, float]:
+    return 1.0, float(batch), batch * context / 1000
+
+
+def _random_prompt(rng: random.Random, vocab: int, n: int) -> list[int]:
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+def _run_to_end(engine) -> None:  # type: ignore[no-untyped-def]
+    while engine.has_unfinished():
+        engine.step()
+
+
+def measure_prefill(engine, lengths: list[int], repeat: int, rng: random.Random) -> list[Sample]:  # type: ignore[no-untyped-def]
+    """Each length alone (no queue: every step is that prompt's), with nothing cached and
+    again after a cached prefix of the same length (prefix caching must be on). A first
+    round warms the kernels and the allocator up and is not kept."""
+    vocab = engine.model_config.vocab_size
+    samples = []
+    for k in range(repeat + 1):
+        for n in lengths:
+            prefix = _random_prompt(rng, vocab, n)
+            for cached_part, prompt in (
+                ([], prefix),
+                (prefix, prefix + _random_prompt(rng, vocab, n)),
+            ):
+                before = engine.load()
+                engine.add_request(f"p{k}-{n}-{len(prompt)}", prompt, SamplingParams(max_tokens=1))
+                _run_to_end(engine)
+                after = engine.load()
+                steps = after.steps.steps - before.steps.steps
+                tokens = after.steps.prefill_tokens - before.steps.prefill_tokens
+                cached = len(prompt) - tokens
+                if k and (not cached_part or cached):
+                    samples.append(
+                        Sample((steps, tokens, cached), busy_s(after.steps) - busy_s(before.steps))
+                    )
+    return samples
+
+
+def measure_decode(
+    engine, batches: list[int], contexts: list[int], steps: int, rng: random.Random
+) -> list[Sample]:  # type: ignore[no-untyped-def]
+    """`batch` requests of `context` prompt tokens prefilled together, then `steps` decode
+    steps timed (mean per step). Aborted afterwards, so each shape starts from an empty
+    batch."""
+    vocab = engine.model_config.vocab_size
+    samples = []
+    for context in contexts:
+        for batch in batches:
+            params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
+            ids = [f"d{batch}-{context}-{i}" for i in range(batch)]
+            for rid in ids:
+                engine.add_request(rid, _random_prompt(rng, vocab, context), params)
+            while any(engine.requests[r].num_computed_tokens < context for r in ids):
+                engine.step()
+            engine.step()  # the first all-decode step (its shapes' first use)
+            before = engine.load().steps
+            for _ in range(steps):
+                engine.step()
+            after = engine.load().steps
+            done = after.steps - before.steps
+            if after.decode_rows - before.decode_rows == batch * done and done:
+                samples.append(Sample((batch, context), (busy_s(after) - busy_s(before)) / done))
+            for rid in ids:
+                engine.abort(rid)
+    return samples
+
+
+def fit_prefill(samples: list[Sample]) -> dict[str, float]:
+    best = fastest(samples)
+    step_s, token_s, attn_s = least_squares(
+        [prefill_terms(*s.shape) for s in best], [s.seconds for s in best]
+    )
+    worst = max(
+        abs(t - sum(c * x for c, x in zip((step_s, token_s, attn_s), prefill_terms(*sh)))) / t
+        for sh, t in ((s.shape, s.seconds) for s in best)
+    )
+    return {"step_ms": 1000 * step_s, "token_ms": 1000 * token_s, "attn_ms": 1000 * attn_s,
+            "max_fit_error": worst}  # fmt: skip
+
+
+def fit_decode(samples: list[Sample]) -> dict[str, float]:
+    best = fastest(samples)
+    base, row, ctx = least_squares(
+        [decode_terms(*s.shape) for s in best], [s.seconds for s in best]
+    )
+    worst = max(
+        abs(s.seconds - (base + row * s.shape[0] + ctx * s.shape[0] * s.shape[1] / 1000))
+        / s.seconds
+        for s in best
+    )
+    return {"decode_step_ms": 1000 * base, "decode_row_ms": 1000 * row,
+            "decode_ctx_ms": 1000 * ctx, "max_fit_error": worst}  # fmt: skip
+
+
+def prefill_ms(fit: dict[str, float], tokens: int, cached: int, chunk_tokens: int) -> float:
+    steps = max(1, math.ceil(tokens / chunk_tokens))
+    terms = prefill_terms(steps, tokens, cached)
+    return fit["step_ms"] * terms[0] + fit["token_ms"] * terms[1] + fit["attn_ms"] * terms[2]

@@ -1,0 +1,98 @@
+"""`baton profile`: measure one worker's engine on this machine and write a JSON profile.
+
+    baton profile --model models/small --out profile.json            # CPU, 1 thread
+    baton profile --model /ckpt --device cuda --dtype bfloat16 --out gpu.json
+
+Prefill time against prompt length (with and without a cached prefix) and decode step time
+against batch size and context, each fitted (engine/perf_profile.py), with the samples
+behind the fits. The KV transfer rate between hosts is not something one machine can
+measure alone: give it (`--transfer-gbps`, `--transfer-latency-ms`, from
+`bench/kv_transfer.py` run between two of your hosts) and the profile records it with its
+source. The prefill fit's keys are those the router simulator reads (`python -m
+bench.router_sim --profile`). Run it on the node type the pool will use, with the threads
+(`--threads`) or GPU a worker gets there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import time
+from pathlib import Path
+
+from core.config import EngineConfig
+
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="local Hugging Face checkpoint folder")
+    p.add_argument("--out", required=True, help="where the JSON profile goes")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+    p.add_argument("--chunk-tokens", type=int, default=2048, help="max_num_batched_tokens")
+    p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    p.add_argument("--contexts", type=int, nargs="+", default=[128, 1024])
+    p.add_argument("--decode-steps", type=int, default=8, help="steps timed per decode shape")
+    p.add_argument("--repeat", type=int, default=2, help="rounds kept (after a warm-up)")
+    p.add_argument("--kv-cache-gb", type=float, default=None, help="default: room for the shapes")
+    p.add_argument("--transfer-gbps", type=float, default=None)
+    p.add_argument("--transfer-latency-ms", type=float, default=None)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from engine import perf_profile as pp
+    from engine.engine import LLMEngine
+
+    kv_tokens = max(max(args.batches) * (max(args.contexts) + args.decode_steps + 8),
+                    2 * max(args.lengths) + 64)  # fmt: skip
+    config = EngineConfig(
+        device=args.device,
+        dtype=args.dtype,
+        num_threads=args.threads if args.device == "cpu" else None,
+        max_num_batched_tokens=args.chunk_tokens,
+        max_num_seqs=max(args.batches),
+        num_kv_blocks=None if args.kv_cache_gb else -(-kv_tokens // 16) + 16,  # 16-token blocks
+        kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)) if args.kv_cache_gb else None,
+    )
+    started = time.perf_counter()
+    engine = LLMEngine(args.model, config, worker_id="profile")
+    rng = random.Random(0)
+    prefill = pp.measure_prefill(engine, args.lengths, args.repeat, rng)
+    decode = pp.measure_decode(engine, args.batches, args.contexts, args.decode_steps, rng)
+    mc = engine.model_config
+    profile = {
+        "source": (
+            f"baton profile: {Path(args.model).name}, {mc.dtype} on {engine.runner.device}, "
+            f"{args.threads} thread(s), {platform.machine()} {platform.processor() or ''}".strip()
+        ),
+        "tp": 1,  # the engine in this process (tensor parallelism is not profiled yet)
+        "chunk_tokens": args.chunk_tokens,
+        **{k: round(v, 6) for k, v in pp.fit_prefill(prefill).items()},
+        "decode": {k: round(v, 6) for k, v in pp.fit_decode(decode).items()},
+        "kv_bytes_per_token": engine.runner.kv_layout.block_bytes_all_layers // config.block_size,
+        # 0: not given (the router simulator then never moves a prefix between workers).
+        "transfer_gbps": args.transfer_gbps or 0.0,
+        "transfer_latency_ms": args.transfer_latency_ms or 0.0,
+        "transfer_source": "given (--transfer-gbps / --transfer-latency-ms)"
+        if args.transfer_gbps
+        else "not given: 0, no transfer between workers is modelled",
+        "samples": {
+            "prefill": [
+                {"steps": s, "tokens": n, "cached": c, "ms": round(t * 1000, 3)}
+                for (s, n, c), t in ((x.shape, x.seconds) for x in prefill)
+            ],
+            "decode": [
+                {"batch": b, "context": L, "step_ms": round(t * 1000, 3)}
+                for (b, L), t in ((x.shape, x.seconds) for x in decode)
+            ],
+        },
+        "measured_s": round(time.perf_counter() - started, 1),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in profile.items() if k != "samples"}, indent=1))
+    return 0

@@ -1,0 +1,100 @@
+"""`baton plan`'s cluster model (bench/plan_sim.py) on traces whose answers are known by hand,
+and the plan it picks (bench/plan.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from bench import plan as baton_plan
+from bench import serve_workloads as wl
+from bench.plan_sim import DecodeProfile, DecodeSim, simulate_cluster, summarize
+from bench.sim_profile import WorkerProfile
+
+PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0.0)
+DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)
+
+
+def req(t_ms: int, prompt: int, output: int, ids: list[int] | None = None) -> dict:
+    """A trace request; its blocks are its own unless `ids` says otherwise."""
+    if ids is None:
+        ids = list(range(t_ms * 1000, t_ms * 1000 + prompt // 16))
+    return {"timestamp": t_ms, "input_length": prompt, "output_length": output, "hash_ids": ids}
+
+
+def test_one_request_waits_for_nothing() -> None:
+    (r,) = simulate_cluster([req(0, 160, 4)], PREFILL, DECODE, 1, 1)
+    assert r["ttft_ms"] == pytest.approx(10 + 160)  # one step + 160 tokens
+    # Three decode steps of one row (6 ms each) after the prefill's token.
+    assert r["itl_ms"] == pytest.approx(6.0)
+    assert r["e2e_ms"] == pytest.approx(170 + 18)
+
+
+def test_prefills_queue_first_in_first_out_and_a_cached_prefix_is_skipped() -> None:
+    shared = list(range(10))
+    a, b = simulate_cluster([req(0, 160, 1, shared), req(0, 160, 1, shared)], PREFILL, DECODE, 1, 1)
+    assert a["ttft_ms"] == pytest.approx(170)
+    # b waits for a, then finds its 160 tokens cached (one step for the last token's logits
+    # is all the profile charges: 0 uncached tokens).
+    assert b["ttft_ms"] == pytest.approx(170 + 10)
+
+
+def test_decode_batches_the_requests_it_holds() -> None:
+    d = DecodeSim(DECODE, max_seqs=8, kv_tokens=10_000)
+    d.add(0.0, 0, prompt=10, left=2, first_token_ms=0.0)
+    d.add(0.0, 1, prompt=10, left=2, first_token_ms=0.0)
+    d.run_until(float("inf"))
+    assert d.finished == {0: [7.0, 7.0], 1: [7.0, 7.0]}  # 5 + 2 rows per step
+
+
+def test_a_full_decode_worker_makes_the_next_request_wait() -> None:
+    d = DecodeSim(DECODE, max_seqs=1, kv_tokens=10_000)
+    d.add(0.0, 0, prompt=10, left=2, first_token_ms=0.0)
+    d.add(0.0, 1, prompt=10, left=1, first_token_ms=0.0)
+    d.run_until(float("inf"))
+    assert d.finished[0] == [6.0, 6.0]
+    assert d.finished[1] == [18.0]  # it joins when request 0 leaves at 12 ms
+
+
+def test_more_workers_help_the_phase_that_is_short() -> None:
+    trace = [req(i * 20, 320, 40) for i in range(200)]  # prefill 330 ms every 20 ms: saturated
+    one = summarize(simulate_cluster(trace, PREFILL, DECODE, 1, 1), 2000, 100)
+    four = summarize(simulate_cluster(trace, PREFILL, DECODE, 4, 1), 2000, 100)
+    assert four["ttft_p99_ms"] < one["ttft_p99_ms"] / 3
+    assert four["goodput"] > one["goodput"]
+
+
+def test_benchmark_requests_become_a_trace_with_shared_prefixes() -> None:
+    system = list(range(16, 48))
+    requests = [
+        wl.BenchRequest(0.0, system + [100] * 16, 8),
+        wl.BenchRequest(0.5, system + [200] * 16, 8),
+        wl.BenchRequest(9.0, [300] * 48, 8),
+    ]
+    trace = baton_plan.trace_of(requests, duration_s=5.0)
+    assert [r["timestamp"] for r in trace] == [0, 500]  # the third comes after --duration
+    a, b = (r["hash_ids"] for r in trace)
+    assert a[:2] == b[:2] and a[2] != b[2]
+
+
+def test_plan_picks_the_smallest_split_that_meets_the_targets(tmp_path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "step_ms": 10.0, "token_ms": 1.0, "chunk_tokens": 4096,
+        "decode": {"decode_step_ms": 5.0, "decode_row_ms": 1.0, "decode_ctx_ms": 0.0},
+    }))  # fmt: skip
+    parser = baton_plan.build_arg_parser(argparse.ArgumentParser())
+    args = parser.parse_args([
+        "--profile", str(profile), "--workers", "4", "--workload", "fixed", "--input-len", "256",
+        "--output-len", "16", "--rate", "6", "--num-requests", "120", "--ttft-slo", "1",
+        "--tpot-slo", "0.05",
+    ])  # fmt: skip
+    result = baton_plan.plan(args)
+    assert len(result["runs"]) == 6  # every split of 4 workers with both pools non-empty
+    pick = result["pick"]
+    best = max(r["goodput"] for r in result["runs"])
+    assert pick["goodput"] >= best - 0.01
+    # ~270 ms of prefill per request at 6 req/s needs two prefill workers at least.
+    assert pick["prefill"] >= 2 and pick["prefill"] + pick["decode"] <= 4

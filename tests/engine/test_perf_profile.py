@@ -1,0 +1,51 @@
+"""`baton profile`'s measurements and fits (engine/perf_profile.py, router/cli/profile.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from engine import perf_profile as pp
+
+
+def test_least_squares_recovers_the_terms_it_was_built_from() -> None:
+    rng = random.Random(1)
+    rows = [(1.0, float(n), n * (c + n / 2) / 1000) for n in (16, 64, 300, 900) for c in (0, 500)]
+    truth = (0.004, 0.0002, 0.00003)
+    ys = [sum(t * x for t, x in zip(truth, r)) * (1 + rng.uniform(-1e-9, 1e-9)) for r in rows]
+    assert pp.least_squares(rows, ys) == pytest.approx(truth, rel=1e-4)
+    with pytest.raises(ValueError, match="separate"):
+        pp.least_squares([(1.0, 2.0), (2.0, 4.0)], [1.0, 2.0])  # one shape, two unknowns
+
+
+def test_the_fit_takes_the_fastest_repeat_of_each_shape() -> None:
+    samples = [pp.Sample((1, 16, 0), 0.9), pp.Sample((1, 16, 0), 0.2), pp.Sample((2, 8), 0.1)]
+    assert pp.fastest(samples) == [pp.Sample((1, 16, 0), 0.2), pp.Sample((2, 8), 0.1)]
+
+
+def test_baton_profile_measures_the_engine_and_writes_a_profile(tiny_model_dir, tmp_path) -> None:
+    from router.cli.main import main
+
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--model", str(tiny_model_dir("llama")), "--out", str(out),
+            "--lengths", "16", "64", "160", "--batches", "1", "3", "8",
+            "--contexts", "32", "96", "--decode-steps", "3", "--repeat", "1"]  # fmt: skip
+    assert main(argv) == 0
+    profile = json.loads(out.read_text())
+    prefill = profile["samples"]["prefill"]
+    assert {(s["tokens"], s["cached"]) for s in prefill} == {
+        (16, 0), (16, 16), (64, 0), (64, 64), (160, 0), (160, 160)
+    }  # fmt: skip
+    assert all(s["steps"] == 1 and s["ms"] > 0 for s in prefill)
+    decode = profile["samples"]["decode"]
+    assert {(s["batch"], s["context"]) for s in decode} == {
+        (b, c) for b in (1, 3, 8) for c in (32, 96)
+    }
+    assert profile["token_ms"] > 0 and min(profile["decode"].values()) >= 0
+    assert profile["kv_bytes_per_token"] > 0 and profile["transfer_gbps"] == 0.0
+    # The router simulator reads it as is.
+    from bench.sim_profile import WorkerProfile
+
+    assert WorkerProfile.load(out).chunk_tokens == 2048
