@@ -102,5 +102,7 @@ class DecodeWorker(WorkerBase):
         try:
             await self.engine.call(lambda g: g.call_all("enqueue", request))
         except BaseException:
-            self._forget(request.request_id)
+            # Cancelled or timed out while the engine thread enqueues it, the request is
+            # queued anyway: abort it after (commands run in order; a refused one is a no-op).
+            self._abort_soon(request.request_id)
             raise

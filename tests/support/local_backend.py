@@ -31,8 +31,11 @@ class LocalBackend:
                     request.request_id, request.prompt_token_ids, request.params
                 )
             )
-        except BaseException:  # a bad prompt: InvalidRequestError from the engine's check
+        except BaseException:  # a bad prompt, or cancelled (the client hung up) meanwhile
             self.engine.close_stream(request.request_id)
+            # Cancelled while the engine thread adds it, the request is added anyway: abort it
+            # after (commands run in order; for a refused prompt it is a no-op).
+            self.engine.submit(lambda e: e.abort(request.request_id))
             raise
         stream = self.engine.stream(request.request_id, request.timeout_s)
         async with contextlib.aclosing(stream) as outputs:  # closing early aborts
