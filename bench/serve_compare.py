@@ -126,8 +126,11 @@ EXPERIMENTS = {
         configs=[
             Config(
                 name,
+                # Every prompt through the prefill pool: the routing policy is what is compared
+                # (with the default threshold half the trace's prompts, the short ones and
+                # those the decode worker caches, never reach a prefill worker).
                 f"--mode disaggregated --prefill 4 --decode 1 --policy {policy} "
-                f"--kv-cache-gb 0.04 {_ONE_THREAD}".split(),
+                f"--disagg-min-uncached-tokens 0 --kv-cache-gb 0.04 {_ONE_THREAD}".split(),
             )
             for name, policy in (
                 ("ttft_pull", "ttft --prefix-pull-gbps 2"),

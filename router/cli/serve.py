@@ -15,11 +15,15 @@ import secrets
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.config import EngineConfig
 from router.cli.autoscale_args import autoscale_config
 from router.cli.model_dir import resolve_model
 from router.cli.serve_args import door_limits
+
+if TYPE_CHECKING:
+    from router.routing.router import RouterConfig
 
 logger = logging.getLogger("baton.serve")
 
@@ -80,6 +84,19 @@ def _policy_args(args: argparse.Namespace) -> dict[str, float]:
     return {"transfer_gbps": args.prefix_pull_gbps}
 
 
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    from router.routing.router import RouterConfig
+
+    if args.disagg_min_uncached_tokens < 0:
+        raise SystemExit("baton serve: --disagg-min-uncached-tokens must be >= 0")
+    return RouterConfig(
+        prefill_policy=args.policy,
+        decode_policy=args.decode_policy,
+        prefill_policy_args=_policy_args(args),
+        disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
+    )
+
+
 def _detect_device() -> str:
     import torch
 
@@ -93,7 +110,6 @@ async def _serve(args: argparse.Namespace) -> int:
     from router.frontdoor.http.app import create_app
     from router.frontdoor.limits import DoorControls
     from router.frontdoor.metrics import Metrics
-    from router.routing.router import RouterConfig
 
     started = time.monotonic()
     if args.attach and not args.address:
@@ -108,11 +124,7 @@ async def _serve(args: argparse.Namespace) -> int:
         logger.info("bringing up the pools (%s) for %s", pools, spec.model_dir)
     cluster = await start_cluster(
         spec,
-        RouterConfig(
-            prefill_policy=args.policy,
-            decode_policy=args.decode_policy,
-            prefill_policy_args=_policy_args(args),
-        ),
+        router_config(args),
         attach=args.attach,
     )
     metrics = Metrics()

@@ -42,6 +42,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(
+        "--disagg-min-uncached-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="a prompt whose part the decode worker does not cache is shorter than this is "
+        "prefilled by the decode worker itself (conditional disaggregation; 0: every prompt "
+        "goes through the prefill pool)",
+    )
+    p.add_argument(
         "--redis",
         default=None,
         metavar="URL",

@@ -1,4 +1,5 @@
-"""`baton serve`'s KV-cache flags reach the engine config every worker is started with."""
+"""`baton serve`'s KV-cache and routing flags reach the engine config every worker is started
+with and the router."""
 
 from __future__ import annotations
 
@@ -31,3 +32,14 @@ def test_help_lists_the_utilization_flag(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     assert "--gpu-memory-utilization" in capsys.readouterr().out
+
+
+def test_conditional_disaggregation_threshold_reaches_the_router() -> None:
+    from router.cli.serve import router_config
+
+    parse = build_parser().parse_args
+    assert router_config(parse(["serve"])).disagg_min_uncached_tokens == 256
+    config = router_config(parse(["serve", "--disagg-min-uncached-tokens", "0"]))
+    assert config.disagg_min_uncached_tokens == 0
+    with pytest.raises(SystemExit, match="must be >= 0"):
+        router_config(parse(["serve", "--disagg-min-uncached-tokens", "-1"]))
