@@ -22,7 +22,6 @@ measured with that TP); a worker of TP t counts as t GPUs against `--workers`.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -33,25 +32,22 @@ from bench.serve import _fill_defaults, add_workload_arguments
 from bench.serve_run import schedules
 from bench.sim_profile import WorkerProfile
 from bench.workloads import TraceRequest
+from core.hashing import hash_prompt_blocks, model_root_hash
 
 BLOCK = 16
 
 
 def trace_of(requests: list[wl.BenchRequest], duration_s: float) -> list[TraceRequest]:
-    """Benchmark requests as a simulator trace: chained hashes of each 16-token block of the
-    prompt (two prompts share a block id exactly when they share that prefix); only those
-    sent within `duration_s`, as the benchmark's client does."""
+    """Benchmark requests as a simulator trace: the prompt's chained block hashes, as the
+    engines and the router compute them (two prompts share a block id exactly when they
+    share that prefix); only those sent within `duration_s`, as the benchmark's client does."""
+    root = model_root_hash("baton-plan", BLOCK)
     out = []
     for r in requests:
         if r.arrival_s > duration_s:
             break
-        ids, h = [], b""
         toks = r.prompt_token_ids
-        for i in range(len(toks) // BLOCK):
-            h = hashlib.blake2b(
-                h + repr(toks[i * BLOCK : (i + 1) * BLOCK]).encode(), digest_size=8
-            ).digest()
-            ids.append(int.from_bytes(h, "little"))
+        ids = [int(h) for h in hash_prompt_blocks(toks, BLOCK, root)]
         out.append(TraceRequest(timestamp=int(r.arrival_s * 1000), input_length=len(toks),
                                 output_length=r.max_tokens, hash_ids=ids))  # fmt: skip
     return out

@@ -36,6 +36,7 @@ from bench.sim_profile import WorkerProfile
 from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
 from bench.workloads import TraceRequest
+from engine.perf_profile import decode_terms
 from router.routing.router import Router, RouterConfig
 
 
@@ -54,7 +55,8 @@ class DecodeProfile:
         return cls(raw["decode_step_ms"], raw["decode_row_ms"], raw["decode_ctx_ms"])
 
     def step(self, batch: int, mean_context: float) -> float:
-        return self.step_ms + self.row_ms * batch + self.ctx_ms * batch * mean_context / 1000
+        terms = decode_terms(batch, mean_context)  # the fit `baton profile` made
+        return sum(c * x for c, x in zip((self.step_ms, self.row_ms, self.ctx_ms), terms))
 
 
 @dataclass

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from core.config import EngineConfig
 from core.sampling import SamplingParams
-from engine.perf_profile import busy_s, least_squares, prefill_terms
+from engine.perf_profile import least_squares, prefill_terms
 
 
 def fit_fastest(
@@ -81,7 +81,7 @@ def main() -> None:
             after = engine.load().steps
             if k:  # the first round warms the kernels and allocator up
                 sample = (after.steps - before.steps, after.prefill_tokens - before.prefill_tokens)
-                samples.append((*sample, busy_s(after) - busy_s(before)))
+                samples.append((*sample, after.busy_s() - before.busy_s()))
     step_s, token_s, attn_s, best = fit_fastest(samples)
     device = engine.runner.device
     profile = {

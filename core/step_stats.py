@@ -29,5 +29,9 @@ class StepTotals(msgspec.Struct):
     output_s: float = 0.0
     """Detokenising, stop checks and building the deltas."""
 
+    def busy_s(self) -> float:
+        """Seconds spent in steps, every phase (attention is inside forward)."""
+        return self.schedule_s + self.forward_s + self.sample_s + self.output_s
+
     def seconds(self) -> dict[str, float]:
         return {phase: getattr(self, f"{phase}_s") for phase in PHASES}

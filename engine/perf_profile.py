@@ -17,17 +17,11 @@ B running requests of L tokens of context each.
 
 from __future__ import annotations
 
-import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.sampling import SamplingParams
-from core.step_stats import StepTotals
-
-
-def busy_s(t: StepTotals) -> float:
-    """Time spent stepping (attention is inside forward)."""
-    return t.schedule_s + t.forward_s + t.sample_s + t.output_s
 
 
 def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
@@ -68,7 +62,7 @@ def prefill_terms(steps: int, tokens: int, cached: int) -> tuple[float, float, f
     return float(steps), float(tokens), tokens * (cached + tokens / 2) / 1000
 
 
-def decode_terms(batch: int, context: int) -> tuple[float, float, float]:
+def decode_terms(batch: int, context: float) -> tuple[float, float, float]:
     return 1.0, float(batch), batch * context / 1000
 
 
@@ -102,9 +96,8 @@ def measure_prefill(engine, lengths: list[int], repeat: int, rng: random.Random)
                 tokens = after.steps.prefill_tokens - before.steps.prefill_tokens
                 cached = len(prompt) - tokens
                 if k and (not cached_part or cached):
-                    samples.append(
-                        Sample((steps, tokens, cached), busy_s(after.steps) - busy_s(before.steps))
-                    )
+                    busy = after.steps.busy_s() - before.steps.busy_s()
+                    samples.append(Sample((steps, tokens, cached), busy))
     return samples
 
 
@@ -131,40 +124,30 @@ def measure_decode(
             after = engine.load().steps
             done = after.steps - before.steps
             if after.decode_rows - before.decode_rows == batch * done and done:
-                samples.append(Sample((batch, context), (busy_s(after) - busy_s(before)) / done))
+                samples.append(Sample((batch, context), (after.busy_s() - before.busy_s()) / done))
             for rid in ids:
                 engine.abort(rid)
     return samples
 
 
-def fit_prefill(samples: list[Sample]) -> dict[str, float]:
+def _fit(
+    samples: list[Sample], terms: Callable[..., tuple[float, ...]], names: tuple[str, ...]
+) -> dict[str, float]:
+    """The terms' coefficients in ms (under `names`) and the worst relative error of the fit
+    over the fastest sample of each shape."""
     best = fastest(samples)
-    step_s, token_s, attn_s = least_squares(
-        [prefill_terms(*s.shape) for s in best], [s.seconds for s in best]
-    )
+    rows = [terms(*s.shape) for s in best]
+    coeffs = least_squares(rows, [s.seconds for s in best])
     worst = max(
-        abs(t - sum(c * x for c, x in zip((step_s, token_s, attn_s), prefill_terms(*sh)))) / t
-        for sh, t in ((s.shape, s.seconds) for s in best)
+        abs(s.seconds - sum(c * x for c, x in zip(coeffs, row, strict=True))) / s.seconds
+        for s, row in zip(best, rows, strict=True)
     )
-    return {"step_ms": 1000 * step_s, "token_ms": 1000 * token_s, "attn_ms": 1000 * attn_s,
-            "max_fit_error": worst}  # fmt: skip
+    return {**{n: 1000 * c for n, c in zip(names, coeffs, strict=True)}, "max_fit_error": worst}
+
+
+def fit_prefill(samples: list[Sample]) -> dict[str, float]:
+    return _fit(samples, prefill_terms, ("step_ms", "token_ms", "attn_ms"))
 
 
 def fit_decode(samples: list[Sample]) -> dict[str, float]:
-    best = fastest(samples)
-    base, row, ctx = least_squares(
-        [decode_terms(*s.shape) for s in best], [s.seconds for s in best]
-    )
-    worst = max(
-        abs(s.seconds - (base + row * s.shape[0] + ctx * s.shape[0] * s.shape[1] / 1000))
-        / s.seconds
-        for s in best
-    )
-    return {"decode_step_ms": 1000 * base, "decode_row_ms": 1000 * row,
-            "decode_ctx_ms": 1000 * ctx, "max_fit_error": worst}  # fmt: skip
-
-
-def prefill_ms(fit: dict[str, float], tokens: int, cached: int, chunk_tokens: int) -> float:
-    steps = max(1, math.ceil(tokens / chunk_tokens))
-    terms = prefill_terms(steps, tokens, cached)
-    return fit["step_ms"] * terms[0] + fit["token_ms"] * terms[1] + fit["attn_ms"] * terms[2]
+    return _fit(samples, decode_terms, ("decode_step_ms", "decode_row_ms", "decode_ctx_ms"))

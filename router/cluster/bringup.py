@@ -160,5 +160,6 @@ async def start_cluster(
         membership.door_report = lambda: door_report(
             door_id, backend.metrics.slo if backend.metrics else None, backend.waits
         )
+        membership.door_report_every_s = spec.autoscale.interval_s
     await membership.start()
     return Cluster(controller, membership, backend, router, spec)

@@ -54,7 +54,9 @@ class Membership:
         """Called with a worker id when it leaves (the prefill gate fails its waiters)."""
         self.door_report: Callable[[], Any] | None = None
         """This front door's queues and latencies for the controller's autoscaler
-        (autoscale/signals.py door_report), sent with each membership poll when set."""
+        (autoscale/signals.py door_report), sent every `door_report_every_s` when set (the
+        autoscaler's interval: it reads no more often)."""
+        self.door_report_every_s = 1.0
         self._version = -1
         self._prefill_pool_wanted = True
         """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
@@ -159,15 +161,15 @@ class Membership:
         logger.info("router: worker %s left", worker_id)
 
     async def _poll_forever(self) -> None:
-        last_sync = 0.0
+        last_sync = last_report = 0.0
         while True:
             try:
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
                     await self.sync()
                     last_sync = time.monotonic()
-                    if self.door_report is not None:
-                        await self._ask_controller("report_door", "door report",
-                                                   self.door_report())  # fmt: skip
+                if self.door_report and time.monotonic() - last_report > self.door_report_every_s:
+                    await self._ask_controller("report_door", "door report", self.door_report())
+                    last_report = time.monotonic()
                 await self.poll_reports()
             except asyncio.CancelledError:
                 raise

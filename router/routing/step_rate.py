@@ -21,12 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.events import WorkerLoad
-from core.step_stats import StepTotals
-
-
-def busy_seconds(steps: StepTotals) -> float:
-    """Seconds the engine spent in steps, every phase (attention is inside forward)."""
-    return steps.schedule_s + steps.forward_s + steps.sample_s + steps.output_s
 
 
 @dataclass(slots=True)
@@ -49,7 +43,7 @@ class StepRate:
     _cached: int = 0
 
     def update(self, load: WorkerLoad) -> None:
-        busy, tokens = busy_seconds(load.steps), load.steps.prefill_tokens
+        busy, tokens = load.steps.busy_s(), load.steps.prefill_tokens
         prompt = load.num_prompt_tokens
         cached = load.num_cached_prompt_tokens + load.num_pulled_prompt_tokens
         if self._busy_s < 0 or tokens < self._tokens or prompt < self._prompt:

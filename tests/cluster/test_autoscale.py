@@ -79,18 +79,29 @@ def check_exact(model_dir, batch, outs) -> None:  # type: ignore[no-untyped-def]
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), SHORT)
 
 
+def autoscaled(cluster_factory, tiny_model_dir, min_prefill: int):  # type: ignore[no-untyped-def]
+    """(model dir, cluster): 1 prefill + 1 decode worker under `fast_config`."""
+    model_dir = tiny_model_dir("llama")
+    spec = make_spec(model_dir, num_prefill=1, num_decode=1, autoscale=fast_config(min_prefill))
+    return model_dir, cluster_factory(spec, always_disaggregate())
+
+
+def long_burst(cluster, loop_thread, model_dir, seed: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """48 long prompts at once, every output checked exact (nothing lost or changed while the
+    pools moved); returns the prefill pool's desired sizes seen meanwhile."""
+    sizes_seen: list[int] = []
+    batch = prompts(48, 1000, [700, 900, 800], seed=seed)
+    check_exact(model_dir, batch, serve_burst(cluster, loop_thread, batch, sizes_seen))
+    return sizes_seen
+
+
 def test_a_queue_grows_the_prefill_pool_and_calm_drains_it_back(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:
     import ray
 
-    model_dir = tiny_model_dir("llama")
-    spec = make_spec(model_dir, num_prefill=1, num_decode=1, autoscale=fast_config(1))
-    cluster = cluster_factory(spec, always_disaggregate())
-    sizes_seen: list[int] = []
-    batch = prompts(48, 1000, [700, 900, 800], seed=61)
-    outs = serve_burst(cluster, loop_thread, batch, sizes_seen)
-    check_exact(model_dir, batch, outs)  # nothing lost or changed while the pool grew
+    model_dir, cluster = autoscaled(cluster_factory, tiny_model_dir, min_prefill=1)
+    sizes_seen = long_burst(cluster, loop_thread, model_dir, seed=61)
     status = ray.get(cluster.controller.autoscale_status.remote(), timeout=30)
     ups = [d for d in status["history"] if d["pool"] == "prefill" and d["target"] > d["size"]]
     assert ups and max(sizes_seen) == 2, (sizes_seen, status["history"])
@@ -114,13 +125,8 @@ def test_a_queue_grows_the_prefill_pool_and_calm_drains_it_back(
 def test_the_prefill_pool_goes_to_zero_when_idle_and_returns_under_load(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:
-    model_dir = tiny_model_dir("llama")
-    spec = make_spec(model_dir, num_prefill=1, num_decode=1, autoscale=fast_config(0))
-    cluster = cluster_factory(spec, always_disaggregate())
+    model_dir, cluster = autoscaled(cluster_factory, tiny_model_dir, min_prefill=0)
     wait_for(cluster, "prefill", 0)  # idle: decode workers will prefill alone
     loop_thread.run(cluster.membership.sync(), timeout=30)
-    sizes_seen: list[int] = []
-    batch = prompts(48, 1000, [700, 900, 800], seed=63)
-    outs = serve_burst(cluster, loop_thread, batch, sizes_seen)
-    check_exact(model_dir, batch, outs)
+    sizes_seen = long_burst(cluster, loop_thread, model_dir, seed=63)
     assert max(sizes_seen) >= 1, sizes_seen  # the decode queue brought prefill back

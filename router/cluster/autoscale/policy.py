@@ -107,10 +107,14 @@ def _fmt(v: object) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
+def queue_pressure(oldest_wait_s: float, c: AutoscaleConfig) -> float:
+    """A queue's wait against the share of the TTFT budget a queue may take."""
+    return oldest_wait_s / (c.queue_share * c.ttft_slo_s)
+
+
 def pressure(pool: str, s: PoolSignals, c: AutoscaleConfig) -> tuple[float, str]:
     """The pool's pressure and the term that set it."""
-    queue_budget = c.queue_share * c.ttft_slo_s
-    terms = {"queue wait": s.oldest_wait_s / queue_budget, "busy": s.busy / c.busy_target}
+    terms = {"queue wait": queue_pressure(s.oldest_wait_s, c), "busy": s.busy / c.busy_target}
     if pool != WorkerRole.PREFILL:  # decode, or unified (both phases)
         terms["kv usage"] = s.kv_usage / c.kv_target
         if s.itl_p90_s is not None:
@@ -143,7 +147,7 @@ class Autoscaler:
             if pool == WorkerRole.PREFILL and size == 0:
                 # Decode workers prefill themselves: their queue is the TTFT signal.
                 d = signals.get(WorkerRole.DECODE, PoolSignals(ready=0))
-                p, term = d.oldest_wait_s / (c.queue_share * c.ttft_slo_s), "decode queue wait"
+                p, term = queue_pressure(d.oldest_wait_s, c), "decode queue wait"
             target, reason = self._target(pool, size, p, term, now, s.starting > 0)
             if target != size:
                 self._changed_at[pool] = now

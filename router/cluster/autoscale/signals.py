@@ -17,7 +17,6 @@ from typing import Any
 
 from core.events import WorkerLoad
 from core.roles import WorkerRole
-from core.step_stats import StepTotals
 from router.cluster.autoscale.policy import PoolSignals
 
 
@@ -64,11 +63,6 @@ def door_report(door_id: str, slo: Any | None, waits: dict[str, WaitBook]) -> Do
     return DoorReport(door_id, time.time(), ttft, itl, {p: w.stats() for p, w in waits.items()})
 
 
-def _stepping_s(steps: StepTotals) -> float:
-    # attention_s is part of forward_s.
-    return steps.schedule_s + steps.forward_s + steps.sample_s + steps.output_s
-
-
 class SignalCollector:
     def __init__(self, stale_after_s: float = 10.0) -> None:
         self.stale_after_s = stale_after_s
@@ -84,7 +78,7 @@ class SignalCollector:
         self._last[load.worker_id] = load
         if prev is None or load.timestamp <= prev.timestamp:
             return 0.0
-        stepped = _stepping_s(load.steps) - _stepping_s(prev.steps)
+        stepped = load.steps.busy_s() - prev.steps.busy_s()
         return max(0.0, min(1.0, stepped / (load.timestamp - prev.timestamp)))
 
     def pools(
