@@ -139,7 +139,11 @@ class AsyncEngine:
             while True:
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    item = await asyncio.wait_for(s.queue.get(), remaining)
+                    # Not asyncio.wait_for: on 3.11 it returns the item when a cancellation
+                    # lands as the item arrives, the cancellation lost (a client that hung
+                    # up then kept the request generating; cpython gh-86296).
+                    async with asyncio.timeout(remaining):
+                        item = await s.queue.get()
                 except TimeoutError as e:
                     raise DeadlineExceededError(
                         f"request {request_id} passed its deadline of {timeout_s} s"

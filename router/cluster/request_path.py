@@ -327,7 +327,8 @@ class _Attempt:
     async def _stream(self) -> AsyncIterator[OutputDelta]:
         assert self.queue is not None
         while True:
-            item = await asyncio.wait_for(self.queue.get(), self._left())
+            async with asyncio.timeout(self._left()):  # not wait_for: see AsyncEngine.stream
+                item = await self.queue.get()
             if isinstance(item, BaseException):
                 raise item
             self.finished = item.finished

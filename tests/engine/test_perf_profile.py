@@ -43,7 +43,9 @@ def test_baton_profile_measures_the_engine_and_writes_a_profile(tiny_model_dir, 
     assert {(s["batch"], s["context"]) for s in decode} == {
         (b, c) for b in (1, 3, 8) for c in (32, 96)
     }
-    assert profile["token_ms"] > 0 and min(profile["decode"].values()) >= 0
+    # Fitted costs are never negative (a loaded machine can make a term's best fit 0).
+    assert min(profile[k] for k in ("step_ms", "token_ms", "attn_ms")) >= 0
+    assert min(profile["decode"].values()) >= 0
     assert profile["kv_bytes_per_token"] > 0 and profile["transfer_gbps"] == 0.0
     # The router simulator reads it as is.
     from bench.sim_profile import WorkerProfile
