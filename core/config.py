@@ -34,6 +34,8 @@ class EngineConfig:
     """The engine's role; a decode worker's engine runs `unified` (it may prefill too)."""
     dtype: str = "auto"
     """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
+    quantization: str | None = None
+    """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py)."""
     device: str = "auto"
     attention_backend: str = "auto"
     """torch | triton | auto (triton on CUDA, torch on CPU; BATON_ATTENTION forces one)."""
@@ -60,5 +62,7 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be int8 or None, got {self.quantization!r}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

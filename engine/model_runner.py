@@ -25,7 +25,7 @@ from engine.kv_cache import sizing
 from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
 from engine.kv_connector import LayerHook, layer_written
-from engine.layers import cpu_gemm
+from engine.layers import cpu_gemm, quant
 from engine.memory_profile import CudaMemory, DeviceMemory, measure_device_usage
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
@@ -95,6 +95,9 @@ class ModelRunner:
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         self.model.load_weights(iter_weights(model_config.model_dir))
         self.model.eval()
+        if config.quantization:
+            count = quant.quantize_model(self.model, config.quantization)
+            logger.info("%d linear layers quantized to %s", count, config.quantization)
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
         logger.info(

@@ -38,3 +38,41 @@ def hf_prompt_logprobs(model_dir: str, prompt: tuple[int, ...]) -> Any:
     with torch.no_grad():
         logits = _hf_model(model_dir)(torch.tensor([prompt])).logits[0, :-1].float()
     return torch.log_softmax(logits, dim=-1)
+
+
+def write_fake_quantized(model_dir: str, out_dir: str) -> str:
+    """A copy of the checkpoint whose linear layers their INT8-quantized values in float
+    and LM head hold their INT8-quantized values in float (W := wq * scale, the scheme of
+    engine/layers/quant.py): transformers on it is the oracle of the engine's
+    `quantization="int8"`. A tied head gets its own copy; embedding and norms are unchanged."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.layers.quant import quantize_weight
+
+    src, dst = Path(model_dir), Path(out_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and path.suffix != ".safetensors":
+            shutil.copy(path, dst / path.name)
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    tied = bool(config.get("tie_word_embeddings"))
+    if tied:  # untie in the copy: the head's int8 values differ from the embedding's rows
+        config["tie_word_embeddings"] = False
+        (dst / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    assert not (src / "model.safetensors.index.json").exists(), "one-file checkpoints only"
+    for path in src.glob("*.safetensors"):
+        tensors = load_file(str(path))
+        if tied:
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        for name, t in tensors.items():
+            if name == "lm_head.weight" or (
+                name.startswith("model.layers.") and name.endswith("_proj.weight")
+            ):
+                wq, scale = quantize_weight(t)
+                tensors[name] = (wq.float() * scale[:, None]).to(t.dtype)
+        save_file(tensors, str(dst / path.name), metadata={"format": "pt"})
+    return str(dst)

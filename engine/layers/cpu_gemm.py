@@ -69,7 +69,8 @@ def enable(model: nn.Module) -> int:
     """Route every layer with a `use_cpu_gemm` flag through `linear`; returns how many."""
     count = 0
     for module in model.modules():
-        if hasattr(module, "use_cpu_gemm") and getattr(module, "weight", None) is not None:
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "use_cpu_gemm") and weight is not None and weight.is_floating_point():
             if not module.weight.is_contiguous():
                 module.weight.data = module.weight.data.contiguous()
             module.use_cpu_gemm = True

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.checkpoint import copy_into
-from engine.layers import cpu_gemm
+from engine.layers import cpu_gemm, quant
 from engine.parallel import SINGLE, TPGroup
 
 
@@ -68,12 +68,17 @@ class ParallelLMHead(VocabParallelEmbedding):
 
         self.use_cpu_gemm = False
         """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
+        self.register_buffer("weight_scale", None)
+        """Per-row scales once quantized (engine/layers/quant.py); a tied head then holds an
+        int8 copy and the embedding keeps its float rows."""
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if self.use_cpu_gemm:
+        if self.weight_scale is not None:
+            logits = quant.int8_linear(hidden, self.weight, self.weight_scale, None)
+        elif self.use_cpu_gemm:
             logits = cpu_gemm.linear(hidden, self.weight, None)
         else:
             logits = F.linear(hidden, self.weight)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.checkpoint import copy_into
-from engine.layers import cpu_gemm
+from engine.layers import cpu_gemm, quant
 from engine.parallel import SINGLE, TPGroup, divide
 
 WeightLoader = Callable[..., None]
@@ -80,6 +80,9 @@ class _ShardedLinear(nn.Module):
         self._set_loaders(self._load_slice, default_weight_loader if self.split_dim else None)
         self.use_cpu_gemm = False
         """Route the GEMM through engine/layers/cpu_gemm.py (set after loading, CPU fp32)."""
+        self.register_buffer("weight_scale", None)
+        """Per-output-channel scales once quantized (engine/layers/quant.py): the weight is
+        then int8."""
 
     def _set_loaders(self, weight: WeightLoader, bias: WeightLoader | None = None) -> None:
         """`bias` defaults to the weight's loader (output-sharded biases are cut alike)."""
@@ -93,6 +96,8 @@ class _ShardedLinear(nn.Module):
         _copy_shard(what, param.data, loaded, self.split_dim, start, self.per_rank)
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.weight_scale is not None:
+            return quant.int8_linear(x, self.weight, self.weight_scale, bias)
         if self.use_cpu_gemm:
             return cpu_gemm.linear(x, self.weight, bias)
         return F.linear(x, self.weight, bias)

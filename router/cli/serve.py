@@ -46,6 +46,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
+        quantization=args.quantization,
         tp_size=args.tp,
         cuda_graphs=args.cuda_graphs,
     )

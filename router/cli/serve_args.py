@@ -73,6 +73,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every worker")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
+    p.add_argument(
+        "--quantization",
+        choices=["int8"],
+        default=None,
+        help="int8: INT8 weight-only linear layers, quantized on load (a quarter of fp32's "
+        "weight bytes per decode step; embedding and LM head stay in --dtype)",
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (CPU)")
     p.add_argument(
         "--kv-cache-gb",

@@ -47,6 +47,27 @@ def test_greedy_matches_transformers(
     assert cluster.backend.transfers.prefill_on_decode == 0
 
 
+def test_int8_weights_through_the_disaggregated_path(
+    cluster_factory, loop_thread, tiny_model_dir, tmp_path
+) -> None:
+    from core.config import EngineConfig
+
+    model_dir = tiny_model_dir("llama")
+    reference = oracle.write_fake_quantized(str(model_dir), str(tmp_path / "fake-int8"))
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, quantization="int8")
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    batch = prompts(4, 1000, [7, 60, 150, 25], seed=11)
+
+    async def run() -> list:
+        return await asyncio.gather(
+            *(collect(cluster.backend, f"q{i}", p, GREEDY) for i, p in enumerate(batch))
+        )
+
+    for p, out in zip(batch, loop_thread.run(run()), strict=True):
+        assert out.token_ids == oracle.hf_greedy(reference, tuple(p), MAX_TOKENS)
+    assert cluster.backend.transfers.num_transfers == len(batch)
+
+
 def test_unified_mode_and_conditional_disaggregation(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:

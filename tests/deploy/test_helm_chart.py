@@ -273,6 +273,14 @@ def test_cuda_graphs_value_reaches_the_engine_config(cuda_graphs: bool) -> None:
     assert build_spec(args, args.model).engine.cuda_graphs is cuda_graphs
 
 
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_quantization_value_reaches_the_engine_config(quantization: str | None) -> None:
+    from router.cli.serve import build_spec
+
+    args, _ = _head_serve(render({"serve": {"quantization": quantization}}))
+    assert build_spec(args, args.model).engine.quantization == quantization
+
+
 def test_limits_values_reach_the_door_limits() -> None:
     from router.cli.serve_args import door_limits
     from router.frontdoor.limits import DoorLimits

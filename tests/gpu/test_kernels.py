@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
+from engine.kernels.int8_linear import int8_linear, int8_linear_ref
 from engine.kernels.prefill_attention import (
     PrefillLayout,
     paged_prefill_attention,
@@ -157,3 +158,20 @@ def test_rotary(hq: int, hk: int, dim: int, scaling, neox: bool, dtype: torch.dt
     torch.testing.assert_close(got_q, want_q, **ELEMENTWISE_TOLERANCE[dtype])
     torch.testing.assert_close(got_k, want_k, **ELEMENTWISE_TOLERANCE[dtype])
     assert torch.equal(qkv[:, (hq + hk) * dim :], untouched), "v was written"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 16, 100, 1000])
+def test_int8_linear(dtype: torch.dtype, rows: int) -> None:
+    from engine.layers.quant import quantize_weight
+
+    gen = torch.Generator().manual_seed(rows)
+    wq, scale = quantize_weight(torch.randn(2048, 1024, generator=gen))
+    x = torch.randn(rows, 1024, generator=gen).to(CUDA, dtype)
+    bias = torch.randn(2048, generator=gen).to(CUDA, dtype)
+    wq, scale = wq.to(CUDA), scale.to(CUDA)
+    got = int8_linear(x, wq, scale, bias).float()
+    want = int8_linear_ref(x, wq, scale, bias).float()
+    # Sums of 1,024 products of O(1) values x O(100) weights: relative to the largest output.
+    err = (got - want).abs().max() / want.abs().max()
+    assert float(err) < ATTENTION_TOLERANCE[dtype]

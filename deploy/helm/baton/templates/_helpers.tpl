@@ -207,6 +207,10 @@ in the RayCluster object.
 - {{ include "baton.device" . | quote }}
 - --dtype
 - {{ .Values.serve.dtype | quote }}
+{{- if .Values.serve.quantization }}
+- --quantization
+- {{ .Values.serve.quantization | quote }}
+{{- end }}
 - --threads
 - {{ .Values.serve.threads | quote }}
 {{- if .Values.serve.kvCacheGb }}

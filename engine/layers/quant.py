@@ -1,0 +1,87 @@
+"""INT8 weight-only quantization of the linear layers (`--quantization int8`).
+
+Each linear layer's weight W [N, K] becomes int8 `wq` with one float32 scale per output
+channel, symmetric: scale[n] = max_k |W[n, k]| / 127, wq = round(W / scale). Activations stay
+in the model's dtype; the GEMM reads a quarter of fp32's weight bytes (half of bf16's), which
+at decode sizes is most of a step's time. The checkpoint is quantized on load, after the
+weight loaders have put each TP rank's shard in place, so each rank quantizes its own shard
+(a row-parallel shard's scales are over its slice of K: the same per-channel scheme).
+
+The LM head is quantized too (at batch 1 it is a fifth of the 125M preset's weight bytes;
+on the trained checkpoint it moved perplexity by less than the layers did, docs/performance.md);
+a tied head gets its own int8 copy, so the embedding keeps its float rows. What stays in
+full precision: the embedding (a lookup reads one row per token) and the norms.
+
+Kernels: on CPU float32 engine/cpu_kernels/int8_gemm.cpp for up to `CPU_KERNEL_MAX_ROWS`
+rows (the 125M preset's layers, 2 threads, AVX2: 4.1 / 8.4 / 18 / 70 / 142 / 245 ms against
+float32's 13 / 16 / 26 / 75 / 143 / 239 ms at 1 / 4 / 16 / 64 / 128 / 192 rows); above it the
+weight is widened to float32 for one MKL GEMM (prefill chunks: the widening is small beside
+M x N x K, and MKL's blocking wins from ~300 rows). On CUDA the Triton kernel in
+engine/kernels/int8_linear.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+METHODS = ("int8",)
+CPU_KERNEL_MAX_ROWS = 256
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(wq int8 [N, K], scale float32 [N]) with W ~= wq * scale[:, None]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    wq = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return wq.contiguous(), scale.contiguous()
+
+
+def quantize_model(model: nn.Module, method: str) -> int:
+    """Quantizes every layer that has a `weight_scale` slot; returns how many."""
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization {method!r}; choose from {', '.join(METHODS)}")
+    count = 0
+    for module in model.modules():
+        if "weight_scale" in getattr(module, "_buffers", {}) and module.weight_scale is None:
+            wq, scale = quantize_weight(module.weight)
+            module.weight = nn.Parameter(wq, requires_grad=False)
+            module.weight_scale = scale
+            count += 1
+    return count
+
+
+@functools.cache
+def _cpu_kernel() -> Any | None:
+    from engine import cpu_kernels
+
+    module = cpu_kernels.load("int8_gemm")
+    return module if module is not None and module.available else None
+
+
+def int8_linear(
+    x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """x @ (wq * scale[:, None]).T + bias for `x` of any leading shape."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    x2 = x.reshape(rows, k)
+    if x.is_cuda:
+        from engine.kernels.int8_linear import int8_linear as triton_int8_linear
+
+        y = triton_int8_linear(x2.contiguous(), wq, scale, bias)
+    elif (
+        x.dtype == torch.float32
+        and rows <= CPU_KERNEL_MAX_ROWS
+        and k % 8 == 0
+        and _cpu_kernel() is not None
+    ):
+        y = _cpu_kernel().int8_linear(x2.contiguous(), wq, scale, bias)
+    else:
+        w = (wq.to(torch.float32) * scale[:, None]).to(x.dtype)
+        y = F.linear(x2, w, bias)
+    return y.view(*x.shape[:-1], wq.shape[0])

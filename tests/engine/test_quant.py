@@ -1,0 +1,104 @@
+"""INT8 weight-only quantization: the scheme, the CPU and Triton kernels against a torch
+reference, and the engine's greedy output against transformers on the same quantized
+weights (tests/oracle.py writes them as a float checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from core.sampling import SamplingParams
+from engine.layers import quant
+from engine.llm import LLM
+from tests import oracle
+
+
+def _dequantized(wq: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return wq.float() * scale[:, None]
+
+
+def test_quantization_is_symmetric_per_channel_within_half_a_step() -> None:
+    w = torch.randn(37, 64) * torch.linspace(0.01, 3.0, 37)[:, None]
+    wq, scale = quant.quantize_weight(w)
+    assert wq.dtype == torch.int8 and scale.shape == (37,)
+    assert int(wq.abs().max()) == 127  # each row's largest weight maps to +-127
+    err = (w - _dequantized(wq, scale)).abs()
+    assert bool((err <= scale[:, None] / 2 + 1e-6).all())
+
+
+# One row takes the kernel's batch-1 path (32 weights a load, then an 8-wide tail: K=72),
+# 3 and 7 its row tiles and their remainder, 301 the float fallback.
+@pytest.mark.parametrize("rows", [1, 3, 7, 200, 301])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_int8_linear_matches_the_dequantized_gemm(rows: int, with_bias: bool) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    wq, scale = quant.quantize_weight(torch.randn(50, 72, generator=gen))  # 50: not 3k rows
+    x = torch.randn(rows, 72, generator=gen)
+    bias = torch.randn(50, generator=gen) if with_bias else None
+    got = quant.int8_linear(x, wq, scale, bias)
+    want = F.linear(x, _dequantized(wq, scale), bias)
+    assert got.shape == (rows, 50)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_cpu_kernel_is_built_here() -> None:
+    # Without it every INT8 GEMM would take the widening fallback and be slower than fp32.
+    assert quant._cpu_kernel() is not None
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_int8_linear_matches_its_reference(rows: int, dtype: torch.dtype) -> None:
+    from engine.kernels.int8_linear import int8_linear, int8_linear_ref
+
+    gen = torch.Generator().manual_seed(rows)
+    wq, scale = quant.quantize_weight(torch.randn(80, 96, generator=gen))
+    x = torch.randn(rows, 96, generator=gen).to(dtype)
+    bias = torch.randn(80, generator=gen).to(dtype)
+    got = int8_linear(x, wq, scale, bias)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, int8_linear_ref(x, wq, scale, bias), rtol=tol, atol=tol)
+
+
+def test_triton_int8_linear_names_a_bad_argument() -> None:
+    from engine.kernels.int8_linear import int8_linear
+
+    wq, scale = quant.quantize_weight(torch.randn(8, 32))
+    with pytest.raises(ValueError, match="wq"):
+        int8_linear(torch.randn(2, 32), wq.float(), scale)
+    with pytest.raises(ValueError, match="scale"):
+        int8_linear(torch.randn(2, 32), wq, scale[:4])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: a tied head
+def test_linear_layers_and_head_hold_int8_and_the_embedding_stays_float(
+    tiny_model_dir, arch: str
+) -> None:
+    model = LLM(tiny_model_dir(arch), quantization="int8").engine.runner.model
+    layer = model.model.layers[0]
+    for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
+        assert proj.weight.dtype == torch.int8 and proj.weight_scale.dtype == torch.float32
+    assert model.lm_head.weight.dtype == torch.int8
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_matches_transformers_on_the_quantized_weights(
+    tiny_model_dir, tmp_path, arch: str
+) -> None:
+    model_dir = tiny_model_dir(arch)
+    reference = oracle.write_fake_quantized(str(model_dir), str(tmp_path / "fake-int8"))
+    llm = LLM(model_dir, quantization="int8", num_kv_blocks=128, max_num_batched_tokens=64)
+    prompts = [[5, 9, 13, 200, 7], list(range(30, 130)), [11] * 40]  # 100 tokens: chunked
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    outs = llm.generate(prompts, params)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert list(out.token_ids) == oracle.hf_greedy(reference, tuple(prompt), 16)
+
+
+def test_an_unknown_quantization_is_refused() -> None:
+    from core.config import EngineConfig
+
+    with pytest.raises(ValueError, match="quantization"):
+        EngineConfig(quantization="int4")
