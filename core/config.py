@@ -34,6 +34,10 @@ class EngineConfig:
     """The engine's role; a decode worker's engine runs `unified` (it may prefill too)."""
     dtype: str = "auto"
     """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
+    speculative: str | None = None
+    """"ngram": speculative decoding by prompt lookup (engine/spec); None: off."""
+    num_speculative_tokens: int = 4
+    """Drafts per speculating request per step."""
     quantization: str | None = None
     """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py)."""
     device: str = "auto"
@@ -61,6 +65,12 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.speculative not in (None, "ngram"):
+            raise ValueError(f"speculative must be ngram or None, got {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
             )
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be int8 or None, got {self.quantization!r}")

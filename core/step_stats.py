@@ -28,6 +28,10 @@ class StepTotals(msgspec.Struct):
     """LM head, logits processing and sampling."""
     output_s: float = 0.0
     """Detokenising, stop checks and building the deltas."""
+    draft_tokens: int = 0
+    """Speculative tokens verified (engine/spec); not in decode_rows or prefill_tokens."""
+    accepted_tokens: int = 0
+    """Of those, accepted: tokens a step emitted beyond its one per request."""
 
     def busy_s(self) -> float:
         """Seconds spent in steps, every phase (attention is inside forward)."""

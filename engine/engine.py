@@ -46,6 +46,7 @@ from engine.request import Request, RequestStatus
 from engine.resume import restore
 from engine.sampler import make_generator
 from engine.scheduler import Scheduler
+from engine.spec import speculator_for
 from engine.stop_checker import StopChecker
 from engine.tokenizer import Tokenizer
 
@@ -106,13 +107,13 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config, self.kv)
         limits = [self.model_config.max_position_embeddings, num_blocks * config.block_size]
         if config.max_model_len:
             limits.append(config.max_model_len)
         if self.model_config.sliding_window:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
+        self.scheduler = Scheduler(config, self.kv, speculator_for(config, self.max_model_len))
         self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
@@ -222,14 +223,13 @@ class LLMEngine:
             ]
             hook = self.kv_connector.begin_step(completing)
         sampled = self.runner.execute(batch, self.kv, hook, totals)
-        for req, n in batch.items:
-            req.num_computed_tokens += n
-            if n == 1:
-                totals.decode_rows += 1
-            else:
-                totals.prefill_tokens += n
+        batch.mark_computed(totals)
+        if self.scheduler.speculator is not None:
+            sampled = self.scheduler.speculator.accept(sampled, totals)
         processing = time.perf_counter()
-        outputs = [self._process(s) for s in sampled]
+        # A request can finish at any of its tokens; what it sampled past that is dropped.
+        done = RequestStatus.FINISHED
+        outputs = [self._process(s) for s in sampled if s.request.status != done]
         totals.output_s += time.perf_counter() - processing
         if self.kv_connector is not None:
             self.kv_connector.end_step()

@@ -45,21 +45,34 @@ class SampledToken:
     logprob: TokenLogprob | None
 
 
-def _positioned(req: Request) -> torch.Generator | None:
-    """A seeded request's generator, set for the output position it samples now."""
+def _positioned(req: Request, ahead: int = 0) -> torch.Generator | None:
+    """A seeded request's generator, set for the output position it samples now (`ahead`
+    drafts later: a generator of its own, since one step draws at several positions)."""
     if req.generator is None or req.params.seed is None:
         return req.generator
-    return at_position(req.generator, req.params.seed, len(req.output_token_ids))
+    generator = req.generator if ahead == 0 else torch.Generator(device=req.generator.device)
+    return at_position(generator, req.params.seed, len(req.output_token_ids) + ahead)
 
 
-def _bias(req: Request) -> TokenBias | None:
+def _bias(req: Request, ahead: int = 0) -> TokenBias | None:
     """The request's logit_bias, plus its stop tokens banned before min_tokens. A grammar
     row is not banned: where its grammar is complete only a stop token may follow, so the
     grammar decides (min_tokens does not hold under a constraint)."""
     banned: frozenset[int] = frozenset()
     if req.stop_checker is not None and req.grammar is None:
-        banned = req.stop_checker.banned_token_ids(len(req.output_token_ids))
+        banned = req.stop_checker.banned_token_ids(len(req.output_token_ids) + ahead)
     return row_bias(req.params.logit_bias, banned)
+
+
+def _row(req: Request, ahead: int) -> SamplingRow:
+    """The sampler's row for `req`'s token `ahead` drafts past its last one: sampled as if
+    those drafts were its output (engine/spec/speculator.py)."""
+    output = req.output_token_ids
+    if ahead:
+        output = [*output, *req.draft_token_ids[:ahead]]
+    return SamplingRow(
+        req.params, req.prompt_token_ids, output, _positioned(req, ahead), _bias(req, ahead)
+    )
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
@@ -182,17 +195,14 @@ class ModelRunner:
         if not to_sample:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
-        rows = [
-            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids, _positioned(r), _bias(r))
-            for r in to_sample
-        ]
-        mask = token_mask([r.grammar for r in to_sample], self.sampler.vocab_size)
+        rows = [_row(r, ahead) for r, ahead in to_sample]
+        mask = token_mask([r.grammar for r, _ in to_sample], self.sampler.vocab_size)
         out = self.sampler(logits, rows, mask)
         if totals is not None:
             totals.sample_s += time.perf_counter() - forwarded
         return [
             SampledToken(r, t, lp)
-            for r, t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
+            for (r, _), t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
         ]
 
     def plan_decode_graphs(self, capturer: GraphCapturer | None = None) -> int:
@@ -242,7 +252,12 @@ class ModelRunner:
         batch: ScheduledBatch,
         kv: KVCacheManager,
         layer_done: LayerHook | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]] | None:
+    ) -> (
+        tuple[
+            torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[tuple[Request, int]]
+        ]
+        | None
+    ):
         if not batch.items:
             return None
         bs = self.block_size
@@ -254,25 +269,33 @@ class ModelRunner:
         decode_lens: list[int] = []
         prefills: list[PrefillChunk] = []
         logits_idx: list[int] = []
-        to_sample: list[Request] = []
+        to_sample: list[tuple[Request, int]] = []
+        """(request, drafts ahead of its last token): every position a request samples."""
         t = 0
         for req, n in batch.items:
             start, end = req.num_computed_tokens, req.num_computed_tokens + n
             block_ids = kv.block_ids(req.request_id)
-            input_ids.extend(req.all_token_ids[start:end])
+            drafts = req.draft_token_ids
+            input_ids.extend(req.all_token_ids[start : end - len(drafts)])
+            input_ids.extend(drafts)
             positions.extend(range(start, end))
             slot_blocks.extend(block_ids[p // bs] for p in range(start, end))
-            used = block_ids[: cdiv(end, bs)]
-            if n == 1:
-                decode_tables.append(used)
-                decode_lens.append(end)
+            if n == 1 or drafts:
+                # A speculating request is a decode row per position, each seeing the
+                # context up to itself (the step writes all its K/V before attention reads):
+                # the decode kernels (and graphs), not the prefill path, verify drafts.
+                for seq_len in range(start + 1, end + 1):
+                    decode_tables.append(block_ids[: cdiv(seq_len, bs)])
+                    decode_lens.append(seq_len)
             else:
-                block_tensor = torch.tensor(used, dtype=torch.long, device=dev)
+                block_tensor = torch.tensor(
+                    block_ids[: cdiv(end, bs)], dtype=torch.long, device=dev
+                )
                 prefills.append(PrefillChunk(t, n, end, block_tensor))
             t += n
-            if end == req.num_tokens:
-                logits_idx.append(t - 1)
-                to_sample.append(req)
+            if end == req.num_tokens + len(drafts):
+                logits_idx.extend(range(t - 1 - len(drafts), t))
+                to_sample.extend((req, ahead) for ahead in range(len(drafts) + 1))
         width = max((len(b) for b in decode_tables), default=0)
         table = [b + [0] * (width - len(b)) for b in decode_tables]
         pos = torch.tensor(positions, dtype=torch.long, device=dev)

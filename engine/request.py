@@ -60,6 +60,11 @@ class Request:
     num_sent_chars: int = 0
     """How much of the detokenizer's text the outputs have carried so far (text that may
     still turn out to be part of a stop string is held back)."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """This step's speculative guesses (engine/spec): computed after the last token, not
+    yet part of `all_token_ids`."""
+    spec_stats: Any = None
+    """`engine.spec.SpecStats` once the request has speculated."""
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -12,9 +12,11 @@ Each step spends a token budget (`max_num_batched_tokens`):
      The queue is FIFO: if the head does not fit, nothing behind it jumps ahead.
 
 A request whose tokens are all computed after this step gets a sampled token; a request that
-got only part of its prompt (a chunk) does not. A decode-role request whose prompt KV is in
-flight is not in these queues at all: the engine holds it until the KV lands, then
-`admit_transferred` puts it straight into the running batch.
+got only part of its prompt (a chunk) does not. With speculation on, a running request about
+to decode may ask for 1 + k tokens instead: its drafts (engine/spec/speculator.py). A
+decode-role request whose prompt KV is in flight is not in these queues at all: the engine
+holds it until the KV lands, then `admit_transferred` puts it straight into the running
+batch.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
+from core.step_stats import StepTotals
 from engine.kv_cache.manager import KVCacheManager
 from engine.request import Request, RequestStatus
+from engine.spec import Speculator
 
 
 @dataclass
 class ScheduledBatch:
-    """What to run this step: (request, number of new tokens) pairs, decodes (1 token)
-    first, then chunks, so the runner lays the batch out as the attention backend expects."""
+    """What to run this step: (request, number of new tokens) pairs, decodes (1 token, or
+    1 + drafts) first, then chunks, so the runner lays the batch out as the attention
+    backend expects."""
 
     items: list[tuple[Request, int]] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
@@ -40,14 +45,28 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(n for _, n in self.items)
 
+    def mark_computed(self, totals: StepTotals) -> None:
+        """After the step ran: its real tokens have KV (drafts count once accepted,
+        engine/spec), and the step's decode rows and prefill tokens go into `totals`."""
+        for req, n in self.items:
+            real = n - len(req.draft_token_ids)
+            req.num_computed_tokens += real
+            if real == 1:
+                totals.decode_rows += 1
+            else:
+                totals.prefill_tokens += n
+
     def __bool__(self) -> bool:
         return bool(self.items)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, kv: KVCacheManager, speculator: Speculator | None = None
+    ) -> None:
         self.config = config
         self.kv = kv
+        self.speculator = speculator
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -66,6 +85,8 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            drafts = self._drafts(req, num_new, budget)
+            num_new += len(drafts)
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -73,7 +94,9 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                self.kv.cache_computed_blocks(req, req.num_computed_tokens + num_new)
+                real = req.num_computed_tokens + num_new - len(drafts)
+                self.kv.cache_computed_blocks(req, real)  # real tokens only: drafts may fail
+                req.draft_token_ids = drafts
                 scheduled.append((req, num_new))
                 budget -= num_new
                 i += 1
@@ -99,11 +122,26 @@ class Scheduler:
             scheduled.append((req, num_new))
             budget -= num_new
 
-        scheduled.sort(key=lambda item: item[1] != 1)  # decodes first, stable otherwise
+        # Decodes (speculating ones too: a decode row per position) first, stable otherwise.
+        scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
         batch.items = scheduled
         return batch
 
+    def _drafts(self, req: Request, num_new: int, budget: int) -> list[int]:
+        """Speculative tokens for a request about to decode one token (engine/spec). None
+        unless the free blocks hold them with one block to spare per running request:
+        drafts must not push a real token out (a preemption)."""
+        req.draft_token_ids = []
+        if self.speculator is None or num_new != 1:
+            return []
+        drafts = self.speculator.propose(req, budget, len(self.running))
+        need = self.kv.num_blocks_needed(req, 1 + len(drafts), 0) if drafts else 0
+        if need and self.kv.pool.num_free_blocks - need < len(self.running):
+            return []
+        return drafts
+
     def _preempt(self, req: Request) -> None:
+        req.draft_token_ids = []
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1

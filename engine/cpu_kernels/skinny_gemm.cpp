@@ -56,7 +56,14 @@ inline void strip(const float* x, int64_t M, const float* w, int64_t K, const fl
                   float* y, int64_t ldy) {
   int64_t m = 0;
   for (; m + MR <= M; m += MR) tile<MR, NR_>(x + m * K, w, K, bias, y + m * ldy, ldy);
-  for (; m < M; ++m) tile<1, NR_>(x + m * K, w, K, bias, y + m * ldy, ldy);
+  // The rest in one tile too (not a pass over the strip per row): a batch of 5-7 rows,
+  // or a speculating request's 1 + k positions, costs one extra pass, not up to three.
+  switch (M - m) {
+    case 3: tile<3, NR_>(x + m * K, w, K, bias, y + m * ldy, ldy); break;
+    case 2: tile<2, NR_>(x + m * K, w, K, bias, y + m * ldy, ldy); break;
+    case 1: tile<1, NR_>(x + m * K, w, K, bias, y + m * ldy, ldy); break;
+    default: break;
+  }
 }
 
 }  // namespace

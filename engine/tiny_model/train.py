@@ -4,11 +4,13 @@ Random weights are fine for token-exactness but say nothing about quantization e
 speculative acceptance. This trains the `trained` preset (or `draft`, a smaller model with
 the same tokenizer) on text every machine with Python already has: the standard library's
 top-level modules, 9 in 10 of them (by a hash of the file name); the tenth is held out
-(`heldout_text`) for perplexity. A fixed number of AdamW steps on two cores takes a few
-minutes; the folder records its recipe in `training.json`, and a folder that already holds
-the same recipe is kept as it is (the cache: `trained_checkpoint` keeps one per recipe under
-~/.cache/baton/trained). The output is the same real Hugging Face folder make_tiny_model
-writes, with trained weights in place of random ones.
+(`heldout_text`) for perplexity; a quarter of the training rows are a span repeated
+(`COPY_EVERY`), so the model learns to copy from its context. A fixed number of AdamW
+steps on two cores takes a few minutes; the folder records its recipe in `training.json`,
+and a folder that already holds the same recipe is kept as it is (the cache:
+`trained_checkpoint` keeps one per recipe under ~/.cache/baton/trained). The output is the
+same real Hugging Face folder make_tiny_model writes, with trained weights in place of
+random ones.
 
 Why transformers for the training loop: the engine has no backward pass, and the oracle
 model is the one the engine must agree with anyway.
@@ -35,12 +37,16 @@ from engine.tiny_model.weights import parameter_shapes, write_json, write_safete
 
 logger = logging.getLogger(__name__)
 
-RECIPE = "baton-train-v1"  # change when the recipe changes: cached models then miss
+RECIPE = "baton-train-v2"  # change when the recipe changes: cached models then miss
 DEFAULT_STEPS = 300
 SEQ_LEN = 256
 BATCH = 16
 PEAK_LR = 3e-3
 WARMUP_STEPS = 20
+COPY_EVERY = 4
+"""One training row in COPY_EVERY is a span followed by itself: a model this small learns
+to copy from its context (induction) only slowly from code alone, and copying is what
+prompt-lookup speculation and editing workloads exercise."""
 _HELDOUT_ONE_IN = 10
 _STAMP = "training.json"
 
@@ -74,6 +80,7 @@ def recipe(preset: str, steps: int, seed: int) -> dict[str, Any]:
         "seq_len": SEQ_LEN,
         "batch": BATCH,
         "peak_lr": PEAK_LR,
+        "copy_every": COPY_EVERY,
         "python": sys.version.split()[0],
         "corpus_files": len(files),
         "corpus_names": corpus,
@@ -131,7 +138,7 @@ def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int, seed: int) -> 
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps)
         starts = torch.randint(0, ids.numel() - SEQ_LEN - 1, (BATCH,), generator=gen)
-        batch = torch.stack([ids[s : s + SEQ_LEN] for s in starts.tolist()])
+        batch = torch.stack([_row(ids, s, r) for r, s in enumerate(starts.tolist())])
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -144,6 +151,13 @@ def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int, seed: int) -> 
             logger.info("train step %d/%d loss %.3f (%.0f s)", step + 1, steps, smooth, elapsed)
     model.eval()
     return smooth
+
+
+def _row(ids: torch.Tensor, start: int, index: int) -> torch.Tensor:
+    if index % COPY_EVERY:
+        return ids[start : start + SEQ_LEN]
+    half = ids[start : start + SEQ_LEN // 2]
+    return torch.cat([half, half])
 
 
 def cache_root() -> Path:

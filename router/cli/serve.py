@@ -47,6 +47,8 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
         quantization=args.quantization,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
         tp_size=args.tp,
         cuda_graphs=args.cuda_graphs,
     )

@@ -80,6 +80,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="int8: INT8 weight-only linear layers, quantized on load (a quarter of fp32's "
         "weight bytes per decode step; embedding and LM head stay in --dtype)",
     )
+    p.add_argument(
+        "--speculative",
+        choices=["ngram"],
+        default=None,
+        help="ngram: speculative decoding by prompt lookup on the decode workers (output "
+        "unchanged; faster where answers repeat the prompt)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="drafts per request per step"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (CPU)")
     p.add_argument(
         "--kv-cache-gb",

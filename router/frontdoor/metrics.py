@@ -38,6 +38,15 @@ _EXEMPLAR_ID_LEN = 100
 OUTCOMES = ("success", "invalid", "overloaded", "deadline", "failed", "cancelled")
 
 
+STEP_TOKEN_KINDS = (
+    ("decode", "decode_rows"),
+    ("prefill", "prefill_tokens"),
+    ("draft", "draft_tokens"),
+    ("draft_accepted", "accepted_tokens"),
+)
+"""`baton:worker_step_tokens_total{kind}` and the StepTotals field each counts."""
+
+
 @dataclass(frozen=True)
 class RequestRecord:
     """One finished (or failed) request, as the front door saw it."""
@@ -206,7 +215,7 @@ class Metrics:
             return max(0.0, steps.get(key, 0) - last.get(key, 0))
 
         self.worker_steps.labels(worker=worker_id).inc(grown("steps"))
-        for kind, key in (("decode", "decode_rows"), ("prefill", "prefill_tokens")):
+        for kind, key in STEP_TOKEN_KINDS:
             self.worker_step_tokens.labels(worker=worker_id, kind=kind).inc(grown(key))
         for phase in PHASES:
             self.worker_step_seconds.labels(worker=worker_id, phase=phase).inc(grown(f"{phase}_s"))
@@ -223,7 +232,7 @@ class Metrics:
         if self._step_totals.pop(worker_id, None) is not None:
             with contextlib.suppress(KeyError):
                 self.worker_steps.remove(worker_id)
-            for kind in ("decode", "prefill"):
+            for kind, _ in STEP_TOKEN_KINDS:
                 with contextlib.suppress(KeyError):
                     self.worker_step_tokens.remove(worker_id, kind)
             for phase in PHASES:

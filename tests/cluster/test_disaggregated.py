@@ -10,7 +10,7 @@ import pytest
 from core.sampling import SamplingParams
 from tests import oracle
 from tests.cluster.conftest import MAX_TOKENS, always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts
+from tests.cluster.helpers import collect, prompts, worker_loads
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
@@ -66,6 +66,30 @@ def test_int8_weights_through_the_disaggregated_path(
     for p, out in zip(batch, loop_thread.run(run()), strict=True):
         assert out.token_ids == oracle.hf_greedy(reference, tuple(p), MAX_TOKENS)
     assert cluster.backend.transfers.num_transfers == len(batch)
+
+
+def test_speculative_decoding_on_the_decode_worker(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    from core.config import EngineConfig
+
+    model_dir = tiny_model_dir("llama")
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, speculative="ngram")
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    # Repetitive prompts: prompt lookup finds drafts, some of which the model accepts.
+    batch = [[7, 8, 9, 10, 11] * 8, [3, 4] * 30 + [5], prompts(1, 1000, [50], seed=5)[0]]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+    async def run() -> list:
+        return await asyncio.gather(
+            *(collect(cluster.backend, f"s{i}", p, params) for i, p in enumerate(batch))
+        )
+
+    for p, out in zip(batch, loop_thread.run(run()), strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), 24)
+    assert cluster.backend.transfers.num_transfers == len(batch)
+    # Prefill workers never speculate (they sample first tokens only): all of it is decode's.
+    assert sum(load.steps.accepted_tokens for load in worker_loads(cluster).values()) > 0
 
 
 def test_unified_mode_and_conditional_disaggregation(

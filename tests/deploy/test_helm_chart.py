@@ -281,6 +281,16 @@ def test_quantization_value_reaches_the_engine_config(quantization: str | None) 
     assert build_spec(args, args.model).engine.quantization == quantization
 
 
+def test_speculative_values_reach_the_engine_config() -> None:
+    from router.cli.serve import build_spec
+
+    args, _ = _head_serve(render({}))
+    assert build_spec(args, args.model).engine.speculative is None  # off by default
+    args, _ = _head_serve(render({"serve": {"speculative": "ngram", "numSpeculativeTokens": 3}}))
+    engine = build_spec(args, args.model).engine
+    assert (engine.speculative, engine.num_speculative_tokens) == ("ngram", 3)
+
+
 def test_limits_values_reach_the_door_limits() -> None:
     from router.cli.serve_args import door_limits
     from router.frontdoor.limits import DoorLimits

@@ -80,14 +80,22 @@ def test_shrinks_one_worker_at_a_time_after_a_calm_spell() -> None:
 def test_between_calm_and_the_target_nothing_moves_and_the_calm_count_restarts() -> None:
     """Hysteresis: a look at 0.7 of the target neither grows nor counts toward shrinking."""
     scaler = Autoscaler(CONFIG)
-    calm = {"decode": PoolSignals(ready=2, busy=0.1)}
-    middling = {"decode": PoolSignals(ready=2, busy=0.63)}  # 0.7 of busy_target 0.9
+    calm = {"decode": PoolSignals(ready=2, itl_p90_s=0.01)}
+    middling = {"decode": PoolSignals(ready=2, itl_p90_s=0.7 * CONFIG.itl_slo_s)}
     assert targets(scaler, calm, {"decode": 2}, 0) == {"decode": 2}
     assert targets(scaler, calm, {"decode": 2}, 1) == {"decode": 2}
     assert targets(scaler, middling, {"decode": 2}, 2) == {"decode": 2}
     assert targets(scaler, calm, {"decode": 2}, 3) == {"decode": 2}
     assert targets(scaler, calm, {"decode": 2}, 4) == {"decode": 2}
     assert targets(scaler, calm, {"decode": 2}, 5) == {"decode": 1}
+
+
+def test_a_decode_pool_stepping_all_the_time_under_its_itl_target_does_not_grow() -> None:
+    scaler = Autoscaler(CONFIG)
+    light = {"decode": PoolSignals(ready=1, busy=0.95, itl_p90_s=0.1 * CONFIG.itl_slo_s)}
+    assert targets(scaler, light, {"decode": 1}, 0) == {"decode": 1}
+    prefill = {"prefill": PoolSignals(ready=1, busy=0.95)}  # a prefill worker is saturated
+    assert targets(scaler, prefill, {"prefill": 1}, 0) == {"prefill": 2}
 
 
 def test_the_prefill_pool_goes_to_zero_and_comes_back_on_the_decode_queue() -> None:

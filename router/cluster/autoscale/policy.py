@@ -10,7 +10,11 @@ limit), the largest of:
                      kv_usage / kv_target                     room for the next reservations
                      oldest_wait / (queue_share * ttft_slo)   prompts it prefills itself, and
                                                               transfers waiting for blocks
-                     busy / busy_target
+
+Busy is no decode signal: a decode worker steps without pause while it has any request,
+so two light streams read ~0.9 busy with ITL a tenth of its target (measured in the bursty
+benchmark, where that term grew the decode pool in the quiet phase). Its capacity shows as
+ITL (a step slows as its batch grows) and KV usage.
 
 The queue term is why the planner reacts before latency shows it: a request waiting in a
 queue has not finished, so no TTFT sample exists yet, but its wait is known the moment it
@@ -114,8 +118,10 @@ def queue_pressure(oldest_wait_s: float, c: AutoscaleConfig) -> float:
 
 def pressure(pool: str, s: PoolSignals, c: AutoscaleConfig) -> tuple[float, str]:
     """The pool's pressure and the term that set it."""
-    terms = {"queue wait": queue_pressure(s.oldest_wait_s, c), "busy": s.busy / c.busy_target}
-    if pool != WorkerRole.PREFILL:  # decode, or unified (both phases)
+    terms = {"queue wait": queue_pressure(s.oldest_wait_s, c)}
+    if pool == WorkerRole.PREFILL:
+        terms["busy"] = s.busy / c.busy_target
+    else:  # decode, or unified (both phases)
         terms["kv usage"] = s.kv_usage / c.kv_target
         if s.itl_p90_s is not None:
             terms["ITL p90"] = s.itl_p90_s / c.itl_slo_s

@@ -207,6 +207,12 @@ in the RayCluster object.
 - {{ include "baton.device" . | quote }}
 - --dtype
 - {{ .Values.serve.dtype | quote }}
+{{- if .Values.serve.speculative }}
+- --speculative
+- {{ .Values.serve.speculative | quote }}
+- --num-speculative-tokens
+- {{ .Values.serve.numSpeculativeTokens | quote }}
+{{- end }}
 {{- if .Values.serve.quantization }}
 - --quantization
 - {{ .Values.serve.quantization | quote }}

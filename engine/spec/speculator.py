@@ -1,0 +1,134 @@
+"""Which requests speculate this step, how many tokens, and what the step then accepted.
+
+A speculating request is scheduled as a chunk of 1 + k tokens: its last sampled token
+(whose KV a decode step computes anyway) and k drafts. The runner samples at every one of
+those positions, exactly as it would have sampled there had the drafts been real tokens
+(the same penalties, bias and, for a seeded request, the same position-seeded draw). The
+rule after the step keeps the samples up to and including the first that differs from its
+draft:
+
+    emitted = s_0 .. s_a  where  a = the number of leading i with s_i == d_i
+
+Exact in distribution for any sampling parameters: with a one-hot proposal (a draft is a
+single token, not a distribution) rejection sampling accepts d_i with probability p_i(d_i),
+and on rejection draws from p_i with d_i taken out, renormalised; a sample s_i ~ p_i that
+equals d_i with probability p_i(d_i) and, given it does not, is distributed as p_i without
+d_i, is exactly that. And token for token: greedy rows, and seeded rows (whose draw at an
+output position depends only on (seed, position)), emit what decoding without drafts emits.
+Accepted drafts' KV stays (the step computed it); rejected drafts' slots lie past the
+computed tokens and are overwritten later. Blocks are named for the prefix cache only over
+real tokens.
+
+Back-off: a request whose drafts were all rejected stops proposing for 1, 2, 4 .. 16 steps
+(reset by an accepted draft), so poor acceptance costs at most a verification step in 16.
+Large batches do not speculate (`max_batch`): there a step is compute-bound and drafts
+displace real work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.spec.ngram import propose_ngram
+
+if TYPE_CHECKING:
+    from engine.request import Request
+
+METHODS = ("ngram",)
+MAX_BACKOFF_STEPS = 16
+
+
+@dataclass
+class SpecStats:
+    """One request's speculation so far."""
+
+    drafted: int = 0
+    accepted: int = 0
+    skip: int = 0
+    """Steps left before it proposes again (back-off)."""
+    backoff: int = 1
+
+
+class Speculator:
+    def __init__(
+        self, method: str, num_tokens: int, max_model_len: int, max_batch: int = 16
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown speculative method {method!r}; choose from {METHODS}")
+        if num_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
+        self.num_tokens = num_tokens
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+
+    @staticmethod
+    def eligible(req: Request) -> bool:
+        # A grammar's mask at draft i depends on the grammar state after drafts < i.
+        return req.grammar is None and bool(req.output_token_ids)
+
+    def propose(self, req: Request, budget: int, batch_size: int) -> list[int]:
+        """Drafts for `req` this step (its `draft_token_ids`), within `budget` tokens."""
+        if batch_size > self.max_batch or not self.eligible(req):
+            return []
+        stats = req.spec_stats
+        if stats is None:
+            stats = req.spec_stats = SpecStats()
+        if stats.skip > 0:
+            stats.skip -= 1
+            return []
+        room = min(
+            self.num_tokens,
+            budget - 1,
+            self.max_model_len - req.num_tokens,  # the drafts' positions must exist
+            req.params.max_tokens - len(req.output_token_ids) - 1,  # a bonus token follows
+        )
+        return propose_ngram(req.all_token_ids, room) if room > 0 else []
+
+    def accept(self, sampled: Sequence[Any], totals: Any = None) -> list[Any]:
+        """The tokens to emit from a step's samples (`SampledToken`s in runner order: a
+        speculating request's 1 + k in a row); advances each speculating request's computed
+        tokens by its accepted drafts and clears its drafts."""
+        out: list[Any] = []
+        i = 0
+        while i < len(sampled):
+            req = sampled[i].request
+            drafts = req.draft_token_ids
+            if not drafts:
+                out.append(sampled[i])
+                i += 1
+                continue
+            group = sampled[i : i + len(drafts) + 1]
+            i += len(drafts) + 1
+            accepted = 0
+            while accepted < len(drafts) and group[accepted].token_id == drafts[accepted]:
+                accepted += 1
+            out.extend(group[: accepted + 1])
+            req.num_computed_tokens += accepted
+            req.draft_token_ids = []
+            self._record(req.spec_stats, len(drafts), accepted)
+            if totals is not None:
+                totals.draft_tokens += len(drafts)
+                totals.accepted_tokens += accepted
+        return out
+
+    @staticmethod
+    def _record(stats: SpecStats, drafted: int, accepted: int) -> None:
+        stats.drafted += drafted
+        stats.accepted += accepted
+        if accepted:
+            stats.backoff = 1
+        else:
+            stats.skip = stats.backoff
+            stats.backoff = min(2 * stats.backoff, MAX_BACKOFF_STEPS)
+
+
+def speculator_for(config: Any, max_model_len: int) -> Speculator | None:
+    """The engine's speculator (`EngineConfig.speculative`); none for a prefill-role engine,
+    which samples only first tokens."""
+    from core.roles import WorkerRole
+
+    if config.speculative is None or config.role == WorkerRole.PREFILL:
+        return None
+    return Speculator(config.speculative, config.num_speculative_tokens, max_model_len)

@@ -1,0 +1,39 @@
+"""The bursty benchmark's load shape and its worker-seconds count (bench/bursty.py)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import pytest
+
+from bench import bursty
+
+
+def test_phases_alternate_low_and_high_around_the_mean() -> None:
+    times = bursty.bursty_arrivals(phases=20, mean_rate=2.0, burst=8.0, phase_s=50.0, seed=1)
+    per_phase = [0] * 20
+    for t in times:
+        per_phase[int(t // 50.0)] += 1
+    low, high = sum(per_phase[0::2]) / 10, sum(per_phase[1::2]) / 10
+    assert low == pytest.approx(2 * 2.0 / 9 * 50, rel=0.2)  # 22 a low phase
+    assert high == pytest.approx(16 * 2.0 / 9 * 50, rel=0.1)  # 178 a high phase
+    assert len(times) / (20 * 50.0) == pytest.approx(2.0, rel=0.1)
+    assert times == sorted(times) and times[-1] < 1000.0
+
+
+def test_worker_seconds_integrate_the_sampled_pool_sizes() -> None:
+    samples = [(0.0, 2), (10.0, 4), (15.0, 2)]
+    assert bursty.worker_seconds(samples, end_s=20.0) == 2 * 10 + 4 * 5 + 2 * 5
+    assert bursty.worker_seconds(samples, end_s=12.0) == 2 * 10 + 4 * 2
+
+
+def test_the_autoscaled_pools_range_from_the_average_to_the_peak() -> None:
+    args = argparse.Namespace(average_pools=(1, 1), peak_pools=(2, 3), ttft_slo=2.0,
+                              itl_slo=0.2, phase_s=40.0)  # fmt: skip
+    auto = bursty.configs(args)["autoscaled"]
+    flags = dict(itertools.pairwise(auto))
+    assert "--autoscale" in auto
+    assert (flags["--min-prefill"], flags["--max-prefill"]) == ("1", "2")
+    assert (flags["--min-decode"], flags["--max-decode"]) == ("1", "3")
+    assert bursty.configs(args)["static-peak"][:4] == ["--prefill", "2", "--decode", "3"]
