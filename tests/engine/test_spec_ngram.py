@@ -26,11 +26,21 @@ def test_a_request_that_keeps_missing_backs_off() -> None:
     stats = SpecStats()
     skips = []
     for _ in range(7):
-        Speculator._record(stats, drafted=4, accepted=0)
+        Speculator._record(stats, drafted=4, accepted=0, max_length=8)
         skips.append(stats.skip)
     assert skips == [1, 2, 4, 8, 16, 16, 16] and MAX_BACKOFF_STEPS == 16
-    Speculator._record(stats, drafted=4, accepted=2)
+    Speculator._record(stats, drafted=4, accepted=2, max_length=8)
     assert stats.backoff == 1 and (stats.drafted, stats.accepted) == (32, 2)
+
+
+def test_the_draft_length_follows_what_was_accepted() -> None:
+    stats = SpecStats()
+    Speculator._record(stats, drafted=4, accepted=4, max_length=8)
+    assert stats.length == 8  # all accepted: longer runs next
+    Speculator._record(stats, drafted=8, accepted=8, max_length=8)
+    assert stats.length == 8  # capped
+    Speculator._record(stats, drafted=8, accepted=2, max_length=8)
+    assert stats.length == 3  # one past what held
 
 
 def _prompts() -> list[list[int]]:
