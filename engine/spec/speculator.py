@@ -1,11 +1,11 @@
 """Which requests speculate this step, how many tokens, and what the step then accepted.
 
-A speculating request is scheduled as a chunk of 1 + k tokens: its last sampled token
-(whose KV a decode step computes anyway) and k drafts. The runner samples at every one of
-those positions, exactly as it would have sampled there had the drafts been real tokens
-(the same penalties, bias and, for a seeded request, the same position-seeded draw). The
-rule after the step keeps the samples up to and including the first that differs from its
-draft:
+A speculating request is scheduled for 1 + k tokens: its last sampled token (whose KV a
+decode step computes anyway) and k drafts, laid out as 1 + k decode rows (each attends to
+the context up to itself). The runner samples at every one of those positions, exactly as
+it would have sampled there had the drafts been real tokens (the same penalties, bias and,
+for a seeded request, the same position-seeded draw). The rule after the step keeps the
+samples up to and including the first that differs from its draft:
 
     emitted = s_0 .. s_a  where  a = the number of leading i with s_i == d_i
 
@@ -23,9 +23,9 @@ Draft length adapts per request: it doubles after a step that accepted every dra
 2x `num_tokens`: copying runs long) and drops to one past what was accepted after a step
 that rejected one. Back-off: a request whose drafts were all rejected stops proposing for
 1, 2, 4 .. 16 steps (reset by an accepted draft), so poor acceptance costs at most a
-verification step in 16.
-Large batches do not speculate (`max_batch`): there a step is compute-bound and drafts
-displace real work.
+verification step in 16. Batches of more than `max_batch` requests do not speculate: the
+more rows a step has, the less a memory-bound step it is, and drafts then displace real
+work (16 is vLLM's kind of cut-off, not a figure measured here).
 """
 
 from __future__ import annotations
