@@ -19,6 +19,12 @@ from typing import Any
 
 import pytest
 
+# Triton reads TRITON_INTERPRET when triton.language is first imported, and engine.kernels
+# sets it on a machine without CUDA; transformers (the oracle) may import triton first, and
+# a Triton kernel tested after that failed in the interpreter (its tl.zeros compiled for a
+# GPU). So engine.kernels is imported before any test module.
+import engine.kernels  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
