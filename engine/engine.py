@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -37,6 +36,7 @@ from engine.cuda_graphs import GraphCapturer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.grammar.cache import GrammarCache
+from engine.handover import PrefillResult, Reservation
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_connector import KVConnector
 from engine.kv_events import KVEventFeed
@@ -55,32 +55,6 @@ logger = logging.getLogger(__name__)
 
 class NoCapacityError(RuntimeError):
     """The KV cache cannot hold this request now (a retryable condition)."""
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    """Prefill role: a prompt's KV is in `block_ids` and its first token is sampled."""
-
-    request_id: str
-    first_token: int
-    logprob: TokenLogprob | None
-    block_ids: list[int]
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    output: OutputDelta
-    """`finished` when the first token already ends the request (nothing left to decode;
-    the blocks are still held until `release`)."""
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """Decode role: blocks reserved for a prompt (and any resumed output tokens: all of them
-    `num_tokens`); the sender writes tokens [num_cached_tokens, num_tokens) into
-    block_ids[num_cached_tokens // block_size:]."""
-
-    request_id: str
-    block_ids: list[int]
-    num_cached_tokens: int
 
 
 class LLMEngine:
@@ -168,6 +142,7 @@ class LLMEngine:
         req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes))
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
+        req.arrival_step = self.step_totals.steps
         req.generator = make_generator(params.seed)
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer, token_ids, params.skip_special_tokens
@@ -300,8 +275,10 @@ class LLMEngine:
         self.requests.pop(req.request_id, None)
         self._held[req.request_id] = req
         block_ids, num_cached = self.kv.block_ids(req.request_id), max(req.num_cached_tokens, 0)
+        backlog = (req.arrival_step, self.step_totals.steps, req.num_tokens - 1)
         self._prefilled.append(PrefillResult(
-            req.request_id, s.token_id, s.logprob, block_ids, req.num_prompt_tokens, num_cached, out
+            req.request_id, s.token_id, s.logprob, block_ids, req.num_prompt_tokens, num_cached,
+            out, backlog,
         ))  # fmt: skip
         return out
 
@@ -381,7 +358,7 @@ class LLMEngine:
             role=self.config.role,
             num_running=len(self.scheduler.running),
             num_waiting=len(waiting),
-            num_waiting_tokens=sum(r.num_tokens - r.num_computed_tokens for r in waiting),
+            num_waiting_tokens=self.scheduler.prefill_backlog(),
             num_free_blocks=self.kv.pool.num_free_blocks,
             num_total_blocks=self.kv.pool.num_blocks,
             timestamp=time.time(),

@@ -167,3 +167,11 @@ class Scheduler:
     @property
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def prefill_backlog(self) -> int:
+        """Tokens still to compute before their first sample here: the waiting requests'
+        and those of running ones part-way through a chunked prefill."""
+        running = sum(
+            r.num_tokens - r.num_computed_tokens for r in self.running if not r.num_sampled_here
+        )
+        return running + sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)

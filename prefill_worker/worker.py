@@ -24,7 +24,7 @@ from typing import Any
 from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta, TokenLogprob
 from core.roles import WorkerRole
-from engine.engine import PrefillResult
+from engine.handover import PrefillResult
 from kv_transfer import Role
 from prefill_worker.rank import Destination, PrefillRank
 from worker.base import WorkerBase
@@ -44,6 +44,8 @@ class PrefillReply:
     num_cached_tokens: int
     """Prompt tokens this worker took from its own prefix cache."""
     num_blocks_sent: int
+    backlog: tuple[int, int, int]
+    """When this worker's load reports counted the request (PrefillResult.backlog)."""
 
 
 @dataclass
@@ -93,7 +95,12 @@ class PrefillWorker(WorkerBase):
             raise DeadlineExceededError(f"prefill of {request_id} exceeded {timeout_s} s") from e
         num_sent = max(0, len(result.block_ids) - skip_blocks)
         return PrefillReply(
-            result.first_token, result.logprob, result.output, result.num_cached_tokens, num_sent
+            result.first_token,
+            result.logprob,
+            result.output,
+            result.num_cached_tokens,
+            num_sent,
+            result.backlog,
         )
 
     async def import_prefix(self, request_id: str, timeout_s: float) -> int:

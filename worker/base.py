@@ -29,7 +29,8 @@ from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
-from engine.engine import NoCapacityError, Reservation
+from engine.engine import NoCapacityError
+from engine.handover import Reservation
 from kv_transfer import Role
 from worker.event_log import EventLog
 from worker.group import EngineGroup, LocalGroup, decode_group_metadata, encode_group_metadata

@@ -29,7 +29,8 @@ from core.errors import WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from engine import cpu_kernels
-from engine.engine import LLMEngine, Reservation
+from engine.engine import LLMEngine
+from engine.handover import Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, UnknownPeerError, create_transport
 from worker.records import WorkerInfo, WorkerSpec

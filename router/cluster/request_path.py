@@ -297,7 +297,7 @@ class _Attempt:
                 ),
                 self._left(),
             )
-            ticket.prefill_done()
+            ticket.prefill_done(reply.backlog)
             self.calling = decode
             first_token_at = asyncio.get_running_loop().time()
             stats.num_transfers += 1

@@ -11,7 +11,12 @@ routed in the current epoch:
     free_blocks                 = report.num_free_blocks    - blocks reserved since
 
 A new report resets the since-the-report counters (the worker now counts that work
-itself); tokens still at the gate are never in a report and stay. Each routed request gets
+itself); tokens still at the gate are never in a report and stay. A report can reach the
+router after the reply of a prefill it still counts as backlog (the router polls every
+worker together, so a busy one delays the others' reports): each prefill's reply says
+between which engine steps the worker counted it, and the router takes those tokens out of
+any report taken in that window. (The reverse, a report taken before a request admitted
+here reached the worker, still drops its tokens until the next report.) Each routed request gets
 one `Charge`, which moves through its stages exactly once each
 
     GATED --admit--> ADMITTED --prefill_done--> PREFILLED --close--> CLOSED
@@ -96,7 +101,13 @@ class LoadTracker:
         state = self.workers.get(load.worker_id)
         if state is None:
             return False
-        state.reported_waiting_tokens = load.num_waiting_tokens
+        step = load.steps.steps
+        if step < state.reported_step:  # restarted: its old prefills are in no report
+            state.prefilled.clear()
+        state.prefilled = [p for p in state.prefilled if p[1] > step]
+        counted = sum(tokens for arrived, _, tokens in state.prefilled if arrived <= step)
+        state.reported_waiting_tokens = max(0, load.num_waiting_tokens - counted)
+        state.reported_step = step
         state.reported_running = load.num_running
         state.reported_free_blocks = load.num_free_blocks
         state.total_blocks = load.num_total_blocks
@@ -138,8 +149,10 @@ class LoadTracker:
         p.pending_prefill_tokens += tokens
         self._refile(p)
 
-    def prefill_done(self, charge: Charge) -> bool:
-        """The prefill finished (or will not happen). True if admitted tokens were freed."""
+    def prefill_done(self, charge: Charge, backlog: tuple[int, int, int] | None = None) -> bool:
+        """The prefill finished (or will not happen). True if admitted tokens were freed.
+        `backlog`: (arrived, ended, tokens), the engine steps between which the worker's
+        reports counted `tokens` of it (engine.handover.PrefillResult.backlog)."""
         stage = charge.stage
         if stage >= Stage.PREFILLED:
             return False
@@ -151,6 +164,11 @@ class LoadTracker:
             p.admitted_prefill_tokens -= tokens
             if p.epoch == charge.prefill_epoch:
                 p.pending_prefill_tokens = max(0, p.pending_prefill_tokens - tokens)
+        if backlog is not None and backlog[1] > p.reported_step:
+            arrived, _, counted = backlog
+            if arrived <= p.reported_step:  # the last report counts it: no longer true
+                p.reported_waiting_tokens = max(0, p.reported_waiting_tokens - counted)
+            p.prefilled.append(backlog)  # and a report still on its way may count it
         self._refile(p)
         return stage is Stage.ADMITTED
 

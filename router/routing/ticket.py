@@ -53,9 +53,10 @@ class Ticket:
             self._loads.admit(self._charge)
         self._on_release = on_release
 
-    def prefill_done(self) -> None:
+    def prefill_done(self, backlog: tuple[int, int, int] | None = None) -> None:
+        """`backlog`: when the worker's reports counted the request (PrefillReply.backlog)."""
         with self._lock:
-            freed = self._loads.prefill_done(self._charge)
+            freed = self._loads.prefill_done(self._charge, backlog)
         if freed:
             self._released()
 

@@ -31,6 +31,11 @@ class WorkerState:
     total_blocks: int = 0
     epoch: int = 0
     """Reports received: a charge taken back in another epoch is already in a report."""
+    reported_step: int = -1
+    """Engine steps the worker had run when it took its last report."""
+    prefilled: list[tuple[int, int, int]] = field(default_factory=list)
+    """(arrived, ended, tokens) of prefills that ended after its last report's step: a
+    report still on its way may count them (engine.handover.PrefillResult.backlog)."""
     gated_prefill_tokens: int = 0
     admitted_prefill_tokens: int = 0
     pending_prefill_tokens: int = 0

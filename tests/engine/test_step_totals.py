@@ -23,3 +23,16 @@ def test_step_totals_count_rows_and_tokens(tiny_model_dir) -> None:
     assert t.decode_rows == len(prompts) * (params.max_tokens - 1)  # the first comes with prefill
     assert 0 < t.attention_s < t.forward_s  # on CPU attention is timed, inside the forward
     assert t.sample_s > 0 and t.output_s > 0 and t.schedule_s > 0
+
+
+def test_the_reported_backlog_holds_a_chunked_prefill_until_its_last_chunk(tiny_model_dir) -> None:
+    config = EngineConfig(num_kv_blocks=64, max_num_batched_tokens=32)
+    engine = LLMEngine(tiny_model_dir(), config)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", list(range(5, 85)), params)  # 80 tokens: three chunks
+    backlog = [engine.load().num_waiting_tokens]
+    while engine.has_unfinished():
+        engine.step()
+        backlog.append(engine.load().num_waiting_tokens)
+    # Waiting, then running part-way through its prefill, then decoding: none left.
+    assert backlog == [80, 48, 16, 0, 0, 0]
