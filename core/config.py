@@ -30,6 +30,13 @@ class EngineConfig:
     max_model_len: int | None = None
     """Context cap; None: the model's max positions (and never more than the cache holds)."""
     enable_prefix_caching: bool = True
+    kv_offload_host_bytes: int = 0
+    """A host-memory tier under the prefix cache, per TP rank: evicted blocks spill there
+    and come back on a later hit (engine/kv_cache/offload.py). 0: none."""
+    kv_offload_disk_bytes: int = 0
+    """A local-disk tier under the host tier, per TP rank. 0: none."""
+    kv_offload_dir: str | None = None
+    """Where the disk tier's file goes (unlinked at once); None: the temp directory."""
     role: WorkerRole = WorkerRole.UNIFIED
     """The engine's role; a decode worker's engine runs `unified` (it may prefill too)."""
     dtype: str = "auto"
@@ -74,5 +81,11 @@ class EngineConfig:
             )
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be int8 or None, got {self.quantization!r}")
+        if self.kv_offload_host_bytes < 0 or self.kv_offload_disk_bytes < 0:
+            raise ValueError("kv_offload_host_bytes and kv_offload_disk_bytes must be >= 0")
+        if self.kv_offload_disk_bytes and not self.kv_offload_host_bytes:
+            raise ValueError("kv_offload_disk_bytes needs a host tier (kv_offload_host_bytes)")
+        if self.kv_offload_host_bytes and not self.enable_prefix_caching:
+            raise ValueError("KV offload tiers hold prefix-cache blocks: enable prefix caching")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

@@ -114,6 +114,10 @@ class RequestProgress:
     """The stop string or stop token id that ended the request, if any."""
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from a prefix cache (or over the wire, in decode role)."""
+    num_draft_tokens: int = 0
+    """Speculative decoding so far: tokens drafted for this request and verified..."""
+    num_accepted_tokens: int = 0
+    """...and of those, accepted (its acceptance rate is their ratio)."""
     timings: RequestTimings = field(default_factory=RequestTimings)
     error: str | None = None
 
@@ -159,6 +163,8 @@ class RequestOutput(RequestProgress):
         self.finish_reason = delta.finish_reason
         self.stop_reason = delta.stop_reason
         self.num_cached_tokens = delta.num_cached_tokens
+        self.num_draft_tokens = delta.num_draft_tokens
+        self.num_accepted_tokens = delta.num_accepted_tokens
         self.timings = delta.timings
         self.error = delta.error
         return self

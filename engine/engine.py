@@ -38,6 +38,7 @@ from engine.device import resolve_attention_backend, resolve_device, resolve_dty
 from engine.grammar.cache import GrammarCache
 from engine.handover import PrefillResult, Reservation
 from engine.kv_cache.manager import KVCacheManager
+from engine.kv_cache.offload import KVOffload
 from engine.kv_connector import KVConnector
 from engine.kv_events import KVEventFeed
 from engine.model_runner import ModelRunner, SampledToken
@@ -81,6 +82,11 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
         )
+        if config.kv_offload_host_bytes:
+            self.kv.pool.attach(KVOffload.sized(
+                self.runner.kv_cache, config.kv_offload_host_bytes,
+                config.kv_offload_disk_bytes, config.kv_offload_dir,
+            ))  # fmt: skip
         limits = [self.model_config.max_position_embeddings, num_blocks * config.block_size]
         if config.max_model_len:
             limits.append(config.max_model_len)
@@ -245,6 +251,7 @@ class LLMEngine:
         new_logprobs: list[TokenLogprob | None] | None,
         finished: bool | None = None,
     ) -> OutputDelta:
+        spec = req.spec_stats
         return OutputDelta(
             request_id=req.request_id,
             new_token_ids=[token_id],
@@ -255,6 +262,8 @@ class LLMEngine:
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
             num_cached_tokens=max(req.num_cached_tokens, 0),
+            num_draft_tokens=spec.drafted if spec else 0,
+            num_accepted_tokens=spec.accepted if spec else 0,
             timings=req.timings,
         )
 

@@ -10,6 +10,10 @@ so `num_free + num_cached + num_used == num_blocks` (checked by `check_invariant
 The free queue is ordered least recently used first: allocation takes from the front, and a
 cached block taken from there is evicted (its hash dropped, a `removed` event emitted). A
 cached block that a new request hits is taken out of the queue wherever it sits.
+
+With offload tiers (`offload`, engine/kv_cache/offload.py) an evicted block's KV is copied
+down a tier first, and the `removed` event waits until no tier holds it either: the router
+counts what the worker can serve without recomputing.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 
 from core.events import BlockRemoved, BlockStored, KVEvent
 from core.hashing import BlockHash
+from engine.kv_cache.offload import KVOffload
 
 
 @dataclass
@@ -40,6 +45,12 @@ class BlockPool:
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[BlockHash, int] = {}
         self._events: list[KVEvent] = []
+        self.offload: KVOffload | None = None
+
+    def attach(self, offload: KVOffload) -> None:
+        """Spill evicted blocks to `offload`'s tiers (before any block is cached)."""
+        self.offload = offload
+        offload.on_dropped = self._dropped
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -64,7 +75,10 @@ class BlockPool:
         return block if block.token_ids == token_ids else None
 
     def cached_hashes(self) -> list[BlockHash]:
-        return list(self._cached)
+        """Every block this worker holds: in its cache, or in an offload tier."""
+        if self.offload is None:
+            return list(self._cached)
+        return list(self._cached) + [h for h in self.offload.hashes() if h not in self._cached]
 
     # -- mutations ---------------------------------------------------------------------
     def allocate(self, n: int) -> list[Block]:
@@ -136,16 +150,30 @@ class BlockPool:
         if self.num_used_blocks:
             return False
         for block_id in self._free:
-            self._evict(self.blocks[block_id])
+            self._evict(self.blocks[block_id], spill=False)
+        if self.offload is not None:
+            for h in self.offload.clear():
+                self._dropped(h)
         return True
 
-    def _evict(self, block: Block) -> None:
-        if block.block_hash is None:
+    def _evict(self, block: Block, spill: bool = True) -> None:
+        h = block.block_hash
+        if h is None:
             return
-        if self._cached.get(block.block_hash) == block.block_id:
-            del self._cached[block.block_hash]
-            self._events.append(BlockRemoved(block_hashes=[block.block_hash]))
+        if self._cached.get(h) == block.block_id:
+            del self._cached[h]
+            if spill and self.offload is not None:
+                self.offload.spill(block.block_id, h, block.token_ids)
+            else:
+                self._dropped(h)
         block.block_hash, block.token_ids = None, ()
+
+    def _dropped(self, block_hash: BlockHash) -> None:
+        """A hash left the device or the last tier: gone, unless the other still holds it."""
+        if block_hash not in self._cached and (
+            self.offload is None or not self.offload.holds(block_hash)
+        ):
+            self._events.append(BlockRemoved(block_hashes=[block_hash]))
 
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []

@@ -6,7 +6,8 @@ A request's blocks cover its tokens in order; block i holds tokens [i*bs, (i+1)*
     blocks  |   b[0]      |   b[1]      |   b[2] (partial: no hash yet)
             `-- cached hit (num_cached) --'`-- computed this step --> hashed once full
 
-Predicates pair with actions: `can_allocate` / `allocate_slots`. Nothing here touches tensors.
+Predicates pair with actions: `can_allocate` / `allocate_slots`. Nothing here touches tensors
+but the offload tiers' copies (a prefix hit they hold is restored into a fresh block).
 """
 
 from __future__ import annotations
@@ -61,13 +62,42 @@ class KVCacheManager:
         self.update_hashes(req)
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
+        pool = self.pool
         hits: list[Block] = []
+        pinned = False  # restoring allocates: from the first restore on, hits hold a ref
         for i, h in enumerate(req.block_hashes[:max_blocks]):
-            block = self.pool.lookup(h, tuple(req.all_token_ids[i * bs : (i + 1) * bs]))
+            tokens = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
+            block = pool.lookup(h, tokens)
+            offload = pool.offload
+            if block is None and offload is not None and offload.find(h, tokens) is not None:
+                if not pinned:
+                    pool.touch(hits)
+                    pinned = True
+                block = self._restore(h, tokens, req.block_hashes[i - 1] if i else None)
+            elif block is not None and pinned:
+                pool.touch([block])
             if block is None:
                 break
             hits.append(block)
+        if pinned:
+            pool.release(list(reversed(hits)))  # tail first, as `free` does
         return hits
+
+    def _restore(
+        self, h: BlockHash, tokens: tuple[int, ...], parent: BlockHash | None
+    ) -> Block | None:
+        """Copy an offloaded block into a fresh device block and cache it there (ref 1);
+        None if no block is free, or the allocation's own spill pushed it out of the tiers."""
+        pool, offload = self.pool, self.pool.offload
+        assert offload is not None
+        if not pool.num_free_blocks:
+            return None
+        [fresh] = pool.allocate(1)  # evicting (spilling) another may move h down a tier
+        if not offload.restore(h, tokens, fresh.block_id):
+            pool.release([fresh])
+            return None
+        pool.cache_blocks([fresh], [h], [tokens], parent)
+        return fresh
 
     def record_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         """A request's prefix-cache lookup is final (it was first scheduled or reserved)."""

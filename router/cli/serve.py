@@ -42,6 +42,9 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
     kv_bytes = None if args.kv_cache_gb is None else int(args.kv_cache_gb * (1 << 30))
     engine = EngineConfig(
         kv_cache_memory_bytes=kv_bytes,
+        kv_offload_host_bytes=int(args.kv_offload_host_gb * (1 << 30)),
+        kv_offload_disk_bytes=int(args.kv_offload_disk_gb * (1 << 30)),
+        kv_offload_dir=args.kv_offload_dir,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,

@@ -99,6 +99,25 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--gpu-memory-utilization leaves after the weights and a profiling forward, on CPU 1",
     )
     p.add_argument(
+        "--kv-offload-host-gb",
+        type=float,
+        default=0.0,
+        help="a host-memory tier under each worker's prefix cache (per TP rank), GiB: evicted "
+        "KV blocks spill there and come back on a later hit instead of being recomputed",
+    )
+    p.add_argument(
+        "--kv-offload-disk-gb",
+        type=float,
+        default=0.0,
+        help="a local-disk tier under the host tier (per TP rank), GiB",
+    )
+    p.add_argument(
+        "--kv-offload-dir",
+        default=None,
+        metavar="DIR",
+        help="where the disk tier's file goes (unlinked at once); default: the temp directory",
+    )
+    p.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,

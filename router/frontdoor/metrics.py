@@ -30,6 +30,7 @@ _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
+_ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _TPOT_BUCKETS = (
     0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
     0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
@@ -59,6 +60,8 @@ class RequestRecord:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     request_id: str = ""
     """Attached to the latency observations as an OpenMetrics exemplar: a slow bucket
     names a request that landed in it (X-Request-Id leads the id), without a label per
@@ -90,6 +93,11 @@ class Metrics:
         self.e2e = seconds("e2e_request_latency", "End-to-end request latency.")
         self.queue = seconds("request_queue_time", "Time a request waited before it was scheduled.")
         self.requests = Counter("baton:requests", "Requests by outcome.", ["outcome"], registry=r)
+        self.draft_acceptance = Histogram(
+            "baton:request_draft_acceptance_rate",
+            "Per request that speculated: accepted / drafted tokens (--speculative).",
+            buckets=_ACCEPTANCE_BUCKETS, registry=r,
+        )  # fmt: skip
         self.prompt_tokens = Counter("baton:prompt_tokens", "Prompt tokens.", registry=r)
         self.generation_tokens = Counter("baton:generation_tokens", "Generated tokens.", registry=r)
         self.cached_tokens = Counter(
@@ -166,6 +174,8 @@ class Metrics:
         self.prompt_tokens.inc(rec.num_prompt_tokens)
         self.generation_tokens.inc(rec.num_output_tokens)
         self.cached_tokens.inc(rec.num_cached_tokens)
+        if rec.num_draft_tokens:
+            self.draft_acceptance.observe(rec.num_accepted_tokens / rec.num_draft_tokens)
         # OpenMetrics caps an exemplar's labels at 128 characters.
         exemplar = {"request_id": rec.request_id[:_EXEMPLAR_ID_LEN]} if rec.request_id else None
         for hist, value in (

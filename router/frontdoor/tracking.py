@@ -87,6 +87,8 @@ async def run_tracked(
                 num_prompt_tokens=len(request.prompt_token_ids),
                 num_output_tokens=num_output_tokens,
                 num_cached_tokens=0 if last is None else last.num_cached_tokens,
+                num_draft_tokens=0 if last is None else last.num_draft_tokens,
+                num_accepted_tokens=0 if last is None else last.num_accepted_tokens,
                 request_id=request.request_id,
             )
         )

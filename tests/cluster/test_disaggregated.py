@@ -92,6 +92,28 @@ def test_speculative_decoding_on_the_decode_worker(
     assert sum(load.steps.accepted_tokens for load in worker_loads(cluster).values()) > 0
 
 
+def test_kv_offload_tiers_through_the_disaggregated_path(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    from core.config import EngineConfig
+
+    model_dir = tiny_model_dir("llama")
+    # 16 blocks per worker: each filler prompt evicts the shared prefix into the host tier,
+    # from which the prefill worker (and the decode worker, on reserving) restores it.
+    engine = EngineConfig(num_kv_blocks=16, kv_offload_host_bytes=1 << 20)
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    [shared] = prompts(1, 1000, [96], seed=41)
+    fillers = prompts(2, 1000, [200, 200], seed=42)
+    batch = [shared + [5, 6], *fillers, shared + [7, 8, 9]]
+    outs = [
+        loop_thread.run(collect(cluster.backend, f"o{i}", p, GREEDY)) for i, p in enumerate(batch)
+    ]
+    for p, out in zip(batch, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+    prefill = [load for load in worker_loads(cluster).values() if load.role == "prefill"]
+    assert [load.num_cached_prompt_tokens for load in prefill] == [96]
+
+
 def test_unified_mode_and_conditional_disaggregation(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:

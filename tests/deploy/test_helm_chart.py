@@ -291,6 +291,25 @@ def test_speculative_values_reach_the_engine_config() -> None:
     assert (engine.speculative, engine.num_speculative_tokens) == ("ngram", 3)
 
 
+def test_kv_offload_values_reach_the_engine_config_and_the_disk_tier_gets_a_volume() -> None:
+    from router.cli.serve import build_spec
+
+    docs = render({"serve": {"kvOffloadHostGb": 2, "kvOffloadDiskGb": 8}})
+    for doc in docs:
+        validate(doc)
+    args, _ = _head_serve(docs)
+    engine = build_spec(args, args.model).engine
+    assert (engine.kv_offload_host_bytes, engine.kv_offload_disk_bytes) == (2 << 30, 8 << 30)
+    for group in one(docs, "RayCluster")["spec"]["workerGroupSpecs"]:
+        pod = group["template"]["spec"]
+        mounts = {m["name"]: m["mountPath"] for m in container(group["template"])["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert mounts["kv-offload"] == engine.kv_offload_dir
+        assert volumes["kv-offload"]["emptyDir"]["sizeLimit"] == "8Gi"
+    args, _ = _head_serve(render({}))
+    assert build_spec(args, args.model).engine.kv_offload_host_bytes == 0  # off by default
+
+
 def test_limits_values_reach_the_door_limits() -> None:
     from router.cli.serve_args import door_limits
     from router.frontdoor.limits import DoorLimits

@@ -53,10 +53,14 @@ def test_greedy_output_equals_transformers_with_drafts_accepted(tiny_model_dir, 
     model_dir = tiny_model_dir(arch)
     llm = LLM(model_dir, speculative="ngram", num_speculative_tokens=3, num_kv_blocks=128)
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    for prompt, out in zip(_prompts(), llm.generate(_prompts(), params), strict=True):
+    outs = llm.generate(_prompts(), params)
+    for prompt, out in zip(_prompts(), outs, strict=True):
         assert list(out.token_ids) == oracle.hf_greedy(str(model_dir), tuple(prompt), 24)
     totals = llm.engine.step_totals
     assert totals.draft_tokens > 0 and totals.accepted_tokens > 0
+    # Each request's own counts (the front door's per-request histogram) add up to them.
+    assert sum(o.num_draft_tokens for o in outs) == totals.draft_tokens
+    assert sum(o.num_accepted_tokens for o in outs) == totals.accepted_tokens
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,18 @@ def test_request_record_feeds_histograms_and_tpot() -> None:
     assert sample(m, "baton:time_per_output_token_seconds_count") == 1
     assert sample(m, "baton:prompt_tokens_total") == 10
     assert sample(m, "baton:prefix_cache_hit_tokens_total") == 4
+    assert sample(m, "baton:request_draft_acceptance_rate_count") == 0  # it did not speculate
+
+
+def test_each_speculating_request_lands_in_the_acceptance_histogram() -> None:
+    m = Metrics()
+    for drafted, accepted in ((10, 9), (8, 2), (0, 0)):
+        m.observe_request(
+            RequestRecord("success", num_draft_tokens=drafted, num_accepted_tokens=accepted)
+        )
+    assert sample(m, "baton:request_draft_acceptance_rate_count") == 2
+    assert sample(m, "baton:request_draft_acceptance_rate_bucket", {"le": "0.3"}) == 1
+    assert sample(m, "baton:request_draft_acceptance_rate_bucket", {"le": "0.9"}) == 2
 
 
 def test_live_stats_buckets_per_second_and_forget_old() -> None:

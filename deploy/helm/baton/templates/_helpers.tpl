@@ -223,6 +223,16 @@ in the RayCluster object.
 - --kv-cache-gb
 - {{ .Values.serve.kvCacheGb | quote }}
 {{- end }}
+{{- if .Values.serve.kvOffloadHostGb }}
+- --kv-offload-host-gb
+- {{ .Values.serve.kvOffloadHostGb | quote }}
+{{- end }}
+{{- if .Values.serve.kvOffloadDiskGb }}
+- --kv-offload-disk-gb
+- {{ .Values.serve.kvOffloadDiskGb | quote }}
+- --kv-offload-dir
+- /var/cache/baton-kv
+{{- end }}
 - --gpu-memory-utilization
 - {{ .Values.serve.gpuMemoryUtilization | quote }}
 - --max-num-seqs

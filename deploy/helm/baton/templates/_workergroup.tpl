@@ -97,6 +97,10 @@ Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
             {{- include "baton.modelMount" $root | nindent 12 }}
             - name: dshm
               mountPath: /dev/shm
+            {{- if $root.Values.serve.kvOffloadDiskGb }}
+            - name: kv-offload
+              mountPath: /var/cache/baton-kv
+            {{- end }}
           lifecycle:
             preStop:
               exec:
@@ -107,4 +111,10 @@ Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
           emptyDir:
             medium: Memory
             sizeLimit: {{ $pool.shmSize }}
+        {{- if $root.Values.serve.kvOffloadDiskGb }}
+        # The disk KV tier's file (per TP rank; unlinked once mapped).
+        - name: kv-offload
+          emptyDir:
+            sizeLimit: {{ printf "%vGi" $root.Values.serve.kvOffloadDiskGb }}
+        {{- end }}
 {{- end }}

@@ -1,0 +1,194 @@
+"""The KV offload tiers below the engine's block pool: cached blocks the pool evicts spill to
+host memory, then to a file on local disk, and come back on a later prefix hit (the
+LMCache / SGLang HiCache shape):
+
+    device pool --evict--> host tier --full: its LRU--> disk tier --full: its LRU--> gone
+         ^------------- restore on a prefix hit: copied into a fresh device block -------'
+
+A tier is one tensor shaped like the device cache, with slots for blocks,
+
+    [num_layers, num_slots, 2 (K, V), block_size, num_kv_heads, head_dim]
+
+(host: plain memory, pinned when the cache is on a GPU; disk: `torch.from_file` over an
+unlinked file, so the kernel pages it and nothing is left behind), and an LRU map from
+block hash to its slot and tokens. A hash lives in at most one tier. It stays there after a
+restore, so evicting that device block again costs no copy; the pool tells the router a
+block is gone only once neither the device nor any tier holds it (block_pool.py).
+
+Every copy is synchronous, at the moment of the eviction or the hit: an evicted block is
+copied out before anyone can write its new owner's KV, a restored one is in place before
+the step that reads it is scheduled. Nothing depends on timings, so the TP ranks (each with
+its shard and its own tiers) decide identically in lockstep.
+
+Restoring is always chosen over recomputing: bench/offload.py measures both per block (a
+copy from either tier costs a small fraction of a block's prefill on every model it runs).
+A per-block cost rule would have to be the same on every rank; it is left until a GPU
+measurement says a slow tier ever loses.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from core.hashing import BlockHash
+
+
+@dataclass
+class TierStats:
+    stored: int = 0
+    """Blocks copied into this tier (spilled from the device or demoted from above)."""
+    restored: int = 0
+    """Blocks copied back into the device cache from here."""
+    dropped: int = 0
+    """Blocks this tier let go of (to the tier below, or gone)."""
+
+
+@dataclass
+class Tier:
+    name: str
+    storage: torch.Tensor
+    """[num_layers, num_slots, 2, block_size, num_kv_heads, head_dim]."""
+    stats: TierStats = field(default_factory=TierStats)
+    _lru: OrderedDict[BlockHash, tuple[int, tuple[int, ...]]] = field(default_factory=OrderedDict)
+    _free: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._free = list(range(self.num_slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return self.storage.shape[1]
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def slot(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> int | None:
+        """The slot holding this hash *and* these tokens (a hash collision is a miss)."""
+        entry = self._lru.get(block_hash)
+        return entry[0] if entry is not None and entry[1] == token_ids else None
+
+
+class KVOffload:
+    """The tiers of one engine (one TP rank), and the copies between them and its cache."""
+
+    def __init__(
+        self,
+        kv_cache: torch.Tensor,
+        host_blocks: int,
+        disk_blocks: int = 0,
+        disk_dir: str | None = None,
+    ) -> None:
+        if host_blocks < 1 or disk_blocks < 0:
+            raise ValueError("the host tier needs a block at least; the disk tier none or more")
+        self.kv = kv_cache
+        shape = list(kv_cache.shape)
+        pin = kv_cache.device.type == "cuda"
+        shape[1] = host_blocks
+        host = torch.zeros(shape, dtype=kv_cache.dtype, pin_memory=pin)
+        self.tiers = [Tier("host", host)]
+        if disk_blocks:
+            shape[1] = disk_blocks
+            self.tiers.append(Tier("disk", _file_tensor(shape, kv_cache.dtype, disk_dir)))
+        self.on_dropped: Callable[[BlockHash], None] = lambda block_hash: None
+        """Set by the pool: a hash left the last tier (it tells the router if it is gone)."""
+
+    @classmethod
+    def sized(
+        cls, kv_cache: torch.Tensor, host_bytes: int, disk_bytes: int, disk_dir: str | None
+    ) -> KVOffload:
+        """Tiers of the given sizes in bytes (whole blocks; the host tier holds one at least)."""
+        block = cls.block_bytes(kv_cache)
+        return cls(kv_cache, max(1, host_bytes // block), disk_bytes // block, disk_dir)
+
+    @staticmethod
+    def block_bytes(kv_cache: torch.Tensor) -> int:
+        """Bytes one block takes in a tier (every layer's K and V)."""
+        return kv_cache[:, 0].numel() * kv_cache.element_size()
+
+    # -- queries -------------------------------------------------------------------------
+    def find(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> Tier | None:
+        for tier in self.tiers:
+            if tier.slot(block_hash, token_ids) is not None:
+                return tier
+        return None
+
+    def holds(self, block_hash: BlockHash) -> bool:
+        return any(block_hash in tier._lru for tier in self.tiers)
+
+    def hashes(self) -> list[BlockHash]:
+        return [h for tier in self.tiers for h in tier._lru]
+
+    # -- moves ---------------------------------------------------------------------------
+    def spill(self, block_id: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
+        """The pool evicts device block `block_id`: keep its KV (no copy if a tier has it)."""
+        for tier in self.tiers:
+            entry = tier._lru.get(block_hash)
+            if entry is None:
+                continue
+            if entry[1] == token_ids:
+                tier._lru.move_to_end(block_hash)
+                return
+            self._forget(tier, block_hash)  # a collision: the newer block wins the name
+        self._put(0, block_hash, token_ids, self.kv[:, block_id])
+
+    def restore(self, block_hash: BlockHash, token_ids: tuple[int, ...], block_id: int) -> bool:
+        """Copy a held block into device block `block_id`; False if no tier holds it."""
+        for tier in self.tiers:
+            slot = tier.slot(block_hash, token_ids)
+            if slot is not None:
+                self.kv[:, block_id].copy_(tier.storage[:, slot])
+                tier._lru.move_to_end(block_hash)
+                tier.stats.restored += 1
+                return True
+        return False
+
+    def clear(self) -> list[BlockHash]:
+        """Drop everything (a prefix-cache reset); returns the hashes dropped."""
+        dropped = self.hashes()
+        for tier in self.tiers:
+            while tier._lru:
+                self._forget(tier, next(iter(tier._lru)))
+        return dropped
+
+    def _put(
+        self, i: int, block_hash: BlockHash, token_ids: tuple[int, ...], src: torch.Tensor
+    ) -> None:
+        tier = self.tiers[i]
+        if tier._free:
+            slot = tier._free.pop()
+        else:  # full: its least recently used block moves down a tier, or is gone
+            old_hash, (slot, old_tokens) = tier._lru.popitem(last=False)
+            tier.stats.dropped += 1
+            if i + 1 < len(self.tiers):
+                self._put(i + 1, old_hash, old_tokens, tier.storage[:, slot])
+            else:
+                self.on_dropped(old_hash)
+        tier.storage[:, slot].copy_(src)
+        tier._lru[block_hash] = (slot, token_ids)
+        tier.stats.stored += 1
+
+    def _forget(self, tier: Tier, block_hash: BlockHash) -> None:
+        slot, _ = tier._lru.pop(block_hash)
+        tier._free.append(slot)
+
+
+def _file_tensor(shape: list[int], dtype: torch.dtype, directory: str | None) -> torch.Tensor:
+    """A zeroed tensor backed by a file on local disk. The file is unlinked at once: the
+    mapping keeps it alive, and a crash leaves nothing behind."""
+    numel = 1
+    for n in shape:
+        numel *= n
+    fd, path = tempfile.mkstemp(prefix="baton-kv-offload-", suffix=".bin", dir=directory)
+    try:
+        os.ftruncate(fd, numel * torch.empty((), dtype=dtype).element_size())
+        flat = torch.from_file(path, shared=True, size=numel, dtype=dtype)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return flat.view(shape)

@@ -1,0 +1,159 @@
+"""KV offload tiers (engine/kv_cache/offload.py): evicted blocks spill to host memory and then
+to disk, come back on a later prefix hit bit for bit, and the router hears a block is gone
+only when no tier holds it. Greedy output still equals transformers through every path."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from core.config import EngineConfig
+from core.events import BlockRemoved, BlockStored
+from core.sampling import SamplingParams
+from engine import LLM
+from engine.kv_cache.block_pool import BlockPool
+from engine.kv_cache.offload import KVOffload
+from tests import oracle
+from tests.engine.test_parity import make_prompts
+
+MAX_TOKENS = 6
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+
+
+def fake_cache(num_blocks: int) -> torch.Tensor:
+    return torch.zeros(2, num_blocks, 2, 4, 1, 3)  # [layers, blocks, K/V, bs, heads, dim]
+
+
+def removed(pool: BlockPool) -> list[int]:
+    return [h for e in pool.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
+
+
+def cache(pool: BlockPool, kv: torch.Tensor, hashes: list[int]) -> None:
+    """Compute blocks named `hashes` (each full of its hash's value) and cache them."""
+    blocks = pool.allocate(len(hashes))
+    for block, h in zip(blocks, hashes, strict=True):
+        kv[:, block.block_id] = h
+    pool.cache_blocks(blocks, hashes, [(h,) for h in hashes], parent=None)
+    pool.release(blocks)
+
+
+def test_evicted_blocks_move_down_the_tiers_and_leave_only_from_the_last(tmp_path) -> None:
+    kv = fake_cache(2)
+    offload = KVOffload(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    pool = BlockPool(2)
+    pool.attach(offload)
+    assert list(tmp_path.iterdir()) == []  # the disk tier's file is unlinked at once
+    cache(pool, kv, [10, 11])
+    pool.take_events()
+    cache(pool, kv, [12, 13])  # evicts 10 (-> host), then 11 (-> host; 10 -> disk)
+    assert removed(pool) == []
+    assert [t.name for t in (offload.find(10, (10,)), offload.find(11, (11,)))] == ["disk", "host"]
+    assert offload.find(10, (99,)) is None  # same hash, other tokens: a miss
+    cache(pool, kv, [14])  # 12 -> host, 11 -> disk, 10 falls off the last tier
+    assert removed(pool) == [10]
+    assert sorted(pool.cached_hashes()) == [11, 12, 13, 14]
+    [target] = pool.allocate(1)  # 13 -> host, 12 -> disk, 11 gone
+    assert removed(pool) == [11]
+    assert offload.restore(12, (12,), target.block_id)
+    assert bool((kv[:, target.block_id] == 12).all())
+    assert offload.tiers[1].stats.restored == 1
+    pool.release([target])
+    assert pool.reset_prefix_cache()
+    assert sorted(removed(pool)) == [12, 13, 14]
+    assert offload.hashes() == []
+
+
+def test_a_prefix_evicted_to_the_tiers_is_a_hit_again_with_the_oracle_tokens(
+    tiny_model_dir, tmp_path
+) -> None:
+    model_dir = tiny_model_dir("llama")
+    block_bytes = 4 * 2 * 16 * 2 * 16 * 4  # llama tiny: 4 layers, 2 KV heads of 16, fp32
+    llm = LLM(
+        model_dir,
+        num_kv_blocks=12,
+        kv_offload_host_bytes=4 * block_bytes,
+        kv_offload_disk_bytes=40 * block_bytes,
+        kv_offload_dir=str(tmp_path),
+    )
+    assert KVOffload.block_bytes(llm.engine.runner.kv_cache) == block_bytes
+    rng = random.Random(5)
+    vocab = llm.engine.model_config.vocab_size
+    shared = [rng.randrange(3, vocab) for _ in range(96)]  # 6 blocks
+    others = [[rng.randrange(3, vocab) for _ in range(150)] for _ in range(3)]
+    prompts = [shared + [7, 8, 9], *others, shared + [4, 5]]
+    pool = llm.engine.kv.pool
+    outs = []
+    for p in prompts:  # one at a time: each of the others evicts the whole cache
+        outs += llm.generate([p], GREEDY)
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+    assert outs[-1].num_cached_tokens == 96  # every shared block came back from a tier
+    stats = [t.stats for t in pool.offload.tiers]
+    assert stats[1].restored > 0  # the oldest blocks had moved on to disk
+    assert sum(s.restored for s in stats) == 6
+    llm.engine.check_invariants()
+
+
+def test_preempted_requests_come_back_from_the_tiers_with_the_oracle_tokens(
+    tiny_model_dir,
+) -> None:
+    model_dir = tiny_model_dir("llama")
+    # 14 blocks: running requests must be preempted; their full blocks spill on eviction
+    # and are restored when they resume (swap), not recomputed.
+    llm = LLM(model_dir, num_kv_blocks=14, kv_offload_host_bytes=1 << 20)
+    prompts = make_prompts(llm.engine.model_config.vocab_size)  # as test_parity's preemption
+    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), 12)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.kv.pool.offload.tiers[0].stats.restored > 0
+    llm.engine.check_invariants()
+    assert llm.engine.kv.pool.num_used_blocks == 0
+
+
+def test_the_stored_events_name_a_restored_block_again(tiny_model_dir) -> None:
+    llm = LLM(tiny_model_dir("llama"), num_kv_blocks=8, kv_offload_host_bytes=1 << 20)
+    pool = llm.engine.kv.pool
+    a = list(range(10, 43))  # two full blocks and one token
+    llm.generate([a], GREEDY)
+    llm.generate([list(range(50, 170))], GREEDY)  # 8 blocks: a's spill to the host tier
+    pool.take_events()
+    llm.generate([a], GREEDY)
+    stored = [h for e in pool.take_events() if isinstance(e, BlockStored) for h in e.block_hashes]
+    # The two restored blocks, announced again (the router never heard them removed).
+    assert pool.offload.tiers[0].stats.restored == 2
+    assert len(stored) == 2 and all(h in pool.cached_hashes() for h in stored)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"kv_offload_host_bytes": -1}, "must be >= 0"),
+        ({"kv_offload_disk_bytes": 1 << 20}, "needs a host tier"),
+        ({"kv_offload_host_bytes": 1 << 20, "enable_prefix_caching": False}, "prefix caching"),
+    ],
+)
+def test_bad_offload_settings_are_refused(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**fields)
+
+
+def test_tp2_ranks_spill_and_restore_in_lockstep(tiny_model_dir) -> None:
+    import os
+
+    from engine.tp import TPEngine
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    model_dir = tiny_model_dir("llama")
+    config = EngineConfig(tp_size=2, num_kv_blocks=12, num_threads=1, kv_offload_host_bytes=1 << 20)
+    rng = random.Random(13)
+    shared = [rng.randrange(3, 1000) for _ in range(96)]
+    prompts = [shared + [3], [rng.randrange(3, 1000) for _ in range(170)], shared + [4, 5]]
+    with TPEngine(model_dir, config) as engine:
+        outs = [engine.generate([p], GREEDY)[0] for p in prompts]
+        engine.check_invariants()
+    for p, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+    assert outs[-1].num_cached_tokens == 96  # each rank restored its shard of the prefix
