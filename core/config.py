@@ -9,6 +9,8 @@ from core.roles import WorkerRole
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache of a CPU worker when no size is given (there is no device to fill)."""
+KV_CACHE_DTYPES = {"auto": None, "int8": "int8", "fp8": "float8_e4m3fn"}
+"""`kv_cache_dtype` -> the cache's dtype name (None: the model's dtype)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,10 @@ class EngineConfig:
     """Drafts per speculating request per step."""
     quantization: str | None = None
     """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py)."""
+    kv_cache_dtype: str = "auto"
+    """auto (the model's dtype) | int8 | fp8 (e4m3): a quantized KV cache, each (token, head)
+    with its own scale (engine/attention/kv_quant.py), on the torch and cpu attention
+    backends."""
     device: str = "auto"
     attention_backend: str = "auto"
     """torch | triton | auto (triton on CUDA, torch on CPU; BATON_ATTENTION forces one)."""
@@ -81,6 +87,11 @@ class EngineConfig:
             )
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be int8 or None, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.kv_offload_host_bytes < 0 or self.kv_offload_disk_bytes < 0:
             raise ValueError("kv_offload_host_bytes and kv_offload_disk_bytes must be >= 0")
         if self.kv_offload_disk_bytes and not self.kv_offload_host_bytes:

@@ -8,7 +8,7 @@ The engine keeps ONE contiguous tensor per worker:
 so the K and V of one block of one layer sit next to each other in one region:
 
     offset(layer, block) = (layer * num_blocks + block) * block_bytes
-    block_bytes          = 2 * block_size * num_kv_heads * head_dim * elem_size
+    block_bytes          = 2 * block_size * num_kv_heads * entry_dim * elem_size
 
     |<------------------- layer 0 ------------------->|<---- layer 1 ---- ...
     | block 0 | block 1 | block 2 | ... | block N-1   | block 0 | ...
@@ -16,6 +16,11 @@ so the K and V of one block of one layer sit next to each other in one region:
 
 Torch-free: the dtype is its name ("float16"), which the engine turns into a torch dtype
 when it allocates, and which the transport's handshake compares as it is.
+
+A quantized cache ("int8", "float8_e4m3fn": `QUANTIZED_DTYPES`) stores each (token, head)
+entry as its head_dim quantized values followed by its float16 scale, so the last
+dimension is `entry_dim = head_dim + 2` bytes and the scales travel with the blocks
+(engine/attention/kv_quant.py): every byte count below, and so every transfer, counts them.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ _ELEM_SIZES = {
     "uint8": 1,
     "int8": 1,
 }
+
+
+QUANTIZED_DTYPES = ("int8", "float8_e4m3fn")
+"""Cache dtypes whose entries carry a scale (see the module docstring)."""
+SCALE_BYTES = 2
+"""A float16 scale per (token, head) entry of a quantized cache."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,11 @@ class KVLayout:
         return _ELEM_SIZES[self.dtype]
 
     @property
+    def entry_dim(self) -> int:
+        """Elements of one (token, head) entry: head_dim, plus the scale's bytes if quantized."""
+        return self.head_dim + (SCALE_BYTES if self.dtype in QUANTIZED_DTYPES else 0)
+
+    @property
     def shape(self) -> tuple[int, int, int, int, int, int]:
         return (
             self.num_layers,
@@ -73,13 +89,13 @@ class KVLayout:
             2,
             self.block_size,
             self.num_kv_heads,
-            self.head_dim,
+            self.entry_dim,
         )
 
     @property
     def block_bytes(self) -> int:
         """Bytes of one block of one layer (K and V): the unit the transport moves."""
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.elem_size
+        return 2 * self.block_size * self.num_kv_heads * self.entry_dim * self.elem_size
 
     @property
     def block_bytes_all_layers(self) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from core.config import CPU_KV_CACHE_BYTES, EngineConfig
+from core.config import CPU_KV_CACHE_BYTES, KV_CACHE_DTYPES, EngineConfig
 from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
@@ -104,6 +104,11 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.tp = tp
+        if config.kv_cache_dtype != "auto" and attention_backend == "triton":
+            raise ValueError(
+                f"kv_cache_dtype {config.kv_cache_dtype} needs the torch or cpu attention "
+                "backend: the Triton kernels read an unquantized cache"
+            )
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         self.model.load_weights(iter_weights(model_config.model_dir))
@@ -127,7 +132,7 @@ class ModelRunner:
             block_size=config.block_size,
             num_kv_heads=attn.num_kv_heads,
             head_dim=model_config.head_dim,
-            dtype=dtype_name(dtype),
+            dtype=KV_CACHE_DTYPES[config.kv_cache_dtype] or dtype_name(dtype),
             tp_rank=tp.rank,
             tp_size=tp.size,
         )

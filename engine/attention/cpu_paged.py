@@ -1,5 +1,7 @@
 """The CPU attention backend: the torch paged path, with decode served by a small C++ kernel
-(`engine/cpu_kernels/paged_decode.cpp`) that reads K/V straight from the paged cache.
+(`engine/cpu_kernels/paged_decode.cpp`) that reads K/V straight from the paged cache; an int8
+cache (engine/attention/kv_quant.py) has its own (`paged_decode_q8.cpp`), which widens the
+int8 values in registers instead of dequantizing a copy.
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded
 copy before attention (reading the cache twice and writing it once per layer per step);
@@ -31,10 +33,17 @@ class CPUPagedAttention(TorchPagedAttention):
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        if self.kernel is None or q.dtype != torch.float32 or not kv_layer.is_contiguous():
-            return super()._decode(q, kv_layer, meta, scale)
+        kernel = self._kernel_for(kv_layer.dtype)
+        if kernel is None or q.dtype != torch.float32 or not kv_layer.is_contiguous():
+            return super()._decode(q, kv_layer, meta, scale)  # fp8 caches too
         out = torch.empty_like(q)
-        self.kernel.paged_decode(
-            q.contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out
-        )
+        kernel(q.contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out)
         return out
+
+    def _kernel_for(self, cache_dtype: torch.dtype) -> Any | None:
+        if cache_dtype == torch.float32:
+            return None if self.kernel is None else self.kernel.paged_decode
+        if cache_dtype == torch.int8:
+            q8 = cpu_kernels.load("paged_decode_q8")  # cached; built when first needed
+            return None if q8 is None else q8.paged_decode_q8
+        return None

@@ -5,6 +5,10 @@ Decode: gather each sequence's blocks into a padded [B, max_blocks * block_size]
 positions past its length, one batched SDPA call. Prefill/extend: one SDPA call per chunk;
 a chunk without a cached prefix attends to its own fresh K/V (no gather), otherwise to its
 context gathered from the cache under a bottom-right-aligned causal mask.
+
+A quantized cache (int8 / fp8 entries with their scales: kv_quant.py) is written quantized
+and dequantized as it is gathered; a chunk without a cached prefix still attends to its own
+unquantized K/V, as it would on the GPU kernels of other engines.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.attention import kv_quant
 from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
 
 
@@ -25,16 +30,20 @@ def _decode_mask(meta: AttentionMetadata) -> torch.Tensor:
     return mask
 
 
-def _gather(kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int) -> torch.Tensor:
-    """[..., n_blocks] block ids -> [..., n_blocks * block_size, Hk, D] (a copy)."""
-    g = kv_layer[block_ids, which]
-    return g.flatten(-4, -3)
+def _gather(
+    kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[..., n_blocks] block ids -> [..., n_blocks * block_size, Hk, D] in `dtype` (a copy)."""
+    g = kv_layer[block_ids, which].flatten(-4, -3)
+    return kv_quant.dequantize(g, dtype) if kv_quant.is_quantized(kv_layer) else g
 
 
 class TorchPagedAttention(AttentionBackend):
     name = "torch"
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
+        if kv_quant.is_quantized(kv_layer):
+            k, v = kv_quant.quantize(k, kv_layer.dtype), kv_quant.quantize(v, kv_layer.dtype)
         kv_layer[meta.slot_blocks, 0, meta.slot_offsets] = k
         kv_layer[meta.slot_blocks, 1, meta.slot_offsets] = v
 
@@ -52,8 +61,8 @@ class TorchPagedAttention(AttentionBackend):
             if c.seq_len == c.query_len:
                 out[rows] = _sdpa(q[rows], k[rows], v[rows], None, scale, causal=True)
                 continue
-            keys = _gather(kv, c.block_ids, 0)[: c.seq_len]
-            values = _gather(kv, c.block_ids, 1)[: c.seq_len]
+            keys = _gather(kv, c.block_ids, 0, q.dtype)[: c.seq_len]
+            values = _gather(kv, c.block_ids, 1, q.dtype)[: c.seq_len]
             q_pos = torch.arange(c.query_len, device=q.device) + (c.seq_len - c.query_len)
             mask = torch.arange(c.seq_len, device=q.device)[None, :] <= q_pos[:, None]
             out[rows] = _sdpa(q[rows], keys, values, mask, scale, causal=False)
@@ -61,8 +70,8 @@ class TorchPagedAttention(AttentionBackend):
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        keys = _gather(kv_layer, meta.decode_block_tables, 0)  # [B, L, Hk, D]
-        values = _gather(kv_layer, meta.decode_block_tables, 1)
+        keys = _gather(kv_layer, meta.decode_block_tables, 0, q.dtype)  # [B, L, Hk, D]
+        values = _gather(kv_layer, meta.decode_block_tables, 1, q.dtype)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
             keys.transpose(1, 2),

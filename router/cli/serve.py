@@ -50,6 +50,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         max_num_batched_tokens=args.max_num_batched_tokens,
         dtype=args.dtype,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
         tp_size=args.tp,

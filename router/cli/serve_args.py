@@ -81,6 +81,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "weight bytes per decode step; embedding and LM head stay in --dtype)",
     )
     p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "int8", "fp8"],
+        default="auto",
+        help="int8 or fp8 (e4m3): a quantized KV cache, one scale per token and head (a "
+        "quarter of fp32's bytes in the cache and on the wire, plus the scales); auto: --dtype",
+    )
+    p.add_argument(
         "--speculative",
         choices=["ngram"],
         default=None,

@@ -114,6 +114,31 @@ def test_kv_offload_tiers_through_the_disaggregated_path(
     assert [load.num_cached_prompt_tokens for load in prefill] == [96]
 
 
+def test_int8_kv_cache_through_the_disaggregated_path(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    """The decode worker receives quantized blocks with their scales and decodes from them as
+    the offline engine decodes from its own int8 cache: the same tokens."""
+    from core.config import EngineConfig
+    from engine import LLM
+
+    model_dir = tiny_model_dir("llama")
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, kv_cache_dtype="int8")
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    batch = prompts(3, 1000, [20, 90, 140], seed=12)
+    outs = [
+        loop_thread.run(collect(cluster.backend, f"k{i}", p, GREEDY)) for i, p in enumerate(batch)
+    ]
+    offline = LLM(model_dir, num_kv_blocks=256, max_num_batched_tokens=512, kv_cache_dtype="int8")
+    for p, out in zip(batch, outs, strict=True):
+        [ref] = offline.generate([p], GREEDY)
+        assert out.token_ids == ref.token_ids
+    assert cluster.backend.transfers.num_transfers == len(batch)
+    # 4 layers x (K, V) x 16 tokens x 2 heads x (16 int8 values + a float16 scale)
+    per_block = {m.info.kv_bytes_per_block for m in cluster.membership.workers.values()}
+    assert per_block == {4 * 2 * 16 * 2 * 18}
+
+
 def test_unified_mode_and_conditional_disaggregation(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:

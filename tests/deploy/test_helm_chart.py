@@ -281,6 +281,17 @@ def test_quantization_value_reaches_the_engine_config(quantization: str | None) 
     assert build_spec(args, args.model).engine.quantization == quantization
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8", "fp8"])
+def test_kv_cache_dtype_value_reaches_the_engine_config(kv_cache_dtype: str) -> None:
+    from router.cli.serve import build_spec
+
+    docs = render({"serve": {"kvCacheDtype": kv_cache_dtype}})
+    for doc in docs:
+        validate(doc)
+    args, _ = _head_serve(docs)
+    assert build_spec(args, args.model).engine.kv_cache_dtype == kv_cache_dtype
+
+
 def test_speculative_values_reach_the_engine_config() -> None:
     from router.cli.serve import build_spec
 

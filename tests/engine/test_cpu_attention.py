@@ -1,10 +1,12 @@
-"""The CPU decode kernel (engine/cpu_kernels/paged_decode.cpp) against the torch paged path."""
+"""The CPU decode kernels (engine/cpu_kernels/paged_decode.cpp, and paged_decode_q8.cpp for an
+int8 cache) against the torch paged path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.attention import kv_quant
 from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import load_kernel
 from engine.attention.registry import get_backend
@@ -27,12 +29,15 @@ def meta_for(tables: torch.Tensor, lens: torch.Tensor, block_size: int) -> Atten
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (8, 2), (12, 4), (6, 1)])
 @pytest.mark.parametrize("head_dim", [32, 64, 80, 128])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("cache", ["float32", "int8"])
 def test_matches_torch_path(
-    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, cache: str
 ) -> None:
     gen = torch.Generator().manual_seed(num_heads * 1000 + head_dim + block_size)
     num_blocks, max_blocks = 300, 64 // block_size + 3
     kv = torch.randn(num_blocks, 2, block_size, num_kv_heads, head_dim, generator=gen)
+    if cache == "int8":
+        kv = kv_quant.quantize(kv, torch.int8)
     lengths = [1, block_size, block_size + 1, max_blocks * block_size, 7, 2 * block_size]
     tables = torch.stack(
         [torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in lengths]

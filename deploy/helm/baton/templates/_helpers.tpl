@@ -213,6 +213,10 @@ in the RayCluster object.
 - --num-speculative-tokens
 - {{ .Values.serve.numSpeculativeTokens | quote }}
 {{- end }}
+{{- if ne .Values.serve.kvCacheDtype "auto" }}
+- --kv-cache-dtype
+- {{ .Values.serve.kvCacheDtype | quote }}
+{{- end }}
 {{- if .Values.serve.quantization }}
 - --quantization
 - {{ .Values.serve.quantization | quote }}

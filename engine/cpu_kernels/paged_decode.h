@@ -1,0 +1,284 @@
+// Paged decode attention for CPUs: one query token per sequence, reading K/V straight from
+// the paged cache (no gather copy), all query heads of a GQA group sharing each K/V read.
+// One template over the cache's element type, built into two modules: float32
+// (paged_decode.cpp) and int8 (paged_decode_q8.cpp).
+//
+//   q            [B, Hq, D]                       float32, contiguous
+//   kv_layer     [num_blocks, 2, bs, Hk, E]       float32 (E = D) or int8 (E = D + 2: the
+//                                                 values, then a float16 scale; see
+//                                                 engine/attention/kv_quant.py), contiguous
+//   block_tables [B, M] int64   seq_lens [B] int64   out [B, Hq, D]
+//
+// Work item = one sequence: pass 1 scores every position for every query head (a GQA
+// group's heads share each K row read), a softmax per head (vectorised exp; the 1/sum is
+// applied to the output, not to every probability), pass 2 accumulates V. An int8 entry is
+// widened to float32 in registers (never dequantized into a copy: that took 8-15x the
+// float32 kernel's time), and its scale multiplies the dot product (K) or the probability
+// (V): one multiply per entry, not per value. Parallel over sequences with torch's own
+// thread pool (at::parallel_for), so torch.set_num_threads governs it.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include "vec_math.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+// -- entries ---------------------------------------------------------------------------
+
+template <typename T>
+struct Entry;
+
+template <>
+struct Entry<float> {
+  static constexpr int64_t kExtra = 0;
+  static constexpr c10::ScalarType kType = torch::kFloat32;
+  static inline float scale(const float*, int64_t) { return 1.f; }
+};
+
+template <>
+struct Entry<int8_t> {
+  static constexpr int64_t kExtra = 2;  // the float16 scale after the D values
+  static constexpr c10::ScalarType kType = torch::kInt8;
+  // IEEE half -> float without F16C (once per entry, not per value).
+  static inline float scale(const int8_t* entry, int64_t D) {
+    uint16_t h;
+    std::memcpy(&h, entry + D, 2);
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    float f;
+    if (exp == 0) {
+      f = std::ldexp(static_cast<float>(man), -24);
+      return sign ? -f : f;
+    }
+    const uint32_t bits =
+        sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    std::memcpy(&f, &bits, 4);
+    return f;
+  }
+};
+
+template <typename T>
+static inline float dot(const float* a, const T* b, int64_t n) {
+  float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * static_cast<float>(b[i]);
+  return acc;
+}
+
+template <typename T>
+static inline void axpy(float alpha, const T* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * static_cast<float>(x[i]);
+}
+
+// -- walking the cache -----------------------------------------------------------------
+
+// Blocks are scattered over the cache and span several pages, where hardware prefetchers
+// stop: while reading row j of block i, fetch row j of block i + 1 (two ahead measured
+// slower: the lines are evicted before use).
+template <typename T>
+static inline void prefetch_row(const T* row, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t i = 0; i < n * static_cast<int64_t>(sizeof(T)); i += 64) {
+    __builtin_prefetch(bytes + i, 0, 3);
+  }
+}
+
+// Calls row_fn(t, row) for each position t < L of a sequence, `row` pointing at that token's
+// K rows (offset 0) or V rows (offset = V's distance from K in a block) for all KV heads,
+// while prefetching the same row of the next block. Both passes walk the cache this way.
+template <typename T, typename RowFn>
+static inline void for_each_cached_row(const T* kv, const int64_t* table, int64_t L, int64_t bs,
+                                       int64_t blk_stride, int64_t offset, int64_t tok_stride,
+                                       RowFn&& row_fn) {
+  const int64_t num_blocks = (L + bs - 1) / bs;
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const T* row = kv + table[i] * blk_stride + offset;
+    const T* next = i + 1 < num_blocks ? kv + table[i + 1] * blk_stride + offset : nullptr;
+    const int64_t n = std::min(bs, L - i * bs);
+    for (int64_t j = 0; j < n; ++j, row += tok_stride) {
+      if (next) prefetch_row(next + j * tok_stride, tok_stride);
+      row_fn(i * bs + j, row);
+    }
+  }
+}
+
+// Softmax of each query head's L scores in place, unnormalised (exp(s - max)); 1/sum per
+// head goes to inv_sum, applied to the output once rather than to every probability.
+static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, float* inv_sum) {
+  for (int64_t hq = 0; hq < Hq; ++hq) {
+    float* p = probs + hq * L;
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t t = 0; t < L; ++t) mx = p[t] > mx ? p[t] : mx;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = 0; t < L; ++t) {
+      p[t] = vexp(p[t] - mx);
+      sum += p[t];
+    }
+    inv_sum[hq] = 1.f / sum;
+  }
+}
+
+// -- a GQA group against one row -------------------------------------------------------
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BATON_HAVE_AVX2 1
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const int8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
+
+// The N query heads of a GQA group against one K row (D % 8 == 0): the row is loaded once
+// and the N dot products run as independent FMA chains (one chain per dot would wait on
+// FMA latency at every step).
+template <int N, typename T>
+static inline void group_dots(const float* q, const T* k, int64_t D, float scale, float* dst,
+                              int64_t dst_stride) {
+  __m256 acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 kv = load8(k + d);
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, acc[j]);
+  }
+  for (int j = 0; j < N; ++j) dst[j * dst_stride] = scale * hsum(acc[j]);
+}
+
+// out[j] += w * p[j] * v for the N query heads of a group sharing one V row (D % 8 == 0).
+template <int N, typename T>
+static inline void group_axpy(const float* p, int64_t p_stride, float w, const T* v, int64_t D,
+                              float* out) {
+  __m256 wj[N];
+  for (int j = 0; j < N; ++j) wj[j] = _mm256_set1_ps(w * p[j * p_stride]);
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 vv = load8(v + d);
+    for (int j = 0; j < N; ++j) {
+      float* o = out + j * D + d;
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(wj[j], vv, _mm256_loadu_ps(o)));
+    }
+  }
+}
+#endif
+
+// Scores of a group's G heads against one K entry, into dst[g * dst_stride].
+template <typename T>
+static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D, float scale,
+                                float* dst, int64_t dst_stride) {
+#ifdef BATON_HAVE_AVX2
+  if (D % 8 == 0) {  // in chunks of at most 4 heads (registers: 4 accumulators + 1 row)
+    int64_t g = 0;
+    for (; g + 4 <= G; g += 4) group_dots<4>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride);
+    switch (G - g) {
+      case 3: group_dots<3>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
+      case 2: group_dots<2>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
+      case 1: group_dots<1>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
+      default: break;
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) dst[g * dst_stride] = scale * dot(q + g * D, k, D);
+}
+
+// out[g] += w * p[g * p_stride] * v for a group's G heads and one V entry.
+template <typename T>
+static inline void group_accumulate(const float* p, int64_t p_stride, float w, const T* v,
+                                    int64_t G, int64_t D, float* out) {
+#ifdef BATON_HAVE_AVX2
+  if (D % 8 == 0) {
+    int64_t g = 0;
+    for (; g + 4 <= G; g += 4) group_axpy<4>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+    switch (G - g) {
+      case 3: group_axpy<3>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+      case 2: group_axpy<2>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+      case 1: group_axpy<1>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+      default: break;
+    }
+    return;
+  }
+#endif
+  for (int64_t g = 0; g < G; ++g) axpy(w * p[g * p_stride], v, out + g * D, D);
+}
+
+// -- the kernel ------------------------------------------------------------------------
+
+template <typename T>
+void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
+                       torch::Tensor seq_lens, double scale, torch::Tensor out) {
+  using E = Entry<T>;
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && kv.scalar_type() == E::kType,
+              "cpu paged decode: float32 queries and a ", c10::toString(E::kType),
+              " cache expected, got ", q.scalar_type(), " and ", kv.scalar_type());
+  TORCH_CHECK(q.is_contiguous() && kv.is_contiguous() && out.is_contiguous(),
+              "cpu paged decode: contiguous tensors expected");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt64 && seq_lens.scalar_type() == torch::kInt64,
+              "cpu paged decode: int64 block tables and lengths expected");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t bs = kv.size(2), Hk = kv.size(3), entry = kv.size(4);
+  TORCH_CHECK(entry == D + E::kExtra && Hq % Hk == 0, "cpu paged decode: head shape mismatch");
+  const int64_t G = Hq / Hk;
+  const int64_t M = block_tables.size(1);
+  const float* qp = q.data_ptr<float>();
+  const T* kvp = kv.data_ptr<T>();
+  const int64_t* bt = block_tables.data_ptr<int64_t>();
+  const int64_t* sl = seq_lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t tok_stride = Hk * entry;
+  const int64_t v_offset = bs * Hk * entry;
+  const int64_t blk_stride = 2 * v_offset;
+  const float fscale = static_cast<float>(scale);
+
+  // One work item per sequence: a block's K (then V) rows for all heads are one contiguous
+  // stretch of memory, so the cache is streamed, not strided.
+  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> probs;
+    std::vector<float> inv_sum(Hq);
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t L = sl[b];
+      TORCH_CHECK(L >= 1 && L <= M * bs, "cpu paged decode: sequence length outside its table");
+      const int64_t* table = bt + b * M;
+      probs.assign(Hq * L, 0.f);
+      const float* qb = qp + b * Hq * D;
+      // pass 1: scores[head][position]
+      for_each_cached_row(kvp, table, L, bs, blk_stride, 0, tok_stride, [&](int64_t t, const T* k) {
+        for (int64_t h = 0; h < Hk; ++h) {
+          const T* e = k + h * entry;
+          group_scores(qb + h * G * D, e, G, D, fscale * E::scale(e, D), probs.data() + h * G * L + t, L);
+        }
+      });
+      softmax_unnormalised(probs.data(), Hq, L, inv_sum.data());
+      // pass 2: weighted sum of V
+      float* ob = op + b * Hq * D;
+      for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
+      for_each_cached_row(kvp, table, L, bs, blk_stride, v_offset, tok_stride, [&](int64_t t, const T* v) {
+        for (int64_t h = 0; h < Hk; ++h) {
+          const T* e = v + h * entry;
+          group_accumulate(probs.data() + h * G * L + t, L, E::scale(e, D), e, G, D, ob + h * G * D);
+        }
+      });
+      for (int64_t hq = 0; hq < Hq; ++hq) {
+        const float inv = inv_sum[hq];
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) ob[hq * D + d] *= inv;
+      }
+    }
+  });
+}
