@@ -25,16 +25,15 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
     return _DTYPES[name]
 
 
-def resolve_attention_backend(name: str, device: torch.device, kv_quantized: bool = False) -> str:
+def resolve_attention_backend(name: str, device: torch.device) -> str:
     forced = os.environ.get("BATON_ATTENTION")
     if forced:
         return forced
     if name == "auto":
         # Triton kernels on CUDA; on CPU they would only run in the (slow) interpreter, so
-        # the plain-torch paged path serves there. A quantized KV cache is read by the torch
-        # path only (engine/attention/kv_quant.py), on any device.
+        # the plain-torch paged path serves there.
         if device.type == "cuda":
-            return "triton" if has_triton() and not kv_quantized else "torch"
+            return "triton" if has_triton() else "torch"
         return "cpu" if _cpu_kernel_available() else "torch"
     return name
 

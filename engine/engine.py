@@ -75,9 +75,7 @@ class LLMEngine:
         self.tokenizer = Tokenizer.from_dir(model_dir)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
-        backend = resolve_attention_backend(
-            config.attention_backend, device, kv_quantized=config.kv_cache_dtype != "auto"
-        )
+        backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
         num_blocks = self.runner.kv_layout.num_blocks - self.runner.plan_decode_graphs(capturer)
         self.root_hash = model_root_hash(self.model_config.model_id, config.block_size)

@@ -104,11 +104,6 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.tp = tp
-        if config.kv_cache_dtype != "auto" and attention_backend == "triton":
-            raise ValueError(
-                f"kv_cache_dtype {config.kv_cache_dtype} needs the torch or cpu attention "
-                "backend: the Triton kernels read an unquantized cache"
-            )
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         self.model.load_weights(iter_weights(model_config.model_dir))

@@ -8,7 +8,8 @@ context gathered from the cache under a bottom-right-aligned causal mask.
 
 A quantized cache (int8 / fp8 entries with their scales: kv_quant.py) is written quantized
 and dequantized as it is gathered; a chunk without a cached prefix still attends to its own
-unquantized K/V, as it would on the GPU kernels of other engines.
+unquantized K/V (the Triton kernels read every chunk from the cache, so on a quantized cache
+the two paths differ by the quantization's rounding).
 """
 
 from __future__ import annotations

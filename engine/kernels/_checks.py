@@ -9,8 +9,12 @@ from collections.abc import Sequence
 import torch
 import triton.language as tl
 
+from core.kv_layout import SCALE_BYTES
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
+QUANTIZED_CACHE = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+"""Quantized cache dtypes (engine/attention/kv_quant.py's entries) and their largest value."""
 
 
 def check(condition: bool, message: str) -> None:
@@ -48,11 +52,13 @@ def check_shape(name: str, t: torch.Tensor, shape: Sequence[int]) -> None:
 def check_kv_layer(
     kv_layer: torch.Tensor, dtype: torch.dtype, device: torch.device
 ) -> tuple[int, int, int]:
-    """One layer of the paged cache, [num_blocks, 2 (K, V), page, Hk, D]: (page, Hk, D)."""
-    check_tensor("kv_layer", kv_layer, 5, (dtype,), device)
-    _, two, page, num_kv_heads, head_dim = kv_layer.shape
+    """One layer of the paged cache, [num_blocks, 2 (K, V), page, Hk, E], of the model's
+    `dtype` or quantized (E = D + the scale's bytes): (page, Hk, D)."""
+    check_tensor("kv_layer", kv_layer, 5, (dtype, *QUANTIZED_CACHE), device)
+    _, two, page, num_kv_heads, entry = kv_layer.shape
     check(two == 2, f"kv_layer dim 1 must be 2 (K, V), got {two}")
-    return page, num_kv_heads, head_dim
+    check(kv_layer.stride(3) == entry, "kv_layer must be contiguous over (kv_heads, head_dim)")
+    return page, num_kv_heads, entry - (SCALE_BYTES if kv_layer.dtype in QUANTIZED_CACHE else 0)
 
 
 def next_pow2(n: int) -> int:

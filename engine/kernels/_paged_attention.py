@@ -7,6 +7,11 @@ the paged cache (online softmax), and the host-side checks of q, the cache layer
 
 `attend_paged_kv` is a `@triton.jit` function, inlined into each kernel: the kernels compile
 to the same code as when each carried its own copy of the loop.
+
+A quantized cache (QUANT: int8 or fp8 entries, each followed by its float16 scale; see
+engine/attention/kv_quant.py) is read as it is stored: the values widen to the dot's type,
+a K entry's scale multiplies its scores and a V entry's its probabilities (one multiply per
+key, not per value).
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.kernels._checks import FLOAT_DTYPES, check, check_kv_layer, check_shape, check_tensor
+from engine.kernels._checks import (
+    FLOAT_DTYPES,
+    QUANTIZED_CACHE,
+    check,
+    check_kv_layer,
+    check_shape,
+    check_tensor,
+)
 
 
 @triton.jit
@@ -24,6 +36,7 @@ def attend_paged_kv(
     stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    QUANT: tl.constexpr,
 ):  # fmt: skip
     """q: [ROWS, BLOCK_D] against keys [start, end) of the sequence whose block table is
     row `table_row` of `table_ptr`. CAUSAL: row r sees only keys at positions <= q_pos[r]
@@ -43,6 +56,9 @@ def attend_paged_kv(
             kv_ptr + base[None, :] + d[:, None], mask=n_mask[None, :] & d_mask[:, None], other=0.0
         )
         s = tl.dot(q.to(DOT), k.to(DOT), input_precision=PRECISION) * scale
+        if QUANT:
+            k_scale = tl.load(_scale_ptr(kv_ptr + base + HEAD_DIM), mask=n_mask, other=0.0)
+            s = s * k_scale.to(tl.float32)[None, :]
         if CAUSAL:
             # Key 0 is visible to every row, so each row's maximum is finite from the first tile.
             s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
@@ -57,9 +73,31 @@ def attend_paged_kv(
             mask=n_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
+        if QUANT:
+            v_scale = tl.load(
+                _scale_ptr(kv_ptr + stride_kvkv + base + HEAD_DIM), mask=n_mask, other=0.0
+            )
+            p = p * v_scale.to(tl.float32)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
         m = m_new
     return m, denom, acc
+
+
+@triton.jit
+def _scale_ptr(byte_ptr):
+    """The float16 scale stored at `byte_ptr` (after an entry's 1-byte values)."""
+    return byte_ptr.to(tl.pointer_type(tl.float16))
+
+
+def cached_values(entries: torch.Tensor) -> torch.Tensor:
+    """Cache entries [..., E] as float32 values [..., D] (the references' reading of a cache)."""
+    if entries.dtype in QUANTIZED_CACHE:
+        # Here, not at the top: only the references need it, and importing the attention
+        # package loads its backends.
+        from engine.attention.kv_quant import dequantize
+
+        return dequantize(entries, torch.float32)
+    return entries.float()
 
 
 def check_paged_attention(
@@ -74,7 +112,6 @@ def check_paged_attention(
     check(
         num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads}"
     )
-    check(kv_layer.stride(3) == head_dim, "kv_layer must be contiguous over (kv_heads, head_dim)")
     if out is None:
         out = torch.empty_like(q)
     check_tensor("out", out, 3, (q.dtype,), q.device)

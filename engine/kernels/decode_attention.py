@@ -22,6 +22,7 @@ import triton.language as tl
 
 from engine.kernels._checks import (
     INDEX_DTYPES,
+    QUANTIZED_CACHE,
     check,
     check_shape,
     check_tensor,
@@ -29,7 +30,11 @@ from engine.kernels._checks import (
     dot_precision,
     next_pow2,
 )
-from engine.kernels._paged_attention import attend_paged_kv, check_paged_attention
+from engine.kernels._paged_attention import (
+    attend_paged_kv,
+    cached_values,
+    check_paged_attention,
+)
 
 MAX_SPLITS = 16
 
@@ -48,7 +53,7 @@ def _decode_split_kernel(
     stride_lb, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
+    DIRECT: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -71,7 +76,7 @@ def _decode_split_kernel(
     m, denom, acc = attend_paged_kv(
         q, None, kv_ptr, table_ptr, b, kv_head, start, end, scale,
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
-        BLOCK_H, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT,
+        BLOCK_H, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT, QUANT,
     )  # fmt: skip
 
     # An empty split (context shorter than the split count) leaves denom 0: write zeros and
@@ -166,6 +171,7 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_H=max(16, next_pow2(group)),
         BLOCK_D=block_d, BLOCK_N=32 if head_dim <= 128 else 16,
         DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
+        QUANT=kv_layer.dtype in QUANTIZED_CACHE,
     )  # fmt: skip
     if splits == 1:
         # lse is never written; a real (1-element) buffer keeps the launcher's pointer check happy.
@@ -214,8 +220,8 @@ def paged_decode_attention_ref(
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
         blocks = block_tables[b, : -(-n // page)].long()
-        k = kv_layer[blocks, 0].flatten(0, 1)[:n].float()  # [n, Hk, D]
-        v = kv_layer[blocks, 1].flatten(0, 1)[:n].float()
+        k = cached_values(kv_layer[blocks, 0].flatten(0, 1)[:n])  # [n, Hk, D]
+        v = cached_values(kv_layer[blocks, 1].flatten(0, 1)[:n])
         o = F.scaled_dot_product_attention(
             q[b].float().unsqueeze(1),  # [Hq, 1, D]
             k.transpose(0, 1),

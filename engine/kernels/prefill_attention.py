@@ -24,13 +24,18 @@ import triton.language as tl
 
 from engine.kernels._checks import (
     INDEX_DTYPES,
+    QUANTIZED_CACHE,
     check,
     check_tensor,
     dot_dtype,
     dot_precision,
     next_pow2,
 )
-from engine.kernels._paged_attention import attend_paged_kv, check_paged_attention
+from engine.kernels._paged_attention import (
+    attend_paged_kv,
+    cached_values,
+    check_paged_attention,
+)
 
 BLOCK_M = 32
 
@@ -98,7 +103,7 @@ def _prefill_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, DOT: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     head = tl.program_id(1)
@@ -123,7 +128,7 @@ def _prefill_kernel(
     _, denom, acc = attend_paged_kv(
         q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, end, scale,
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
-        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT,
+        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT, QUANT,
     )  # fmt: skip
     out = acc / denom[:, None]
     o_offs = (q_start + rows).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
@@ -162,6 +167,7 @@ def paged_prefill_attention(
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=BLOCK_M,
         BLOCK_N=32 if head_dim <= 128 else 16, BLOCK_D=next_pow2(head_dim),
         PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
+        QUANT=kv_layer.dtype in QUANTIZED_CACHE,
     )  # fmt: skip
     return out
 
@@ -177,8 +183,8 @@ def paged_prefill_attention_ref(
         start, q_len, n = (int(layout.query_starts[c]), int(layout.query_lens[c]),
                            int(layout.seq_lens[c]))  # fmt: skip
         blocks = layout.block_tables[c, : -(-n // page)].long()
-        k = kv_layer[blocks, 0].flatten(0, 1)[:n].float()
-        v = kv_layer[blocks, 1].flatten(0, 1)[:n].float()
+        k = cached_values(kv_layer[blocks, 0].flatten(0, 1)[:n])
+        v = cached_values(kv_layer[blocks, 1].flatten(0, 1)[:n])
         q_pos = torch.arange(q_len, device=q.device) + (n - q_len)
         mask = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]
         o = F.scaled_dot_product_attention(

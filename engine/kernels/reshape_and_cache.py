@@ -5,6 +5,11 @@
 
 One program per token; a negative block id marks a padding token that is skipped (so a
 caller may pad a batch to a captured size without writing anywhere).
+
+Into a quantized cache (int8 / fp8: engine/attention/kv_quant.py) each (token, head) row is
+quantized here, with the same arithmetic as `kv_quant.quantize` (a float16 scale from the
+row's largest magnitude, an IEEE division, round half to even for int8), so both write the
+same bytes.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import triton.language as tl
 from engine.kernels._checks import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    QUANTIZED_CACHE,
     check,
     check_kv_layer,
     check_shape,
@@ -33,6 +39,8 @@ def _reshape_and_cache_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    QMAX: tl.constexpr,
+    ROUND: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)
     block = tl.load(blocks_ptr + t).to(tl.int64)
@@ -40,14 +48,35 @@ def _reshape_and_cache_kernel(
         offset = tl.load(offsets_ptr + t)
         h = tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
-        mask = (h < NUM_KV_HEADS)[:, None] & (d < HEAD_DIM)[None, :]
-        dst = (
-            kv_ptr + block * stride_kvb + offset * stride_kvs + h[:, None] * stride_kvh + d[None, :]
-        )
+        h_mask = h < NUM_KV_HEADS
+        mask = h_mask[:, None] & (d < HEAD_DIM)[None, :]
+        row = kv_ptr + block * stride_kvb + offset * stride_kvs + h * stride_kvh  # [BLOCK_H]
+        dst = row[:, None] + d[None, :]
         k = tl.load(k_ptr + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=mask)
         v = tl.load(v_ptr + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=mask)
-        tl.store(dst, k, mask=mask)
-        tl.store(dst + stride_kvkv, v, mask=mask)
+        if QMAX > 0:
+            _store_quantized(k, dst, row + HEAD_DIM, mask, h_mask, QMAX, ROUND)
+            _store_quantized(v, dst + stride_kvkv, row + stride_kvkv + HEAD_DIM, mask, h_mask,
+                             QMAX, ROUND)  # fmt: skip
+        else:
+            tl.store(dst, k, mask=mask)
+            tl.store(dst + stride_kvkv, v, mask=mask)
+
+
+@triton.jit
+def _store_quantized(x, dst, scale_dst, mask, h_mask, QMAX: tl.constexpr, ROUND: tl.constexpr):
+    """Rows x [BLOCK_H, BLOCK_D] -> their quantized values at dst, a float16 scale per row at
+    scale_dst (byte pointers [BLOCK_H])."""
+    xf = x.to(tl.float32)
+    amax = tl.max(tl.where(mask, tl.abs(xf), 0.0), 1)
+    scale = tl.maximum(tl.math.div_rn(amax, QMAX), 2.0**-14).to(tl.float16)
+    y = tl.math.div_rn(xf, scale.to(tl.float32)[:, None])
+    if ROUND:  # half to even, as torch.round
+        r = tl.floor(y + 0.5)
+        y = tl.where((r - y == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
+    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+    tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
+    tl.store(scale_dst.to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
 
 
 def reshape_and_cache(
@@ -57,7 +86,8 @@ def reshape_and_cache(
     slot_blocks: torch.Tensor,
     slot_offsets: torch.Tensor,
 ) -> None:
-    """k, v: [T, Hk, D]; kv_layer: [num_blocks, 2, block_size, Hk, D] (mutated);
+    """k, v: [T, Hk, D]; kv_layer: [num_blocks, 2, block_size, Hk, E] (mutated; E = D, or
+    D + 2 for a quantized cache);
     slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one), but
     for a slot whose content matters to nobody, such as the scratch slot every padding row
     of a replayed decode step writes: which of those tokens lands there is undefined."""
@@ -82,6 +112,7 @@ def reshape_and_cache(
         kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim),
+        QMAX=QUANTIZED_CACHE.get(kv_layer.dtype, 0.0), ROUND=kv_layer.dtype == torch.int8,
     )  # fmt: skip
 
 
@@ -94,5 +125,10 @@ def reshape_and_cache_ref(
 ) -> None:
     keep = slot_blocks >= 0
     blocks, offsets = slot_blocks[keep].long(), slot_offsets[keep].long()
-    kv_layer[blocks, 0, offsets] = k[keep]
-    kv_layer[blocks, 1, offsets] = v[keep]
+    k, v = k[keep], v[keep]
+    if kv_layer.dtype in QUANTIZED_CACHE:
+        from engine.attention.kv_quant import quantize  # as in _paged_attention.cached_values
+
+        k, v = quantize(k, kv_layer.dtype), quantize(v, kv_layer.dtype)
+    kv_layer[blocks, 0, offsets] = k
+    kv_layer[blocks, 1, offsets] = v

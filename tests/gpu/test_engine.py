@@ -74,9 +74,27 @@ def test_bfloat16_logits_are_close_to_float32(tiny_model_dir, arch: str) -> None
     half = LLM(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=64)
     assert attention_backend(half) == "triton"
     assert half.engine.runner.kv_cache.dtype == torch.bfloat16
+    check_logits_close(half, exact)
+
+
+def check_logits_close(llm: LLM, exact: LLM) -> None:
+    """The bfloat16 bound of the module docstring, over a few prompts' logits."""
     prompts = [make_prompts(exact.engine.model_config.vocab_size)[i] for i in (4, 12, 15)]
     want = torch.cat([prompt_logits(exact, p) for p in prompts])
-    got = torch.cat([prompt_logits(half, p) for p in prompts])
+    got = torch.cat([prompt_logits(llm, p) for p in prompts])
     error = (got - want).abs()
     assert error.mean() <= 0.05 * want.std(), f"mean error {error.mean()} (std {want.std()})"
     assert error.max() <= 0.1 * want.abs().max(), f"max error {error.max()}"
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_quantized_kv_cache_logits_are_close_to_float32(tiny_model_dir, kv_cache_dtype) -> None:
+    """bfloat16 weights over an int8 / fp8 cache, through the Triton kernels, within the
+    bfloat16 bound above (the cache's rounding is finer than bfloat16's for int8 and close to
+    it for fp8; a misread scale is off by the logits' spread)."""
+    model_dir = tiny_model_dir("llama")
+    exact = LLM(model_dir, device="cuda", dtype="float32", num_kv_blocks=64)
+    quantized = LLM(model_dir, device="cuda", dtype="bfloat16", num_kv_blocks=64,
+                    kv_cache_dtype=kv_cache_dtype)  # fmt: skip
+    assert attention_backend(quantized) == "triton"
+    check_logits_close(quantized, exact)

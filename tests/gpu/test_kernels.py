@@ -117,6 +117,51 @@ def test_reshape_and_cache(dtype) -> None:
     torch.testing.assert_close(kv, want, equal_nan=True, rtol=0, atol=0)
 
 
+QUANTIZED_CACHES = [torch.int8, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("cache", QUANTIZED_CACHES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reshape_and_cache_into_a_quantized_cache(cache, dtype) -> None:
+    """The kernel's quantization writes the bytes kv_quant.quantize writes (exact)."""
+    hk, dim, num_tokens, num_blocks = 8, 128, 300, 40
+    kv = torch.zeros((num_blocks, 2, PAGE, hk, dim + 2), dtype=cache, device=CUDA)
+    want = kv.clone()
+    gen = torch.Generator().manual_seed(1)
+    slots = torch.randperm(num_blocks * PAGE, generator=gen)[:num_tokens].to(CUDA)
+    blocks, offsets = (slots // PAGE).int(), (slots % PAGE).int()
+    k = (torch.randn(num_tokens, hk, dim, generator=gen) * 4).to(dtype).to(CUDA)
+    v = torch.randn(num_tokens, hk, dim, generator=gen).to(dtype).to(CUDA)
+    reshape_and_cache(k, v, kv, blocks, offsets)
+    reshape_and_cache_ref(k, v, want, blocks, offsets)
+    assert torch.equal(kv.view(torch.int8), want.view(torch.int8))
+
+
+@pytest.mark.parametrize("cache", QUANTIZED_CACHES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_attention_over_a_quantized_cache(cache, dtype) -> None:
+    """Decode and prefill read int8 / fp8 entries and their scales: the references read the
+    dequantized values."""
+    from engine.attention.kv_quant import quantize
+
+    hq, hk, dim, lens = 32, 8, 128, [3000, 17, 1]
+    ctx = make_paged_contexts(lens, hk, dim, PAGE, torch.float32, seed=5, device=CUDA)
+    kv = quantize(ctx.kv_layer, cache)  # the spare slots' scales are NaN: poison
+    table = padded_table(ctx.block_ids, CUDA)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=CUDA)
+    q = torch.randn(len(lens), hq, dim, generator=torch.Generator().manual_seed(6))
+    q = q.to(dtype).to(CUDA)
+    got = paged_decode_attention(q, kv, table, seq_lens, dim**-0.5)
+    want = paged_decode_attention_ref(q, kv, table, seq_lens, dim**-0.5)
+    for b, n in enumerate(lens):
+        check_attention(got[b], want[b], dtype, f"decode over {n} {cache} tokens")
+    layout = PrefillLayout.build([0, 100], [100, 17], [3000, 17], ctx.block_ids[:2], CUDA)
+    qp = torch.randn(117, hq, dim, generator=torch.Generator().manual_seed(7)).to(dtype).to(CUDA)
+    got = paged_prefill_attention(qp, kv, layout, dim**-0.5)
+    want = paged_prefill_attention_ref(qp, kv, layout, dim**-0.5)
+    check_attention(got, want, dtype, f"prefill over {cache}")
+
+
 NORM_CASES = [(1, 4096, True), (300, 5120, True), (7, 2048, False)]  # rows, hidden, residual
 
 
