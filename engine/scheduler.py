@@ -1,4 +1,5 @@
-"""Continuous batching with chunked prefill and preemption by recompute.
+"""Continuous batching with chunked prefill and preemption: by recompute, or by swap with
+offload tiers.
 
 Each step spends a token budget (`max_num_batched_tokens`):
 
@@ -6,7 +7,9 @@ Each step spends a token budget (`max_num_batched_tokens`):
      tokens (1 when decoding, the rest of its prompt when mid-prefill), capped by the budget.
      If the pool has no room, the most recently admitted running request is preempted (its
      blocks freed, its computed count reset, back to the front of the queue) until there is
-     room or the request itself was the one preempted.
+     room or the request itself was the one preempted. Its full blocks stay in the prefix
+     cache; with offload tiers they spill to host memory if evicted while it waits, and its
+     partial last block is swapped there, so it resumes with nothing to recompute.
   2. Then waiting requests, in order, while budget, sequence slots and blocks last; a new
      request first takes its prefix-cache hit, so only the rest of its prompt costs budget.
      The queue is FIFO: if the head does not fit, nothing behind it jumps ahead.
@@ -106,11 +109,13 @@ class Scheduler:
             req = self.waiting[0]
             hits = self.kv.get_computed_blocks(req) if req.params.prompt_logprobs is None else []
             num_hit_tokens = len(hits) * self.kv.block_size
-            num_new = min(req.num_tokens - num_hit_tokens - req.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(req, num_new, hits):
+            tail = self.kv.swapped_tail(req, len(hits))  # a preempted request's last block
+            num_new = min(req.num_tokens - num_hit_tokens - tail - req.num_computed_tokens, budget)
+            if not self.kv.allocate_slots(req, tail + num_new, hits):
                 break
             self.waiting.popleft()
-            req.num_computed_tokens += num_hit_tokens
+            self.kv.resume_tail(req, len(hits), tail)
+            req.num_computed_tokens += num_hit_tokens + tail
             if req.num_cached_tokens < 0:  # first scheduled
                 req.num_cached_tokens = min(num_hit_tokens, req.num_prompt_tokens)
                 self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
@@ -142,7 +147,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         req.draft_token_ids = []
-        self.kv.free(req)
+        self.kv.preempt(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1

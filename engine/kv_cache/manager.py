@@ -7,7 +7,8 @@ A request's blocks cover its tokens in order; block i holds tokens [i*bs, (i+1)*
             `-- cached hit (num_cached) --'`-- computed this step --> hashed once full
 
 Predicates pair with actions: `can_allocate` / `allocate_slots`. Nothing here touches tensors
-but the offload tiers' copies (a prefix hit they hold is restored into a fresh block).
+but the offload tiers' copies (a prefix hit they hold is restored into a fresh block; a
+preempted request's partial last block is swapped out and back).
 """
 
 from __future__ import annotations
@@ -169,7 +170,49 @@ class KVCacheManager:
         self._num_hashed[req.request_id] = full
 
     def free(self, req: Request) -> None:
-        """Release `req`'s blocks, tail first, so its prefix outlives its tail in the LRU."""
+        """Release `req`'s blocks, tail first, so its prefix outlives its tail in the LRU
+        (and drop its swapped tail: it ended)."""
+        if self.pool.offload is not None:
+            self.pool.offload.drop_swap(req.request_id)
+        self._release(req)
+
+    def preempt(self, req: Request) -> None:
+        """Release a preempted request's blocks, swapping its partial last block out to the
+        host tier first (with offload tiers): its full blocks stay cached, so on resuming
+        it restores everything it had computed (`swapped_tail`, `resume_tail`)."""
+        offload, blocks = self.pool.offload, self._blocks.get(req.request_id)
+        if offload is not None and blocks and req.params.prompt_logprobs is None:
+            full, partial = divmod(req.num_computed_tokens, self.block_size)
+            if partial and full < len(blocks):
+                start = full * self.block_size
+                tokens = tuple(req.all_token_ids[start : req.num_computed_tokens])
+                offload.swap_out(req.request_id, blocks[full].block_id, full, tokens)
+        self._release(req)
+
+    def swapped_tail(self, req: Request, num_hit_blocks: int) -> int:
+        """How many tokens of `req`'s swapped-out tail can come back after a prefix hit of
+        `num_hit_blocks` (0: none, or it does not follow that hit)."""
+        offload = self.pool.offload
+        entry = offload.swapped(req.request_id) if offload is not None else None
+        if entry is None:
+            return 0
+        index, tokens = entry
+        start = index * self.block_size
+        held = tuple(req.all_token_ids[start : start + len(tokens)])
+        return len(tokens) if index == num_hit_blocks and held == tokens else 0
+
+    def resume_tail(self, req: Request, num_hit_blocks: int, tail: int) -> None:
+        """`req` was admitted after a hit of `num_hit_blocks`: copy its swapped tail into
+        the block after the hit if `swapped_tail` offered it (`tail` > 0), else let it go."""
+        offload = self.pool.offload
+        if offload is None:
+            return
+        if tail:
+            offload.swap_in(req.request_id, self._blocks[req.request_id][num_hit_blocks].block_id)
+        else:
+            offload.drop_swap(req.request_id)
+
+    def _release(self, req: Request) -> None:
         blocks = self._blocks.pop(req.request_id, [])
         self._num_hashed.pop(req.request_id, None)
         self.pool.release(list(reversed(blocks)))

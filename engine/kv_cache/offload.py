@@ -20,6 +20,11 @@ copied out before anyone can write its new owner's KV, a restored one is in plac
 the step that reads it is scheduled. Nothing depends on timings, so the TP ranks (each with
 its shard and its own tiers) decide identically in lockstep.
 
+Swap preemption uses the host tier too: a preempted request's full blocks stay in the cache
+(and spill here if evicted while it waits), and its partial last block, which has no hash,
+is swapped into a host slot of its own until the request resumes (`swap_out` / `swap_in`).
+Swaps may hold at most half the host tier, so spilled prefixes always keep room.
+
 Restoring is always chosen over recomputing: bench/offload.py measures both per block (a
 copy from either tier costs a small fraction of a block's prefill on every model it runs).
 A per-block cost rule would have to be the same on every rank; it is left until a GPU
@@ -97,6 +102,11 @@ class KVOffload:
             self.tiers.append(Tier("disk", _file_tensor(shape, kv_cache.dtype, disk_dir)))
         self.on_dropped: Callable[[BlockHash], None] = lambda block_hash: None
         """Set by the pool: a hash left the last tier (it tells the router if it is gone)."""
+        self._swapped: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+        """Preempted requests' partial last blocks: request id -> (host slot, the block's
+        index in the request's table, its tokens)."""
+        self.num_swapped_out = 0
+        self.num_swapped_in = 0
 
     @classmethod
     def sized(
@@ -148,6 +158,37 @@ class KVOffload:
                 return True
         return False
 
+    def swap_out(
+        self, request_id: str, block_id: int, index: int, token_ids: tuple[int, ...]
+    ) -> bool:
+        """Keep device block `block_id`, block `index` of a preempted request, until it
+        resumes; False (nothing kept) when swaps already hold half the host tier."""
+        host = self.tiers[0]
+        if len(self._swapped) >= host.num_slots // 2:
+            return False
+        slot = self._take_slot(0)
+        host.storage[:, slot].copy_(self.kv[:, block_id])
+        self._swapped[request_id] = (slot, index, token_ids)
+        self.num_swapped_out += 1
+        return True
+
+    def swapped(self, request_id: str) -> tuple[int, tuple[int, ...]] | None:
+        """(index in the request's table, tokens) of its swapped block, if it has one."""
+        entry = self._swapped.get(request_id)
+        return None if entry is None else (entry[1], entry[2])
+
+    def swap_in(self, request_id: str, block_id: int) -> None:
+        """Copy the request's swapped block into device block `block_id`, and let it go."""
+        slot, _, _ = self._swapped.pop(request_id)
+        self.kv[:, block_id].copy_(self.tiers[0].storage[:, slot])
+        self.tiers[0]._free.append(slot)
+        self.num_swapped_in += 1
+
+    def drop_swap(self, request_id: str) -> None:
+        entry = self._swapped.pop(request_id, None)
+        if entry is not None:
+            self.tiers[0]._free.append(entry[0])
+
     def clear(self) -> list[BlockHash]:
         """Drop everything (a prefix-cache reset); returns the hashes dropped."""
         dropped = self.hashes()
@@ -160,18 +201,24 @@ class KVOffload:
         self, i: int, block_hash: BlockHash, token_ids: tuple[int, ...], src: torch.Tensor
     ) -> None:
         tier = self.tiers[i]
-        if tier._free:
-            slot = tier._free.pop()
-        else:  # full: its least recently used block moves down a tier, or is gone
-            old_hash, (slot, old_tokens) = tier._lru.popitem(last=False)
-            tier.stats.dropped += 1
-            if i + 1 < len(self.tiers):
-                self._put(i + 1, old_hash, old_tokens, tier.storage[:, slot])
-            else:
-                self.on_dropped(old_hash)
+        slot = self._take_slot(i)
         tier.storage[:, slot].copy_(src)
         tier._lru[block_hash] = (slot, token_ids)
         tier.stats.stored += 1
+
+    def _take_slot(self, i: int) -> int:
+        """A free slot of tier i; when full, its least recently used block moves down a
+        tier, or is gone. (Swapped blocks are not in the LRU: never taken.)"""
+        tier = self.tiers[i]
+        if tier._free:
+            return tier._free.pop()
+        old_hash, (slot, old_tokens) = tier._lru.popitem(last=False)
+        tier.stats.dropped += 1
+        if i + 1 < len(self.tiers):
+            self._put(i + 1, old_hash, old_tokens, tier.storage[:, slot])
+        else:
+            self.on_dropped(old_hash)
+        return slot
 
     def _forget(self, tier: Tier, block_hash: BlockHash) -> None:
         slot, _ = tier._lru.pop(block_hash)

@@ -65,6 +65,25 @@ def test_evicted_blocks_move_down_the_tiers_and_leave_only_from_the_last(tmp_pat
     assert offload.hashes() == []
 
 
+def test_swapped_blocks_hold_at_most_half_the_host_tier_and_come_back_bit_for_bit() -> None:
+    kv = fake_cache(3)
+    offload = KVOffload(kv, host_blocks=4)
+    for block_id in range(3):
+        kv[:, block_id] = 100 + block_id
+    assert offload.swap_out("a", 0, index=2, token_ids=(1, 2))
+    assert offload.swap_out("b", 1, index=0, token_ids=(3,))
+    assert not offload.swap_out("c", 2, index=0, token_ids=(4,))  # half the tier is taken
+    assert offload.swapped("a") == (2, (1, 2)) and offload.swapped("c") is None
+    offload.spill(2, 7, (7,))  # spills still find room
+    offload.spill(1, 8, (8,))
+    assert offload.hashes() == [7, 8]  # swaps are no prefix blocks: never reported
+    kv[:, 2] = 0
+    offload.swap_in("a", 2)
+    assert bool((kv[:, 2] == 100).all()) and offload.swapped("a") is None
+    offload.drop_swap("b")  # its request ended while it waited
+    assert sorted(offload.tiers[0]._free) == [0, 1] and offload.num_swapped_in == 1
+
+
 def test_a_prefix_evicted_to_the_tiers_is_a_hit_again_with_the_oracle_tokens(
     tiny_model_dir, tmp_path
 ) -> None:
@@ -100,17 +119,30 @@ def test_preempted_requests_come_back_from_the_tiers_with_the_oracle_tokens(
     tiny_model_dir,
 ) -> None:
     model_dir = tiny_model_dir("llama")
-    # 14 blocks: running requests must be preempted; their full blocks spill on eviction
-    # and are restored when they resume (swap), not recomputed.
+    # 14 blocks: running requests must be preempted; their full blocks stay cached (spilling
+    # to the host tier if evicted) and their partial last blocks are swapped out, so they
+    # resume with nothing to recompute: the step totals equal a run that never preempts.
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+
+    def computed_tokens(llm: LLM) -> int:
+        return llm.engine.step_totals.prefill_tokens + llm.engine.step_totals.decode_rows
+
+    roomy = LLM(model_dir, num_kv_blocks=256)
+    prompts = make_prompts(roomy.engine.model_config.vocab_size)  # as test_parity's preemption
+    roomy.generate(prompts, params)
+    recompute = LLM(model_dir, num_kv_blocks=14)
+    recompute.generate(prompts, params)
     llm = LLM(model_dir, num_kv_blocks=14, kv_offload_host_bytes=1 << 20)
-    prompts = make_prompts(llm.engine.model_config.vocab_size)  # as test_parity's preemption
-    outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    outs = llm.generate(prompts, params)
     for p, out in zip(prompts, outs, strict=True):
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), 12)
     assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.kv.pool.offload.tiers[0].stats.restored > 0
+    offload = llm.engine.kv.pool.offload
+    assert offload.num_swapped_in == offload.num_swapped_out > 0
+    assert computed_tokens(llm) == computed_tokens(roomy) < computed_tokens(recompute)
     llm.engine.check_invariants()
     assert llm.engine.kv.pool.num_used_blocks == 0
+    assert offload.tiers[0]._free and not offload._swapped  # every swap slot came back
 
 
 def test_the_stored_events_name_a_restored_block_again(tiny_model_dir) -> None:
