@@ -32,6 +32,12 @@ class StepTotals(msgspec.Struct):
     """Speculative tokens verified (engine/spec); not in decode_rows or prefill_tokens."""
     accepted_tokens: int = 0
     """Of those, accepted: tokens a step emitted beyond its one per request."""
+    spilled_blocks: int = 0
+    """KV offload (engine/kv_cache/offload.py): blocks the cache evicted into the host tier,"""
+    restored_blocks: int = 0
+    """blocks copied back from any tier on a prefix hit instead of being recomputed,"""
+    swapped_blocks: int = 0
+    """and preempted requests' partial blocks swapped out (each comes back on resuming)."""
 
     def busy_s(self) -> float:
         """Seconds spent in steps, every phase (attention is inside forward)."""

@@ -373,9 +373,19 @@ class LLMEngine:
             timestamp=time.time(),
             num_prompt_tokens=self.kv.num_prompt_tokens,
             num_cached_prompt_tokens=self.kv.num_cached_prompt_tokens,
-            steps=msgspec.structs.replace(self.step_totals),
+            steps=self._totals(),
             oldest_wait_s=time.monotonic() - waiting[0].arrival_time if waiting else 0.0,
         )
+
+    def _totals(self) -> StepTotals:
+        """The step totals, with the offload tiers' block counts (kept by the tiers)."""
+        totals = msgspec.structs.replace(self.step_totals)
+        offload = self.kv.pool.offload
+        if offload is not None:
+            totals.spilled_blocks = offload.tiers[0].stats.stored
+            totals.restored_blocks = sum(tier.stats.restored for tier in offload.tiers)
+            totals.swapped_blocks = offload.num_swapped_out
+        return totals
 
     def check_invariants(self) -> None:
         self.kv.pool.check_invariants()

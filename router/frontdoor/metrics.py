@@ -46,6 +46,12 @@ STEP_TOKEN_KINDS = (
     ("draft_accepted", "accepted_tokens"),
 )
 """`baton:worker_step_tokens_total{kind}` and the StepTotals field each counts."""
+OFFLOAD_OPS = (
+    ("spilled", "spilled_blocks"),
+    ("restored", "restored_blocks"),
+    ("swapped", "swapped_blocks"),
+)
+"""`baton:worker_kv_offload_blocks_total{op}` and the StepTotals field each counts."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,12 @@ class Metrics:
             "Tokens a worker's steps computed: decode rows and prompt-chunk tokens.",
             ["worker", "kind"], registry=r,
         )  # fmt: skip
+        self.worker_offload_blocks = Counter(
+            "baton:worker_kv_offload_blocks",
+            "KV blocks a worker moved through its offload tiers: spilled to host memory, "
+            "restored on a prefix hit, swapped out by a preemption.",
+            ["worker", "op"], registry=r,
+        )  # fmt: skip
         self._step_totals: dict[str, dict[str, float]] = {}
         """worker -> the totals it last reported (the counters grow by the difference)."""
         self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
@@ -227,6 +239,9 @@ class Metrics:
         self.worker_steps.labels(worker=worker_id).inc(grown("steps"))
         for kind, key in STEP_TOKEN_KINDS:
             self.worker_step_tokens.labels(worker=worker_id, kind=kind).inc(grown(key))
+        if any(steps.get(key) for _, key in OFFLOAD_OPS):  # only workers whose tiers moved
+            for op, key in OFFLOAD_OPS:
+                self.worker_offload_blocks.labels(worker=worker_id, op=op).inc(grown(key))
         for phase in PHASES:
             self.worker_step_seconds.labels(worker=worker_id, phase=phase).inc(grown(f"{phase}_s"))
 
@@ -245,6 +260,9 @@ class Metrics:
             for kind, _ in STEP_TOKEN_KINDS:
                 with contextlib.suppress(KeyError):
                     self.worker_step_tokens.remove(worker_id, kind)
+            for op, _ in OFFLOAD_OPS:
+                with contextlib.suppress(KeyError):
+                    self.worker_offload_blocks.remove(worker_id, op)
             for phase in PHASES:
                 with contextlib.suppress(KeyError):
                     self.worker_step_seconds.remove(worker_id, phase)

@@ -140,6 +140,9 @@ def test_preempted_requests_come_back_from_the_tiers_with_the_oracle_tokens(
     offload = llm.engine.kv.pool.offload
     assert offload.num_swapped_in == offload.num_swapped_out > 0
     assert computed_tokens(llm) == computed_tokens(roomy) < computed_tokens(recompute)
+    reported = llm.engine.load().steps  # what the front door's offload counters grow by
+    assert reported.swapped_blocks == offload.num_swapped_out
+    assert reported.restored_blocks == offload.tiers[0].stats.restored > 0
     llm.engine.check_invariants()
     assert llm.engine.kv.pool.num_used_blocks == 0
     assert offload.tiers[0]._free and not offload._swapped  # every swap slot came back

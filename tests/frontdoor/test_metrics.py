@@ -29,6 +29,10 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
         prefix_hit_rate=0.25,
         steps={"steps": 12, "decode_rows": 36, "prefill_tokens": 64, "forward_s": 0.75},
     )
+    m.record_worker(
+        "prefill-0", num_running=0, num_waiting=0, kv_usage=0.0, prefix_hit_rate=0.5,
+        steps={"steps": 3, "spilled_blocks": 9, "restored_blocks": 4, "swapped_blocks": 1},
+    )  # fmt: skip
     m.record_kv_transfer(4096, 0.002)
     m.set_pool_size("decode", 2)
     m.record_router_decision("cache_aware")
@@ -46,6 +50,10 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
     assert sample(m, "baton:worker_step_tokens_total", tokens) == 36
     forward = {"worker": "decode-0", "phase": "forward"}
     assert sample(m, "baton:worker_step_seconds_total", forward) == 0.75
+    restored = {"worker": "prefill-0", "op": "restored"}
+    assert sample(m, "baton:worker_kv_offload_blocks_total", restored) == 4
+    no_tiers = {**restored, "worker": "decode-0"}  # a worker without tiers: no offload series
+    assert sample(m, "baton:worker_kv_offload_blocks_total", no_tiers) is None
     m.forget_worker("decode-0")
     assert sample(m, "baton:num_requests_running", {"worker": "decode-0"}) is None
     assert b"baton:pool_size" in m.exposition()[0]
