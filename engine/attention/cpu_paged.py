@@ -1,7 +1,7 @@
 """The CPU attention backend: the torch paged path, with decode served by a small C++ kernel
 (`engine/cpu_kernels/paged_decode.cpp`) that reads K/V straight from the paged cache; an int8
-cache (engine/attention/kv_quant.py) has its own (`paged_decode_q8.cpp`), which widens the
-int8 values in registers instead of dequantizing a copy.
+cache (engine/attention/kv_quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
+the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded
 copy before attention (reading the cache twice and writing it once per layer per step);
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from engine import cpu_kernels
-from engine.attention.backend import AttentionMetadata
+from engine.attention.backend import AttentionMetadata, Tensor
 from engine.attention.torch_paged import TorchPagedAttention
 
 
@@ -40,10 +40,20 @@ class CPUPagedAttention(TorchPagedAttention):
         kernel(q.contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out)
         return out
 
+    def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
+        int8 = _int8_kernels() if kv_layer.dtype == torch.int8 else None
+        if int8 is None or k.dtype != torch.float32 or not kv_layer.is_contiguous():
+            return super().write_kv(k, v, kv_layer, meta)
+        int8.write_q8(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
+
     def _kernel_for(self, cache_dtype: torch.dtype) -> Any | None:
         if cache_dtype == torch.float32:
             return None if self.kernel is None else self.kernel.paged_decode
         if cache_dtype == torch.int8:
-            q8 = cpu_kernels.load("paged_decode_q8")  # cached; built when first needed
-            return None if q8 is None else q8.paged_decode_q8
+            int8 = _int8_kernels()
+            return None if int8 is None else int8.paged_decode_q8
         return None
+
+
+def _int8_kernels() -> Any | None:
+    return cpu_kernels.load("kv_int8")  # cached; built when an int8 cache first needs it

@@ -28,7 +28,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 _HEADERS = ("vec_math.h", "paged_decode.h")
-_KERNELS = ("paged_decode", "paged_decode_q8", "fused", "skinny_gemm", "int8_gemm", "copy_blocks")
+_KERNELS = ("paged_decode", "kv_int8", "fused", "skinny_gemm", "int8_gemm", "copy_blocks")
 _STALE_LOCK_S = 600.0
 """A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
 

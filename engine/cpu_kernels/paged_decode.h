@@ -1,7 +1,7 @@
 // Paged decode attention for CPUs: one query token per sequence, reading K/V straight from
 // the paged cache (no gather copy), all query heads of a GQA group sharing each K/V read.
 // One template over the cache's element type, built into two modules: float32
-// (paged_decode.cpp) and int8 (paged_decode_q8.cpp).
+// (paged_decode.cpp) and int8 (kv_int8.cpp).
 //
 //   q            [B, Hq, D]                       float32, contiguous
 //   kv_layer     [num_blocks, 2, bs, Hk, E]       float32 (E = D) or int8 (E = D + 2: the

@@ -1,5 +1,5 @@
-"""The CPU decode kernels (engine/cpu_kernels/paged_decode.cpp, and paged_decode_q8.cpp for an
-int8 cache) against the torch paged path."""
+"""The CPU attention kernels (engine/cpu_kernels/paged_decode.cpp, and kv_int8.cpp for an int8
+cache: decode and the quantizing write) against the torch paged path."""
 
 from __future__ import annotations
 
@@ -59,3 +59,29 @@ def test_ignores_blocks_past_the_length() -> None:
     kv[7] = float("nan")  # block 7 holds positions >= 16: never read
     after = cpu._decode(q, kv, meta_for(tables, torch.tensor([16]), 16), 0.125)
     assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_kv_heads", "head_dim"), [(1, 4, 64), (37, 2, 80)])
+def test_the_int8_write_stores_the_bytes_of_the_torch_path(
+    num_tokens: int, num_kv_heads: int, head_dim: int
+) -> None:
+    gen = torch.Generator().manual_seed(num_tokens)
+    qkv = torch.randn(num_tokens, 3, num_kv_heads, head_dim, generator=gen) * 3
+    k, v = qkv[:, 1], qkv[:, 2]  # strided views, as the attention layer's split gives
+    k[0, 0] = 0.0  # a zero row: the smallest scale
+    # Exact ties x / scale = 2.5, -0.5, 3.5, which round half to even (2, 0, 4).
+    scale = (torch.tensor(12.7) / 127).half().float()
+    k[0, -1, :4] = torch.tensor([12.7, 2.5 * scale, -0.5 * scale, 3.5 * scale])
+    slots = torch.randperm(20 * 16, generator=gen)[:num_tokens]
+    meta = AttentionMetadata(
+        block_size=16, slot_blocks=slots // 16, slot_offsets=slots % 16, num_decodes=0,
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.long),
+        decode_seq_lens=torch.zeros(0, dtype=torch.long),
+    )  # fmt: skip
+    got = torch.zeros(20, 2, 16, num_kv_heads, head_dim + 2, dtype=torch.int8)
+    want = torch.zeros_like(got)
+    get_backend("cpu").write_kv(k, v, got, meta)
+    get_backend("torch").write_kv(k, v, want, meta)
+    assert torch.equal(got, want)
+    tie_row = got[slots[0] // 16, 0, slots[0] % 16, -1]
+    assert tie_row[1:4].tolist() == [2, 0, 4]
