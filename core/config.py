@@ -51,7 +51,7 @@ class EngineConfig:
     """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py)."""
     kv_cache_dtype: str = "auto"
     """auto (the model's dtype) | int8 | fp8 (e4m3): a quantized KV cache, each (token, head)
-    with its own scale (engine/attention/kv_quant.py); every attention backend reads it."""
+    with its own scale (engine/kv_cache/quant.py); every attention backend reads it."""
     device: str = "auto"
     attention_backend: str = "auto"
     """torch | triton | auto (triton on CUDA, torch on CPU; BATON_ATTENTION forces one)."""

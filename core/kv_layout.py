@@ -20,7 +20,7 @@ when it allocates, and which the transport's handshake compares as it is.
 A quantized cache ("int8", "float8_e4m3fn": `QUANTIZED_DTYPES`) stores each (token, head)
 entry as its head_dim quantized values followed by its float16 scale, so the last
 dimension is `entry_dim = head_dim + 2` bytes and the scales travel with the blocks
-(engine/attention/kv_quant.py): every byte count below, and so every transfer, counts them.
+(engine/kv_cache/quant.py): every byte count below, and so every transfer, counts them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CPU attention backend: the torch paged path, with decode served by a small C++ kernel
 (`engine/cpu_kernels/paged_decode.cpp`) that reads K/V straight from the paged cache; an int8
-cache (engine/attention/kv_quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
+cache (engine/kv_cache/quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
 the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded

@@ -6,10 +6,10 @@ positions past its length, one batched SDPA call. Prefill/extend: one SDPA call 
 a chunk without a cached prefix attends to its own fresh K/V (no gather), otherwise to its
 context gathered from the cache under a bottom-right-aligned causal mask.
 
-A quantized cache (int8 / fp8 entries with their scales: kv_quant.py) is written quantized
-and dequantized as it is gathered; a chunk without a cached prefix still attends to its own
-unquantized K/V (the Triton kernels read every chunk from the cache, so on a quantized cache
-the two paths differ by the quantization's rounding).
+A quantized cache (int8 / fp8 entries with their scales: engine/kv_cache/quant.py) is
+written quantized and dequantized as it is gathered; a chunk without a cached prefix still
+attends to its own unquantized K/V (the Triton kernels read every chunk from the cache, so on
+a quantized cache the two paths differ by the quantization's rounding).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention import kv_quant
 from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
+from engine.kv_cache import quant as kv_quant
 
 
 def _decode_mask(meta: AttentionMetadata) -> torch.Tensor:

@@ -1,7 +1,7 @@
-// The int8 KV cache's CPU kernels (engine/attention/kv_quant.py has the entry format):
+// The int8 KV cache's CPU kernels (engine/kv_cache/quant.py has the entry format):
 //   paged_decode_q8  decode attention: paged_decode.h's template over int8 entries;
 //   write_q8         a step's new K/V rows quantized into their cache slots, byte for byte
-//                    what kv_quant.quantize writes (float16 scale = max(amax / 127, 2^-14)
+//                    what quant.quantize writes (float16 scale = max(amax / 127, 2^-14)
 //                    rounded to nearest even, values divided by it and rounded half to even),
 //                    in one pass: the torch ops took ~190 us a layer against float32's 15 us
 //                    copy, ~9% of a batch-1 decode step of the 125M preset.

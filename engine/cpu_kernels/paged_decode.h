@@ -6,7 +6,7 @@
 //   q            [B, Hq, D]                       float32, contiguous
 //   kv_layer     [num_blocks, 2, bs, Hk, E]       float32 (E = D) or int8 (E = D + 2: the
 //                                                 values, then a float16 scale; see
-//                                                 engine/attention/kv_quant.py), contiguous
+//                                                 engine/kv_cache/quant.py), contiguous
 //   block_tables [B, M] int64   seq_lens [B] int64   out [B, Hq, D]
 //
 // Work item = one sequence: pass 1 scores every position for every query head (a GQA

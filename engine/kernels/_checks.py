@@ -10,11 +10,12 @@ import torch
 import triton.language as tl
 
 from core.kv_layout import SCALE_BYTES
+from engine.kv_cache.quant import LARGEST
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-QUANTIZED_CACHE = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
-"""Quantized cache dtypes (engine/attention/kv_quant.py's entries) and their largest value."""
+QUANTIZED_CACHE = LARGEST
+"""Quantized cache dtypes (engine/kv_cache/quant.py's entries) and their largest value."""
 
 
 def check(condition: bool, message: str) -> None:

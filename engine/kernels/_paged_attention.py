@@ -9,7 +9,7 @@ the paged cache (online softmax), and the host-side checks of q, the cache layer
 to the same code as when each carried its own copy of the loop.
 
 A quantized cache (QUANT: int8 or fp8 entries, each followed by its float16 scale; see
-engine/attention/kv_quant.py) is read as it is stored: the values widen to the dot's type,
+engine/kv_cache/quant.py) is read as it is stored: the values widen to the dot's type,
 a K entry's scale multiplies its scores and a V entry's its probabilities (one multiply per
 key, not per value).
 """
@@ -28,6 +28,7 @@ from engine.kernels._checks import (
     check_shape,
     check_tensor,
 )
+from engine.kv_cache.quant import dequantize
 
 
 @triton.jit
@@ -92,10 +93,6 @@ def _scale_ptr(byte_ptr):
 def cached_values(entries: torch.Tensor) -> torch.Tensor:
     """Cache entries [..., E] as float32 values [..., D] (the references' reading of a cache)."""
     if entries.dtype in QUANTIZED_CACHE:
-        # Here, not at the top: only the references need it, and importing the attention
-        # package loads its backends.
-        from engine.attention.kv_quant import dequantize
-
         return dequantize(entries, torch.float32)
     return entries.float()
 

@@ -6,10 +6,10 @@
 One program per token; a negative block id marks a padding token that is skipped (so a
 caller may pad a batch to a captured size without writing anywhere).
 
-Into a quantized cache (int8 / fp8: engine/attention/kv_quant.py) each (token, head) row is
-quantized here, with the same arithmetic as `kv_quant.quantize` (a float16 scale from the
-row's largest magnitude, an IEEE division, round half to even for int8), so both write the
-same bytes.
+Into a quantized cache (int8 / fp8: engine/kv_cache/quant.py) each (token, head) row is
+quantized here, with the same arithmetic as that module's `quantize` (a float16 scale from
+the row's largest magnitude, an IEEE division, round half to even for int8), so both write
+the same bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from engine.kernels._checks import (
     check_tensor,
     next_pow2,
 )
+from engine.kv_cache.quant import quantize
 
 
 @triton.jit
@@ -127,8 +128,6 @@ def reshape_and_cache_ref(
     blocks, offsets = slot_blocks[keep].long(), slot_offsets[keep].long()
     k, v = k[keep], v[keep]
     if kv_layer.dtype in QUANTIZED_CACHE:
-        from engine.attention.kv_quant import quantize  # as in _paged_attention.cached_values
-
         k, v = quantize(k, kv_layer.dtype), quantize(v, kv_layer.dtype)
     kv_layer[blocks, 0, offsets] = k
     kv_layer[blocks, 1, offsets] = v

@@ -63,13 +63,12 @@ class KVCacheManager:
         self.update_hashes(req)
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
-        pool = self.pool
+        pool, offload = self.pool, self.pool.offload
         hits: list[Block] = []
         pinned = False  # restoring allocates: from the first restore on, hits hold a ref
         for i, h in enumerate(req.block_hashes[:max_blocks]):
             tokens = tuple(req.all_token_ids[i * bs : (i + 1) * bs])
             block = pool.lookup(h, tokens)
-            offload = pool.offload
             if block is None and offload is not None and offload.find(h, tokens) is not None:
                 if not pinned:
                     pool.touch(hits)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import kv_quant
 from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import load_kernel
 from engine.attention.registry import get_backend
+from engine.kv_cache import quant as kv_quant
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain for the kernel")
 

@@ -1,5 +1,5 @@
 """The Triton kernels over a quantized KV cache (int8 / fp8 entries with a float16 scale:
-engine/attention/kv_quant.py), under the interpreter: reshape-and-cache writes the bytes
+engine/kv_cache/quant.py), under the interpreter: reshape-and-cache writes the bytes
 `kv_quant.quantize` writes, decode and prefill attention match their references over the
 dequantized values, and the engine's Triton path serves from an int8 cache."""
 
@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.attention import kv_quant
 from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from engine.kernels.prefill_attention import (
     PrefillLayout,
@@ -21,6 +20,7 @@ from engine.kernels.prefill_attention import (
     paged_prefill_attention_ref,
 )
 from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
+from engine.kv_cache import quant as kv_quant
 from tests.engine.test_kernels_common import TOLERANCE
 from tests.engine.test_parity import GREEDY, make_prompts
 from tests.support.paged_kv import make_paged_contexts, padded_table, poisoned

@@ -1,4 +1,4 @@
-"""Quantized KV cache (engine/attention/kv_quant.py): int8 and fp8 entries with a float16 scale
+"""Quantized KV cache (engine/kv_cache/quant.py): int8 and fp8 entries with a float16 scale
 per (token, head), written and read by the torch and cpu attention backends; a quarter of
 float32's bytes (plus the scales) in the cache, the tiers and the transfer."""
 
@@ -13,9 +13,9 @@ from core.config import EngineConfig
 from core.kv_layout import KVLayout
 from core.sampling import SamplingParams
 from engine import LLM
-from engine.attention import kv_quant
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.torch_paged import TorchPagedAttention
+from engine.kv_cache import quant as kv_quant
 from kv_transfer.handshake import CompatRecord, IncompatiblePeerError
 from tests.engine.test_parity import make_prompts
 

@@ -142,7 +142,7 @@ def test_reshape_and_cache_into_a_quantized_cache(cache, dtype) -> None:
 def test_attention_over_a_quantized_cache(cache, dtype) -> None:
     """Decode and prefill read int8 / fp8 entries and their scales: the references read the
     dequantized values."""
-    from engine.attention.kv_quant import quantize
+    from engine.kv_cache.quant import quantize
 
     hq, hk, dim, lens = 32, 8, 128, [3000, 17, 1]
     ctx = make_paged_contexts(lens, hk, dim, PAGE, torch.float32, seed=5, device=CUDA)

@@ -20,19 +20,20 @@ from __future__ import annotations
 
 import torch
 
-from core.kv_layout import QUANTIZED_DTYPES, SCALE_BYTES
+from core.kv_layout import SCALE_BYTES
 
-_MAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+LARGEST = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
+"""The quantized cache dtypes (core.kv_layout.QUANTIZED_DTYPES) and their largest value."""
 _MIN_SCALE = 2.0**-14
 
 
 def is_quantized(cache: torch.Tensor) -> bool:
-    return str(cache.dtype).removeprefix("torch.") in QUANTIZED_DTYPES
+    return cache.dtype in LARGEST
 
 
 def quantize(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """x: [..., D] float -> [..., D + 2] entries of `dtype` (int8 or float8_e4m3fn)."""
-    limit = _MAX[dtype]
+    limit = LARGEST[dtype]
     xf = x.float()
     scale = (xf.abs().amax(dim=-1, keepdim=True) / limit).clamp_min(_MIN_SCALE).half()
     scaled = xf / scale.float()
