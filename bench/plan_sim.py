@@ -165,8 +165,8 @@ def simulate_cluster(
                               num_prompt_tokens=r["input_length"], request_id=f"q{n}")  # fmt: skip
         ticket.admit()
         w = by_id[ticket.decision.prefill_worker_id or ""]
-        hit, _, batch = w.serve(r["hash_ids"])
-        router.apply(batch)
+        hit, _, events, _ = w.serve(r["hash_ids"])
+        router.apply(w.batch(events))
         length = r["input_length"]
         cached = min(hit * block_size, length)
         done = w.enqueue(now, length, length - cached)

@@ -47,6 +47,7 @@ from bench.workloads import (
     resolve_trace,
     shared_prefix,
 )
+from router.routing.index.pending import DEFAULT_TTL_S
 from router.routing.router import Router, RouterConfig
 
 POLICIES = ("ttft", "ttft_no_pull", "cache_aware", "least_loaded", "round_robin")
@@ -71,6 +72,7 @@ def make_routers(
     redis_url: str | None = None,
     ns: str = "",
     policy_args: dict[str, float] | None = None,
+    pending_ttl_s: float = DEFAULT_TTL_S,
 ) -> list[Router]:
     """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens."""
     routers = []
@@ -84,6 +86,7 @@ def make_routers(
             prefill_policy=policy,
             prefill_policy_args=policy_args or {},
             disagg_min_uncached_tokens=0,
+            pending_ttl_s=pending_ttl_s,
         )
         router = Router(cfg, store=store)
         router.register_model("m", block_size=block_size)
@@ -113,7 +116,9 @@ def run_workload(
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
     for label in args.policies:
         name, policy_args = policy_config(label, profile)
-        routers = make_routers(name, args.workers, block, policy_args=policy_args)
+        routers = make_routers(
+            name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
+        )
         ledger = MissLedger(capacity * args.workers)
         res[label] = simulate(trace, routers, args.workers, capacity, block, profile, ledger)
         res[label]["misses"] = ledger.summary()
@@ -124,7 +129,9 @@ def run_workload(
         try:
             ns = f"sim:{time.monotonic_ns()}"
             name, policy_args = policy_config(args.policies[0], profile)
-            routers = make_routers(name, args.workers, block, 4, url, ns, policy_args)
+            routers = make_routers(
+                name, args.workers, block, 4, url, ns, policy_args, args.prefix_promise_s
+            )
             for r in routers:
                 r.store.sync(10)
             key = f"{args.policies[0]}_4_replicas_redis"
@@ -180,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=["mooncake", "shared_prefix", "multi_turn", "light_then_burst"],
     )  # fmt: skip
     p.add_argument("--redis", action="store_true", help="also 4 replicas on Redis (1st policy)")
+    p.add_argument(
+        "--prefix-promise-s", type=float, default=DEFAULT_TTL_S,
+        help="seconds a routed prefill's blocks count before its events (0: events only)",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/router_sim.json")
     return p
 

@@ -6,9 +6,13 @@ Per request, in arrival order (`simulate`):
      (bench.sim_worker: queued tokens, capacity, step totals, prompt / cached tokens);
   3. the router picks a prefill worker (one decode worker exists so decisions are complete;
      conditional disaggregation is off: every prompt is prefilled in the prefill pool);
-  4. that worker's cache answers with its true longest prefix, copies the blocks the
-     decision pulls from a peer (as far as the peer still holds them), stores the rest,
-     evicts LRU and publishes the events; its FIFO queue gives the request's TTFT.
+  4. the request waits in that worker's FIFO queue; when it starts, the worker's cache
+     answers with its longest prefix, copies the blocks the decision pulls from a peer (as
+     far as the peer still holds them), stores the rest and evicts LRU (bench.sim_worker);
+  5. the worker's KV events reach the router through the replica that owns the worker when
+     the request starts (an engine names a request's blocks in its cache when it schedules
+     it). Until then the router knows them only as its decision's promise
+     (router/routing/index/pending.py), which other replicas read at their next sync.
 
 Reuse is counted two ways: cache hits (the worker's own cache) and tokens transferred from
 a peer; computed tokens are the rest. The oracle compares with both together (`reuse_rate`):
@@ -21,13 +25,16 @@ placement could reuse at most (computed tokens it cannot go below), with no queu
 from __future__ import annotations
 
 import heapq
+import itertools
+import math
 from collections import OrderedDict
 from typing import Any
 
 from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
-from bench.sim_worker import SimWorker, store_chain
+from bench.sim_worker import Queued, SimWorker, prefix_length, store_chain
 from bench.workloads import TraceRequest
+from core.events import KVEventBatch
 from router.routing.router import Router
 from router.routing.ticket import Ticket
 
@@ -81,15 +88,56 @@ def simulate(
 ) -> dict[str, Any]:
     workers = [SimWorker(f"p{i}", capacity, profile) for i in range(num_workers)]
     by_id = {w.worker_id: w for w in workers}
-    done: list[tuple[float, int, Ticket]] = []  # (finish ms, arrival order, its ticket)
+    tickets: dict[int, Ticket] = {}
+    # what happens later, in time order (ties: in the order it was scheduled)
+    events: list[tuple[float, int, KVEventBatch]] = []  # a worker's events reach its router
+    done: list[tuple[float, int, int]] = []  # (finish ms, tie-break, request): prefill done
+    order = itertools.count()
+    clock = [0.0]  # the routers' promises expire on the simulated clock (seconds)
+    for router in routers:
+        router.store.clock = lambda: clock[0]
     ttfts: list[float] = []
-    cached_tokens = transferred_tokens = prompt_tokens = num_pulls = 0
+    stats = {"cached": 0, "moved": 0, "pulls": 0}
+
+    def run_until(t: float) -> None:
+        """Everything up to `t`: events reach the routers, prefills finish, queued requests
+        start (in that order at equal times)."""
+        while True:
+            starts = [(w.next_start(), i) for i, w in enumerate(workers) if w.queue]
+            start = min(starts) if starts else None
+            t_event = events[0][0] if events else math.inf
+            t_done = done[0][0] if done else math.inf
+            t0 = min(t_event, t_done, start[0] if start else math.inf)
+            if t0 > t or t0 == math.inf:
+                return
+            clock[0] = t0 / 1000
+            if t_event == t0:
+                batch = heapq.heappop(events)[2]
+                routers[int(batch.worker_id[1:]) % len(routers)].apply(batch)
+            elif t_done == t0:
+                ticket = tickets.pop(heapq.heappop(done)[2])
+                ticket.prefill_done()
+                ticket.close()
+            else:
+                assert start is not None
+                w = workers[start[1]]
+                q = w.queue[0]
+                if misses is not None:
+                    misses.observe(trace[q.n], w, workers, t0, q.pull_blocks)
+                s = w.start_next(block_size)
+                if s.events is not None:
+                    heapq.heappush(events, (t0, next(order), s.events))
+                heapq.heappush(done, (s.finish_ms, next(order), q.n))
+                ttfts.append(s.finish_ms - q.arrival_ms)
+                stats["cached"] += s.hit_tokens
+                stats["moved"] += s.moved_tokens
+                stats["pulls"] += 1 if s.moved_tokens else 0
+
+    prompt_tokens = 0
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
-        while done and done[0][0] <= now:
-            ticket = heapq.heappop(done)[2]
-            ticket.prefill_done()
-            ticket.close()
+        run_until(now)
+        clock[0] = now / 1000
         if n % report_every == 0:
             for w in workers:
                 load = w.load(now)
@@ -104,23 +152,16 @@ def simulate(
         ticket.admit()  # no gate here: the simulated worker queues it
         decision = ticket.decision
         w = by_id[decision.prefill_worker_id or ""]
-        if misses is not None:
-            misses.observe(r, w, workers, now, decision.pulled_blocks)
         peer = by_id[decision.pull_from.peer_id] if decision.pull_from is not None else None
-        hit, pulled, batch = w.serve(r["hash_ids"], peer, decision.pulled_blocks)
-        routers[int(w.worker_id[1:]) % len(routers)].apply(batch)
         length = r["input_length"]
-        hit_tokens = min(hit * block_size, length)
-        moved = min((hit + pulled) * block_size, length) - hit_tokens
-        finish = w.enqueue(now, length, length - hit_tokens - moved, moved)
-        ttfts.append(finish - now)
-        heapq.heappush(done, (finish, n, ticket))
-        cached_tokens += hit_tokens
-        transferred_tokens += moved
-        num_pulls += 1 if moved else 0
+        estimate = length - min(prefix_length(r["hash_ids"], w.cache) * block_size, length)
+        w.submit(Queued(n, now, r["hash_ids"], length, peer, decision.pulled_blocks, estimate))
+        tickets[n] = ticket
         prompt_tokens += length
-    for _, _, ticket in done:
-        ticket.close()
+        run_until(now)  # an idle worker starts it at once
+    run_until(math.inf)
+    cached_tokens, transferred_tokens = stats["cached"], stats["moved"]
+    num_pulls = stats["pulls"]
     work = [w.work_ms for w in workers]
     mean = sum(work) / len(work)
     return {

@@ -8,22 +8,31 @@ totals (core.step_stats), from which the router calibrates its time model online
 Prefix migration: told to pull k blocks from a peer, it copies the blocks that follow its
 own cached prefix from the peer's cache, as far as the peer still holds them (its index
 entry may be stale), stores them like computed ones, and counts them apart: they are neither
-its cache hits nor computed. The copy starts when the request arrives (the peer's compute is
-not involved) and the prefill starts once both the copy and the queue ahead are done.
+its cache hits nor computed. The copy starts when the request arrives, or when the peer has
+computed the blocks if a prefill there is still making them, and the prefill starts once
+both the copy and the queue ahead are done.
 
     time --->     arrival        start = max(arrival, busy_until)        finish
     request k        |-------- wait --------|------- prefill_ms(uncached) ------|
                      |<------------------------ TTFT -------------------------->|
+
+A routed request waits in the worker's queue (`submit`) and touches the cache only when it
+starts (`start_next`), as Baton's engine looks a request's prefix up, allocates its blocks
+(evicting others) and names them in its prefix cache when it schedules it: so its hit is
+what the cache holds then, and its events (blocks stored and evicted) are reported at its
+start. A request queued behind it on the same worker hits those blocks; a peer copying them
+waits until they are computed (`ready_ms`). (The synchronous `serve` + `enqueue` do it all
+at arrival, for callers with no queue of their own.)
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Container
 from dataclasses import dataclass
 
 from bench.sim_profile import WorkerProfile
-from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
+from core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, WorkerLoad
 from core.step_stats import StepTotals
 
 
@@ -33,6 +42,33 @@ class Job:
     finish_ms: float
     tokens: int
     steps: int
+
+
+@dataclass(slots=True)
+class Queued:
+    """A routed request waiting for its turn on a worker."""
+
+    n: int
+    arrival_ms: float
+    hashes: list[int]
+    length: int
+    peer: SimWorker | None
+    pull_blocks: int
+    estimate: int
+    """Tokens it will compute as the worker's cache stood at its arrival (load reports)."""
+
+
+@dataclass(slots=True)
+class Started:
+    """What a request's start decided: its reuse, its finish and its events."""
+
+    queued: Queued
+    start_ms: float
+    finish_ms: float
+    hit_tokens: int
+    moved_tokens: int
+    events: KVEventBatch | None
+    """The blocks it stores and those it evicts, reported at its start."""
 
 
 def prefix_length(hashes: list[int], cache: Container[int]) -> int:
@@ -71,37 +107,89 @@ class SimWorker:
         self.totals = StepTotals()
         self.prompt_tokens = self.cached_tokens = self.transferred_tokens = 0
         self.seq = 0
+        self.ready_ms: dict[int, float] = {}
+        """When each cached block was (or will be) computed, while that is in the future."""
+        self.queue: deque[Queued] = deque()
+
+    # -- requests that wait for their turn ---------------------------------------------
+    def submit(self, job: Queued) -> None:
+        self.queue.append(job)
+
+    def next_start(self) -> float | None:
+        """When the first queued request starts (None: none is queued)."""
+        return max(self.queue[0].arrival_ms, self.busy_until) if self.queue else None
+
+    def start_next(self, block_size: int) -> Started:
+        """Start the first queued request: its cache lookup, copy, evictions and prefill."""
+        start = self.next_start()
+        assert start is not None
+        q = self.queue.popleft()
+        hit, pulled, events, available = self.serve(q.hashes, q.peer, q.pull_blocks)
+        hit_tokens = min(hit * block_size, q.length)
+        moved = min((hit + pulled) * block_size, q.length) - hit_tokens
+        finish = self.enqueue(
+            q.arrival_ms, q.length, q.length - hit_tokens - moved, moved, available
+        )
+        self.computed(q.hashes[hit:], finish, start)
+        return Started(q, start, finish, hit_tokens, moved, self.batch(events) if events else None)
 
     # -- the cache ---------------------------------------------------------------------
     def serve(
         self, hashes: list[int], peer: SimWorker | None = None, pull_blocks: int = 0
-    ) -> tuple[int, int, KVEventBatch]:
+    ) -> tuple[int, int, list[KVEvent], float]:
         """Look the chain up, copy up to `pull_blocks` more from `peer`, store the rest, evict
-        LRU. Returns the hit and the copied blocks, and the events to publish."""
+        LRU. Returns the hit and the copied blocks, the events (stored, then removed: wrap
+        them with `batch`), and when the copied blocks exist on the peer."""
         cache = self.cache
         hit = prefix_length(hashes, cache)
-        pulled = 0
+        pulled, available = 0, 0.0
         if peer is not None and pull_blocks > 0:
             pulled = max(0, min(hit + pull_blocks, prefix_length(hashes, peer.cache)) - hit)
             for h in reversed(hashes[hit : hit + pulled]):  # read: recently used there too
                 peer.cache.move_to_end(h)
+                available = max(available, peer.ready_ms.get(h, 0.0))
         new = [h for h in hashes[hit:] if h not in cache]
         evicted = store_chain(cache, hashes, self.capacity)
-        events: list = [BlockStored(hashes[hit - 1] if hit else None, new)] if new else []
+        for h in evicted:
+            self.ready_ms.pop(h, None)
+        events: list[KVEvent] = []
+        if new:
+            events.append(BlockStored(hashes[hit - 1] if hit else None, new))
         if evicted:
             events.append(BlockRemoved(evicted))
-        batch = KVEventBatch(self.worker_id, self.seq, events, model="m")
+        return hit, pulled, events, available
+
+    def batch(self, events: list[KVEvent]) -> KVEventBatch:
+        """The worker's next event batch (its own sequence numbers)."""
         self.seq += 1
-        return hit, pulled, batch
+        return KVEventBatch(self.worker_id, self.seq - 1, events, model="m")
+
+    def computed(self, hashes: list[int], finish_ms: float, now_ms: float) -> None:
+        """The prefill that stores `hashes` finishes at `finish_ms`; forget blocks long done."""
+        ready = self.ready_ms
+        if len(ready) > 4 * self.capacity:
+            for h in [h for h, t in ready.items() if t <= now_ms]:
+                del ready[h]
+        for h in hashes:
+            if h in self.cache:
+                ready[h] = finish_ms
 
     # -- the queue ---------------------------------------------------------------------
     def enqueue(
-        self, now_ms: float, prompt_tokens: int, uncached: int, transferred: int = 0
+        self,
+        now_ms: float,
+        prompt_tokens: int,
+        uncached: int,
+        transferred: int = 0,
+        available_ms: float = 0.0,
     ) -> float:
         """Queue a prefill of `uncached` tokens arriving at `now_ms`, `transferred` of the
-        others copied from a peer first; returns its finish."""
+        others copied from a peer first (from `available_ms` at the earliest); returns its
+        finish."""
         service = self.profile.prefill_ms(uncached, prompt_tokens - uncached)
-        ready = now_ms + (self.profile.transfer_ms(transferred) if transferred else 0.0)
+        ready = now_ms
+        if transferred:
+            ready = max(now_ms, available_ms) + self.profile.transfer_ms(transferred)
         start = max(ready, self.busy_until)
         self.busy_until = start + service
         self.work_ms += service
@@ -129,10 +217,13 @@ class SimWorker:
                 waiting_tokens += job.tokens
                 num_waiting += 1
         del self.jobs[:done]  # FIFO: the finished ones are the first
+        for q in self.queue:
+            waiting_tokens += q.estimate
+            num_waiting += 1
         return WorkerLoad(
             self.worker_id,
             "prefill",
-            num_running=len(self.jobs) - num_waiting,
+            num_running=len(self.jobs) - num_waiting + len(self.queue),
             num_waiting=num_waiting,
             num_waiting_tokens=waiting_tokens,
             num_free_blocks=self.capacity,  # an engine counts evictable cached blocks free

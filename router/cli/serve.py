@@ -96,11 +96,14 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
 
     if args.disagg_min_uncached_tokens < 0:
         raise SystemExit("baton serve: --disagg-min-uncached-tokens must be >= 0")
+    if args.prefix_promise_s < 0:
+        raise SystemExit("baton serve: --prefix-promise-s must be >= 0")
     return RouterConfig(
         prefill_policy=args.policy,
         decode_policy=args.decode_policy,
         prefill_policy_args=_policy_args(args),
         disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
+        pending_ttl_s=args.prefix_promise_s,
     )
 
 

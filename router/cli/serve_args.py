@@ -7,6 +7,7 @@ import argparse
 
 from router.cli.autoscale_args import add_autoscale_arguments
 from router.frontdoor.limits import DoorLimits
+from router.routing.index.pending import DEFAULT_TTL_S
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50051
@@ -49,6 +50,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="a prompt whose part the decode worker does not cache is shorter than this is "
         "prefilled by the decode worker itself (conditional disaggregation; 0: every prompt "
         "goes through the prefill pool)",
+    )
+    p.add_argument(
+        "--prefix-promise-s",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="S",
+        help="a routed prefill's prompt blocks count as its worker's (for the requests "
+        "routed after it, by every front door) until the worker reports them, or at most S "
+        "seconds (0: only reported blocks count)",
     )
     p.add_argument(
         "--redis",

@@ -13,6 +13,9 @@ Request path of `route` (all in memory; Redis I/O, if any, runs in the store's t
        only ever a decode worker that prefills its own requests)
     5. charge the request to the ledger (router.routing.load) and return its Ticket, which
        the caller moves along (admitted, prefill done) and closes, exactly once
+    6. promise the prompt's blocks past the prefilling worker's prefix to that worker
+       (index/pending.py), so that the same prefix routed before its KV events arrive, here
+       or in another replica, counts them as that worker's
 
 Thread-safe: one lock for load state and policies, the store's lock for the index.
 """
@@ -33,6 +36,7 @@ from core.events import KVEventBatch, WorkerLoad
 from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
 from core.roles import WorkerRole
 from router.routing.decision import RoutingDecision
+from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
 from router.routing.index.store import IndexStore, InProcessStore, ResyncCallback
 from router.routing.load import LoadTracker
 from router.routing.policies import Choice, RouteContext, make_policy
@@ -57,6 +61,11 @@ class RouterConfig:
     disagg_min_uncached_tokens: int = 256
     prefill_saturation_tokens: int = 1 << 20
     default_block_size: int = 16
+    pending_ttl_s: float = DEFAULT_TTL_S
+    """How long a routed prefill's blocks count as its worker's while it waits and runs,
+    before its KV events report them (0: only reported blocks count)."""
+    pending_grace_s: float = DEFAULT_GRACE_S
+    """... and once the prefill is done, for its events to arrive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,23 +183,39 @@ class Router:
             tokens = num_prompt_tokens if num_prompt_tokens is not None else 0
             tokens = max(tokens, len(hashes) * spec.block_size)
         # 2. cached prefix per worker (None: degraded store, route by load alone)
-        cached = self.store.longest_prefixes(model, hashes)
-        degraded = cached is None
+        prefixes = self.store.longest_prefixes(model, hashes)
+        degraded = prefixes is None
+        reported, cached = prefixes if prefixes is not None else (_NO_HITS, _NO_HITS)
         held = None
         if self._prefill.wants_block_counts and not degraded:
             held = self.store.block_counts(model)
         with self._lock:
-            return self._decide(
+            ticket = self._decide(
                 model,
                 spec,
                 len(hashes),
                 tokens,
-                _NO_HITS if cached is None else cached,
+                cached,
                 num_output_tokens,
                 request_id,
                 degraded,
                 _NO_HITS if held is None else held,
+                reported,
             )
+        # 6. what the prefilling worker will store
+        decision, cfg = ticket.decision, self.config
+        have = decision.cached_blocks
+        if not degraded and have < len(hashes) and cfg.pending_ttl_s > 0:
+            worker = decision.prefill_worker_id or decision.decode_worker_id
+            promised = hashes[have:]
+            store = self.store
+            store.promise(model, worker, promised, cfg.pending_ttl_s)
+            ticket.on_prefill_end(
+                lambda done: store.promise(
+                    model, worker, promised, cfg.pending_grace_s if done else 0.0, renew=True
+                )
+            )
+        return ticket
 
     def _decide(
         self,
@@ -203,6 +228,7 @@ class Router:
         request_id: str | None,
         degraded: bool,
         held: Mapping[str, int] = _NO_HITS,
+        reported: Mapping[str, int] = _NO_HITS,
     ) -> Ticket:
         cfg = self.config
         block = spec.block_size
@@ -245,6 +271,7 @@ class Router:
                     num_output_tokens,
                     prefill_pool,
                     held,
+                    reported,
                 )
             )
             reason = p_choice.reason

@@ -13,7 +13,7 @@ from bench import router_sim
 from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
 from bench.sim_run import at_load
-from bench.sim_worker import SimWorker
+from bench.sim_worker import Queued, SimWorker
 from bench.workloads import (
     DEFAULT_TRACE,
     REPO,
@@ -63,11 +63,11 @@ def test_light_then_burst_shape() -> None:
 
 def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     w = SimWorker("p0", capacity=4, profile=PROFILE)
-    hit, _, batch = w.serve([1, 2, 3])
-    assert hit == 0 and batch.events[0].block_hashes == [1, 2, 3]
+    hit, _, events, _ = w.serve([1, 2, 3])
+    assert hit == 0 and events[0].block_hashes == [1, 2, 3]
     assert w.enqueue(0.0, 300, 300) == 2 * 10 + 300  # two chunks of 256
-    hit, _, batch = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
-    assert hit == 2 and batch.events[-1].block_hashes == [3]
+    hit, _, events, _ = w.serve([1, 2, 5, 6])  # 5 blocks > capacity 4: LRU (3) is evicted
+    assert hit == 2 and events[-1].block_hashes == [3]
     assert w.enqueue(100.0, 200, 100) == 320 + 10 + 100  # waits for the first
     load = w.load(200.0)
     assert load.num_waiting == 1 and load.num_running == 1
@@ -76,12 +76,31 @@ def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     assert w.load(1000.0).steps.prefill_tokens == 400  # both finished: in the step totals
 
 
+def test_a_queued_request_finds_the_cache_as_it_is_when_it_starts() -> None:
+    """Like Baton's engine, which looks a request's prefix up and names its blocks when it
+    schedules it: what the requests ahead of it evicted is gone, what they stored is there;
+    its events are reported at its start, in sequence order."""
+    w = SimWorker("p0", capacity=3, profile=PROFILE)
+    w.serve([1, 2])  # cached before
+    w.submit(Queued(0, 0.0, [5, 6, 7], 48, None, 0, estimate=48))
+    w.submit(Queued(1, 0.0, [1, 2, 8], 48, None, 0, estimate=16))  # 2 hits on arrival
+    assert w.load(0.0).num_waiting_tokens == 48 + 16
+    a = w.start_next(16)
+    assert (a.start_ms, a.finish_ms, a.hit_tokens) == (0.0, 10 + 48, 0)
+    assert a.events is not None
+    assert [e.block_hashes for e in a.events.events] == [[5, 6, 7], [2, 1]]
+    assert w.next_start() == a.finish_ms
+    b = w.start_next(16)
+    assert b.start_ms == a.finish_ms and b.hit_tokens == 0  # its prefix was evicted meanwhile
+    assert b.events is not None and a.events.seq < b.events.seq and w.next_start() is None
+
+
 def test_a_served_chain_loses_its_tail_first() -> None:
     """Like an engine freeing a finished request's blocks in reverse: a prompt longer than
     the cache keeps its prefix (the part a later prompt can hit), not its tail."""
     w = SimWorker("p0", capacity=3, profile=PROFILE)
-    _, _, batch = w.serve([1, 2, 3, 4, 5])
-    assert batch.events[-1].block_hashes == [5, 4]
+    _, _, events, _ = w.serve([1, 2, 3, 4, 5])
+    assert events[-1].block_hashes == [5, 4]
     assert w.serve([1, 2, 3, 9])[0] == 3
 
 

@@ -24,9 +24,9 @@ def test_a_worker_copies_its_peers_blocks_and_counts_them_apart() -> None:
     peer, w = SimWorker("p0", 8, PROFILE), SimWorker("p1", 8, PROFILE)
     peer.serve([1, 2, 3, 4])
     w.serve([1])
-    hit, pulled, batch = w.serve([1, 2, 3, 4, 5, 6], peer, pull_blocks=3)
-    assert (hit, pulled) == (1, 3)
-    assert batch.events[0].block_hashes == [2, 3, 4, 5, 6]  # copied blocks are cached now
+    hit, pulled, events, available = w.serve([1, 2, 3, 4, 5, 6], peer, pull_blocks=3)
+    assert (hit, pulled, available) == (1, 3, 0.0)
+    assert events[0].block_hashes == [2, 3, 4, 5, 6]  # copied blocks are cached now
     assert w.serve([1, 2, 3, 4, 9])[0] == 4
     # the copy (2 ms + 48 us) runs before the prefill of the 32 computed tokens
     finish = w.enqueue(0.0, prompt_tokens=96, uncached=32, transferred=48)
@@ -34,6 +34,17 @@ def test_a_worker_copies_its_peers_blocks_and_counts_them_apart() -> None:
     load = w.load(1e6)
     assert load.num_prompt_tokens == 96 and load.num_cached_prompt_tokens == 16
     assert load.num_pulled_prompt_tokens == 48 and load.steps.prefill_tokens == 32
+
+
+def test_a_pull_waits_for_blocks_the_peer_is_still_computing() -> None:
+    peer, w = SimWorker("p0", 8, PROFILE), SimWorker("p1", 8, PROFILE)
+    peer.serve([1, 2, 3, 4])
+    done = peer.enqueue(0.0, prompt_tokens=64, uncached=64)
+    peer.computed([1, 2, 3, 4], done, now_ms=0.0)
+    hit, pulled, _, available = w.serve([1, 2, 3, 4, 5], peer, pull_blocks=4)
+    assert (hit, pulled, available) == (0, 4, done)
+    finish = w.enqueue(1.0, prompt_tokens=80, uncached=16, transferred=64, available_ms=available)
+    assert finish == done + 2.0 + 64 * 1e-3 + PROFILE.prefill_ms(16, 64)
 
 
 def test_a_stale_pull_copies_only_what_the_peer_still_holds() -> None:
@@ -44,11 +55,17 @@ def test_a_stale_pull_copies_only_what_the_peer_still_holds() -> None:
 
 
 def _trace() -> list[TraceRequest]:
-    """One 30-block prefix, 20 requests at once: its holder's queue grows, others pull."""
+    """One 30-block prefix: one request computes it, then 20 arrive at once (after its
+    holder reported it): the holder's queue grows, others pull."""
     prefix = list(range(1000, 1030))
     return [
-        TraceRequest(timestamp=0, input_length=32 * 16, output_length=1, hash_ids=prefix + [k, -k])
-        for k in range(1, 21)
+        TraceRequest(
+            timestamp=0 if k == 1 else 2000,
+            input_length=32 * 16,
+            output_length=1,
+            hash_ids=prefix + [k, -k],
+        )
+        for k in range(1, 22)
     ]
 
 

@@ -43,3 +43,13 @@ def test_conditional_disaggregation_threshold_reaches_the_router() -> None:
     assert config.disagg_min_uncached_tokens == 0
     with pytest.raises(SystemExit, match="must be >= 0"):
         router_config(parse(["serve", "--disagg-min-uncached-tokens", "-1"]))
+
+
+def test_prefix_promises_reach_the_router_and_zero_turns_them_off() -> None:
+    from router.cli.serve import router_config
+
+    parse = build_parser().parse_args
+    assert router_config(parse(["serve"])).pending_ttl_s == 600.0
+    assert router_config(parse(["serve", "--prefix-promise-s", "0"])).pending_ttl_s == 0.0
+    with pytest.raises(SystemExit, match="--prefix-promise-s"):
+        router_config(parse(["serve", "--prefix-promise-s", "-1"]))

@@ -1,7 +1,7 @@
 """The Redis index store: several router replicas share one view of the workers' caches.
 
 Keys (prefix `ns`, default "baton:kv"):
-    ns:stream                 stream of entries {m: model, w: worker, k: b|x, d: msgpack batch}
+    ns:stream                 stream of entries {m: model, w: worker, k: b|x|p, d: msgpack}
     ns:models                 set of model names
     ns:{model}:workers        set of worker ids
     ns:{model}:seq            hash worker -> last seq
@@ -13,6 +13,11 @@ drains it in pipelines of Lua calls. One Lua call applies the sequence rule of
 prefix_index.py to the worker's set (purge on gap / restart, skip duplicates), applies
 the events to the set, and XADDs the batch, atomically. So the sets are always the
 materialised stream, and a snapshot of the sets plus the stream's last id is a consistent cut.
+A routing decision's promise (pending.py: blocks sent to a worker for prefill, not reported
+yet, or a new lifetime for one) is a plain XADD of kind p, {r: replica, t: seconds, n:
+renew, d: msgpack hashes}: every other replica counts it from when it reads it. It is in no
+set: it lives as long as its request waits, and a restarted replica that misses it routes
+as it did before promises existed.
 
 Read path (every replica): a consumer thread XREADs the stream from its last id and applies
 each batch to the local PrefixIndex (same rule, same order, same result). `route` only reads
@@ -35,8 +40,11 @@ import logging
 import queue
 import threading
 import time
+import uuid
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import redis
 
 from core.events import (
@@ -52,6 +60,8 @@ from router.routing.index.store import IndexStore, ResyncCallback
 logger = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
+_ENCODE = msgspec.msgpack.Encoder().encode
+_DECODE_HASHES = msgspec.msgpack.Decoder(list[int]).decode
 
 
 class RedisStore(IndexStore):
@@ -77,6 +87,7 @@ class RedisStore(IndexStore):
         self._poll_ms = poll_ms
         self._retry_s = retry_s
         self._last_id = b"0-0"
+        self._replica = uuid.uuid4().hex[:12].encode()  # our promises come back: skip them
         self._healthy = False
         self._need_load = True
         self._down_since: float | None = None  # set while Redis is unreachable
@@ -106,8 +117,20 @@ class RedisStore(IndexStore):
 
     def remove_worker(self, model: str, worker_id: str) -> None:
         with self._lock:  # leave the local view at once, the stream tells the other replicas
-            self._index(model).remove_worker(worker_id)
+            self._forget(model, worker_id)
         self._enqueue(("x", (model, worker_id)))
+
+    def promise(
+        self,
+        model: str,
+        worker_id: str,
+        hashes: Sequence[int],
+        ttl_s: float,
+        renew: bool = False,
+    ) -> None:
+        super().promise(model, worker_id, hashes, ttl_s, renew)
+        if hashes:
+            self._enqueue(("p", (model, worker_id, list(hashes), ttl_s, renew)))
 
     def _enqueue(self, item: tuple[str, Any]) -> None:
         with self._cv:
@@ -168,6 +191,11 @@ class RedisStore(IndexStore):
                     *event_args(b),
                 ]
                 self._publish_lua(keys=keys, args=args, client=pipe)
+            elif kind == "p":
+                model, worker, hashes, ttl_s, renew = item
+                fields = {"m": model, "w": worker, "k": "p", "r": self._replica,
+                          "t": repr(ttl_s), "n": int(renew), "d": _ENCODE(hashes)}  # fmt: skip
+                pipe.xadd(stream, fields, maxlen=self._maxlen, approximate=True)
             else:
                 model, worker = item
                 keys = [
@@ -225,11 +253,18 @@ class RedisStore(IndexStore):
     def _apply_entries(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         with self._lock:
             for entry_id, fields in entries:
-                model = fields[b"m"].decode()
-                if fields[b"k"] == b"x":
-                    self._index(model).remove_worker(fields[b"w"].decode())
+                model, kind = fields[b"m"].decode(), fields[b"k"]
+                if kind == b"x":
+                    self._forget(model, fields[b"w"].decode())
+                elif kind == b"p":
+                    if fields[b"r"] != self._replica:
+                        hashes = _DECODE_HASHES(fields[b"d"])
+                        ttl_s, renew = float(fields[b"t"]), fields[b"n"] == b"1"
+                        self._promise(model, fields[b"w"].decode(), hashes, ttl_s, renew)
                 else:
-                    self._index(model).apply(decode_event_batch(fields[b"d"]))
+                    batch = decode_event_batch(fields[b"d"])
+                    self._index(model).apply(batch)
+                    self._settle(batch)
                 self._last_id = entry_id
 
     def _load_snapshot(self) -> None:

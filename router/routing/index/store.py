@@ -5,7 +5,10 @@
       remove_worker(m, w)     a worker left: its entries leave every replica's view
       read(model)             context manager: the local PrefixIndex, locked for reading,
                               or None when the view cannot be trusted (degraded store)
-      longest_prefixes(m, h)  read(m) + PrefixIndex.longest_prefixes(h), the routing fast path
+      longest_prefixes(m, h)  read(m) + PrefixIndex.longest_prefixes(h), the routing fast path:
+                              as reported, and extended by the blocks promised (pending.py)
+      promise(m, w, h, ttl)   a decision sent a prefill of these blocks to w; count them as
+                              w's for `ttl` seconds (shared by replicas)
       sync(timeout)           block until everything published so far is in the local view
       close()                 stop background work; called exactly once by the owner
 
@@ -23,10 +26,12 @@ from __future__ import annotations
 
 import abc
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from core.events import KVEventBatch
+from core.events import BlockRemoved, BlockStored, KVEventBatch
+from router.routing.index.pending import PendingBlocks
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
 
 ResyncCallback = Callable[[str, str], None]
@@ -40,6 +45,9 @@ class IndexStore(abc.ABC):
         self._on_resync = on_resync
         self._lock = threading.Lock()
         self._indexes: dict[str, PrefixIndex] = {}
+        self._pending: dict[str, PendingBlocks] = {}
+        self.clock: Callable[[], float] = time.monotonic
+        """Seconds, for the promises' lifetimes (a simulator replaces it with its own)."""
 
     def set_resync_callback(self, on_resync: ResyncCallback | None) -> None:
         self._on_resync = on_resync
@@ -50,6 +58,47 @@ class IndexStore(abc.ABC):
         if index is None:
             index = self._indexes[model] = PrefixIndex(model)
         return index
+
+    def _promise(
+        self, model: str, worker_id: str, hashes: Sequence[int], ttl_s: float, renew: bool
+    ) -> None:
+        """Record a promise locally. Caller holds the lock."""
+        pending = self._pending.get(model)
+        if pending is None:
+            pending = self._pending[model] = PendingBlocks()
+        pending.add(worker_id, hashes, self.clock(), ttl_s, renew)
+
+    def _settle(self, batch: KVEventBatch) -> None:
+        """A batch was applied: the blocks it stored are no longer promises, nor those it
+        removed (a late removal may void a promise made since: the view then under-counts,
+        as a stale index does, rather than over-counts). Caller holds the lock."""
+        pending = self._pending.get(batch.model)
+        if pending is not None:
+            for event in batch.events:
+                if isinstance(event, (BlockStored, BlockRemoved)):
+                    pending.settle(batch.worker_id, event.block_hashes)
+
+    def _forget(self, model: str, worker_id: str) -> None:
+        """The worker left: its index entries and promises go. Caller holds the lock."""
+        self._index(model).remove_worker(worker_id)
+        pending = self._pending.get(model)
+        if pending is not None:
+            pending.drop_worker(worker_id)
+
+    def promise(
+        self,
+        model: str,
+        worker_id: str,
+        hashes: Sequence[int],
+        ttl_s: float,
+        renew: bool = False,
+    ) -> None:
+        """A routing decision sent the prefill of `hashes` to `worker_id`: until its events
+        report them, or for `ttl_s`, count them as that worker's (pending.py); a promise of
+        the same blocks made before gets this lifetime instead (0: it ends; `renew`: only
+        blocks still promised)."""
+        with self._lock:
+            self._promise(model, worker_id, hashes, ttl_s, renew)
 
     def _report(self, model: str, worker_id: str, outcome: ApplyOutcome) -> None:
         if outcome.needs_resync and self._on_resync is not None:
@@ -66,14 +115,22 @@ class IndexStore(abc.ABC):
         with self._lock:
             yield self._index(model) if self.healthy else None
 
-    def longest_prefixes(self, model: str, block_hashes: Sequence[int]) -> dict[str, int] | None:
+    def longest_prefixes(
+        self, model: str, block_hashes: Sequence[int]
+    ) -> tuple[Mapping[str, int], Mapping[str, int]] | None:
         """`read(model)` + `PrefixIndex.longest_prefixes` in one call, for the decision path
-        (no generator-based context manager): None when degraded."""
+        (no generator-based context manager): the prefixes the workers reported, and the
+        same extended by the blocks promised to them (the same object when no promise
+        extends any); None when degraded."""
         with self._lock:
             if not self.healthy:
                 return None
             index = self._indexes.get(model)
-            return index.longest_prefixes(block_hashes) if index is not None else {}
+            cached = index.longest_prefixes(block_hashes) if index is not None else {}
+            pending = self._pending.get(model)
+            if pending is None:
+                return cached, cached
+            return cached, pending.extend(block_hashes, cached, self.clock())
 
     def block_counts(self, model: str) -> dict[str, int] | None:
         """Blocks each worker's cache holds, per the local view (None when degraded)."""
@@ -110,8 +167,9 @@ class InProcessStore(IndexStore):
     def publish(self, batch: KVEventBatch) -> None:
         with self._lock:
             outcome = self._index(batch.model).apply(batch)
+            self._settle(batch)
         self._report(batch.model, batch.worker_id, outcome)
 
     def remove_worker(self, model: str, worker_id: str) -> None:
         with self._lock:
-            self._index(model).remove_worker(worker_id)
+            self._forget(model, worker_id)

@@ -5,8 +5,10 @@ tie-break / round-robin state.
 
 `ctx.workers` is the pool (non-empty; `ctx.pool_view()` adds its load order),
 `ctx.cached_blocks` the longest cached prefix of the prompt on each worker (workers with none
-are absent), `ctx.held_blocks` how many blocks each worker's cache holds (filled only for a
-policy that sets `wants_block_counts`: it costs a pass over the workers). A policy must not
+are absent; it counts the blocks that requests routed there will have computed by the time
+this one runs, `ctx.reported_blocks` only those the workers reported), `ctx.held_blocks`
+how many blocks each worker's cache holds (filled only for a policy that sets
+`wants_block_counts`: it costs a pass over the workers). A policy must not
 mutate `ctx` or the WorkerStates; the Router owns the accounting. Policies are looked up by
 name in a per-pool registry, so `round_robin`, `least_loaded` and `random` work for both pools and
 `cache_aware` means the prefill formula or the decode formula depending on the pool.
@@ -45,6 +47,10 @@ class RouteContext(NamedTuple):
     Policies that need it and find None build one from `workers`."""
     held_blocks: Mapping[str, int] = _NONE
     """Blocks each worker's cache holds, per the index (see the module docstring)."""
+    reported_blocks: Mapping[str, int] | None = None
+    """`cached_blocks` without the blocks only promised to a worker by routing decisions
+    whose prefills have not reported them yet (router/routing/index/pending.py): what a
+    peer can send now. None: the same as `cached_blocks`."""
 
     def pool_view(self) -> Pool:
         return self.pool if self.pool is not None else Pool(self.workers)

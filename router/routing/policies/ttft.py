@@ -208,11 +208,13 @@ class TtftPrefill(Policy):
     @staticmethod
     def _holder(ctx: RouteContext) -> tuple[str | None, int]:
         """The pool worker holding the longest cached prefix of the prompt, and its length in
-        blocks (ties: the shorter queue, which serves a copy soonest on a real transport)."""
+        blocks (ties: the shorter queue, which serves a copy soonest on a real transport).
+        Only reported blocks count: a block still being computed cannot be sent yet."""
         best: tuple[int, int] = (0, 0)
         holder = None
         in_pool = {w.worker_id: w for w in ctx.workers}
-        for worker_id, hit in ctx.cached_blocks.items():
+        reported = ctx.cached_blocks if ctx.reported_blocks is None else ctx.reported_blocks
+        for worker_id, hit in reported.items():
             w = in_pool.get(worker_id)
             if w is not None and hit > 0 and (hit, -w.queued_prefill_tokens) > best:
                 best, holder = (hit, -w.queued_prefill_tokens), worker_id
