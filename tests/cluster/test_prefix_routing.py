@@ -3,6 +3,7 @@ them, and a decode worker is sent only the blocks it does not already hold."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -59,6 +60,42 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     assert hits == [0, 5 * 256], hits
     busy = max(prefill_stats(), key=lambda s: s.num_prompt_tokens)
     assert busy.prefix_hit_rate > 0.7
+
+
+def test_a_burst_of_one_prefix_is_computed_once_per_worker(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    """Six requests sharing a 256-token prefix arrive together, before any KV event. Where
+    several land on one prefill worker (sent by its promise or by load), only the first
+    computes the prefix: its engine names the blocks when it schedules them, so the others,
+    scheduled in the same step or after it, hit them. Every output is the oracle's."""
+    model_dir = tiny_model_dir("llama")
+    cluster = cluster_factory(
+        make_spec(model_dir, num_prefill=2, num_decode=1), always_disaggregate()
+    )
+    backend = cluster.backend
+    [prefix] = prompts(1, 1000, [256], seed=41)
+    tails = prompts(6, 1000, [20], seed=42)
+
+    async def burst() -> list:
+        return await asyncio.gather(
+            *(collect(backend, f"b{i}", prefix + tail, GREEDY) for i, tail in enumerate(tails))
+        )
+
+    outs = loop_thread.run(burst())
+    for tail, out in zip(tails, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
+
+    def prefill_stats() -> list:
+        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
+
+    deadline = time.monotonic() + 15  # the counters arrive with the workers' next reports
+    while sum(s.num_prompt_tokens for s in prefill_stats()) < 6 * 276:
+        assert time.monotonic() < deadline, prefill_stats()
+        time.sleep(0.02)
+    for s in prefill_stats():
+        requests = s.num_prompt_tokens // 276
+        assert s.num_cached_prompt_tokens == max(0, requests - 1) * 256, prefill_stats()
 
 
 def test_multi_turn_sends_only_new_blocks(cluster_factory, loop_thread, tiny_model_dir) -> None:
