@@ -4,6 +4,7 @@
     python -m bench.router_sim --capacity 600 --workers 16 --load 0.9
     python -m bench.router_sim --trace ../shared/traces/mooncake/synthetic_trace.jsonl
     python -m bench.router_sim --redis              # also 4 router replicas over Redis
+    python -m bench.router_sim --late-binding       # route when a worker has room
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
 see bench.workloads.traces_dir, or given by --trace) at each `--capacity` (blocks per
@@ -16,6 +17,11 @@ that busy; bench.sim_run.at_load), so the queueing regime does not depend on whi
 the profile was measured on. light_then_burst is built from the profile: its light phase is
 spaced twice the longest prefill apart (no queue ever forms), its burst arrives at
 `--burst-load` times what the pool serves with every system prompt cached (saturation).
+
+Late binding (`--late-binding`, as `baton serve --late-binding`): arrivals wait in one
+queue and the oldest is routed whenever some worker has no request waiting to start (the
+front door's gate holds a worker's admitted prompt tokens to about one or two engine steps;
+here, to the one running prefill), so decisions see the caches as they are then.
 
 Per policy: computed prefill tokens, prefix hit rate (cached prompt tokens / prompt tokens),
 its ratio to the oracle's, load max / mean (prefill time each worker was given) and TTFT
@@ -120,7 +126,10 @@ def run_workload(
             name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
         )
         ledger = MissLedger(capacity * args.workers)
-        res[label] = simulate(trace, routers, args.workers, capacity, block, profile, ledger)
+        res[label] = simulate(
+            trace, routers, args.workers, capacity, block, profile, ledger,
+            late_binding=args.late_binding,
+        )  # fmt: skip
         res[label]["misses"] = ledger.summary()
         add_ratios(res[label], oracle)
     if args.redis:
@@ -135,7 +144,10 @@ def run_workload(
             for r in routers:
                 r.store.sync(10)
             key = f"{args.policies[0]}_4_replicas_redis"
-            res[key] = simulate(trace, routers, args.workers, capacity, block, profile)
+            res[key] = simulate(
+                trace, routers, args.workers, capacity, block, profile,
+                late_binding=args.late_binding,
+            )  # fmt: skip
             add_ratios(res[key], oracle)
             for r in routers:
                 r.close()
@@ -190,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prefix-promise-s", type=float, default=DEFAULT_TTL_S,
         help="seconds a routed prefill's blocks count before its events (0: events only)",
+    )  # fmt: skip
+    p.add_argument(
+        "--late-binding", action="store_true",
+        help="route each request when a worker has nothing waiting, not when it arrives",
     )  # fmt: skip
     p.add_argument("--out", default="bench/results/router_sim.json")
     return p

@@ -136,6 +136,9 @@ EXPERIMENTS = {
                 ("ttft_pull", "ttft --prefix-pull-gbps 2"),
                 ("cache_aware", "cache_aware"),
                 ("round_robin", "round_robin"),
+                # routed when a prefill worker has room, not on arrival (issue 20)
+                ("ttft_pull_late", "ttft --prefix-pull-gbps 2 --late-binding"),
+                ("cache_aware_late", "cache_aware --late-binding"),
             )
         ],
         rates=[],  # the trace's own arrivals

@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from bench.sim_misses import MissLedger
@@ -85,6 +85,7 @@ def simulate(
     misses: MissLedger | None = None,
     report_every: int = 8,
     sync_every: int = 8,
+    late_binding: bool = False,
 ) -> dict[str, Any]:
     workers = [SimWorker(f"p{i}", capacity, profile) for i in range(num_workers)]
     by_id = {w.worker_id: w for w in workers}
@@ -97,7 +98,29 @@ def simulate(
     for router in routers:
         router.store.clock = lambda: clock[0]
     ttfts: list[float] = []
-    stats = {"cached": 0, "moved": 0, "pulls": 0}
+    stats = {"cached": 0, "moved": 0, "prompt": 0, "pulls": 0, "bound_late": 0}
+    central: deque[int] = deque()  # late binding: arrived, not routed yet
+
+    def dispatch(n: int, now: float) -> None:
+        """Route request n at `now` and queue it on its prefill worker."""
+        r = trace[n]
+        ticket = routers[n % len(routers)].route(
+            "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=f"q{n}"
+        )
+        ticket.admit()  # no gate here: the simulated worker queues it
+        decision = ticket.decision
+        w = by_id[decision.prefill_worker_id or ""]
+        peer = by_id[decision.pull_from.peer_id] if decision.pull_from is not None else None
+        length = r["input_length"]
+        estimate = length - min(prefix_length(r["hash_ids"], w.cache) * block_size, length)
+        w.submit(Queued(n, now, r["hash_ids"], length, peer, decision.pulled_blocks, estimate))
+        tickets[n] = ticket
+        stats["prompt"] += length
+
+    def bind(now: float) -> None:
+        """Late binding: route the oldest arrivals while some worker has nothing waiting."""
+        while central and any(not w.queue for w in workers):
+            dispatch(central.popleft(), now)
 
     def run_until(t: float) -> None:
         """Everything up to `t`: events reach the routers, prefills finish, queued requests
@@ -128,12 +151,13 @@ def simulate(
                 if s.events is not None:
                     heapq.heappush(events, (t0, next(order), s.events))
                 heapq.heappush(done, (s.finish_ms, next(order), q.n))
-                ttfts.append(s.finish_ms - q.arrival_ms)
+                ttfts.append(s.finish_ms - float(trace[q.n]["timestamp"]))
                 stats["cached"] += s.hit_tokens
                 stats["moved"] += s.moved_tokens
                 stats["pulls"] += 1 if s.moved_tokens else 0
+            if late_binding:
+                bind(t0)
 
-    prompt_tokens = 0
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         run_until(now)
@@ -146,21 +170,16 @@ def simulate(
         if len(routers) > 1 and n % sync_every == 0:
             for router in routers:
                 router.store.sync(10)
-        ticket = routers[n % len(routers)].route(
-            "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=f"q{n}"
-        )
-        ticket.admit()  # no gate here: the simulated worker queues it
-        decision = ticket.decision
-        w = by_id[decision.prefill_worker_id or ""]
-        peer = by_id[decision.pull_from.peer_id] if decision.pull_from is not None else None
-        length = r["input_length"]
-        estimate = length - min(prefix_length(r["hash_ids"], w.cache) * block_size, length)
-        w.submit(Queued(n, now, r["hash_ids"], length, peer, decision.pulled_blocks, estimate))
-        tickets[n] = ticket
-        prompt_tokens += length
+        if late_binding:
+            central.append(n)
+            bind(now)
+            stats["bound_late"] += 1 if central else 0
+        else:
+            dispatch(n, now)
         run_until(now)  # an idle worker starts it at once
     run_until(math.inf)
     cached_tokens, transferred_tokens = stats["cached"], stats["moved"]
+    prompt_tokens = stats["prompt"]
     num_pulls = stats["pulls"]
     work = [w.work_ms for w in workers]
     mean = sum(work) / len(work)
@@ -171,6 +190,7 @@ def simulate(
         "reuse_rate": (cached_tokens + transferred_tokens) / prompt_tokens,
         "transferred_tokens": transferred_tokens,
         "num_pulls": num_pulls,
+        "num_bound_late": stats["bound_late"],
         "load_max_over_mean": max(work) / mean if mean else 1.0,
         "ttft_p50_ms": percentile(ttfts, 0.5),
         "ttft_p99_ms": percentile(ttfts, 0.99),

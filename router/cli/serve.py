@@ -104,6 +104,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         prefill_policy_args=_policy_args(args),
         disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         pending_ttl_s=args.prefix_promise_s,
+        late_binding=args.late_binding,
     )
 
 

@@ -61,6 +61,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "seconds (0: only reported blocks count)",
     )
     p.add_argument(
+        "--late-binding",
+        action="store_true",
+        help="route a request when a prefill worker has room for it, not when it arrives: "
+        "the decision sees the caches as they are when its prefill can start",
+    )
+    p.add_argument(
         "--redis",
         default=None,
         metavar="URL",

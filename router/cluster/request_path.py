@@ -5,7 +5,8 @@ For each request (docs/architecture.md, "One request, disaggregated"):
   0. the prompt is checked (the one check on its way in) and its full blocks hashed, once:
      the hashes go to the router and, with the request, to the workers' prefix caches
   1. the router picks a decode worker D and, unless D prefills it itself, a prefill worker
-     P, and hands back the request's ticket; the request waits its turn at P's gate
+     P, and hands back the request's ticket; the request waits its turn at P's gate (with
+     late binding it is routed only once some prefill worker has room: prefill_gate.py)
   1b. when the router chose to migrate a prefix (`PrefixPull`: a busy peer prefill worker
      Q caches more of the prompt than P), P copies those blocks from Q's cache first and
      computes only the rest (prefix_pull.py)
@@ -213,15 +214,30 @@ class RequestPath:
             )
         except NoWorkerError as e:
             raise OverloadedError(f"no worker can take the request now: {e}", 2.0) from e
-        if self.metrics is not None:
-            self.metrics.record_router_decision(self.router.config.prefill_policy)
         return ticket
 
     # -- one attempt: route -> queue -> reserve -> prefill -> admit -> stream ------------------
     async def _attempt(
         self, request: EngineRequest, timeout_s: float
     ) -> AsyncIterator[OutputDelta]:
-        with self._route(request) as ticket:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        model = self.membership.model
+        assert model is not None
+        wait = self.router.config.late_binding and not self.gate.has_room(model.model_id)
+        ticket = self._route(request)
+        if wait and ticket.decision.prefill_worker_id is not None:
+            # Late binding: no prefill worker can take it now, so it is routed again when one
+            # can. (Routing first tells whether its decode worker would prefill it, which
+            # needs no room; the tentative decision is withdrawn.)
+            ticket.close()
+            with self.waits[WorkerRole.PREFILL].waiting():
+                ticket = await self.gate.bind(
+                    model.model_id, lambda: self._route(request), timeout_s
+                )
+        if self.metrics is not None:
+            self.metrics.record_router_decision(self.router.config.prefill_policy)
+        with ticket:
             decision = ticket.decision
             workers = self.membership.workers
             decode = workers.get(decision.decode_worker_id)
@@ -230,7 +246,6 @@ class RequestPath:
             )
             if decode is None or (decision.prefill_worker_id and prefill is None):
                 raise WorkerFailedError("the routed worker just left the cluster")
-            deadline = asyncio.get_running_loop().time() + timeout_s
             attempt = _Attempt(self, request, decode, prefill, deadline)
             try:
                 async for delta in attempt.run(ticket):

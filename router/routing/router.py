@@ -66,6 +66,9 @@ class RouterConfig:
     before its KV events report them (0: only reported blocks count)."""
     pending_grace_s: float = DEFAULT_GRACE_S
     """... and once the prefill is done, for its events to arrive."""
+    late_binding: bool = False
+    """Route a request when a prefill worker has room for it, not when it arrives (the
+    front door's prefill gate, router.cluster.prefill_gate.PrefillGate.bind)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +343,17 @@ class Router:
         with self._lock:
             w = self._loads.workers.get(worker_id)
             return 0 if w is None else w.admitted_prefill_tokens
+
+    def gated_tokens(self, worker_id: str) -> int:
+        """Prefill tokens routed to the worker and still waiting at the prefill gate."""
+        with self._lock:
+            w = self._loads.workers.get(worker_id)
+            return 0 if w is None else w.gated_prefill_tokens
+
+    def prefill_workers(self, model: str) -> list[str]:
+        """The model's prefill pool."""
+        with self._lock:
+            return [w.worker_id for w in self._loads.pool(model, WorkerRole.PREFILL)]
 
     def worker_load(self, worker_id: str) -> tuple[int, int, int] | None:
         """(queued prefill tokens, running, free blocks) as the policies see them."""

@@ -84,3 +84,16 @@ def test_a_run_reports_computed_hit_and_transferred_tokens_apart() -> None:
     assert pulled["computed_tokens"] == round(prompt - reused)
     assert local["transferred_tokens"] == 0 and local["num_pulls"] == 0
     assert pulled["computed_tokens"] < local["computed_tokens"]  # migration saves compute
+
+
+def test_late_binding_routes_every_request_once_a_worker_has_room() -> None:
+    trace = _trace()
+    prompt = sum(r["input_length"] for r in trace)
+    for late in (False, True):
+        routers = router_sim.make_routers("round_robin", 4, 16)
+        res = simulate(trace, routers, 4, 200, 16, PROFILE, late_binding=late)
+        reused = res["hit_rate"] * prompt + res["transferred_tokens"]
+        assert res["computed_tokens"] == round(prompt - reused)
+        assert routers[0].num_in_flight == 0  # every ticket routed, prefilled and closed
+        # 20 at once on 4 workers: each takes one to run and one to wait; 12 wait unrouted
+        assert res["num_bound_late"] == (12 if late else 0)

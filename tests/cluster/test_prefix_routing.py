@@ -62,17 +62,18 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     assert busy.prefix_hit_rate > 0.7
 
 
+@pytest.mark.parametrize("late_binding", [False, True])
 def test_a_burst_of_one_prefix_is_computed_once_per_worker(
-    cluster_factory, loop_thread, tiny_model_dir
+    cluster_factory, loop_thread, tiny_model_dir, late_binding
 ) -> None:
     """Six requests sharing a 256-token prefix arrive together, before any KV event. Where
     several land on one prefill worker (sent by its promise or by load), only the first
     computes the prefix: its engine names the blocks when it schedules them, so the others,
-    scheduled in the same step or after it, hit them. Every output is the oracle's."""
+    scheduled in the same step or after it, hit them. Every output is the oracle's, also
+    when each request is routed only once a prefill worker has room (late binding)."""
     model_dir = tiny_model_dir("llama")
-    cluster = cluster_factory(
-        make_spec(model_dir, num_prefill=2, num_decode=1), always_disaggregate()
-    )
+    config = RouterConfig(disagg_min_uncached_tokens=0, late_binding=late_binding)
+    cluster = cluster_factory(make_spec(model_dir, num_prefill=2, num_decode=1), config)
     backend = cluster.backend
     [prefix] = prompts(1, 1000, [256], seed=41)
     tails = prompts(6, 1000, [20], seed=42)
@@ -96,6 +97,45 @@ def test_a_burst_of_one_prefix_is_computed_once_per_worker(
     for s in prefill_stats():
         requests = s.num_prompt_tokens // 276
         assert s.num_cached_prompt_tokens == max(0, requests - 1) * 256, prefill_stats()
+
+
+def test_late_binding_routes_waiting_requests_with_the_cache_as_it_is_then(
+    cluster_factory, loop_thread, tiny_model_dir
+) -> None:
+    """A gate of 128 tokens per prefill worker, six 276-token prompts sharing a 256-token
+    prefix at once: the first two are routed at arrival (one to each worker: a worker with
+    a prompt in flight has no room), the other four wait unrouted and are routed as
+    prefills finish, to a worker whose cache holds the prefix by then. So the prefix is
+    computed twice and hit four times, and every output is the oracle's."""
+    from core.config import EngineConfig
+
+    model_dir = tiny_model_dir("llama")
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=64)  # gate: 2 x 64
+    config = RouterConfig(disagg_min_uncached_tokens=0, late_binding=True)
+    spec = make_spec(model_dir, num_prefill=2, num_decode=1, engine=engine)
+    cluster = cluster_factory(spec, config)
+    backend = cluster.backend
+    [prefix] = prompts(1, 1000, [256], seed=51)
+    tails = prompts(6, 1000, [20], seed=52)
+
+    async def burst() -> list:
+        return await asyncio.gather(
+            *(collect(backend, f"l{i}", prefix + tail, GREEDY) for i, tail in enumerate(tails))
+        )
+
+    outs = loop_thread.run(burst())
+    for tail, out in zip(tails, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
+
+    def prefill_stats() -> list:
+        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
+
+    deadline = time.monotonic() + 15
+    while sum(s.num_prompt_tokens for s in prefill_stats()) < 6 * 276:
+        assert time.monotonic() < deadline, prefill_stats()
+        time.sleep(0.02)
+    assert sum(s.num_cached_prompt_tokens for s in prefill_stats()) == 4 * 256, prefill_stats()
+    assert backend.gate.num_bound_late >= 1  # some did wait unrouted
 
 
 def test_multi_turn_sends_only_new_blocks(cluster_factory, loop_thread, tiny_model_dir) -> None:

@@ -156,3 +156,63 @@ def test_a_worker_leaving_fails_its_waiters_at_once():
 def test_cap_must_be_positive():
     with pytest.raises(ValueError, match="max_tokens"):
         PrefillGate(Router(), 0)
+
+
+def test_late_binding_routes_a_request_only_when_a_worker_has_room():
+    async def main():
+        gate = make_gate(100)
+        routed: list[str] = []
+
+        def route(rid: str, tokens: int):
+            def go() -> Ticket:
+                routed.append(rid)
+                return ticket(gate, rid, tokens)
+
+            return go
+
+        a = await gate.bind("m0", route("a", 60), 1)  # room: routed at once
+        await gate.admit(a, 1)
+        b = await gate.bind("m0", route("b", 50), 1)  # 60 admitted < 100: still room
+        b_admit = asyncio.create_task(gate.admit(b, 5))  # 60 + 50 > 100: waits at p0's gate
+        await asyncio.sleep(0.01)
+        c = asyncio.create_task(gate.bind("m0", route("c", 10), 5))
+        d = asyncio.create_task(gate.bind("m0", route("d", 10), 5))
+        await asyncio.sleep(0.01)
+        assert routed == ["a", "b"] and gate.num_waiting() == 3  # b at p0, c and d unrouted
+        a.prefill_done()  # b is admitted, then c and d are routed, in order, into the room
+        await b_admit
+        tc, td = await c, await d
+        assert routed == ["a", "b", "c", "d"]
+        assert (tc.decision.request_id, td.decision.request_id) == ("c", "d")
+        for t in (b, tc, td):
+            t.close()
+        assert admitted(gate) == 0 and gate.num_waiting() == 0
+
+    run(main())
+
+
+def test_an_unrouted_request_that_times_out_is_never_routed():
+    async def main():
+        gate = make_gate(10)
+        big = ticket(gate, "big", 100)
+        await gate.admit(big, 1)  # runs alone, over the cap: no room
+        routed: list[str] = []
+        with pytest.raises(TimeoutError):
+            await gate.bind("m0", lambda: routed.append("x") or ticket(gate, "x", 5), 0.3)
+        big.close()
+        await asyncio.sleep(0.01)
+        assert routed == [] and gate.num_waiting() == 0
+
+    run(main())
+
+
+def test_late_binding_with_no_prefill_pool_routes_at_once():
+    async def main():
+        router = Router(RouterConfig())
+        router.add_worker("d0", "decode", "m")
+        gate = PrefillGate(router, 10)
+        t = await gate.bind("m", lambda: router.route("m", block_hashes=[1], request_id="q"), 1)
+        assert t.decision.prefill_on_decode
+        t.close()
+
+    run(main())

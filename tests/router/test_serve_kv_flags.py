@@ -53,3 +53,11 @@ def test_prefix_promises_reach_the_router_and_zero_turns_them_off() -> None:
     assert router_config(parse(["serve", "--prefix-promise-s", "0"])).pending_ttl_s == 0.0
     with pytest.raises(SystemExit, match="--prefix-promise-s"):
         router_config(parse(["serve", "--prefix-promise-s", "-1"]))
+
+
+def test_late_binding_is_a_router_switch() -> None:
+    from router.cli.serve import router_config
+
+    parse = build_parser().parse_args
+    assert not router_config(parse(["serve"])).late_binding
+    assert router_config(parse(["serve", "--late-binding"])).late_binding
