@@ -122,7 +122,7 @@ EXPERIMENTS = {
     "mooncake": Experiment(
         name="mooncake",
         title="Mooncake trace (1/32 lengths), 4 prefill + 1 decode workers, small caches",
-        workload={"workload": "mooncake", "time_scale": 1.0, "max_output": 16},
+        workload={"workload": "mooncake", "max_output": 16},  # --time-scale: its clock
         configs=[
             Config(
                 name,
