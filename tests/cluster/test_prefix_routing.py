@@ -21,6 +21,35 @@ from tests.cluster.helpers import collect, prompts, wait_until_cached
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+SHARED = 256 + 20  # a shared 256-token prefix and a 20-token tail of its own
+
+
+def prefill_stats(cluster) -> list:
+    """The prefill workers' last load reports (their prompt and cached-token counters)."""
+    return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
+
+
+def wait_for_prefill(cluster, done, timeout_s: float = 15.0) -> list:
+    """Poll the prefill workers' reports (they come with the workers' next reports) until
+    `done(stats)`; returns them."""
+    deadline = time.monotonic() + timeout_s
+    while not done(stats := prefill_stats(cluster)):
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.02)
+    return stats
+
+
+def burst_matches_oracle(loop_thread, backend, model_dir, prefix, tails, tag: str) -> None:
+    """Send prefix + each tail at once; every output must be the oracle's."""
+
+    async def burst() -> list:
+        return await asyncio.gather(
+            *(collect(backend, f"{tag}{i}", prefix + t, GREEDY) for i, t in enumerate(tails))
+        )
+
+    outs = loop_thread.run(burst())
+    for tail, out in zip(tails, outs, strict=True):
+        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
 
 
 def test_shared_prefix_lands_on_the_caching_prefill_worker(
@@ -48,17 +77,13 @@ def test_shared_prefix_lands_on_the_caching_prefill_worker(
     for tail, out in zip(tails, outs, strict=True):
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
 
-    def prefill_stats() -> list:
-        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
-
-    deadline = time.monotonic() + 15  # the loads arrive with the workers' next reports
-    while sum(s.num_cached_prompt_tokens for s in prefill_stats()) < 5 * 256:
-        assert time.monotonic() < deadline, prefill_stats()
-        time.sleep(0.02)
-    hits = sorted(s.num_cached_prompt_tokens for s in prefill_stats())
+    stats = wait_for_prefill(
+        cluster, lambda stats: sum(s.num_cached_prompt_tokens for s in stats) >= 5 * 256
+    )
+    hits = sorted(s.num_cached_prompt_tokens for s in stats)
     # Every later request reused the 256-token prefix on the same worker: 5 * 256 tokens.
     assert hits == [0, 5 * 256], hits
-    busy = max(prefill_stats(), key=lambda s: s.num_prompt_tokens)
+    busy = max(stats, key=lambda s: s.num_prompt_tokens)
     assert busy.prefix_hit_rate > 0.7
 
 
@@ -77,26 +102,13 @@ def test_a_burst_of_one_prefix_is_computed_once_per_worker(
     backend = cluster.backend
     [prefix] = prompts(1, 1000, [256], seed=41)
     tails = prompts(6, 1000, [20], seed=42)
-
-    async def burst() -> list:
-        return await asyncio.gather(
-            *(collect(backend, f"b{i}", prefix + tail, GREEDY) for i, tail in enumerate(tails))
-        )
-
-    outs = loop_thread.run(burst())
-    for tail, out in zip(tails, outs, strict=True):
-        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
-
-    def prefill_stats() -> list:
-        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
-
-    deadline = time.monotonic() + 15  # the counters arrive with the workers' next reports
-    while sum(s.num_prompt_tokens for s in prefill_stats()) < 6 * 276:
-        assert time.monotonic() < deadline, prefill_stats()
-        time.sleep(0.02)
-    for s in prefill_stats():
-        requests = s.num_prompt_tokens // 276
-        assert s.num_cached_prompt_tokens == max(0, requests - 1) * 256, prefill_stats()
+    burst_matches_oracle(loop_thread, backend, model_dir, prefix, tails, "b")
+    stats = wait_for_prefill(
+        cluster, lambda stats: sum(s.num_prompt_tokens for s in stats) >= 6 * SHARED
+    )
+    for s in stats:
+        requests = s.num_prompt_tokens // SHARED
+        assert s.num_cached_prompt_tokens == max(0, requests - 1) * 256, stats
 
 
 def test_late_binding_routes_waiting_requests_with_the_cache_as_it_is_then(
@@ -117,24 +129,11 @@ def test_late_binding_routes_waiting_requests_with_the_cache_as_it_is_then(
     backend = cluster.backend
     [prefix] = prompts(1, 1000, [256], seed=51)
     tails = prompts(6, 1000, [20], seed=52)
-
-    async def burst() -> list:
-        return await asyncio.gather(
-            *(collect(backend, f"l{i}", prefix + tail, GREEDY) for i, tail in enumerate(tails))
-        )
-
-    outs = loop_thread.run(burst())
-    for tail, out in zip(tails, outs, strict=True):
-        assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(prefix + tail), MAX_TOKENS)
-
-    def prefill_stats() -> list:
-        return [s for s in cluster.membership.loads.values() if s.role == "prefill"]
-
-    deadline = time.monotonic() + 15
-    while sum(s.num_prompt_tokens for s in prefill_stats()) < 6 * 276:
-        assert time.monotonic() < deadline, prefill_stats()
-        time.sleep(0.02)
-    assert sum(s.num_cached_prompt_tokens for s in prefill_stats()) == 4 * 256, prefill_stats()
+    burst_matches_oracle(loop_thread, backend, model_dir, prefix, tails, "l")
+    stats = wait_for_prefill(
+        cluster, lambda stats: sum(s.num_prompt_tokens for s in stats) >= 6 * SHARED
+    )
+    assert sum(s.num_cached_prompt_tokens for s in stats) == 4 * 256, stats
     assert backend.gate.num_bound_late >= 1  # some did wait unrouted
 
 
@@ -203,13 +202,9 @@ def test_a_prefix_pulled_between_prefill_workers_gives_the_oracle_tokens(
     assert (t.prefix_pulls, t.prefix_pulls_failed) == (1, 0)
     assert t.prefix_blocks_pulled == len(prefix) // 16
 
-    def prefill_hits() -> list[int]:
-        loads = cluster.membership.loads.values()
-        return sorted(s.num_cached_prompt_tokens for s in loads if s.role == "prefill")
-
     # The holder sent the prefix from its cache (computing one token past it), and the
     # second prompt hit the pulled prefix on the other worker: their load reports say so.
-    deadline = time.monotonic() + 15
-    while prefill_hits() != [len(prefix), len(prefix)]:
-        assert time.monotonic() < deadline, prefill_hits()
-        time.sleep(0.02)
+    wait_for_prefill(
+        cluster,
+        lambda stats: sorted(s.num_cached_prompt_tokens for s in stats) == [len(prefix)] * 2,
+    )
