@@ -130,11 +130,9 @@ class PrefillGate:
     def _has_room(self, model: str) -> bool:
         """Some prefill worker has nobody at its gate and admitted + gated tokens under the
         cap (an empty prefill pool has room: the decode worker prefills)."""
-        workers = self.router.prefill_workers(model)
-        return not workers or any(
-            not self._queues.get(w)
-            and self.router.admitted_tokens(w) + self.router.gated_tokens(w) < self.max_tokens
-            for w in workers
+        in_flight = self.router.prefill_in_flight(model)
+        return not in_flight or any(
+            not self._queues.get(w) and tokens < self.max_tokens for w, tokens in in_flight.items()
         )
 
     def _bind_waiting(self, model: str) -> None:

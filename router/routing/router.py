@@ -344,16 +344,14 @@ class Router:
             w = self._loads.workers.get(worker_id)
             return 0 if w is None else w.admitted_prefill_tokens
 
-    def gated_tokens(self, worker_id: str) -> int:
-        """Prefill tokens routed to the worker and still waiting at the prefill gate."""
+    def prefill_in_flight(self, model: str) -> dict[str, int]:
+        """Each prefill worker of the model -> prompt tokens routed to it and not prefilled
+        yet, admitted or still at the prefill gate (late binding's measure of room)."""
         with self._lock:
-            w = self._loads.workers.get(worker_id)
-            return 0 if w is None else w.gated_prefill_tokens
-
-    def prefill_workers(self, model: str) -> list[str]:
-        """The model's prefill pool."""
-        with self._lock:
-            return [w.worker_id for w in self._loads.pool(model, WorkerRole.PREFILL)]
+            return {
+                w.worker_id: w.admitted_prefill_tokens + w.gated_prefill_tokens
+                for w in self._loads.pool(model, WorkerRole.PREFILL)
+            }
 
     def worker_load(self, worker_id: str) -> tuple[int, int, int] | None:
         """(queued prefill tokens, running, free blocks) as the policies see them."""
