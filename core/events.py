@@ -1,8 +1,9 @@
 """KV-cache events and load reports: what workers tell the router.
 
 A tiny tagged union, after Dynamo's KV router: `stored(parent, blocks)`, `removed(blocks)`,
-`cleared`. Workers send them in batches stamped with a per-worker sequence number that
-increases by one per batch; a router that sees a gap knows its view of that worker is stale
+`cleared`, plus `tiered(blocks, tier)` for the KV offload tiers below the device cache.
+Workers send them in batches stamped with a per-worker sequence number that increases by
+one per batch; a router that sees a gap knows its view of that worker is stale
 and re-syncs (asks for a snapshot) or purges the worker. msgspec Structs give a compact,
 versioned msgpack encoding for Redis streams and Ray messages.
 """
@@ -14,7 +15,8 @@ import msgspec
 from core.hashing import BlockHash
 from core.step_stats import StepTotals
 
-EVENTS_VERSION = 1
+EVENTS_VERSION = 2
+"""2: `BlockTiered` (the offload tiers)."""
 
 
 class BlockStored(msgspec.Struct, tag="stored", frozen=True, array_like=True):
@@ -24,6 +26,21 @@ class BlockStored(msgspec.Struct, tag="stored", frozen=True, array_like=True):
 
     parent: BlockHash | None
     block_hashes: list[BlockHash]
+
+
+DEVICE_TIER = 0
+TIER_NAMES = ("device", "host", "disk")
+"""Where a worker's block lives: its device cache (tier 0), or an offload tier below it
+(engine/kv_cache/offload.py), slower to bring back the lower it is."""
+
+
+class BlockTiered(msgspec.Struct, tag="tiered", frozen=True, array_like=True):
+    """Blocks the worker still holds left its device cache for offload tier `tier` (1 host,
+    2 disk; TIER_NAMES): a hit on them costs a copy back, not a recompute. A later
+    `BlockStored` of a block puts it back in the device cache."""
+
+    block_hashes: list[BlockHash]
+    tier: int
 
 
 class BlockRemoved(msgspec.Struct, tag="removed", frozen=True, array_like=True):
@@ -36,7 +53,7 @@ class AllBlocksCleared(msgspec.Struct, tag="cleared", frozen=True, array_like=Tr
     """The worker dropped its whole cache (restart, reset)."""
 
 
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+KVEvent = BlockStored | BlockTiered | BlockRemoved | AllBlocksCleared
 
 
 class KVEventBatch(msgspec.Struct, frozen=True):
@@ -45,7 +62,7 @@ class KVEventBatch(msgspec.Struct, frozen=True):
 
     A worker opens its life (start or restart) with a seq-0 batch whose first event is
     `AllBlocksCleared`, so a restart is never mistaken for a duplicate; a re-sync snapshot is
-    a batch `[AllBlocksCleared(), BlockStored(None, hashes), ...]`."""
+    a batch `[AllBlocksCleared(), BlockStored(None, hashes), BlockTiered(...), ...]`."""
 
     worker_id: str
     seq: int

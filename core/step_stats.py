@@ -38,6 +38,10 @@ class StepTotals(msgspec.Struct):
     """blocks copied back from any tier on a prefix hit instead of being recomputed,"""
     swapped_blocks: int = 0
     """and preempted requests' partial blocks swapped out (each comes back on resuming)."""
+    tier_restored_blocks: list[int] = msgspec.field(default_factory=list)
+    """Per offload tier (host, disk): blocks restored from it,"""
+    tier_restore_s: list[float] = msgspec.field(default_factory=list)
+    """and the seconds those copies took (what the router credits a hit in that tier by)."""
 
     def busy_s(self) -> float:
         """Seconds spent in steps, every phase (attention is inside forward)."""

@@ -384,6 +384,8 @@ class LLMEngine:
         if offload is not None:
             totals.spilled_blocks = offload.tiers[0].stats.stored
             totals.restored_blocks = sum(tier.stats.restored for tier in offload.tiers)
+            totals.tier_restored_blocks = [tier.stats.restored for tier in offload.tiers]
+            totals.tier_restore_s = [tier.stats.restore_s for tier in offload.tiers]
             totals.swapped_blocks = offload.num_swapped_out
         return totals
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from core.events import AllBlocksCleared, BlockStored, KVEvent, KVEventBatch
+from core.events import AllBlocksCleared, BlockStored, BlockTiered, KVEvent, KVEventBatch
 from engine.kv_cache.block_pool import BlockPool
 
 
@@ -28,10 +28,13 @@ class KVEventFeed:
     def snapshot(self, pool: BlockPool) -> KVEventBatch:
         """Everything the pool caches, as one batch that replaces the receiver's view."""
         pool.take_events()  # superseded by the snapshot
-        hashes = pool.cached_hashes()
+        hashes = pool.device_hashes()
         events: list[KVEvent] = [AllBlocksCleared()]
         if hashes:
             events.append(BlockStored(parent=None, block_hashes=hashes))
+        for tier, tiered in enumerate(pool.tiered_hashes(), start=1):
+            if tiered:
+                events.append(BlockTiered(block_hashes=tiered, tier=tier))
         return self._batch(events)
 
     def _batch(self, events: list[KVEvent]) -> KVEventBatch:

@@ -5,8 +5,8 @@ each batch out once, each replica would see only part of the cache events and ro
 wrong view. So the worker appends its batches here and a reader asks for those after the
 last sequence number it applied; nothing is consumed. A reader whose next batch has already
 been dropped (it fell behind the retention, or it is new to a worker with a long history)
-gets a snapshot instead: `[AllBlocksCleared, BlockStored(all cached blocks)]`, which replaces
-its view of the worker.
+gets a snapshot instead: `[AllBlocksCleared, BlockStored(the device's blocks), BlockTiered(
+each offload tier's)]`, which replaces its view of the worker.
 
     seq:   ... 40 41 42 43 44        kept (at most `max_batches`)
     reader at 41 -> [42, 43, 44]     reader at 12 -> snapshot       reader at 44 -> []

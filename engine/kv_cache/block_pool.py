@@ -12,8 +12,10 @@ cached block taken from there is evicted (its hash dropped, a `removed` event em
 cached block that a new request hits is taken out of the queue wherever it sits.
 
 With offload tiers (`offload`, engine/kv_cache/offload.py) an evicted block's KV is copied
-down a tier first, and the `removed` event waits until no tier holds it either: the router
-counts what the worker can serve without recomputing.
+down a tier first: a `tiered` event says which tier holds it now (and again when it moves
+down to disk), a `stored` event when a hit brings it back, and the `removed` event waits
+until no tier holds it either: the router counts what the worker can serve without
+recomputing, and what each block costs to bring back.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from core.events import BlockRemoved, BlockStored, KVEvent
+from core.events import BlockRemoved, BlockStored, BlockTiered, KVEvent
 from core.hashing import BlockHash
 from engine.kv_cache.offload import KVOffload
 
@@ -51,6 +53,7 @@ class BlockPool:
         """Spill evicted blocks to `offload`'s tiers (before any block is cached)."""
         self.offload = offload
         offload.on_dropped = self._dropped
+        offload.on_demoted = self._demoted
 
     # -- queries -----------------------------------------------------------------------
     @property
@@ -76,9 +79,18 @@ class BlockPool:
 
     def cached_hashes(self) -> list[BlockHash]:
         """Every block this worker holds: in its cache, or in an offload tier."""
+        return list(self._cached) + [h for hashes in self.tiered_hashes() for h in hashes]
+
+    def device_hashes(self) -> list[BlockHash]:
+        """The blocks its device cache holds."""
+        return list(self._cached)
+
+    def tiered_hashes(self) -> list[list[BlockHash]]:
+        """Per offload tier (host, disk), the blocks it holds that the device cache does not."""
         if self.offload is None:
-            return list(self._cached)
-        return list(self._cached) + [h for h in self.offload.hashes() if h not in self._cached]
+            return []
+        cached = self._cached
+        return [[h for h in tier if h not in cached] for tier in self.offload.hashes_by_tier()]
 
     # -- mutations ---------------------------------------------------------------------
     def allocate(self, n: int) -> list[Block]:
@@ -163,7 +175,7 @@ class BlockPool:
         if self._cached.get(h) == block.block_id:
             del self._cached[h]
             if spill and self.offload is not None:
-                self.offload.spill(block.block_id, h, block.token_ids)
+                self._tiered(h, self.offload.spill(block.block_id, h, block.token_ids))
             else:
                 self._dropped(h)
         block.block_hash, block.token_ids = None, ()
@@ -174,6 +186,18 @@ class BlockPool:
             self.offload is None or not self.offload.holds(block_hash)
         ):
             self._events.append(BlockRemoved(block_hashes=[block_hash]))
+
+    def _demoted(self, block_hash: BlockHash, tier: int) -> None:
+        """A tier moved a hash down: news only if the device does not hold it too."""
+        if block_hash not in self._cached:
+            self._tiered(block_hash, tier)
+
+    def _tiered(self, block_hash: BlockHash, tier: int) -> None:
+        last = self._events[-1] if self._events else None
+        if isinstance(last, BlockTiered) and last.tier == tier:
+            last.block_hashes.append(block_hash)  # one event per run of evictions
+        else:
+            self._events.append(BlockTiered(block_hashes=[block_hash], tier=tier))
 
     def take_events(self) -> list[KVEvent]:
         events, self._events = self._events, []

@@ -13,7 +13,9 @@ A tier is one tensor shaped like the device cache, with slots for blocks,
 unlinked file, so the kernel pages it and nothing is left behind), and an LRU map from
 block hash to its slot and tokens. A hash lives in at most one tier. It stays there after a
 restore, so evicting that device block again costs no copy; the pool tells the router a
-block is gone only once neither the device nor any tier holds it (block_pool.py).
+block is gone only once neither the device nor any tier holds it, and which tier holds a
+block it no longer has on the device (block_pool.py): a hit costs what the copy back costs,
+timed here per tier and reported with the worker's load.
 
 Every copy is synchronous, at the moment of the eviction or the hit: an evicted block is
 copied out before anyone can write its new owner's KV, a restored one is in place before
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +55,8 @@ class TierStats:
     """Blocks copied back into the device cache from here."""
     dropped: int = 0
     """Blocks this tier let go of (to the tier below, or gone)."""
+    restore_s: float = 0.0
+    """Seconds the `restored` copies took (synchronous copies: a host timer measures them)."""
 
 
 @dataclass
@@ -102,6 +107,8 @@ class KVOffload:
             self.tiers.append(Tier("disk", _file_tensor(shape, kv_cache.dtype, disk_dir)))
         self.on_dropped: Callable[[BlockHash], None] = lambda block_hash: None
         """Set by the pool: a hash left the last tier (it tells the router if it is gone)."""
+        self.on_demoted: Callable[[BlockHash, int], None] = lambda block_hash, tier: None
+        """Set by the pool: a hash moved down to tier number `tier` (1 host, 2 disk)."""
         self._swapped: dict[str, tuple[int, int, tuple[int, ...]]] = {}
         """Preempted requests' partial last blocks: request id -> (host slot, the block's
         index in the request's table, its tokens)."""
@@ -134,25 +141,33 @@ class KVOffload:
     def hashes(self) -> list[BlockHash]:
         return [h for tier in self.tiers for h in tier._lru]
 
+    def hashes_by_tier(self) -> list[list[BlockHash]]:
+        """What each tier holds, host first."""
+        return [list(tier._lru) for tier in self.tiers]
+
     # -- moves ---------------------------------------------------------------------------
-    def spill(self, block_id: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> None:
-        """The pool evicts device block `block_id`: keep its KV (no copy if a tier has it)."""
-        for tier in self.tiers:
+    def spill(self, block_id: int, block_hash: BlockHash, token_ids: tuple[int, ...]) -> int:
+        """The pool evicts device block `block_id`: keep its KV (no copy if a tier has it).
+        Returns the number of the tier that holds it now (1 host, 2 disk)."""
+        for i, tier in enumerate(self.tiers):
             entry = tier._lru.get(block_hash)
             if entry is None:
                 continue
             if entry[1] == token_ids:
                 tier._lru.move_to_end(block_hash)
-                return
+                return i + 1
             self._forget(tier, block_hash)  # a collision: the newer block wins the name
         self._put(0, block_hash, token_ids, self.kv[:, block_id])
+        return 1
 
     def restore(self, block_hash: BlockHash, token_ids: tuple[int, ...], block_id: int) -> bool:
         """Copy a held block into device block `block_id`; False if no tier holds it."""
         for tier in self.tiers:
             slot = tier.slot(block_hash, token_ids)
             if slot is not None:
+                start = time.perf_counter()
                 self.kv[:, block_id].copy_(tier.storage[:, slot])
+                tier.stats.restore_s += time.perf_counter() - start
                 tier._lru.move_to_end(block_hash)
                 tier.stats.restored += 1
                 return True
@@ -216,6 +231,7 @@ class KVOffload:
         tier.stats.dropped += 1
         if i + 1 < len(self.tiers):
             self._put(i + 1, old_hash, old_tokens, tier.storage[:, slot])
+            self.on_demoted(old_hash, i + 2)
         else:
             self.on_dropped(old_hash)
         return slot

@@ -19,7 +19,7 @@ loads it sees at construction; only a LoadTracker-owned pool follows later chang
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 
 from router.routing.worker_state import WorkerState, prefill_load
 
@@ -60,6 +60,13 @@ class Pool:
         by_load = self._by_load
         k = bisect_right(by_load, (by_load[0][0], len(by_load)))
         return by_load[turn % k][1]
+
+    def lightest_without(self, exclude: Container[str]) -> int | None:
+        """Position of the lightest worker whose id is not in `exclude` (O(excluded))."""
+        for _, i in self._by_load:
+            if self.workers[i].worker_id not in exclude:
+                return i
+        return None
 
     def refile(self, i: int) -> None:
         """The load of the worker at position i may have changed: re-file it."""

@@ -3,7 +3,8 @@
 Request path of `route` (all in memory; Redis I/O, if any, runs in the store's threads):
 
     1. hash the prompt's full blocks with core.hashing (or take the caller's hashes)
-    2. read the longest cached prefix per worker from the index (skipped when degraded)
+    2. read the longest cached prefix per worker from the index (skipped when degraded), and
+       what copying back the part an offload tier holds costs each (restore_cost.py)
     3. decode pool: the decode policy picks D
     4. conditional disaggregation: D prefills the prompt itself when
          - the prefill pool is empty, or
@@ -37,15 +38,18 @@ from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
 from core.roles import WorkerRole
 from router.routing.decision import RoutingDecision
 from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
-from router.routing.index.store import IndexStore, InProcessStore, ResyncCallback
+from router.routing.index.store import IndexStore, InProcessStore, Prefixes, ResyncCallback
 from router.routing.load import LoadTracker
 from router.routing.policies import Choice, RouteContext, make_policy
+from router.routing.restore_cost import DEFAULT_TIER_GBPS, RestoreCost
 from router.routing.ticket import Ticket
 
 logger = logging.getLogger(__name__)
 
 _NO_HITS: Mapping[str, int] = MappingProxyType({})
 """`cached` (and `held`) of a degraded decision: no worker holds anything as far as we know."""
+_NO_RESTORE: Mapping[str, float] = MappingProxyType({})
+_DEGRADED = Prefixes(_NO_HITS, _NO_HITS)
 
 
 class NoWorkerError(RuntimeError):
@@ -69,6 +73,9 @@ class RouterConfig:
     late_binding: bool = False
     """Route a request when a prefill worker has room for it, not when it arrives (the
     front door's prefill gate, router.cluster.prefill_gate.PrefillGate.bind)."""
+    tier_gbps: tuple[float, ...] = DEFAULT_TIER_GBPS
+    """Copy-back bandwidth of the host and disk offload tiers (GB/s) a worker is assumed
+    to have until it has measured its own (router.routing.restore_cost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class Router:
             self.config.decode_policy, WorkerRole.DECODE, **self.config.decode_policy_args
         )
         self._loads = LoadTracker()
+        self._restore = RestoreCost(self.config.tier_gbps)
         self._models: dict[str, _ModelSpec] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -111,6 +119,7 @@ class Router:
         """KV bytes one token takes across all layers (a policy may price transfers)."""
         self._prefill.set_kv_bytes_per_token(num_bytes)
         self._decode.set_kv_bytes_per_token(num_bytes)
+        self._restore.set_kv_bytes_per_token(num_bytes)
 
     def add_worker(self, worker_id: str, role: str, model: str = "") -> None:
         """Register a worker; the store asks it for a cache snapshot (on_resync)."""
@@ -188,7 +197,7 @@ class Router:
         # 2. cached prefix per worker (None: degraded store, route by load alone)
         prefixes = self.store.longest_prefixes(model, hashes)
         degraded = prefixes is None
-        reported, cached = prefixes if prefixes is not None else (_NO_HITS, _NO_HITS)
+        reported, cached, offloaded = prefixes if prefixes is not None else _DEGRADED
         held = None
         if self._prefill.wants_block_counts and not degraded:
             held = self.store.block_counts(model)
@@ -204,6 +213,7 @@ class Router:
                 degraded,
                 _NO_HITS if held is None else held,
                 reported,
+                offloaded,
             )
         # 6. what the prefilling worker will store
         decision, cfg = ticket.decision, self.config
@@ -232,6 +242,7 @@ class Router:
         degraded: bool,
         held: Mapping[str, int] = _NO_HITS,
         reported: Mapping[str, int] = _NO_HITS,
+        offloaded: Mapping[str, Sequence[int]] = _DEGRADED.offloaded,
     ) -> Ticket:
         cfg = self.config
         block = spec.block_size
@@ -264,6 +275,9 @@ class Router:
         elif prefill_pool.min_load >= cfg.prefill_saturation_tokens:
             reason = "prefill_saturated_prefill_on_decode"
         else:
+            restore = _NO_RESTORE
+            if offloaded:
+                restore = self._restore.for_pool(prefill_pool.workers, offloaded, block)
             p_choice = self._prefill.choose(
                 RouteContext(
                     prefill_pool.workers,
@@ -275,6 +289,7 @@ class Router:
                     prefill_pool,
                     held,
                     reported,
+                    restore,
                 )
             )
             reason = p_choice.reason

@@ -7,18 +7,20 @@ Two reports give exact rates over the interval between them:
     s_per_token = Δ(schedule + forward + sample + output seconds) / Δprefill_tokens
     reuse_rate  = Δ(cached + pulled prompt tokens) / Δprompt_tokens
     utilization = Δbusy seconds / Δreport timestamp        (0..1: the share of time it stepped)
+    restore_s_per_block[t] = Δrestore seconds / Δblocks restored, from offload tier t
 
 Both are smoothed (EWMA, weight `alpha` per report that saw enough work) so one odd interval
 does not swing routing. An interval with fewer than `min_tokens` new prefill tokens says
 little about the speed (step overheads dominate) and is skipped. A restarted worker's totals
 go backwards: the new report becomes the baseline and the old estimate stays.
 
-`s_per_token` is 0 until the first usable interval: the policy then uses its prior.
+`s_per_token` is 0 until the first usable interval: the policy then uses its prior (and so
+is a tier's restore time until the worker restored from it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
 
@@ -35,14 +37,18 @@ class StepRate:
     (a worker fed by pulls has few hits of its own, yet evicting its blocks still costs)."""
     utilization: float = 0.0
     """Recent share of wall time the worker spent stepping."""
+    restore_s_per_block: list[float] = field(default_factory=list)
+    """Per offload tier (host, disk): seconds to copy one block back (0: not measured)."""
     _busy_s: float = -1.0
     _util_busy_s: float = 0.0
     _at: float = 0.0
     _tokens: int = 0
     _prompt: int = 0
     _cached: int = 0
+    _restored: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, load: WorkerLoad) -> None:
+        self._update_restores(load.steps.tier_restored_blocks, load.steps.tier_restore_s)
         busy, tokens = load.steps.busy_s(), load.steps.prefill_tokens
         prompt = load.num_prompt_tokens
         cached = load.num_cached_prompt_tokens + load.num_pulled_prompt_tokens
@@ -64,6 +70,19 @@ class StepRate:
         if d_prompt >= self.min_tokens:
             self.reuse_rate = self._smooth(self.reuse_rate, (cached - self._cached) / d_prompt)
             self._prompt, self._cached = prompt, cached
+
+    def _update_restores(self, blocks: list[int], seconds: list[float]) -> None:
+        rates = self.restore_s_per_block
+        while len(rates) < len(blocks):
+            rates.append(0.0)
+        base = self._restored
+        if len(base) != len(blocks) or any(n < b[0] for n, b in zip(blocks, base)):
+            self._restored = list(zip(blocks, seconds))  # first report, or a restart
+            return
+        for t, (n, s) in enumerate(zip(blocks, seconds)):
+            if n > base[t][0]:
+                rates[t] = self._smooth(rates[t], (s - base[t][1]) / (n - base[t][0]))
+                base[t] = (n, s)
 
     def _smooth(self, old: float, new: float) -> float:
         return new if old <= 0 else old + self.alpha * (new - old)

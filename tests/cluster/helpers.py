@@ -76,6 +76,27 @@ def wait_until_cached(
         time.sleep(0.02)
 
 
+def wait_until_offloaded(
+    router: Any, model: str, token_ids: list[int], counts: list[int], timeout_s: float = 15.0
+) -> str:
+    """Poll `router`'s index until some worker's cached prefix of `token_ids` has `counts`
+    blocks in each offload tier (host, disk), as its `tiered` KV events say; returns it."""
+    import time
+
+    hashes = router.hash_blocks(model, token_ids)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        router.store.sync(1.0)
+        prefixes = router.store.longest_prefixes(model, hashes)
+        offloaded = dict(prefixes.offloaded) if prefixes is not None else {}
+        for worker, found in offloaded.items():
+            if list(found) == counts:
+                return worker
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no worker known to hold {counts} in its tiers: {offloaded}")
+        time.sleep(0.02)
+
+
 async def poll(predicate: Any, timeout_s: float, what: str) -> None:
     """Wait on the running loop until `predicate()` holds; AssertionError naming `what`
     past `timeout_s`."""

@@ -10,7 +10,7 @@ import pytest
 from core.sampling import SamplingParams
 from tests import oracle
 from tests.cluster.conftest import MAX_TOKENS, always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts, worker_loads
+from tests.cluster.helpers import collect, prompts, wait_until_offloaded, worker_loads
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
@@ -106,12 +106,18 @@ def test_kv_offload_tiers_through_the_disaggregated_path(
     fillers = prompts(2, 1000, [200, 200], seed=42)
     batch = [shared + [5, 6], *fillers, shared + [7, 8, 9]]
     outs = [
-        loop_thread.run(collect(cluster.backend, f"o{i}", p, GREEDY)) for i, p in enumerate(batch)
+        loop_thread.run(collect(cluster.backend, f"o{i}", p, GREEDY))
+        for i, p in enumerate(batch[:-1])
     ]
+    # The router heard where the prefix went: all six blocks in the prefill worker's host tier.
+    holder = wait_until_offloaded(cluster.router, cluster.membership.model.model_id, shared, [6, 0])
+    assert cluster.membership.workers[holder].info.role == "prefill"
+    outs.append(loop_thread.run(collect(cluster.backend, "o3", batch[-1], GREEDY)))
     for p, out in zip(batch, outs, strict=True):
         assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
     prefill = [load for load in worker_loads(cluster).values() if load.role == "prefill"]
     assert [load.num_cached_prompt_tokens for load in prefill] == [96]
+    assert sum(prefill[0].steps.tier_restored_blocks) == 6  # restored, then timed
 
 
 def test_int8_kv_cache_through_the_disaggregated_path(

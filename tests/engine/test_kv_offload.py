@@ -1,6 +1,7 @@
 """KV offload tiers (engine/kv_cache/offload.py): evicted blocks spill to host memory and then
-to disk, come back on a later prefix hit bit for bit, and the router hears a block is gone
-only when no tier holds it. Greedy output still equals transformers through every path."""
+to disk, come back on a later prefix hit bit for bit, and the router hears which tier holds a
+block and that it is gone only when no tier holds it. Greedy output still equals
+transformers through every path."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import pytest
 import torch
 
 from core.config import EngineConfig
-from core.events import BlockRemoved, BlockStored
+from core.events import BlockRemoved, BlockStored, BlockTiered
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.kv_cache.block_pool import BlockPool
 from engine.kv_cache.offload import KVOffload
+from router.routing.index.prefix_index import PrefixIndex
 from tests import oracle
 from tests.engine.test_parity import make_prompts
 
@@ -63,6 +65,71 @@ def test_evicted_blocks_move_down_the_tiers_and_leave_only_from_the_last(tmp_pat
     assert pool.reset_prefix_cache()
     assert sorted(removed(pool)) == [12, 13, 14]
     assert offload.hashes() == []
+
+
+def test_the_events_say_which_tier_holds_a_block(tmp_path) -> None:
+    kv = fake_cache(2)
+    offload = KVOffload(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    pool = BlockPool(2)
+    pool.attach(offload)
+    cache(pool, kv, [10, 11])
+    pool.take_events()
+    cache(pool, kv, [12, 13])  # 10 -> host, then 11 -> host pushes 10 on to disk
+    events = pool.take_events()
+    assert events[:3] == [BlockTiered([10], 1), BlockTiered([10], 2), BlockTiered([11], 1)]
+    assert events[3:] == [BlockStored(None, [12, 13])]
+    cache(pool, kv, [14, 15])  # 12 -> host (11 -> disk, 10 gone), 13 -> host (12 -> disk)
+    assert pool.take_events()[:4] == [
+        BlockRemoved([10]),
+        BlockTiered([11], 2),
+        BlockTiered([12], 1),
+        BlockRemoved([11]),
+    ]
+    assert pool.device_hashes() == [14, 15] and pool.tiered_hashes() == [[13], [12]]
+
+
+def test_the_router_index_learns_which_tier_holds_each_block(tiny_model_dir, tmp_path) -> None:
+    block_bytes = 4 * 2 * 16 * 2 * 16 * 4  # llama tiny: 4 layers, 2 KV heads of 16, fp32
+    llm = LLM(
+        tiny_model_dir("llama"),
+        num_kv_blocks=8,
+        kv_offload_host_bytes=2 * block_bytes,
+        kv_offload_disk_bytes=16 * block_bytes,
+        kv_offload_dir=str(tmp_path),
+    )
+    engine = llm.engine
+    index = PrefixIndex("m")
+
+    def feed() -> list[int]:
+        batch = engine.take_kv_events()
+        if batch is None:
+            return []
+        index.apply(batch)
+        return [h for e in batch.events if isinstance(e, BlockStored) for h in e.block_hashes]
+
+    a = list(range(10, 75))  # four full blocks and one token
+    llm.generate([a], GREEDY)
+    chain = feed()[:4]
+    worker = engine.worker_id
+    assert index.longest_prefixes(chain) == {worker: 4}
+    assert index.offloaded_blocks(chain, {worker: 4}) == {}
+    llm.generate([list(range(100, 220))], GREEDY)  # 8 blocks: a's go down the tiers
+    feed()
+    assert index.longest_prefixes(chain) == {worker: 4}  # a hit still, but not in place
+    assert index.offloaded_blocks(chain, {worker: 4}) == {worker: [2, 2]}  # host, disk
+    snapshot = engine.kv_snapshot()  # a re-sync tells the same
+    rebuilt = PrefixIndex("m")
+    rebuilt.apply(snapshot)
+    assert rebuilt.offloaded_blocks(chain, {worker: 4}) == {worker: [2, 2]}
+    index.apply(snapshot)  # it took a seq number
+    llm.generate([a], GREEDY)  # the hit copies them back: stored on the device again
+    feed()
+    assert index.longest_prefixes(chain) == {worker: 4}
+    assert index.offloaded_blocks(chain, {worker: 4}) == {} and not index.stale_workers
+    steps = engine.load().steps  # what the router prices the next copies by
+    # (each copy back takes a device block, whose spill can push the next one down a tier)
+    assert sum(steps.tier_restored_blocks) == 4 and steps.tier_restored_blocks[1] >= 2
+    assert all(s > 0 for s in steps.tier_restore_s)
 
 
 def test_swapped_blocks_hold_at_most_half_the_host_tier_and_come_back_bit_for_bit() -> None:

@@ -121,7 +121,7 @@ def test_router_routes_to_cache_and_logs_formula(caplog) -> None:
     assert (d.decode_worker_id, d.decode_cached_blocks) == ("d1", 10)
     assert d.num_prompt_tokens == 640 and not d.index_degraded
     line = caplog.records[-1].getMessage()
-    assert "cost_w = w_c*(T - c_w*B) + w_q*L_w" in line and "prefill_cost" in line
+    assert "cost_w = w_c*(T - c_w*B + R_w/t_w) + w_q*L_w" in line and "prefill_cost" in line
     with pytest.raises(AttributeError):
         d.reason = "x"  # frozen
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+import pytest
+
+from core.events import AllBlocksCleared, BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
 
@@ -106,3 +108,30 @@ def test_many_workers_use_wide_masks() -> None:
     found = index.longest_prefixes(a)
     assert len(found) == 300
     assert all(found[f"w{w}"] == 1 + w % 4 for w in range(300))
+
+
+def test_blocks_in_an_offload_tier_are_hits_counted_per_tier() -> None:
+    a = chain(list(range(32)))  # 8 blocks
+    index = PrefixIndex("m")
+    index.apply(batch("w0", 0, BlockStored(None, a)))
+    index.apply(batch("w1", 0, BlockStored(None, a[:4])))
+    index.apply(batch("w0", 1, BlockTiered(a[5:], 1), BlockTiered(a[6:], 2)))
+    index.apply(batch("w1", 1, BlockTiered(a[:1], 2)))
+    found = index.longest_prefixes(a)
+    assert found == {"w0": 8, "w1": 4}  # still held: a hit either way
+    assert index.offloaded_blocks(a, found) == {"w0": [1, 2], "w1": [0, 1]}
+    # Only blocks inside the prefix a match found count.
+    assert index.offloaded_blocks(a, {"w0": 6}) == {"w0": [1, 0]}
+    index.apply(batch("w0", 2, BlockStored(a[4], a[5:7])))  # copied back to the device
+    assert index.offloaded_blocks(a, found) == {"w0": [0, 1], "w1": [0, 1]}
+    index.apply(batch("w0", 3, BlockRemoved(a[7:])))  # fell off the last tier
+    assert index.longest_prefixes(a) == {"w0": 7, "w1": 4}
+    assert index.offloaded_blocks(a, {"w0": 7}) == {}
+    index.apply(batch("w1", 2, AllBlocksCleared()))
+    assert index.offloaded_blocks(a, found) == {} and index.num_entries == 7
+    index.load_worker("w1", 5, a[:3], tiers={a[1]: 1, a[2]: 2})  # a Redis rebuild
+    assert index.offloaded_blocks(a, {"w1": 3}) == {"w1": [1, 1]}
+    index.remove_worker("w1")
+    assert index.offloaded_blocks(a, {"w0": 7}) == {}
+    with pytest.raises(ValueError, match="unknown KV tier 3"):
+        index.apply(batch("w0", 4, BlockTiered(a[:1], 3)))

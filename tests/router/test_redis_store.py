@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from core.events import AllBlocksCleared, BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
 from router.routing.index.redis_store import RedisStore
 from router.routing.router import Router, RouterConfig
@@ -78,6 +78,41 @@ def test_two_replicas_share_events_and_restart_recovers(redis_server) -> None:
         assert c.store.sync(10)
         with c.store.read("m") as index:
             assert index.longest_prefixes(HASHES) == {"p1": 9}
+    finally:
+        c.close()
+
+
+def test_replicas_and_a_restart_see_which_tier_holds_each_block(redis_server) -> None:
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    a, b = make_router(redis_server.url, ns), make_router(redis_server.url, ns)
+
+    def offloaded(r: Router) -> dict:
+        found = r.store.longest_prefixes("m", HASHES)
+        assert found is not None
+        return dict(found.offloaded)
+
+    try:
+        a.apply(stored("p1", 0, HASHES))
+        a.apply(KVEventBatch("p1", 1, [BlockTiered(HASHES[6:], 1)], model="m"))
+        a.apply(KVEventBatch("p1", 2, [BlockTiered(HASHES[8:], 2)], model="m"))
+        a.apply(stored("p0", 0, HASHES[:3]))
+        a.apply(KVEventBatch("p0", 1, [BlockTiered(HASHES[:3], 2)], model="m"))
+        assert a.store.sync(10) and b.store.sync(10)
+        assert offloaded(a) == offloaded(b) == {"p1": [2, 2], "p0": [0, 3]}
+        b.apply(stored("p1", 3, HASHES[6:7]))  # copied back to p1's device
+        b.apply(KVEventBatch("p0", 2, [AllBlocksCleared(), BlockStored(None, HASHES[:2])]))
+        assert b.store.sync(10) and a.store.sync(10)
+        assert offloaded(a) == offloaded(b) == {"p1": [1, 2]}
+    finally:
+        a.close()
+        b.close()
+    c = make_router(redis_server.url, ns)  # rebuilt from Redis's sets alone
+    try:
+        assert c.store.sync(10)
+        assert offloaded(c) == {"p1": [1, 2]}
+        c.remove_worker("p1")
+        assert c.store.sync(10)
+        assert not c.store._client.exists(f"{ns}:m:t:p1", f"{ns}:m:w:p1")
     finally:
         c.close()
 

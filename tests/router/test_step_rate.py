@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from core.events import WorkerLoad
 from core.step_stats import StepTotals
 from router.routing.step_rate import StepRate
@@ -47,3 +49,24 @@ def test_reuse_counts_prefix_pulled_from_peers() -> None:
         WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, 1.0, 4000, 1000, more, 2000)
     )  # 1,000 hits, 2,000 pulled, 1,000 computed of 4,000 prompt tokens
     assert rate.reuse_rate == 0.75
+
+
+def test_restore_times_per_tier_come_from_deltas() -> None:
+    rate = StepRate(alpha=0.5)
+
+    def restores(at: float, blocks: list[int], seconds: list[float]) -> WorkerLoad:
+        steps = StepTotals(tier_restored_blocks=blocks, tier_restore_s=seconds)
+        return WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, at, steps=steps)
+
+    rate.update(restores(0.0, [], []))  # no tiers yet
+    assert rate.restore_s_per_block == []
+    rate.update(restores(1.0, [10, 0], [1.0, 0.0]))  # a baseline: totals since start
+    assert rate.restore_s_per_block == [0.0, 0.0]
+    rate.update(restores(2.0, [20, 4], [1.5, 0.4]))
+    assert rate.restore_s_per_block == [0.05, 0.1]
+    rate.update(restores(3.0, [30, 4], [2.5, 0.4]))  # host 0.1 s/block now, smoothed
+    assert rate.restore_s_per_block == pytest.approx([0.075, 0.1])
+    rate.update(restores(4.0, [2, 0], [0.1, 0.0]))  # restarted: the old estimate stays
+    assert rate.restore_s_per_block == pytest.approx([0.075, 0.1])
+    rate.update(restores(5.0, [12, 0], [1.1, 0.0]))  # 0.1 s/block since the restart
+    assert rate.restore_s_per_block == pytest.approx([0.0875, 0.1])

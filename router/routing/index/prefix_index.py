@@ -19,6 +19,15 @@ Cost: one dict lookup and two int ops per block, independent of the number of wo
 (Python ints are arbitrary-width bitsets). Memory is bounded by what the workers hold:
 a removed block leaves `blocks[slot]`, and a hash whose mask becomes 0 leaves `owners`.
 
+Offload tiers (core.events.BlockTiered): a block a worker holds only in a slower tier (host,
+disk) is still in `owners` (a hit), and its bit is also set in that tier's mask map
+
+    tiered[t]: dict[block hash -> int bitmask]   workers holding it in tier t, not on device
+
+so `offloaded_blocks` tells, for the prefixes a match found, how many blocks of each must be
+copied back rather than read in place. `stored` clears the tier bits (back on the device).
+Nothing of this costs the match itself; the maps stay empty when no worker has tiers.
+
 Sequence numbers (core.events.KVEventBatch.seq, +1 per batch per worker) keep the index
 honest. Before a batch is applied:
 
@@ -43,9 +52,16 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
-from core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from core.events import (
+    TIER_NAMES,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    BlockTiered,
+    KVEventBatch,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +104,7 @@ class PrefixIndex:
     def __init__(self, model: str = "") -> None:
         self.model = model
         self._owners: dict[int, int] = {}
+        self._tiered: list[dict[int, int]] = [{} for _ in TIER_NAMES[1:]]
         self._slot_of: dict[str, int] = {}
         self._worker_of_slot: list[str | None] = []
         self._blocks: list[set[int]] = []
@@ -140,6 +157,7 @@ class PrefixIndex:
                 owners[h] = m
             else:
                 del owners[h]
+        self._untier(slot, self._blocks[slot])
         self._blocks[slot] = set()
 
     # ---- events --------------------------------------------------------------------------
@@ -173,6 +191,8 @@ class PrefixIndex:
         for event in batch.events:
             if isinstance(event, BlockStored):
                 self._store(slot, event.block_hashes)
+            elif isinstance(event, BlockTiered):
+                self._tier(slot, event.block_hashes, event.tier)
             elif isinstance(event, BlockRemoved):
                 self._remove(slot, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
@@ -189,6 +209,32 @@ class PrefixIndex:
             if h not in held:
                 held.add(h)
                 owners[h] = owners.get(h, 0) | bit
+        self._untier(slot, hashes)
+
+    def _tier(self, slot: int, hashes: Sequence[int], tier: int) -> None:
+        """The worker holds these blocks in offload tier `tier` now, not on its device."""
+        if not 1 <= tier <= len(self._tiered):
+            raise ValueError(f"unknown KV tier {tier}; tiers are 1..{len(self._tiered)}")
+        self._store(slot, hashes)
+        bit = 1 << slot
+        tiered = self._tiered[tier - 1]
+        for h in hashes:
+            tiered[h] = tiered.get(h, 0) | bit
+
+    def _untier(self, slot: int, hashes: Iterable[int]) -> None:
+        """Clear the worker's tier bits of these blocks (no work while no tier is used)."""
+        clear = ~(1 << slot)
+        for tiered in self._tiered:
+            if not tiered:
+                continue
+            for h in hashes:
+                m = tiered.get(h)
+                if m is not None:
+                    m &= clear
+                    if m:
+                        tiered[h] = m
+                    else:
+                        del tiered[h]
 
     def _remove(self, slot: int, hashes: Iterable[int]) -> None:
         clear = ~(1 << slot)
@@ -202,14 +248,24 @@ class PrefixIndex:
                     owners[h] = m
                 else:
                     del owners[h]
+        self._untier(slot, hashes)
 
     def load_worker(
-        self, worker_id: str, seq: int | None, hashes: Iterable[int], stale: bool = False
+        self,
+        worker_id: str,
+        seq: int | None,
+        hashes: Iterable[int],
+        stale: bool = False,
+        tiers: Mapping[int, int] | None = None,
     ) -> None:
-        """Replace the worker's entries by a snapshot taken at `seq` (Redis rebuild)."""
+        """Replace the worker's entries by a snapshot taken at `seq` (Redis rebuild);
+        `tiers` maps the blocks it holds in an offload tier to that tier's number."""
         self.add_worker(worker_id)
         self.purge(worker_id)
-        self._store(self._slot_of[worker_id], hashes)
+        slot = self._slot_of[worker_id]
+        self._store(slot, hashes)
+        for h, tier in (tiers or {}).items():
+            self._tier(slot, [h], tier)
         if seq is None:
             self._last_seq.pop(worker_id, None)
         else:
@@ -238,6 +294,29 @@ class PrefixIndex:
         if mask and block_hashes:
             self._record(mask, len(block_hashes), found)
         return found
+
+    def offloaded_blocks(
+        self, block_hashes: Sequence[int], prefixes: Mapping[str, int]
+    ) -> dict[str, list[int]]:
+        """Of each worker's prefix in `prefixes` (as `longest_prefixes` found it), the blocks
+        only an offload tier holds, counted per tier (host, disk); workers with none are
+        left out. O(1) while no worker reported a tier."""
+        if not prefixes or not any(self._tiered):
+            return {}
+        tiers = [(t, tiered) for t, tiered in enumerate(self._tiered) if tiered]
+        depth_of = {self._slot_of[w]: d for w, d in prefixes.items() if w in self._slot_of}
+        found: dict[int, list[int]] = {}
+        for depth, h in enumerate(block_hashes[: max(depth_of.values(), default=0)]):
+            for t, tiered in tiers:
+                bits = tiered.get(h, 0)
+                while bits:
+                    low = bits & -bits
+                    bits ^= low
+                    slot = low.bit_length() - 1
+                    if depth < depth_of.get(slot, 0):
+                        found.setdefault(slot, [0] * len(self._tiered))[t] += 1
+        names = self._worker_of_slot
+        return {names[slot]: counts for slot, counts in found.items()}  # type: ignore[misc]
 
     def _record(self, bits: int, depth: int, found: dict[str, int]) -> None:
         names = self._worker_of_slot

@@ -6,6 +6,7 @@ Keys (prefix `ns`, default "baton:kv"):
     ns:{model}:workers        set of worker ids
     ns:{model}:seq            hash worker -> last seq
     ns:{model}:w:{worker}     set of the worker's block hashes (8 bytes, big endian)
+    ns:{model}:t:{worker}     hash: those it holds only in an offload tier -> the tier
     ns:{model}:stale          set of workers awaiting a re-sync snapshot
 
 Write path (`publish`, any replica): the batch goes into a bounded queue; a publisher thread
@@ -180,6 +181,7 @@ class RedisStore(IndexStore):
                     self._k(b.model, "seq"),
                     self._k(b.model, "w", b.worker_id),
                     self._k(b.model, "stale"),
+                    self._k(b.model, "t", b.worker_id),
                 ]
                 args = [
                     b.model,
@@ -204,6 +206,7 @@ class RedisStore(IndexStore):
                     self._k(model, "seq"),
                     self._k(model, "w", worker),
                     self._k(model, "stale"),
+                    self._k(model, "t", worker),
                 ]
                 self._remove_lua(keys=keys, args=[model, worker, self._maxlen], client=pipe)
         results = pipe.execute()
@@ -286,6 +289,7 @@ class RedisStore(IndexStore):
                         pipe.smembers(self._k(m, "stale"))
                         for w in workers[m]:
                             pipe.smembers(self._k(m, "w", w))
+                            pipe.hgetall(self._k(m, "t", w))
                     results = iter(pipe.execute())
                     break
                 except redis.WatchError:
@@ -298,7 +302,8 @@ class RedisStore(IndexStore):
             index = indexes[m] = PrefixIndex(m)
             for w in workers[m]:
                 hashes = [int.from_bytes(h, "big") for h in next(results)]
-                index.load_worker(w, seqs.get(w), hashes, stale=w in stale)
+                tiers = {int.from_bytes(h, "big"): int(t) for h, t in next(results).items()}
+                index.load_worker(w, seqs.get(w), hashes, stale=w in stale, tiers=tiers)
         with self._lock:
             self._indexes = indexes
             self._last_id = last[0][0] if last else b"0-0"

@@ -6,7 +6,8 @@
       read(model)             context manager: the local PrefixIndex, locked for reading,
                               or None when the view cannot be trusted (degraded store)
       longest_prefixes(m, h)  read(m) + PrefixIndex.longest_prefixes(h), the routing fast path:
-                              as reported, and extended by the blocks promised (pending.py)
+                              as reported, extended by the blocks promised (pending.py),
+                              and the part of each an offload tier holds (Prefixes)
       promise(m, w, h, ttl)   a decision sent a prefill of these blocks to w; count them as
                               w's for `ttl` seconds (shared by replicas)
       sync(timeout)           block until everything published so far is in the local view
@@ -29,13 +30,29 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from types import MappingProxyType
+from typing import NamedTuple
 
-from core.events import BlockRemoved, BlockStored, KVEventBatch
+from core.events import BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from router.routing.index.pending import PendingBlocks
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
 
 ResyncCallback = Callable[[str, str], None]
 """on_resync(model, worker_id)."""
+
+_NONE: Mapping[str, Sequence[int]] = MappingProxyType({})
+
+
+class Prefixes(NamedTuple):
+    """The longest cached prefix of a prompt on each worker (workers with none left out)."""
+
+    reported: Mapping[str, int]
+    """As the workers' KV events reported it."""
+    cached: Mapping[str, int]
+    """The same, extended by blocks promised to the worker (the same object when none)."""
+    offloaded: Mapping[str, Sequence[int]] = _NONE
+    """Of each reported prefix, the blocks only an offload tier holds, per tier (host,
+    disk): a copy back each, not a read in place. Workers with none are left out."""
 
 
 class IndexStore(abc.ABC):
@@ -75,7 +92,7 @@ class IndexStore(abc.ABC):
         pending = self._pending.get(batch.model)
         if pending is not None:
             for event in batch.events:
-                if isinstance(event, (BlockStored, BlockRemoved)):
+                if isinstance(event, (BlockStored, BlockTiered, BlockRemoved)):
                     pending.settle(batch.worker_id, event.block_hashes)
 
     def _forget(self, model: str, worker_id: str) -> None:
@@ -115,22 +132,23 @@ class IndexStore(abc.ABC):
         with self._lock:
             yield self._index(model) if self.healthy else None
 
-    def longest_prefixes(
-        self, model: str, block_hashes: Sequence[int]
-    ) -> tuple[Mapping[str, int], Mapping[str, int]] | None:
+    def longest_prefixes(self, model: str, block_hashes: Sequence[int]) -> Prefixes | None:
         """`read(model)` + `PrefixIndex.longest_prefixes` in one call, for the decision path
-        (no generator-based context manager): the prefixes the workers reported, and the
-        same extended by the blocks promised to them (the same object when no promise
-        extends any); None when degraded."""
+        (no generator-based context manager); None when degraded."""
         with self._lock:
             if not self.healthy:
                 return None
             index = self._indexes.get(model)
-            cached = index.longest_prefixes(block_hashes) if index is not None else {}
+            reported: Mapping[str, int] = {}
+            offloaded = _NONE
+            if index is not None:
+                reported = index.longest_prefixes(block_hashes)
+                offloaded = index.offloaded_blocks(block_hashes, reported) or _NONE
             pending = self._pending.get(model)
             if pending is None:
-                return cached, cached
-            return cached, pending.extend(block_hashes, cached, self.clock())
+                return Prefixes(reported, reported, offloaded)
+            extended = pending.extend(block_hashes, reported, self.clock())
+            return Prefixes(reported, extended, offloaded)
 
     def block_counts(self, model: str) -> dict[str, int] | None:
         """Blocks each worker's cache holds, per the local view (None when degraded)."""

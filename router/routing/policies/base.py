@@ -6,7 +6,8 @@ tie-break / round-robin state.
 `ctx.workers` is the pool (non-empty; `ctx.pool_view()` adds its load order),
 `ctx.cached_blocks` the longest cached prefix of the prompt on each worker (workers with none
 are absent; it counts the blocks that requests routed there will have computed by the time
-this one runs, `ctx.reported_blocks` only those the workers reported), `ctx.held_blocks`
+this one runs, `ctx.reported_blocks` only those the workers reported; `ctx.restore_s` what
+the part of it in an offload tier costs to copy back), `ctx.held_blocks`
 how many blocks each worker's cache holds (filled only for a policy that sets
 `wants_block_counts`: it costs a pass over the workers). A policy must not
 mutate `ctx` or the WorkerStates; the Router owns the accounting. Policies are looked up by
@@ -27,6 +28,7 @@ from router.routing.pool import Pool
 from router.routing.worker_state import WorkerState
 
 _NONE: Mapping[str, int] = MappingProxyType({})
+_NO_RESTORE: Mapping[str, float] = MappingProxyType({})
 
 POOLS = (WorkerRole.PREFILL, WorkerRole.DECODE)
 """The pools a policy chooses in (a unified worker sits in the decode pool)."""
@@ -51,6 +53,9 @@ class RouteContext(NamedTuple):
     """`cached_blocks` without the blocks only promised to a worker by routing decisions
     whose prefills have not reported them yet (router/routing/index/pending.py): what a
     peer can send now. None: the same as `cached_blocks`."""
+    restore_s: Mapping[str, float] = _NO_RESTORE
+    """Seconds each worker needs to copy back the part of its cached prefix that only an
+    offload tier holds (router.routing.restore_cost); workers with none are absent."""
 
     def pool_view(self) -> Pool:
         return self.pool if self.pool is not None else Pool(self.workers)

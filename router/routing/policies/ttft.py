@@ -13,8 +13,11 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
     h_w  w's recent prefix reuse (its reports: cache hits plus prefix pulled from peers):
          how often what it caches is reused
     ρ_w  w's recent utilization (its reports), capped at `max_utilization`
+    R_w  seconds w takes to copy back the part of its prefix only an offload tier holds
+         (ctx.restore_s, router.routing.restore_cost): such a hit saves t_w*B per block
+         less its copy, not t_w*B
 
-    1. work_w     = s + t_w * U_w                          the prefill itself
+    1. work_w     = s + t_w * U_w + R_w                    the prefill itself
        ttft_w     = t_w * L_w + work_w                     queue wait + prefill
        pressure_w = pressure_weight * h_w * E_w * B * t_w  recompute later of the reuse the
                                                            evicted blocks would have served
@@ -26,7 +29,7 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        queue). A worker with c_w < c* may instead pull blocks [c_w, c*) from q:
 
        X_w        = x0 + (c* - c_w) * B * kv_bytes_per_token / transfer_gbps   transfer
-       U'_w       = max(0, T - c* * B),  work'_w = s + t_w * U'_w
+       U'_w       = max(0, T - c* * B),  work'_w = s + t_w * U'_w + R_w
        cost'_w    = t_w * L_w + X_w + (work'_w + pressure_w) / (1 - ρ_w)
 
        and takes it when cost'_w < cost_w. X_w is added to the wait, not divided by
@@ -77,6 +80,7 @@ _TERMS = (
     "runner_up_cost_s",
     "pull_blocks",
     "transfer_s",
+    "restore_s",
 )
 
 
@@ -84,7 +88,7 @@ _TERMS = (
 class TtftPrefill(Policy):
     name = "ttft"
     formula = (
-        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + t_w*U_w + k_p*h_w*E_w*B*t_w) "
+        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + t_w*U_w + R_w + k_p*h_w*E_w*B*t_w) "
         "/ (1 - rho_w) over workers with P_w <= (1+slack)*mean P"
     )
     wants_block_counts = True
@@ -133,7 +137,7 @@ class TtftPrefill(Policy):
         self._turn += 1
         start = self._turn % n
         tokens, block = ctx.num_prompt_tokens, ctx.block_size
-        cached, held = ctx.cached_blocks, ctx.held_blocks
+        cached, held, restore_s = ctx.cached_blocks, ctx.held_blocks, ctx.restore_s
         kp, step_s = self.pressure_weight, self.step_s
         tally = self._tally
         tallies = [tally.get(w.worker_id, 0.0) for w in workers]
@@ -142,14 +146,15 @@ class TtftPrefill(Policy):
         top_uncached = max(0, tokens - top * block)
         bound = (1.0 + self.balance_slack) * sum(tallies) / n
         best_key: tuple[int, float, float, int] | None = None
-        best_i, best_terms, best_pull = 0, (), (0, 0.0)
+        best_i, best_terms, best_pull = 0, (), (0, 0.0, 0.0)
         runner_up = float("inf")
         for j, w in enumerate(workers):
             # 1. the worker's estimated TTFT and the reuse its placement destroys
             t = w.step_rate.s_per_token or self.s_per_token
             c_w = cached.get(w.worker_id, 0)
             uncached = max(0, tokens - c_w * block)
-            work = step_s + t * uncached
+            restore = restore_s.get(w.worker_id, 0.0) if restore_s else 0.0
+            work = step_s + t * uncached + restore
             wait = t * w.queued_prefill_tokens
             evict = 0
             if w.total_blocks > 0:
@@ -160,7 +165,7 @@ class TtftPrefill(Policy):
             pull, transfer = 0, 0.0
             if top > c_w:  # a peer holds more of the prompt: copying it may beat computing
                 x = self.transfer_latency_s + (top - c_w) * x_block
-                work_pull = step_s + t * top_uncached
+                work_pull = step_s + t * top_uncached + restore
                 cost_pull = wait + x + (work_pull + pressure) / (1.0 - rho)
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
@@ -173,7 +178,7 @@ class TtftPrefill(Policy):
                     runner_up = min(runner_up, best_key[1])
                 best_i, best_key = j, key
                 best_terms = (wait + transfer + work, wait, work, pressure, rho, uncached, evict)
-                best_pull = (pull, transfer)
+                best_pull = (pull, transfer, restore)
             elif not over:
                 runner_up = min(runner_up, cost)
         # 3. the lightest tally is never over the mean, so a candidate always won
@@ -198,6 +203,7 @@ class TtftPrefill(Policy):
             runner_up,
             float(best_pull[0]),
             best_pull[1],
+            best_pull[2],
         )
         if best_pull[0]:
             assert peer is not None
