@@ -1,15 +1,20 @@
-"""Quantization benchmark (issue 24): INT8 weight-only against float32, same process, same run.
+"""Quantization benchmark (issue 24): INT8 weight-only and W8A8 against float32, same process,
+same run.
 
     python -m bench.quant                        # trained checkpoint (trains it once, cached)
     python -m bench.quant --speed-model models/small --repeat 5
 
-Two measurements:
+Three measurements:
   quality  perplexity of the trained checkpoint (`baton make-tiny-model --train`) on held-out
-           standard-library text, through the engine (prompt logprobs), float32 vs int8;
-  speed    decode tokens/s at batch 1 (a 128-token prompt, 128 new tokens; the rate after
-           the first token) on a bigger checkpoint, where weight bytes dominate a step: the
-           `small` preset (~125M, random weights: speed does not depend on the values). The
-           two engines alternate, `--repeat` times each, and the median counts.
+           standard-library text, through the engine (prompt logprobs), per mode;
+  decode   tokens/s at batch 1 (a 128-token prompt, 128 new tokens; the rate after the
+           first token) on a bigger checkpoint, where weight bytes dominate a step: the
+           `small` preset (~125M, random weights: speed does not depend on the values);
+  prefill  prompt tokens/s of 4 fresh 512-token prompts at once (one output token each),
+           same checkpoint: GEMMs of hundreds of rows, where compute dominates;
+  loading  peak resident memory of a fresh process that loads that checkpoint: float32,
+           quantized on load, and the INT8 checkpoint `baton quantize` writes of it.
+The engines alternate, `--repeat` times each, and the median counts.
 
 Writes bench/results/quant.json and prints a table.
 """
@@ -21,6 +26,8 @@ import json
 import math
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +38,7 @@ from core.sampling import SamplingParams
 from engine.llm import LLM
 
 RESULTS = Path(__file__).parent / "results"
-MODES = {"float32": None, "int8": "int8"}
+MODES = {"float32": None, "int8": "int8", "w8a8": "w8a8"}
 
 
 def perplexity(llm: LLM, windows: list[list[int]]) -> float:
@@ -61,6 +68,44 @@ def decode_rate(llm: LLM, prompt: list[int], new_tokens: int) -> float:
     llm.generate([prompt], SamplingParams(max_tokens=new_tokens + 1, temperature=0.0,
                                           ignore_eos=True))  # fmt: skip
     return new_tokens / (time.perf_counter() - start - first)
+
+
+def prefill_rate(llm: LLM, prompts: list[list[int]]) -> float:
+    """Prompt tokens/s of `prompts` prefilled together, one output token each."""
+    start = time.perf_counter()
+    llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    return sum(len(p) for p in prompts) / (time.perf_counter() - start)
+
+
+def fresh_prompts(seed: int, count: int = 4, length: int = 512) -> list[list[int]]:
+    """Prompts no earlier run has cached."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(10, 1000, (count, length), generator=gen).tolist()
+
+
+_PEAK_RSS = """
+import sys
+from engine.llm import LLM
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field))
+base = kib("VmRSS:")
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the high-water mark restarts from here (Linux)
+LLM(sys.argv[1], quantization=sys.argv[2] or None, num_kv_blocks=16)
+print(base, kib("VmHWM:"))
+"""
+
+
+def load_peak_mib(model_dir: Path, quantization: str | None) -> tuple[float, float]:
+    """(resident memory once the engine is imported, its peak while the model loads), MiB,
+    in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS, str(model_dir), quantization or ""],
+        capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    base, peak = out.stdout.split()[-2:]
+    return int(base) / 1024, int(peak) / 1024
 
 
 def _speed_model(given: str | None, scratch: Path) -> Path:
@@ -97,36 +142,56 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as scratch:
         model = _speed_model(args.speed_model, Path(scratch))
-        engines = {n: LLM(model, quantization=m, num_kv_blocks=64) for n, m in MODES.items()}
+        engines = {n: LLM(model, quantization=m, num_kv_blocks=160) for n, m in MODES.items()}
         prompt = [(i * 7919) % 1000 + 10 for i in range(128)]
         rates: dict[str, list[float]] = {n: [] for n in MODES}
-        for llm in engines.values():
+        prefill: dict[str, list[float]] = {n: [] for n in MODES}
+        for i, llm in enumerate(engines.values()):
             decode_rate(llm, prompt, 8)  # warm-up
-        for _ in range(args.repeat):
-            for name, llm in engines.items():
+            prefill_rate(llm, fresh_prompts(-1 - i, count=1))
+        for r in range(args.repeat):
+            for i, (name, llm) in enumerate(engines.items()):
                 rates[name].append(decode_rate(llm, prompt, 128))
+                prefill[name].append(prefill_rate(llm, fresh_prompts(r * len(MODES) + i)))
+
+        from engine.int8_checkpoint import write_int8_checkpoint
+
+        int8_dir = write_int8_checkpoint(model, Path(scratch) / "int8")
+        loads = {
+            "float32": load_peak_mib(model, None),
+            "int8 on load": load_peak_mib(model, "int8"),
+            "int8 checkpoint": load_peak_mib(int8_dir, None),
+        }
 
     speed = {n: statistics.median(r) for n, r in rates.items()}
+    prefill_speed = {n: statistics.median(r) for n, r in prefill.items()}
     result = {
         "machine": platform.processor() or platform.machine(),
         "threads": args.threads,
         "trained_model": args.trained,
         "perplexity": quality,
         "perplexity_tokens": tokens,
-        "perplexity_ratio": quality["int8"] / quality["float32"],
+        "perplexity_ratio": {n: quality[n] / quality["float32"] for n in MODES},
         "speed_model": str(args.speed_model or "small preset (random weights)"),
         "decode_tokens_per_s": speed,
         "decode_runs": rates,
-        "speedup": speed["int8"] / speed["float32"],
+        "speedup": {n: speed[n] / speed["float32"] for n in MODES},
+        "prefill_tokens_per_s": prefill_speed,
+        "prefill_runs": prefill,
+        "prefill_speedup": {n: prefill_speed[n] / prefill_speed["float32"] for n in MODES},
+        "load_peak_rss_mib": {n: {"import": b, "loaded": p} for n, (b, p) in loads.items()},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"| weights | perplexity ({tokens} held-out tokens) | decode tok/s, batch 1 |")
-    print("| --- | --- | --- |")
-    for name in MODES:
-        print(f"| {name} | {quality[name]:.3f} | {speed[name]:.1f} |")
-    print(f"int8 / float32: perplexity {result['perplexity_ratio']:.4f}x, "
-          f"decode {result['speedup']:.2f}x")  # fmt: skip
+    print(f"| mode | perplexity ({tokens} held-out tokens) | decode tok/s, batch 1 | "
+          "prefill tok/s, 4 x 512 |")  # fmt: skip
+    print("| --- | --- | --- | --- |")
+    for n in MODES:
+        print(f"| {n} | {quality[n]:.3f} ({result['perplexity_ratio'][n]:.4f}x) | "
+              f"{speed[n]:.1f} ({result['speedup'][n]:.2f}x) | "
+              f"{prefill_speed[n]:.0f} ({result['prefill_speedup'][n]:.2f}x) |")  # fmt: skip
+    for n, (base, peak) in loads.items():
+        print(f"loading, {n}: peak RSS {peak:.0f} MiB ({peak - base:.0f} over the import)")
     return 0
 
 

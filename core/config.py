@@ -48,7 +48,9 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     """Drafts per speculating request per step."""
     quantization: str | None = None
-    """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py)."""
+    """"int8": INT8 weight-only linear layers, quantized on load (engine/layers/quant.py);
+    "w8a8": the same weights, and each GEMM's input rows quantized to int8 on the fly, so the
+    products run on the CPU's int8 units (VNNI / AMX; CPU only)."""
     kv_cache_dtype: str = "auto"
     """auto (the model's dtype) | int8 | fp8 (e4m3): a quantized KV cache, each (token, head)
     with its own scale (engine/kv_cache/quant.py); every attention backend reads it."""
@@ -84,8 +86,8 @@ class EngineConfig:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"
             )
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization must be int8 or None, got {self.quantization!r}")
+        if self.quantization not in (None, "int8", "w8a8"):
+            raise ValueError(f"quantization must be int8, w8a8 or None, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(
                 f"kv_cache_dtype must be one of {sorted(KV_CACHE_DTYPES)}, "

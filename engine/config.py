@@ -77,6 +77,8 @@ class ModelConfig:
     # One entry per layer, "full_attention" or "sliding_attention" (Qwen2/3 slide only the
     # layers from `max_window_layers` on; Mistral slides all of them when a window is set).
     layer_types: tuple[str, ...] = ()
+    quantization: str | None = None
+    """"int8": the checkpoint holds INT8 weights (engine/int8_checkpoint.py), None: float."""
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -216,7 +218,25 @@ def _parse(
         o_proj_bias=attention_bias and not is_qwen2,
         mlp_bias=mlp_bias,
         layer_types=layer_types,
+        quantization=_parse_quantization(f),
     )
+
+
+def _parse_quantization(f: _Fields) -> str | None:
+    """None for a float checkpoint, "int8" for one `baton quantize` wrote; others refused."""
+    qc = f.raw.get("quantization_config")
+    if qc is None:
+        return None
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    if method != "baton-int8":
+        raise f.fail(
+            "quantization_config",
+            f"names quant_method {method!r}; only float checkpoints and baton-int8 ones "
+            "(`baton quantize`) load",
+        )
+    if f.bool("tie_word_embeddings", False):
+        raise f.fail("tie_word_embeddings", "must be false in an INT8 checkpoint (its own head)")
+    return "int8"
 
 
 def _parse_rope(f: _Fields, max_positions: int) -> tuple[float, dict[str, Any] | None]:

@@ -21,6 +21,7 @@ from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, DecodeGraphs, GraphCapturer, choose_capturer
 from engine.grammar import token_mask
+from engine.int8_checkpoint import prepare_int8_weights
 from engine.kv_cache import sizing
 from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
@@ -106,11 +107,16 @@ class ModelRunner:
         self.tp = tp
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
+        # An INT8 checkpoint loads as int8 (`int8` unless w8a8 was asked for).
+        method = config.quantization or model_config.quantization
+        if model_config.quantization and method:
+            count = prepare_int8_weights(self.model, method)
+            logger.info("%d linear layers load INT8 weights (%s)", count, method)
         self.model.load_weights(iter_weights(model_config.model_dir))
         self.model.eval()
-        if config.quantization:
-            count = quant.quantize_model(self.model, config.quantization)
-            logger.info("%d linear layers quantized to %s", count, config.quantization)
+        if method and not model_config.quantization:
+            count = quant.quantize_model(self.model, method)
+            logger.info("%d linear layers quantized to %s", count, method)
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
         logger.info(

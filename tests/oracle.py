@@ -8,20 +8,44 @@ from typing import Any
 
 
 @cache
-def _hf_model(model_dir: str, device: str = "cpu") -> Any:
+def _hf_model(model_dir: str, device: str = "cpu", int8_activations: bool = False) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if int8_activations:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and (
+                name == "lm_head" or name.endswith("_proj")
+            ):
+                module.register_forward_pre_hook(_fake_quantize_input)
+    return model.to(device).eval()
+
+
+def _fake_quantize_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A linear layer's input rows as W8A8 sees them: quantized per row, symmetric, and
+    back to float (the arithmetic of engine/layers/quant.py's `quantize_activations`)."""
+    import torch
+
+    (x,) = args
+    rows = x.reshape(-1, x.shape[-1]).float()
+    sx = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)
+    return (torch.round(rows / sx).clamp_(-127, 127).mul_(sx).reshape(x.shape),)
 
 
 @cache
 def hf_greedy(
-    model_dir: str, prompt: tuple[int, ...], max_tokens: int, device: str = "cpu"
+    model_dir: str,
+    prompt: tuple[int, ...],
+    max_tokens: int,
+    device: str = "cpu",
+    int8_activations: bool = False,
 ) -> list[int]:
+    """`int8_activations`: every linear layer's input quantized per row first (the oracle of
+    `quantization="w8a8"`, on a checkpoint from `write_fake_quantized`)."""
     import torch
 
-    model = _hf_model(model_dir, device)
+    model = _hf_model(model_dir, device, int8_activations)
     ids = torch.tensor([prompt], device=device)
     with torch.no_grad():
         out = model.generate(

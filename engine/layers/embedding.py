@@ -38,10 +38,12 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
 
     def _load(self, param: nn.Parameter, loaded: torch.Tensor, *_: object) -> None:
-        if loaded.shape[0] != self.vocab_size or loaded.shape[1] != param.shape[1]:
+        # Rows of the vocabulary: the matrix, or an INT8 checkpoint's per-row scales.
+        if loaded.shape[0] != self.vocab_size or loaded.shape[1:] != param.shape[1:]:
             raise ValueError(
                 f"shape mismatch for the vocabulary matrix: expected "
-                f"({self.vocab_size}, {param.shape[1]}), checkpoint has {tuple(loaded.shape)}"
+                f"({self.vocab_size}, {', '.join(map(str, param.shape[1:]))}), checkpoint "
+                f"has {tuple(loaded.shape)}"
             )
         end = min(self.start + self.per_rank, self.vocab_size)
         copy_into(param.data[: end - self.start], loaded[self.start : end])
@@ -71,13 +73,17 @@ class ParallelLMHead(VocabParallelEmbedding):
         self.register_buffer("weight_scale", None)
         """Per-row scales once quantized (engine/layers/quant.py); a tied head then holds an
         int8 copy and the embedding keeps its float rows."""
+        self.int8_activations = False
+        """Quantized W8A8: the hidden rows are quantized too (engine/layers/quant.py)."""
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.weight_scale is not None:
-            logits = quant.int8_linear(hidden, self.weight, self.weight_scale, None)
+            logits = quant.int8_linear(
+                hidden, self.weight, self.weight_scale, None, self.int8_activations
+            )
         elif self.use_cpu_gemm:
             logits = cpu_gemm.linear(hidden, self.weight, None)
         else:

@@ -83,6 +83,8 @@ class _ShardedLinear(nn.Module):
         self.register_buffer("weight_scale", None)
         """Per-output-channel scales once quantized (engine/layers/quant.py): the weight is
         then int8."""
+        self.int8_activations = False
+        """Quantized W8A8: the input rows are quantized too (engine/layers/quant.py)."""
 
     def _set_loaders(self, weight: WeightLoader, bias: WeightLoader | None = None) -> None:
         """`bias` defaults to the weight's loader (output-sharded biases are cut alike)."""
@@ -97,7 +99,7 @@ class _ShardedLinear(nn.Module):
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale is not None:
-            return quant.int8_linear(x, self.weight, self.weight_scale, bias)
+            return quant.int8_linear(x, self.weight, self.weight_scale, bias, self.int8_activations)
         if self.use_cpu_gemm:
             return cpu_gemm.linear(x, self.weight, bias)
         return F.linear(x, self.weight, bias)

@@ -1,4 +1,5 @@
-"""INT8 weight-only quantization of the linear layers (`--quantization int8`).
+"""INT8 quantization of the linear layers: weight-only (`--quantization int8`), or weights and
+activations (`--quantization w8a8`).
 
 Each linear layer's weight W [N, K] becomes int8 `wq` with one float32 scale per output
 channel, symmetric: scale[n] = max_k |W[n, k]| / 127, wq = round(W / scale). Activations stay
@@ -12,6 +13,16 @@ with it, the trained checkpoint's perplexity stayed within 0.01% of float32's,
 docs/performance.md); a tied head gets its own int8 copy, so the embedding keeps its float
 rows. What stays in
 full precision: the embedding (a lookup reads one row per token) and the norms.
+
+W8A8 keeps those weights and also quantizes each GEMM's input, per row (token), symmetric and
+on the fly: sx[m] = max_k |x[m, k]| / 127, xq = round(x / sx). The products are int8 x int8
+summed exactly in int32, on the CPU's int8 units (AMX tiles, AVX-512 VNNI) through oneDNN
+(`torch._int_mm`), so a GEMM costs about what its weight bytes take to read at one row and a
+fraction of float32's compute from a few rows up; y = acc * sx[m] * scale[n] (+ bias).
+Why oneDNN and not a kernel of ours: it already picks AMX or VNNI per CPU, with blocking we
+would have to rewrite for each; our part is the per-row quantization around it. The int32
+sums are exact and each row has its own scale, so a row's output does not depend on the rows
+batched with it. CPU only (on a GPU, `int8`'s Triton kernel): refused on CUDA.
 
 Kernels: on CPU float32 engine/cpu_kernels/int8_gemm.cpp for up to `CPU_KERNEL_MAX_ROWS`
 rows (the 125M preset's layers, 2 threads, AVX2: 4.1 / 8.4 / 18 / 70 / 142 / 245 ms against
@@ -30,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-METHODS = ("int8",)
+METHODS = ("int8", "w8a8")
 CPU_KERNEL_MAX_ROWS = 256
 
 
@@ -42,6 +53,13 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return wq.contiguous(), scale.contiguous()
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq int8 [M, K], sx float32 [M, 1]) with x ~= xq * sx, per row, symmetric."""
+    x = x.float()
+    sx = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127.0)
+    return torch.round(x / sx).clamp_(-127, 127).to(torch.int8), sx
+
+
 def quantize_model(model: nn.Module, method: str) -> int:
     """Quantizes every layer that has a `weight_scale` slot; returns how many."""
     if method not in METHODS:
@@ -49,9 +67,12 @@ def quantize_model(model: nn.Module, method: str) -> int:
     count = 0
     for module in model.modules():
         if "weight_scale" in getattr(module, "_buffers", {}) and module.weight_scale is None:
+            if method == "w8a8" and module.weight.is_cuda:
+                raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
             wq, scale = quantize_weight(module.weight)
             module.weight = nn.Parameter(wq, requires_grad=False)
             module.weight_scale = scale
+            module.int8_activations = method == "w8a8"
             count += 1
     return count
 
@@ -65,13 +86,24 @@ def _cpu_kernel() -> Any | None:
 
 
 def int8_linear(
-    x: torch.Tensor, wq: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    int8_activations: bool = False,
 ) -> torch.Tensor:
-    """x @ (wq * scale[:, None]).T + bias for `x` of any leading shape."""
+    """x @ (wq * scale[:, None]).T + bias for `x` of any leading shape; with
+    `int8_activations`, x's rows quantized first (W8A8, the module docstring)."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     x2 = x.reshape(rows, k)
-    if x.is_cuda:
+    if int8_activations and rows:
+        xq, sx = quantize_activations(x2)
+        y = torch._int_mm(xq, wq.t()).to(torch.float32).mul_(sx).mul_(scale)
+        if bias is not None:
+            y.add_(bias)
+        y = y.to(x.dtype)
+    elif x.is_cuda:
         from engine.kernels.int8_linear import int8_linear as triton_int8_linear
 
         y = triton_int8_linear(x2.contiguous(), wq, scale, bias)

@@ -1,1 +1,2 @@
-"""`baton`: the command line (`baton serve`, `baton demo`, `baton make-tiny-model`, plugins)."""
+"""`baton`: the command line (`baton serve`, `baton demo`, `baton make-tiny-model`,
+`baton quantize`, plugins)."""

@@ -27,6 +27,12 @@ def _run_make_tiny_model(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _run_quantize(args: argparse.Namespace) -> int:
+    from engine.int8_checkpoint import run_from_args
+
+    return run_from_args(args)
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from router.cli.demo import run_demo
 
@@ -65,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tiny_model_arguments(tiny)
     tiny.set_defaults(func=_run_make_tiny_model)
+    quantize = sub.add_parser(
+        "quantize",
+        help="write an INT8 copy of a checkpoint (weights per channel; loads at int8 size)",
+    )
+    quantize.add_argument("src", metavar="SRC", help="float Hugging Face checkpoint folder")
+    quantize.add_argument("dst", metavar="DST", help="output folder (new or empty)")
+    quantize.set_defaults(func=_run_quantize)
     demo = sub.add_parser("demo", help="generate with the engine in this process")
     demo.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
     demo.add_argument("--max-tokens", type=int, default=24)

@@ -91,10 +91,12 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto")
     p.add_argument(
         "--quantization",
-        choices=["int8"],
+        choices=["int8", "w8a8"],
         default=None,
-        help="int8: INT8 weight-only linear layers, quantized on load (a quarter of fp32's "
-        "weight bytes per decode step; embedding and LM head stay in --dtype)",
+        help="int8: INT8 weight-only linear layers and LM head, quantized on load (a quarter "
+        "of fp32's weight bytes per decode step; the embedding stays in --dtype); w8a8: the "
+        "same weights, and each GEMM's input rows quantized to int8 on the fly so the "
+        "products run on the CPU's int8 units (VNNI / AMX; CPU only)",
     )
     p.add_argument(
         "--kv-cache-dtype",

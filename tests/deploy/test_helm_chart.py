@@ -273,7 +273,7 @@ def test_cuda_graphs_value_reaches_the_engine_config(cuda_graphs: bool) -> None:
     assert build_spec(args, args.model).engine.cuda_graphs is cuda_graphs
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [None, "int8", "w8a8"])
 def test_quantization_value_reaches_the_engine_config(quantization: str | None) -> None:
     from router.cli.serve import build_spec
 
