@@ -117,6 +117,7 @@ class ModelRunner:
         if method and not model_config.quantization:
             count = quant.quantize_model(self.model, method)
             logger.info("%d linear layers quantized to %s", count, method)
+        quant.finish(self.model)
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
         logger.info(

@@ -28,7 +28,18 @@ from typing import Any
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
 _HEADERS = ("vec_math.h", "paged_decode.h")
-_KERNELS = ("paged_decode", "kv_int8", "fused", "skinny_gemm", "int8_gemm", "copy_blocks")
+_KERNELS = (
+    "paged_decode",
+    "kv_int8",
+    "fused",
+    "skinny_gemm",
+    "int8_gemm",
+    "copy_blocks",
+    "int8_vnni",
+)
+_NEEDS = {"int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))}
+"""Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
+(the others are built for the best of AVX2 or plain C++ this CPU has)."""
 _STALE_LOCK_S = 600.0
 """A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
 
@@ -63,13 +74,25 @@ def _clear_stale_lock(build_dir: Path) -> None:
         pass
 
 
-def _isa_flags() -> tuple[str, list[str]]:
-    """Vector ISA flags this CPU supports (part of the build's name, so a machine without
-    AVX2 never loads a build that needs it)."""
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
-        cpu_flags = Path("/proc/cpuinfo").read_text().split()
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        cpu_flags = []
+        return frozenset()
+
+
+def _isa_flags(name: str) -> tuple[str, list[str]] | None:
+    """Vector ISA flags for kernel `name` on this CPU (part of the build's name, so a
+    machine without AVX2 never loads a build that needs it); None when the kernel needs an
+    ISA this CPU lacks."""
+    cpu_flags = _cpu_flags()
+    if name in _NEEDS:
+        isa, needed = _NEEDS[name]
+        if not all(flag in cpu_flags for flag in needed):
+            return None
+        flags = [f"-m{flag.replace('_', '')}" for flag in needed]
+        return isa, [*flags, "-mavx2", "-mfma"]
     if "avx2" in cpu_flags and "fma" in cpu_flags:
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []
@@ -86,7 +109,11 @@ def load(name: str) -> Any | None:
         digest = hashlib.sha256(source.read_bytes())
         for header in _HEADERS:
             digest.update((_DIR / header).read_bytes())
-        isa, isa_flags = _isa_flags()
+        isa_and_flags = _isa_flags(name)
+        if isa_and_flags is None:
+            logger.info("CPU kernel %s needs %s, which this CPU lacks", name, _NEEDS[name][0])
+            return None
+        isa, isa_flags = isa_and_flags
         full_name = f"baton_{name}_{isa}_{digest.hexdigest()[:10]}"
         build_dir = _build_root() / full_name
         module = _import_built(full_name, build_dir)
@@ -111,5 +138,6 @@ def load(name: str) -> Any | None:
 
 
 def load_all() -> bool:
-    """Build every kernel now (the install step calls this so a server starts fast)."""
-    return all(load(name) is not None for name in _KERNELS)
+    """Build every kernel this CPU can run now (the install step calls this so a server
+    starts fast)."""
+    return all(load(name) is not None for name in _KERNELS if _isa_flags(name) is not None)

@@ -75,6 +75,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         int8 copy and the embedding keeps its float rows."""
         self.int8_activations = False
         """Quantized W8A8: the hidden rows are quantized too (engine/layers/quant.py)."""
+        self.register_buffer("weight_sum", None)
+        """W8A8: each int8 weight row's sum (quant.finish), for the VNNI kernel."""
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
@@ -82,7 +84,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if self.weight_scale is not None:
             logits = quant.int8_linear(
-                hidden, self.weight, self.weight_scale, None, self.int8_activations
+                hidden, self.weight, self.weight_scale, None, self.int8_activations, self.weight_sum
             )
         elif self.use_cpu_gemm:
             logits = cpu_gemm.linear(hidden, self.weight, None)

@@ -85,6 +85,8 @@ class _ShardedLinear(nn.Module):
         then int8."""
         self.int8_activations = False
         """Quantized W8A8: the input rows are quantized too (engine/layers/quant.py)."""
+        self.register_buffer("weight_sum", None)
+        """W8A8: each int8 weight row's sum (quant.finish), for the VNNI kernel."""
 
     def _set_loaders(self, weight: WeightLoader, bias: WeightLoader | None = None) -> None:
         """`bias` defaults to the weight's loader (output-sharded biases are cut alike)."""
@@ -99,7 +101,9 @@ class _ShardedLinear(nn.Module):
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale is not None:
-            return quant.int8_linear(x, self.weight, self.weight_scale, bias, self.int8_activations)
+            return quant.int8_linear(
+                x, self.weight, self.weight_scale, bias, self.int8_activations, self.weight_sum
+            )
         if self.use_cpu_gemm:
             return cpu_gemm.linear(x, self.weight, bias)
         return F.linear(x, self.weight, bias)

@@ -20,9 +20,12 @@ summed exactly in int32, on the CPU's int8 units (AMX tiles, AVX-512 VNNI) throu
 (`torch._int_mm`), so a GEMM costs about what its weight bytes take to read at one row and a
 fraction of float32's compute from a few rows up; y = acc * sx[m] * scale[n] (+ bias).
 Why oneDNN and not a kernel of ours: it already picks AMX or VNNI per CPU, with blocking we
-would have to rewrite for each; our part is the per-row quantization around it. The int32
-sums are exact and each row has its own scale, so a row's output does not depend on the rows
-batched with it. CPU only (on a GPU, `int8`'s Triton kernel): refused on CUDA.
+would have to rewrite for each; our part is the per-row quantization around it. Up to
+`VNNI_MAX_ROWS` rows (decode) our own AVX-512 VNNI kernel takes over
+(engine/cpu_kernels/int8_vnni.cpp: oneDNN's setup and the torch ops around it cost more than
+the products there); it needs each weight row's sum (`finish`), and gives the same bits.
+The int32 sums are exact and each row has its own scale, so a row's output does not depend
+on the rows batched with it. CPU only (on a GPU, `int8`'s Triton kernel): refused on CUDA.
 
 Kernels: on CPU float32 engine/cpu_kernels/int8_gemm.cpp for up to `CPU_KERNEL_MAX_ROWS`
 rows (the 125M preset's layers, 2 threads, AVX2: 4.1 / 8.4 / 18 / 70 / 142 / 245 ms against
@@ -43,6 +46,10 @@ from torch import nn
 
 METHODS = ("int8", "w8a8")
 CPU_KERNEL_MAX_ROWS = 256
+VNNI_MAX_ROWS = 8
+"""W8A8 GEMMs of up to this many rows take the VNNI kernel (the 125M preset's layers, 2
+threads: 2.6 / 3.4 / 6.9 / 8.2 / 9.9 ms at 1 / 2 / 4 / 8 / 12 rows, against oneDNN's
+7.9 / 8.6 / 8.8 / 9.3 / 10.3; oneDNN from 16 rows)."""
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,11 +84,30 @@ def quantize_model(model: nn.Module, method: str) -> int:
     return count
 
 
+def finish(model: nn.Module) -> int:
+    """Once the weights are final: each W8A8 layer's weight row sums, which the VNNI kernel
+    needs (it multiplies x + 128, unsigned, by the weights); returns how many layers."""
+    count = 0
+    for module in model.modules():
+        if getattr(module, "int8_activations", False):
+            module.weight_sum = module.weight.sum(dim=1, dtype=torch.int32)
+            count += 1
+    return count
+
+
 @functools.cache
 def _cpu_kernel() -> Any | None:
     from engine import cpu_kernels
 
     module = cpu_kernels.load("int8_gemm")
+    return module if module is not None and module.available else None
+
+
+@functools.cache
+def _vnni_kernel() -> Any | None:
+    from engine import cpu_kernels
+
+    module = cpu_kernels.load("int8_vnni")
     return module if module is not None and module.available else None
 
 
@@ -91,15 +117,25 @@ def int8_linear(
     scale: torch.Tensor,
     bias: torch.Tensor | None,
     int8_activations: bool = False,
+    weight_sum: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x @ (wq * scale[:, None]).T + bias for `x` of any leading shape; with
-    `int8_activations`, x's rows quantized first (W8A8, the module docstring)."""
+    `int8_activations`, x's rows quantized first (W8A8, the module docstring), on the VNNI
+    kernel when `weight_sum` (`finish`) is given and the rows are few."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
     x2 = x.reshape(rows, k)
     if int8_activations and rows:
-        xq, sx = quantize_activations(x2)
-        y = torch._int_mm(xq, wq.t()).to(torch.float32).mul_(sx).mul_(scale)
+        if (
+            weight_sum is not None
+            and rows <= VNNI_MAX_ROWS
+            and x.dtype == torch.float32
+            and _vnni_kernel() is not None
+        ):
+            y = _vnni_kernel().w8a8_linear(x2.contiguous(), wq, weight_sum, scale)
+        else:
+            xq, sx = quantize_activations(x2)
+            y = torch._int_mm(xq, wq.t()).to(torch.float32).mul_(sx).mul_(scale)
         if bias is not None:
             y.add_(bias)
         y = y.to(x.dtype)

@@ -114,6 +114,21 @@ def test_w8a8_linear_is_the_gemm_of_the_quantized_rows_and_weights(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize(("n", "k"), [(50, 72), (96, 64), (7, 200), (1280, 768)])
+def test_the_vnni_kernel_gives_the_bits_of_the_onednn_path(rows: int, n: int, k: int) -> None:
+    if quant._vnni_kernel() is None:
+        pytest.skip("this CPU has no AVX-512 VNNI (the oneDNN path serves every row count)")
+    gen = torch.Generator().manual_seed(rows * n + k)
+    wq, scale = quant.quantize_weight(torch.randn(n, k, generator=gen))
+    x = torch.randn(rows, k, generator=gen) * torch.logspace(-3, 2, rows)[:, None]
+    bias = torch.randn(n, generator=gen)
+    onednn = quant.int8_linear(x, wq, scale, bias, int8_activations=True)
+    wsum = wq.sum(dim=1, dtype=torch.int32)
+    vnni = quant.int8_linear(x, wq, scale, bias, int8_activations=True, weight_sum=wsum)
+    assert torch.equal(vnni, onednn)
+
+
 def test_w8a8_rows_do_not_depend_on_the_rows_batched_with_them() -> None:
     gen = torch.Generator().manual_seed(3)
     wq, scale = quant.quantize_weight(torch.randn(96, 64, generator=gen))
@@ -149,7 +164,8 @@ def test_w8a8_follows_transformers_on_quantized_weights_and_inputs(
         llm = LLM(model_dir, quantization=mode, num_kv_blocks=128, max_num_batched_tokens=64)
         [out] = llm.generate([seq], params)
         got[mode] = [lp for lp in out.prompt_logprobs or [] if lp is not None]
-    assert llm.engine.runner.model.model.layers[0].mlp.down_proj.int8_activations
+    down_proj = llm.engine.runner.model.model.layers[0].mlp.down_proj
+    assert down_proj.int8_activations and down_proj.weight_sum.dtype == torch.int32
     assert len(got["w8a8"]) == len(seq) - 1
     top2 = want.topk(2, dim=-1)
     margins = top2.values[:, 0] - top2.values[:, 1]
