@@ -68,6 +68,28 @@ def test_int8_weights_through_the_disaggregated_path(
     assert cluster.backend.transfers.num_transfers == len(batch)
 
 
+def test_w8a8_through_the_disaggregated_path(cluster_factory, loop_thread, tiny_model_dir) -> None:
+    """W8A8 output is the offline W8A8 engine's, token for token: its GEMMs give a row the
+    same bits whatever it is batched with, so prefill on one worker and decode on another
+    change nothing (transformers is its oracle only within the rounding noise:
+    tests/engine/test_quant.py)."""
+    from core.config import EngineConfig
+    from engine import LLM
+
+    model_dir = tiny_model_dir("llama")
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, quantization="w8a8")
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    batch = prompts(3, 1000, [9, 70, 140], seed=13)
+    outs = [
+        loop_thread.run(collect(cluster.backend, f"w{i}", p, GREEDY)) for i, p in enumerate(batch)
+    ]
+    offline = LLM(model_dir, num_kv_blocks=256, max_num_batched_tokens=512, quantization="w8a8")
+    for p, out in zip(batch, outs, strict=True):
+        [ref] = offline.generate([p], GREEDY)
+        assert out.token_ids == ref.token_ids
+    assert cluster.backend.transfers.num_transfers == len(batch)
+
+
 def test_speculative_decoding_on_the_decode_worker(
     cluster_factory, loop_thread, tiny_model_dir
 ) -> None:
