@@ -22,6 +22,15 @@ def test_the_latest_occurrence_of_the_longest_suffix_wins() -> None:
     assert propose_ngram([5, 6, 5], 0) == []
 
 
+def test_a_full_continuation_beats_a_later_short_one() -> None:
+    # "2 3" last occurs just before the end (two tokens follow it there before the present),
+    # and earlier with three after it: the earlier one is proposed.
+    tokens = [2, 3, 7, 8, 9, 1, 2, 3, 2, 3]
+    assert propose_ngram(tokens, 3, max_n=2) == [7, 8, 9]
+    assert propose_ngram(tokens, 2, max_n=2) == [2, 3]  # two asked: the latest has them
+    assert propose_ngram([9, 2, 3, 2, 3], 3, max_n=2) == [2, 3]  # the most there is
+
+
 def test_a_request_that_keeps_missing_backs_off() -> None:
     stats = SpecStats()
     skips = []
