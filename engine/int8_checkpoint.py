@@ -101,6 +101,8 @@ def prepare_int8_weights(model: nn.Module, method: str) -> int:
         if "weight_scale" not in module._buffers or module.weight_scale is not None:
             continue
         weight = module.weight
+        if method == "w8a8" and weight.is_cuda:
+            raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
         loader = getattr(weight, "weight_loader", default_weight_loader)
         wq = nn.Parameter(torch.zeros(weight.shape, dtype=torch.int8, device=weight.device), False)
         scale = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device), False)

@@ -40,6 +40,8 @@ _KERNELS = (
 _NEEDS = {"int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))}
 """Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
+_PREFERS = {"int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl"))}
+"""Kernels with a path for a wider ISA, built for it where the CPU has it (else as above)."""
 _STALE_LOCK_S = 600.0
 """A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
 
@@ -93,6 +95,10 @@ def _isa_flags(name: str) -> tuple[str, list[str]] | None:
             return None
         flags = [f"-m{flag.replace('_', '')}" for flag in needed]
         return isa, [*flags, "-mavx2", "-mfma"]
+    if name in _PREFERS:
+        isa, wanted = _PREFERS[name]
+        if all(flag in cpu_flags for flag in wanted):
+            return isa, [*(f"-m{flag.replace('_', '')}" for flag in wanted), "-mavx2", "-mfma"]
     if "avx2" in cpu_flags and "fma" in cpu_flags:
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []

@@ -10,9 +10,9 @@
 // all MR rows of x (the same register tiling as skinny_gemm.cpp). One row of x (batch-1
 // decode) has its own loop: with the row tiles' NR FMA chains it read 15 GB/s of int8, with
 // 32-byte loads and four chains per weight row 25 GB/s (the 125M preset's layers in 4.1 ms
-// against float32's 12-13 ms). The scale is applied once per output, after the dot product. This uses AVX2's sign-extending loads; a VNNI / AMX
-// path (int8 x int8 dot products, which would quantize the activations too) is not written:
-// no machine here has those instructions to test it on.
+// against float32's 12-13 ms). The scale is applied once per output, after the dot product.
+// This uses AVX2's sign-extending loads; int8 x int8 products on VNNI / AMX, which quantize
+// the activations too, are `--quantization w8a8` (int8_vnni.cpp and oneDNN).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -57,6 +57,35 @@ inline void tile(const float* x, const int8_t* w, int64_t K, const float* scale,
       y[i * ldy + j] = hsum(acc[i][j]) * scale[j] + (bias ? bias[j] : 0.f);
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// One row of x (a batch-1 decode step) on AVX-512: each weight row in 64-byte loads widened
+// 16 at a time, four independent FMA chains. Where the weights sit in cache the widening, not
+// the reading, bounds this loop, and 16 lanes do it in half the instructions of 8 (the 125M
+// preset's layers on an AVX-512 Xeon: see engine/layers/quant.py).
+inline float hsum16(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+inline void gemv_row(const float* x, const int8_t* w, int64_t K, float scale, float bias,
+                     float* y) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64) {
+    const __m512i v = _mm512_loadu_si512(w + k);
+    const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_castsi512_si128(v)));
+    const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 1)));
+    const __m512 w2 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 2)));
+    const __m512 w3 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm512_extracti32x4_epi32(v, 3)));
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), w0, acc[0]);
+    acc[1] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 16), w1, acc[1]);
+    acc[2] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 32), w2, acc[2]);
+    acc[3] = _mm512_fmadd_ps(_mm512_loadu_ps(x + k + 48), w3, acc[3]);
+  }
+  __m256 tail = _mm256_setzero_ps();
+  for (; k < K; k += 8) tail = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), widen8(w + k), tail);
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+  *y = (hsum16(sum) + hsum(tail)) * scale + bias;
+}
+#else
 // One row of x (a batch-1 decode step): each weight row in 32-byte loads, four independent
 // FMA chains per row.
 inline void gemv_row(const float* x, const int8_t* w, int64_t K, float scale, float bias,
@@ -77,6 +106,7 @@ inline void gemv_row(const float* x, const int8_t* w, int64_t K, float scale, fl
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
   *y = hsum(sum) * scale + bias;
 }
+#endif
 
 template <int NR_>
 inline void strip(const float* x, int64_t M, const int8_t* w, int64_t K, const float* scale,
