@@ -36,8 +36,12 @@ _KERNELS = (
     "int8_gemm",
     "copy_blocks",
     "int8_vnni",
+    "bf16_gemv",
 )
-_NEEDS = {"int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))}
+_NEEDS = {
+    "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "bf16_gemv": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
+}
 """Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
 _PREFERS = {"int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl"))}

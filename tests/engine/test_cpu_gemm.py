@@ -42,3 +42,56 @@ def test_bad_arguments_are_clear_errors() -> None:
         kernel.skinny_linear(torch.randn(2, 12), torch.randn(3, 12), None)
     with pytest.raises(RuntimeError, match="float32"):
         kernel.skinny_linear(torch.randn(2, 8).double(), torch.randn(3, 8).double(), None)
+
+
+needs_bf16 = pytest.mark.skipif(
+    cpu_gemm._bf16_kernel() is None, reason="this CPU has no AVX-512 BF16 (oneDNN serves bf16)"
+)
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+@pytest.mark.parametrize(("n", "k"), [(1, 8), (7, 33), (130, 256), (96, 770)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_bf16_kernel_sums_exact_bf16_products_in_float32(
+    rows: int, n: int, k: int, bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    got = cpu_gemm._bf16_kernel().bf16_linear(x, w, b)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16
+    # float32 sums of exact products, rounded once: within bf16's half step of the truth
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-4)
+
+
+@needs_bf16
+def test_bf16_dispatch_takes_the_kernel_for_few_rows_only() -> None:
+    w = torch.randn(12, 40).bfloat16()
+    for rows in (1, cpu_gemm.BF16_MAX_ROWS, cpu_gemm.BF16_MAX_ROWS + 1):
+        x = torch.randn(1, rows, 40).bfloat16()
+        got = cpu_gemm.linear(x, w, None)
+        assert got.shape == (1, rows, 12) and got.dtype == torch.bfloat16
+        want = F.linear(x.float(), w.float())
+        torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-3)
+    assert cpu_gemm.enabled(torch.device("cpu"), torch.bfloat16)
+
+
+@needs_bf16
+def test_bf16_decode_rows_score_as_the_prefill_does(tiny_model_dir) -> None:
+    """A bfloat16 engine's decode rows (one per step: the kernel) give each token the log-prob
+    its prefill rows (many per step: torch's bf16 linear) give it, up to bf16 rounding."""
+    from core.sampling import SamplingParams
+    from engine.llm import LLM
+
+    llm = LLM(tiny_model_dir("llama"), dtype="bfloat16", num_kv_blocks=64)
+    assert llm.engine.runner.model.lm_head.use_cpu_gemm
+    prompt = list(range(40, 90))
+    [out] = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, logprobs=0))
+    decoded = [lp.logprob for lp in out.logprobs]
+    scored = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    [again] = llm.generate([prompt + list(out.token_ids)], scored)
+    prefilled = [lp.logprob for lp in again.prompt_logprobs[len(prompt) :]]
+    torch.testing.assert_close(torch.tensor(decoded), torch.tensor(prefilled), atol=0.1, rtol=0)
