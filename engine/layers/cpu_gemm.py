@@ -18,8 +18,8 @@ layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
 
 bfloat16 (on CPUs with AVX-512 BF16): up to `BF16_MAX_ROWS` rows our
 engine/cpu_kernels/bf16_gemv.cpp, the rest torch's bf16 linear (oneDNN, AMX where the CPU
-has it). The 125M preset's linear layers on an AMX Xeon, 2 threads: 9.2 / 13.4 ms at 1 / 2
-rows against oneDNN's 14.4 / 14.6, and behind it from 4 rows (17.9 against 15.0).
+has it). The 125M preset's linear layers on an AMX Xeon, 2 threads: 7.1 / 7.6 / 8.9 / 12.0 /
+13.5 / 14.1 ms at 1 / 2 / 4 / 6 / 7 / 8 rows against oneDNN's 14.3-15.2 at each.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from torch import nn
 
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
-BF16_MAX_ROWS = 2
+BF16_MAX_ROWS = 7
 
 
 @functools.cache
