@@ -10,7 +10,9 @@
 // `quantize_activations`: sx = max(max |x|, 1e-12) / 127, xq = round-half-even(x / sx)
 // clamped to +-127), and each 64-byte load of a weight row feeds up to four rows of x through
 // `vpdpbusd` (64 int8 products per instruction); more rows take the same weight rows again
-// in groups of four while they are still in L1. vpdpbusd multiplies unsigned
+// in groups of four while they are still in L1, and the next weight rows are prefetched
+// meanwhile (without it the reads and the products took turns: 6.9 ms instead of 2.7 for
+// the 125M preset's layers at four rows). vpdpbusd multiplies unsigned
 // by signed bytes, so x goes in as xq + 128 and the sum loses 128 * wsum[n] again. The
 // int32 sums are exact and the scaling is the torch path's, in its order, so the result is
 // bit for bit what `torch._int_mm` and the same scaling give (tests/engine/test_quant.py).
@@ -51,7 +53,10 @@ inline void rows_pass(const uint8_t* xu, const int8_t* w, int64_t K, const int32
   int64_t k = 0;
   for (; k + 64 <= K; k += 64) {
     __m512i wv[R];
-    for (int r = 0; r < R; ++r) wv[r] = _mm512_loadu_si512(w + r * K + k);
+    for (int r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * K + k), _MM_HINT_T0);
+      wv[r] = _mm512_loadu_si512(w + r * K + k);
+    }
     for (int m = 0; m < M; ++m) {
       const __m512i xv = _mm512_loadu_si512(xu + m * K + k);
       for (int r = 0; r < R; ++r) acc[m][r] = _mm512_dpbusd_epi32(acc[m][r], xv, wv[r]);

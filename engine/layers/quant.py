@@ -46,10 +46,10 @@ from torch import nn
 
 METHODS = ("int8", "w8a8")
 CPU_KERNEL_MAX_ROWS = 256
-VNNI_MAX_ROWS = 8
+VNNI_MAX_ROWS = 16
 """W8A8 GEMMs of up to this many rows take the VNNI kernel (the 125M preset's layers, 2
-threads: 2.6 / 3.4 / 6.9 / 8.2 / 9.9 ms at 1 / 2 / 4 / 8 / 12 rows, against oneDNN's
-7.9 / 8.6 / 8.8 / 9.3 / 10.3; oneDNN from 16 rows)."""
+threads: 2.3 / 2.7 / 4.6 / 8.0 ms at 1 / 4 / 8 / 16 rows, against oneDNN's 8.2 / 9.4 / 9.8
+/ 11.0; level at 24)."""
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

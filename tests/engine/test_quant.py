@@ -114,7 +114,7 @@ def test_w8a8_linear_is_the_gemm_of_the_quantized_rows_and_weights(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16])
 @pytest.mark.parametrize(("n", "k"), [(50, 72), (96, 64), (7, 200), (1280, 768)])
 def test_the_vnni_kernel_gives_the_bits_of_the_onednn_path(rows: int, n: int, k: int) -> None:
     if quant._vnni_kernel() is None:
