@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from engine.checkpoint import INDEX_FILE, list_weight_files
-from engine.layers.quant import quantize_weight
+from engine.layers.quant import quantizable, quantize_weight
 
 QUANT_METHOD = "baton-int8"
 QUANTIZATION_CONFIG = {"quant_method": QUANT_METHOD, "bits": 8, "scheme": "per-channel-symmetric"}
@@ -96,13 +96,9 @@ def prepare_int8_weights(model: nn.Module, method: str) -> int:
     docstring); returns how many. `method`: int8 or w8a8 (engine/layers/quant.py)."""
     from engine.layers.linear import RowParallelLinear, default_weight_loader
 
-    count = 0
-    for module in model.modules():
-        if "weight_scale" not in module._buffers or module.weight_scale is not None:
-            continue
+    layers = quantizable(model, method)
+    for module in layers:
         weight = module.weight
-        if method == "w8a8" and weight.is_cuda:
-            raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
         loader = getattr(weight, "weight_loader", default_weight_loader)
         wq = nn.Parameter(torch.zeros(weight.shape, dtype=torch.int8, device=weight.device), False)
         scale = nn.Parameter(torch.zeros(weight.shape[0], device=weight.device), False)
@@ -112,9 +108,7 @@ def prepare_int8_weights(model: nn.Module, method: str) -> int:
         module.weight = wq
         del module._buffers["weight_scale"]
         module.weight_scale = scale
-        module.int8_activations = method == "w8a8"
-        count += 1
-    return count
+    return len(layers)
 
 
 def run_from_args(args: Any) -> int:

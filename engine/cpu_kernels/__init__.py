@@ -93,16 +93,11 @@ def _isa_flags(name: str) -> tuple[str, list[str]] | None:
     machine without AVX2 never loads a build that needs it); None when the kernel needs an
     ISA this CPU lacks."""
     cpu_flags = _cpu_flags()
+    isa, wanted = _NEEDS.get(name) or _PREFERS.get(name) or ("", ())
+    if wanted and all(flag in cpu_flags for flag in wanted):
+        return isa, [*(f"-m{flag.replace('_', '')}" for flag in wanted), "-mavx2", "-mfma"]
     if name in _NEEDS:
-        isa, needed = _NEEDS[name]
-        if not all(flag in cpu_flags for flag in needed):
-            return None
-        flags = [f"-m{flag.replace('_', '')}" for flag in needed]
-        return isa, [*flags, "-mavx2", "-mfma"]
-    if name in _PREFERS:
-        isa, wanted = _PREFERS[name]
-        if all(flag in cpu_flags for flag in wanted):
-            return isa, [*(f"-m{flag.replace('_', '')}" for flag in wanted), "-mavx2", "-mfma"]
+        return None
     if "avx2" in cpu_flags and "fma" in cpu_flags:
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []

@@ -67,21 +67,31 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / sx).clamp_(-127, 127).to(torch.int8), sx
 
 
-def quantize_model(model: nn.Module, method: str) -> int:
-    """Quantizes every layer that has a `weight_scale` slot; returns how many."""
+def quantizable(model: nn.Module, method: str) -> list[nn.Module]:
+    """The layers `method` turns into int8: every one with an empty `weight_scale` slot,
+    each marked with the method's activations (W8A8: quantized too; refused on CUDA)."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose from {', '.join(METHODS)}")
-    count = 0
-    for module in model.modules():
-        if "weight_scale" in getattr(module, "_buffers", {}) and module.weight_scale is None:
-            if method == "w8a8" and module.weight.is_cuda:
-                raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
-            wq, scale = quantize_weight(module.weight)
-            module.weight = nn.Parameter(wq, requires_grad=False)
-            module.weight_scale = scale
-            module.int8_activations = method == "w8a8"
-            count += 1
-    return count
+    layers = [
+        m
+        for m in model.modules()
+        if "weight_scale" in getattr(m, "_buffers", {}) and m.weight_scale is None
+    ]
+    for module in layers:
+        if method == "w8a8" and module.weight.is_cuda:
+            raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
+        module.int8_activations = method == "w8a8"
+    return layers
+
+
+def quantize_model(model: nn.Module, method: str) -> int:
+    """Quantizes every layer that has a `weight_scale` slot; returns how many."""
+    layers = quantizable(model, method)
+    for module in layers:
+        wq, scale = quantize_weight(module.weight)
+        module.weight = nn.Parameter(wq, requires_grad=False)
+        module.weight_scale = scale
+    return len(layers)
 
 
 def finish(model: nn.Module) -> int:

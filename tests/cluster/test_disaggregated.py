@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -68,26 +69,40 @@ def test_int8_weights_through_the_disaggregated_path(
     assert cluster.backend.transfers.num_transfers == len(batch)
 
 
+def disaggregated_matches_offline(
+    cluster_factory, loop_thread, tiny_model_dir, options: dict, seed: int
+) -> Any:
+    """Three prompts through a 1P+1D cluster whose engines take `options`, each through the
+    prefill pool, give the offline engine's tokens with the same options; the cluster."""
+    from core.config import EngineConfig
+    from engine import LLM
+
+    model_dir = tiny_model_dir("llama")
+    sizes = {"num_kv_blocks": 256, "max_num_batched_tokens": 512}
+    engine = EngineConfig(**sizes, **options)
+    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
+    batch = prompts(3, 1000, [20, 90, 140], seed=seed)
+    outs = [
+        loop_thread.run(collect(cluster.backend, f"s{seed}-{i}", p, GREEDY))
+        for i, p in enumerate(batch)
+    ]
+    offline = LLM(model_dir, **sizes, **options)
+    for p, out in zip(batch, outs, strict=True):
+        [ref] = offline.generate([p], GREEDY)
+        assert out.token_ids == ref.token_ids
+    return cluster
+
+
 def test_w8a8_through_the_disaggregated_path(cluster_factory, loop_thread, tiny_model_dir) -> None:
     """W8A8 output is the offline W8A8 engine's, token for token: its GEMMs give a row the
     same bits whatever it is batched with, so prefill on one worker and decode on another
     change nothing (transformers is its oracle only within the rounding noise:
     tests/engine/test_quant.py)."""
-    from core.config import EngineConfig
-    from engine import LLM
 
-    model_dir = tiny_model_dir("llama")
-    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, quantization="w8a8")
-    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
-    batch = prompts(3, 1000, [9, 70, 140], seed=13)
-    outs = [
-        loop_thread.run(collect(cluster.backend, f"w{i}", p, GREEDY)) for i, p in enumerate(batch)
-    ]
-    offline = LLM(model_dir, num_kv_blocks=256, max_num_batched_tokens=512, quantization="w8a8")
-    for p, out in zip(batch, outs, strict=True):
-        [ref] = offline.generate([p], GREEDY)
-        assert out.token_ids == ref.token_ids
-    assert cluster.backend.transfers.num_transfers == len(batch)
+    cluster = disaggregated_matches_offline(
+        cluster_factory, loop_thread, tiny_model_dir, {"quantization": "w8a8"}, seed=13
+    )
+    assert cluster.backend.transfers.num_transfers == 3
 
 
 def test_speculative_decoding_on_the_decode_worker(
@@ -147,21 +162,10 @@ def test_int8_kv_cache_through_the_disaggregated_path(
 ) -> None:
     """The decode worker receives quantized blocks with their scales and decodes from them as
     the offline engine decodes from its own int8 cache: the same tokens."""
-    from core.config import EngineConfig
-    from engine import LLM
-
-    model_dir = tiny_model_dir("llama")
-    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, kv_cache_dtype="int8")
-    cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
-    batch = prompts(3, 1000, [20, 90, 140], seed=12)
-    outs = [
-        loop_thread.run(collect(cluster.backend, f"k{i}", p, GREEDY)) for i, p in enumerate(batch)
-    ]
-    offline = LLM(model_dir, num_kv_blocks=256, max_num_batched_tokens=512, kv_cache_dtype="int8")
-    for p, out in zip(batch, outs, strict=True):
-        [ref] = offline.generate([p], GREEDY)
-        assert out.token_ids == ref.token_ids
-    assert cluster.backend.transfers.num_transfers == len(batch)
+    cluster = disaggregated_matches_offline(
+        cluster_factory, loop_thread, tiny_model_dir, {"kv_cache_dtype": "int8"}, seed=12
+    )
+    assert cluster.backend.transfers.num_transfers == 3
     # 4 layers x (K, V) x 16 tokens x 2 heads x (16 int8 values + a float16 scale)
     per_block = {m.info.kv_bytes_per_block for m in cluster.membership.workers.values()}
     assert per_block == {4 * 2 * 16 * 2 * 18}
