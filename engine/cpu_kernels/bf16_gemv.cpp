@@ -16,14 +16,13 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include "row_tiles.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 #define BATON_BF16 1
 
 namespace {
-
-constexpr int MR = 4;  // rows of x per group
-constexpr int NR = 4;  // weight rows per pass
 
 using bf16 = c10::BFloat16;
 
@@ -61,17 +60,6 @@ inline void rows_pass(const bf16* x, const bf16* w, int64_t K, const bf16* bias,
     }
 }
 
-template <int M>
-void group(const bf16* x, const bf16* w, int64_t K, int64_t R, const bf16* bias, bf16* y,
-           int64_t ldy) {
-  switch (R) {
-    case 4: rows_pass<M, 4>(x, w, K, bias, y, ldy); break;
-    case 3: rows_pass<M, 3>(x, w, K, bias, y, ldy); break;
-    case 2: rows_pass<M, 2>(x, w, K, bias, y, ldy); break;
-    default: rows_pass<M, 1>(x, w, K, bias, y, ldy); break;
-  }
-}
-
 }  // namespace
 
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
@@ -92,22 +80,9 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w, c10::optional<torch:
   const bf16* xp = reinterpret_cast<const bf16*>(x.data_ptr());
   const bf16* wp = reinterpret_cast<const bf16*>(w.data_ptr());
   bf16* yp = reinterpret_cast<bf16*>(y.data_ptr());
-  const int64_t passes = (N + NR - 1) / NR;
-  at::parallel_for(0, passes, 16, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = p * NR, r = std::min<int64_t>(NR, N - n);
-      const bf16* b = bp ? bp + n : nullptr;
-      for (int64_t m = 0; m < M; m += MR) {
-        const bf16* xg = xp + m * K;
-        bf16* yg = yp + m * N + n;
-        switch (std::min<int64_t>(MR, M - m)) {
-          case 4: group<4>(xg, wp + n * K, K, r, b, yg, N); break;
-          case 3: group<3>(xg, wp + n * K, K, r, b, yg, N); break;
-          case 2: group<2>(xg, wp + n * K, K, r, b, yg, N); break;
-          default: group<1>(xg, wp + n * K, K, r, b, yg, N); break;
-        }
-      }
-    }
+  baton::for_each_tile(M, N, [&](int64_t m, int64_t n, auto rows, auto cols) {
+    rows_pass<decltype(rows)::value, decltype(cols)::value>(
+        xp + m * K, wp + n * K, K, bp ? bp + n : nullptr, yp + m * N + n, N);
   });
   return y;
 }

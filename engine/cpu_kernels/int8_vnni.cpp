@@ -22,14 +22,13 @@
 #include <cmath>
 #include <vector>
 
+#include "row_tiles.h"
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define BATON_VNNI 1
 
 namespace {
-
-constexpr int MR = 4;  // rows of x per group
-constexpr int NR = 4;  // weight rows per pass: independent accumulator chains
 
 // Row m of x as unsigned bytes (xq + 128), and its scale.
 float quantize_row(const float* x, int64_t K, uint8_t* out) {
@@ -78,35 +77,11 @@ inline void rows_pass(const uint8_t* xu, const int8_t* w, int64_t K, const int32
     }
 }
 
-template <int M>
-void group(const uint8_t* xu, const int8_t* w, int64_t K, int64_t R, const int32_t* wsum,
-           const float* sx, const float* scale, float* y, int64_t ldy) {
-  switch (R) {
-    case 4: rows_pass<M, 4>(xu, w, K, wsum, sx, scale, y, ldy); break;
-    case 3: rows_pass<M, 3>(xu, w, K, wsum, sx, scale, y, ldy); break;
-    case 2: rows_pass<M, 2>(xu, w, K, wsum, sx, scale, y, ldy); break;
-    default: rows_pass<M, 1>(xu, w, K, wsum, sx, scale, y, ldy); break;
-  }
-}
-
 void gemm(const uint8_t* xu, int64_t M, const int8_t* wq, int64_t K, int64_t N,
           const int32_t* wsum, const float* sx, const float* scale, float* y) {
-  const int64_t passes = (N + NR - 1) / NR;
-  at::parallel_for(0, passes, 16, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = p * NR, r = std::min<int64_t>(NR, N - n);
-      const int8_t* w = wq + n * K;
-      for (int64_t m = 0; m < M; m += MR) {
-        const uint8_t* xg = xu + m * K;
-        float* yg = y + m * N + n;
-        switch (std::min<int64_t>(MR, M - m)) {
-          case 4: group<4>(xg, w, K, r, wsum + n, sx + m, scale + n, yg, N); break;
-          case 3: group<3>(xg, w, K, r, wsum + n, sx + m, scale + n, yg, N); break;
-          case 2: group<2>(xg, w, K, r, wsum + n, sx + m, scale + n, yg, N); break;
-          default: group<1>(xg, w, K, r, wsum + n, sx + m, scale + n, yg, N); break;
-        }
-      }
-    }
+  baton::for_each_tile(M, N, [&](int64_t m, int64_t n, auto rows, auto cols) {
+    rows_pass<decltype(rows)::value, decltype(cols)::value>(
+        xu + m * K, wq + n * K, K, wsum + n, sx + m, scale + n, y + m * N + n, N);
   });
 }
 
