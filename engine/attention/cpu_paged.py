@@ -1,5 +1,6 @@
 """The CPU attention backend: the torch paged path, with decode served by a small C++ kernel
-(`engine/cpu_kernels/paged_decode.cpp`) that reads K/V straight from the paged cache; an int8
+(`engine/cpu_kernels/paged_decode.cpp`, float32 and bfloat16 caches) that reads K/V straight
+from the paged cache; an int8
 cache (engine/kv_cache/quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
 the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
 
@@ -34,11 +35,14 @@ class CPUPagedAttention(TorchPagedAttention):
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
         kernel = self._kernel_for(kv_layer.dtype)
-        if kernel is None or q.dtype != torch.float32 or not kv_layer.is_contiguous():
+        if kernel is None or not q.dtype.is_floating_point or not kv_layer.is_contiguous():
             return super()._decode(q, kv_layer, meta, scale)  # fp8 caches too
-        out = torch.empty_like(q)
-        kernel(q.contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out)
-        return out
+        # The kernel computes in float32 whatever the cache holds: a bfloat16 model's
+        # queries are widened (a few KB) and its output rounded back once.
+        out = torch.empty(q.shape, dtype=torch.float32)
+        kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens,
+               scale, out)  # fmt: skip
+        return out.to(q.dtype)
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         int8 = _int8_kernels() if kv_layer.dtype == torch.int8 else None
@@ -49,6 +53,8 @@ class CPUPagedAttention(TorchPagedAttention):
     def _kernel_for(self, cache_dtype: torch.dtype) -> Any | None:
         if cache_dtype == torch.float32:
             return None if self.kernel is None else self.kernel.paged_decode
+        if cache_dtype == torch.bfloat16:
+            return None if self.kernel is None else self.kernel.paged_decode_bf16
         if cache_dtype == torch.int8:
             int8 = _int8_kernels()
             return None if int8 is None else int8.paged_decode_q8

@@ -37,10 +37,15 @@ _KERNELS = (
     "copy_blocks",
     "int8_vnni",
     "bf16_gemv",
+    "bf16_amx",
 )
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     "bf16_gemv": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
+    "bf16_amx": (
+        "amxbf16",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
+    ),
 }
 """Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
@@ -95,12 +100,19 @@ def _isa_flags(name: str) -> tuple[str, list[str]] | None:
     cpu_flags = _cpu_flags()
     isa, wanted = _NEEDS.get(name) or _PREFERS.get(name) or ("", ())
     if wanted and all(flag in cpu_flags for flag in wanted):
-        return isa, [*(f"-m{flag.replace('_', '')}" for flag in wanted), "-mavx2", "-mfma"]
+        return isa, [*(_compiler_flag(flag) for flag in wanted), "-mavx2", "-mfma"]
     if name in _NEEDS:
         return None
     if "avx2" in cpu_flags and "fma" in cpu_flags:
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []
+
+
+def _compiler_flag(cpu_flag: str) -> str:
+    """/proc/cpuinfo's name -> gcc's: avx512_vnni -> -mavx512vnni, but amx_tile -> -mamx-tile."""
+    if cpu_flag.startswith("amx_"):
+        return f"-m{cpu_flag.replace('_', '-')}"
+    return f"-m{cpu_flag.replace('_', '')}"
 
 
 @functools.cache

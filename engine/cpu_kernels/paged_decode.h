@@ -1,10 +1,10 @@
 // Paged decode attention for CPUs: one query token per sequence, reading K/V straight from
 // the paged cache (no gather copy), all query heads of a GQA group sharing each K/V read.
-// One template over the cache's element type, built into two modules: float32
-// (paged_decode.cpp) and int8 (kv_int8.cpp).
+// One template over the cache's element type, built into two modules: float32 and bfloat16
+// (paged_decode.cpp), and int8 (kv_int8.cpp).
 //
 //   q            [B, Hq, D]                       float32, contiguous
-//   kv_layer     [num_blocks, 2, bs, Hk, E]       float32 (E = D) or int8 (E = D + 2: the
+//   kv_layer     [num_blocks, 2, bs, Hk, E]       float32 or bfloat16 (E = D), or int8 (E = D + 2: the
 //                                                 values, then a float16 scale; see
 //                                                 engine/kv_cache/quant.py), contiguous
 //   block_tables [B, M] int64   seq_lens [B] int64   out [B, Hq, D]
@@ -13,7 +13,7 @@
 // group's heads share each K row read), a softmax per head (vectorised exp; the 1/sum is
 // applied to the output, not to every probability), pass 2 accumulates V. An int8 entry is
 // widened to float32 in registers (never dequantized into a copy: that took 8-15x the
-// float32 kernel's time), and its scale multiplies the dot product (K) or the probability
+// float32 kernel's time; a bfloat16 entry likewise, a shift), and its scale multiplies the dot product (K) or the probability
 // (V): one multiply per entry, not per value. Parallel over sequences with torch's own
 // thread pool (at::parallel_for), so torch.set_num_threads governs it.
 #pragma once
@@ -40,6 +40,13 @@ struct Entry<float> {
   static constexpr int64_t kExtra = 0;
   static constexpr c10::ScalarType kType = torch::kFloat32;
   static inline float scale(const float*, int64_t) { return 1.f; }
+};
+
+template <>
+struct Entry<c10::BFloat16> {
+  static constexpr int64_t kExtra = 0;
+  static constexpr c10::ScalarType kType = torch::kBFloat16;
+  static inline float scale(const c10::BFloat16*, int64_t) { return 1.f; }
 };
 
 template <>
@@ -145,6 +152,10 @@ static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const int8_t* p) {
   const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+}
+static inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is float32's top half
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
 }
 
 // The N query heads of a GQA group against one K row (D % 8 == 0): the row is loaded once

@@ -17,9 +17,17 @@ layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
 192 rows there, which covers mid-sized decode batches and prompt chunks.
 
 bfloat16 (on CPUs with AVX-512 BF16): up to `BF16_MAX_ROWS` rows our
-engine/cpu_kernels/bf16_gemv.cpp, the rest torch's bf16 linear (oneDNN, AMX where the CPU
-has it). The 125M preset's linear layers on an AMX Xeon, 2 threads: 7.1 / 7.6 / 8.9 / 12.0 /
-13.5 / 14.1 ms at 1 / 2 / 4 / 6 / 7 / 8 rows against oneDNN's 14.3-15.2 at each.
+engine/cpu_kernels/bf16_gemv.cpp; on CPUs with AMX, up to `BF16_AMX_MAX_ROWS` rows our
+engine/cpu_kernels/bf16_amx.cpp (the weight as AMX's A operand, read in place); the rest
+torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights per call). The
+125M preset's linear layers on an AMX Xeon, 2 threads, ms (same run; this machine's runs
+move ~10%):
+
+| rows | 1 | 4 | 8 | 16 | 32 | 64 | 128 | 192 |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| oneDNN | 11.0 | 11.3 | 11.2 | 11.7 | 11.6 | 15.8 | 19.5 | 22.3 |
+| bf16_gemv | 4.4 | 5.0 | 8.7 | | | | | |
+| bf16_amx | 6.0 | 5.5 | 6.0 | 6.7 | 7.0 | 10.7 | 16.5 | 25.1 |
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from torch import nn
 
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
-BF16_MAX_ROWS = 7
+BF16_MAX_ROWS = 4
+BF16_AMX_MAX_ROWS = 128
 
 
 @functools.cache
@@ -60,6 +69,27 @@ def _bf16_kernel() -> Any | None:
     return module if module is not None and module.available else None
 
 
+@functools.cache
+def _amx_kernel() -> Any | None:
+    from engine import cpu_kernels
+
+    module = cpu_kernels.load("bf16_amx")
+    return module if module is not None and module.available else None
+
+
+def _bf16_linear(
+    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Our kernels' product for a 2-D bfloat16 `x2`, or None where oneDNN's is faster."""
+    rows, (n, k) = x2.shape[0], weight.shape
+    if rows <= BF16_MAX_ROWS:
+        return _bf16_kernel().bf16_linear(x2, weight, bias)
+    amx = _amx_kernel()
+    if amx is not None and rows <= BF16_AMX_MAX_ROWS and n % 32 == 0 and k % 32 == 0:
+        return amx.bf16_amx_linear(x2, weight, bias)
+    return None
+
+
 def enabled(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or os.environ.get("BATON_CPU_GEMM", "1") == "0":
         return False
@@ -72,11 +102,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     """x @ weight.T + bias for a float32 or bfloat16 CPU `x` of any leading shape."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.dtype == torch.bfloat16:
-        if not 0 < rows <= BF16_MAX_ROWS:
-            return F.linear(x, weight, bias)
-        x2 = x.reshape(rows, x.shape[-1]).contiguous()
-        y = _bf16_kernel().bf16_linear(x2, weight, bias)
-        return y.view(*x.shape[:-1], weight.shape[0])
+        y = _bf16_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias) if rows else None
+        return F.linear(x, weight, bias) if y is None else y.view(*x.shape[:-1], weight.shape[0])
     if rows > skinny_max_rows() or x.shape[-1] % 8:
         return F.linear(x, weight, bias)
     x2 = x.reshape(rows, x.shape[-1]).contiguous()

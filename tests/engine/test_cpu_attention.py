@@ -50,6 +50,24 @@ def test_matches_torch_path(
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head_dim", [64, 80, 36])
+def test_a_bfloat16_cache_computes_what_float32_does_on_the_same_values(head_dim: int) -> None:
+    """Entries widen to float32 exactly, so the bfloat16 kernel's result is the float32
+    kernel's on the widened cache, rounded once: bit for bit, not within a tolerance."""
+    gen = torch.Generator().manual_seed(head_dim)
+    kv = torch.randn(80, 2, 16, 2, head_dim, generator=gen).bfloat16()
+    lengths = [1, 16, 17, 90, 5]
+    tables = torch.stack([torch.randperm(80, generator=gen)[:6] for _ in lengths])
+    lens = torch.tensor(lengths)
+    q = torch.randn(len(lengths), 6, head_dim, generator=gen).bfloat16()
+    cpu, meta = get_backend("cpu"), meta_for(tables, lens, 16)
+    got = cpu._decode(q, kv, meta, 0.1)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, cpu._decode(q.float(), kv.float(), meta, 0.1).bfloat16())
+    want = get_backend("torch")._decode(q, kv, meta_for(tables, lens, 16), 0.1)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # torch's own bf16 rounding
+
+
 def test_ignores_blocks_past_the_length() -> None:
     kv = torch.randn(10, 2, 16, 2, 64)
     tables = torch.tensor([[3, 7]])

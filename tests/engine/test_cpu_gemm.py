@@ -79,6 +79,54 @@ def test_bf16_dispatch_takes_the_kernel_for_few_rows_only() -> None:
     assert cpu_gemm.enabled(torch.device("cpu"), torch.bfloat16)
 
 
+needs_amx = pytest.mark.skipif(
+    cpu_gemm._amx_kernel() is None, reason="this CPU has no AMX (oneDNN serves those rows)"
+)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 33, 70])
+@pytest.mark.parametrize(("n", "k"), [(32, 32), (96, 768), (1280, 64)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_amx_kernel_sums_exact_bf16_products_in_float32(
+    rows: int, n: int, k: int, bias: bool
+) -> None:
+    """Every 16-row block and its tail (rows past the batch are packed as zeros and never
+    written), one or two blocks per pass, across several weight-row groups."""
+    gen = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w = torch.randn(n, k, generator=gen).bfloat16()
+    b = torch.randn(n, generator=gen).bfloat16() if bias else None
+    got = cpu_gemm._amx_kernel().bf16_amx_linear(x, w, b)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+    torch.testing.assert_close(got.float(), want, rtol=2**-8, atol=1e-4)
+
+
+@needs_amx
+def test_amx_kernel_refuses_shapes_it_cannot_tile() -> None:
+    kernel = cpu_gemm._amx_kernel()
+    with pytest.raises(RuntimeError, match="K a multiple of 32"):
+        kernel.bf16_amx_linear(torch.randn(8, 40).bfloat16(), torch.randn(32, 40).bfloat16(), None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernel.bf16_amx_linear(torch.randn(8, 32), torch.randn(32, 32), None)
+
+
+@needs_amx
+def test_bf16_dispatch_takes_amx_between_the_few_row_kernel_and_onednn() -> None:
+    w, odd = torch.randn(64, 96).bfloat16(), torch.randn(40, 96).bfloat16()
+    for rows in (cpu_gemm.BF16_MAX_ROWS + 1, cpu_gemm.BF16_AMX_MAX_ROWS, 200):
+        x = torch.randn(rows, 96).bfloat16()
+        for weight in (w, odd):  # 40 rows of weights cannot be tiled: oneDNN's
+            got = cpu_gemm.linear(x, weight, None)
+            want = F.linear(x.float(), weight.float())
+            torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-3)
+    few = torch.randn(cpu_gemm.BF16_MAX_ROWS + 1, 96).bfloat16()
+    assert torch.equal(
+        cpu_gemm.linear(few, w, None), cpu_gemm._amx_kernel().bf16_amx_linear(few, w, None)
+    )
+
+
 @needs_bf16
 def test_bf16_decode_rows_score_as_the_prefill_does(tiny_model_dir) -> None:
     """A bfloat16 engine's decode rows (one per step: the kernel) give each token the log-prob
