@@ -53,15 +53,18 @@ def has_triton() -> bool:
     return True
 
 
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def cpu_fused_ops(x: torch.Tensor):  # -> the compiled module or None
     """The fused CPU elementwise kernels (engine/cpu_kernels/fused.cpp) for a contiguous
-    float32 2-D CPU tensor; None otherwise, or with BATON_CPU_FUSED=0 (the plain torch ops,
-    e.g. to bisect a mismatch).
+    float32 or bfloat16 2-D CPU tensor; None otherwise, or with BATON_CPU_FUSED=0 (the plain
+    torch ops, e.g. to bisect a mismatch).
 
     On by default since 2026-11-23: two disaggregated serving runs each way, alternating,
     gave the decode worker a TPOT p50 / p99 of 47-57 / 78-80 ms with them and 52-59 / 98-107
     ms without (docs/performance.md); an earlier regression with them on did not recur."""
-    if x.is_cuda or x.dtype != torch.float32 or x.dim() != 2 or not x.is_contiguous():
+    if x.is_cuda or x.dtype not in _FUSED_DTYPES or x.dim() != 2 or not x.is_contiguous():
         return None
     if os.environ.get("BATON_CPU_FUSED", "1") == "0":
         return None

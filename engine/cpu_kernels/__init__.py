@@ -51,6 +51,12 @@ _NEEDS = {
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
 _PREFERS = {"int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl"))}
 """Kernels with a path for a wider ISA, built for it where the CPU has it (else as above)."""
+_CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math")
+"""-fopenmp: at::parallel_for is header code that parallelises with OpenMP pragmas; without it
+the kernels would run on one thread. -fno-trapping-math: without it gcc vectorises no loop
+that rounds (floorf in vexp: every softmax and SiLU ran scalar), since a vector round may
+raise an inexact flag the scalar one would not; nothing here reads the floating-point flags,
+and no result changes (no reassociation)."""
 _STALE_LOCK_S = 600.0
 """A build takes 1-2 minutes here; a lock this old belongs to a process that died."""
 
@@ -131,6 +137,7 @@ def load(name: str) -> Any | None:
             logger.info("CPU kernel %s needs %s, which this CPU lacks", name, _NEEDS[name][0])
             return None
         isa, isa_flags = isa_and_flags
+        digest.update(" ".join([*_CFLAGS, *isa_flags]).encode())  # new flags: a new build
         full_name = f"baton_{name}_{isa}_{digest.hexdigest()[:10]}"
         build_dir = _build_root() / full_name
         module = _import_built(full_name, build_dir)
@@ -138,12 +145,10 @@ def load(name: str) -> Any | None:
             return module
         build_dir.mkdir(parents=True, exist_ok=True)
         _clear_stale_lock(build_dir)
-        # -fopenmp: at::parallel_for is header code that parallelises with OpenMP pragmas;
-        # without it the kernels would run on one thread.
         return build(
             name=full_name,
             sources=[str(source)],
-            extra_cflags=["-O3", "-fopenmp", "-ffp-contract=fast", *isa_flags],
+            extra_cflags=[*_CFLAGS, *isa_flags],
             extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(_DIR)],
             build_directory=str(build_dir),

@@ -31,7 +31,7 @@ class RMSNorm(nn.Module):
 
             return rms_norm(x, self.weight, self.eps, residual)
         ops = cpu_fused_ops(x)
-        if ops is not None and (residual is None or residual.is_contiguous()):
+        if ops is not None and self.weight.dtype == x.dtype and _fusable(residual, x):
             if residual is None:
                 return ops.rms_norm(x, self.weight, self.eps), x
             out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)
@@ -42,3 +42,7 @@ class RMSNorm(nn.Module):
 
     def norm_only(self, x: torch.Tensor) -> torch.Tensor:
         return self._norm(x)
+
+
+def _fusable(residual: torch.Tensor | None, x: torch.Tensor) -> bool:
+    return residual is None or (residual.is_contiguous() and residual.dtype == x.dtype)

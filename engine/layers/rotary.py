@@ -74,7 +74,7 @@ class RotaryEmbedding(nn.Module):
 
             return apply_rotary(positions, q, k, self.cos, self.sin)  # in place
         ops = cpu_fused_ops(self.cos)
-        if ops is not None and _heads_contiguous(q) and _heads_contiguous(k):
+        if ops is not None and _heads_contiguous(q, self.cos) and _heads_contiguous(k, self.cos):
             q_out, k_out = ops.rotary(positions, q, k, self.cos, self.sin)
             return q_out, k_out
         cos = self.cos[positions].unsqueeze(1)
@@ -82,9 +82,9 @@ class RotaryEmbedding(nn.Module):
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
-def _heads_contiguous(x: torch.Tensor) -> bool:
+def _heads_contiguous(x: torch.Tensor, table: torch.Tensor) -> bool:
     return (
-        x.dim() == 3 and x.dtype == torch.float32 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+        x.dim() == 3 and x.dtype == table.dtype and x.stride(2) == 1 and x.stride(1) == x.shape[2]
     )
 
 

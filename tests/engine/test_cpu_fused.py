@@ -58,8 +58,10 @@ def test_layers_use_them_and_agree_with_the_torch_path(monkeypatch) -> None:
 def test_bad_inputs_are_clear_errors() -> None:
     with pytest.raises(RuntimeError, match="even number of columns"):
         ops.silu_and_mul(torch.randn(2, 3))
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         ops.rms_norm(torch.randn(2, 4, dtype=torch.float64), torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError, match="mixed"):
+        ops.rms_norm(torch.randn(2, 4).bfloat16(), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="weight shape"):
         ops.rms_norm(torch.randn(2, 4), torch.ones(5), 1e-6)
 
@@ -85,3 +87,40 @@ def test_rotary_matches_the_torch_path_on_strided_qkv_slices(
     torch.testing.assert_close(got[0], q_out, rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="outside the table"):
         ops.rotary(torch.full((tokens,), 5000), q, k, rope.cos, rope.sin)
+
+
+def _same_as_the_torch_ops(fused: torch.Tensor, plain: torch.Tensor) -> None:
+    """bfloat16: rounded where torch's ops round, so equal but where a float32 sum or exp
+    computed in another order lands across a rounding boundary: one bf16 step apart."""
+    assert fused.dtype == plain.dtype == torch.bfloat16
+    torch.testing.assert_close(fused.float(), plain.float(), rtol=2**-7, atol=1e-30)
+    assert (fused == plain).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("rows", [1, 16, 300])
+def test_bfloat16_layers_round_where_the_torch_ops_do(rows: int, monkeypatch) -> None:
+    x, res = (torch.randn(rows, 768) * 4).bfloat16(), torch.randn(rows, 768).bfloat16()
+    norm = RMSNorm(768, 1e-5, dtype=torch.bfloat16)
+    norm.weight.data = torch.randn(768).bfloat16()
+    gate_up = (torch.randn(rows, 2 * 512) * 6).bfloat16()
+    monkeypatch.setenv("BATON_CPU_FUSED", "1")
+    fused = [*norm(x, res), norm(x)[0], silu_and_mul(gate_up)]
+    monkeypatch.setenv("BATON_CPU_FUSED", "0")
+    plain = [*norm(x, res), norm(x)[0], silu_and_mul(gate_up)]
+    assert torch.equal(fused[1], plain[1])  # the residual sum: one rounding either way
+    for got, want in zip(fused, plain, strict=True):
+        _same_as_the_torch_ops(got, want)
+
+
+def test_bfloat16_rotary_is_the_torch_path_bit_for_bit() -> None:
+    """No sums or exps to reorder: each product and the sum rounded as torch rounds them."""
+    from engine.layers.rotary import RotaryEmbedding, _rotate
+
+    rope = RotaryEmbedding(64, 4096, 500000.0, None, torch.bfloat16)
+    qkv = torch.randn(37, 8 * 64).bfloat16()
+    q, k = qkv[:, : 6 * 64].view(37, 6, 64), qkv[:, 6 * 64 :].view(37, 2, 64)
+    positions = torch.randint(0, 4096, (37,))
+    q_out, k_out = ops.rotary(positions, q, k, rope.cos, rope.sin)
+    cos, sin = rope.cos[positions].unsqueeze(1), rope.sin[positions].unsqueeze(1)
+    assert torch.equal(q_out, _rotate(q, cos, sin)) and torch.equal(k_out, _rotate(k, cos, sin))
+    assert torch.equal(rope(positions, q, k)[0], q_out)  # the layer takes the fused path
