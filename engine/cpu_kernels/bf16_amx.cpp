@@ -87,7 +87,7 @@ inline void prefetch_rows(const bf16* w, int64_t K, int64_t k, int64_t rows) {
 
 // 32 weight rows against two 16-row blocks of x (the second may be absent): C in tiles 0-3,
 // weights in 4-5, x in 6-7.
-void pass_32(const bf16* w, const bf16* xp0, const bf16* xp1, int64_t K,
+void pass_32(const bf16* w, const bf16* next_w, const bf16* xp0, const bf16* xp1, int64_t K,
              int64_t rows0, int64_t rows1, const bf16* bias, bf16* y, int64_t ldy) {
   _tile_zero(0);
   _tile_zero(1);
@@ -95,7 +95,12 @@ void pass_32(const bf16* w, const bf16* xp0, const bf16* xp1, int64_t K,
   _tile_zero(3);
   const int64_t w_stride = K * sizeof(bf16);
   for (int64_t k = 0; k < K; k += kDepth) {
-    if (k + kPrefetchSteps * kDepth < K) prefetch_rows(w, K, k + kPrefetchSteps * kDepth, 2 * kRows);
+    const int64_t ahead = k + kPrefetchSteps * kDepth;
+    if (ahead < K) {
+      prefetch_rows(w, K, ahead, 2 * kRows);
+    } else if (next_w) {  // the next group's first values, so its first steps do not stall
+      prefetch_rows(next_w, K, ahead - K, 2 * kRows);
+    }
     _tile_loadd(4, w + k, w_stride);
     _tile_loadd(5, w + kRows * K + k, w_stride);
     _tile_loadd(6, xp0 + k * kRows, 64);  // the block's 16 k pairs from k: 16 x 64 bytes
@@ -153,7 +158,9 @@ torch::Tensor bf16_amx_linear(torch::Tensor x, torch::Tensor w, c10::optional<to
       const bf16* wg = wp + n * K;
       for (int64_t b = 0; b < blocks; b += 2) {
         const bool pair = b + 1 < blocks;
-        pass_32(wg, packed.data() + b * kRows * K, pair ? packed.data() + (b + 1) * kRows * K : nullptr,
+        // The next weights this thread reads: the next pair of blocks' pass rereads these.
+        const bf16* next_w = b + 2 < blocks ? wg : (g + 1 < end ? wg + 2 * kRows * K : nullptr);
+        pass_32(wg, next_w, packed.data() + b * kRows * K, pair ? packed.data() + (b + 1) * kRows * K : nullptr,
                 K, std::min(kRows, M - b * kRows), pair ? std::min(kRows, M - (b + 1) * kRows) : 0,
                 bp ? bp + n : nullptr, yp + b * kRows * N + n, N);
       }
