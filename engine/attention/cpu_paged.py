@@ -45,10 +45,21 @@ class CPUPagedAttention(TorchPagedAttention):
         return out.to(q.dtype)
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
-        int8 = _int8_kernels() if kv_layer.dtype == torch.int8 else None
-        if int8 is None or k.dtype != torch.float32 or not kv_layer.is_contiguous():
-            return super().write_kv(k, v, kv_layer, meta)
-        int8.write_q8(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
+        slots = (meta.slot_blocks, meta.slot_offsets)
+        if kv_layer.is_contiguous() and kv_layer.dtype == torch.int8 and k.dtype == torch.float32:
+            int8 = _int8_kernels()
+            if int8 is not None:
+                return int8.write_q8(k, v, kv_layer, *slots)
+        if (
+            self.kernel is not None
+            and kv_layer.is_contiguous()
+            and k.dtype == kv_layer.dtype
+            and k.dtype in _PLAIN
+            and _heads_contiguous(k)
+            and _heads_contiguous(v)
+        ):
+            return self.kernel.write_kv(k, v, kv_layer, *slots)
+        return super().write_kv(k, v, kv_layer, meta)
 
     def _kernel_for(self, cache_dtype: torch.dtype) -> Any | None:
         if cache_dtype == torch.float32:
@@ -59,6 +70,13 @@ class CPUPagedAttention(TorchPagedAttention):
             int8 = _int8_kernels()
             return None if int8 is None else int8.paged_decode_q8
         return None
+
+
+_PLAIN = (torch.float32, torch.bfloat16)
+
+
+def _heads_contiguous(x: Tensor) -> bool:
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def _int8_kernels() -> Any | None:

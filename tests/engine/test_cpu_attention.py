@@ -68,6 +68,31 @@ def test_a_bfloat16_cache_computes_what_float32_does_on_the_same_values(head_dim
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # torch's own bf16 rounding
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_write_stores_what_the_torch_path_stores(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(37, 3, 2, 80, generator=gen).to(dtype)
+    k, v = qkv[:, 1], qkv[:, 2]  # strided views, as the attention layer's split gives
+    slots = torch.randperm(20 * 16, generator=gen)[:37]
+    meta = AttentionMetadata(
+        block_size=16, slot_blocks=slots // 16, slot_offsets=slots % 16, num_decodes=0,
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.long),
+        decode_seq_lens=torch.zeros(0, dtype=torch.long),
+    )  # fmt: skip
+    got = torch.zeros(20, 2, 16, 2, 80, dtype=dtype)
+    want = torch.zeros_like(got)
+    get_backend("cpu").write_kv(k, v, got, meta)
+    get_backend("torch").write_kv(k, v, want, meta)
+    assert torch.equal(got, want) and got.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="slot outside the cache"):
+        far = AttentionMetadata(
+            block_size=16, slot_blocks=torch.full((37,), 20), slot_offsets=slots % 16,
+            num_decodes=0, decode_block_tables=meta.decode_block_tables,
+            decode_seq_lens=meta.decode_seq_lens,
+        )  # fmt: skip
+        get_backend("cpu").write_kv(k, v, got, far)
+
+
 def test_ignores_blocks_past_the_length() -> None:
     kv = torch.randn(10, 2, 16, 2, 64)
     tables = torch.tensor([[3, 7]])
