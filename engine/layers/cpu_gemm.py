@@ -16,18 +16,18 @@ layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
 64/101/172/227/278 ms at 32/64/128/192/256 rows and fell behind at 512 (578 vs 481): so up to
 192 rows there, which covers mid-sized decode batches and prompt chunks.
 
-bfloat16 (on CPUs with AVX-512 BF16): up to `BF16_MAX_ROWS` rows our
-engine/cpu_kernels/bf16_gemv.cpp; on CPUs with AMX, up to `BF16_AMX_MAX_ROWS` rows our
+bfloat16 (on CPUs with AVX-512 BF16): a few rows our engine/cpu_kernels/bf16_gemv.cpp; on
+CPUs with AMX, `BF16_AMX_MIN_ROWS` to `BF16_AMX_MAX_ROWS` rows our
 engine/cpu_kernels/bf16_amx.cpp (the weight as AMX's A operand, read in place); the rest
 torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights per call). The
-125M preset's linear layers on an AMX Xeon, 2 threads, ms (same run; this machine's runs
-move ~10%):
+125M preset's linear layers on an AMX Xeon, 2 threads, ms (one run; this machine's runs move
+~15% between minutes, so the crossings are approximate):
 
-| rows | 1 | 4 | 8 | 16 | 32 | 64 | 128 | 192 |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| oneDNN | 11.0 | 11.3 | 11.2 | 11.7 | 11.6 | 15.8 | 19.5 | 22.3 |
-| bf16_gemv | 4.4 | 5.0 | 8.7 | | | | | |
-| bf16_amx | 6.0 | 5.5 | 6.0 | 6.7 | 7.0 | 10.7 | 16.5 | 25.1 |
+| rows | 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 | 192 |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| oneDNN | 10.9 | 11.0 | 11.1 | 11.0 | 11.2 | 10.9 | 16.2 | 19.4 | 21.8 |
+| bf16_gemv | 5.3 | 5.1 | 6.4 | | | | | | |
+| bf16_amx | 5.7 | 5.0 | 5.7 | 5.7 | 6.0 | 6.7 | 10.1 | 17.7 | 23.2 |
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from torch import nn
 
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
-BF16_MAX_ROWS = 4
+BF16_MAX_ROWS = 7
+"""bf16_gemv up to here where the AMX kernel cannot take the shape (or the CPU has no AMX)."""
+BF16_AMX_MIN_ROWS = 3
 BF16_AMX_MAX_ROWS = 128
 
 
@@ -82,10 +84,11 @@ def _bf16_linear(
 ) -> torch.Tensor | None:
     """Our kernels' product for a 2-D bfloat16 `x2`, or None where oneDNN's is faster."""
     rows, (n, k) = x2.shape[0], weight.shape
-    if rows <= BF16_MAX_ROWS:
-        return _bf16_kernel().bf16_linear(x2, weight, bias)
     amx = _amx_kernel()
-    if amx is not None and rows <= BF16_AMX_MAX_ROWS and n % 32 == 0 and k % 32 == 0:
+    tiled = amx is not None and n % 32 == 0 and k % 32 == 0
+    if rows < (BF16_AMX_MIN_ROWS if tiled else BF16_MAX_ROWS + 1):
+        return _bf16_kernel().bf16_linear(x2, weight, bias)
+    if tiled and rows <= BF16_AMX_MAX_ROWS:
         return amx.bf16_amx_linear(x2, weight, bias)
     return None
 

@@ -115,13 +115,13 @@ def test_amx_kernel_refuses_shapes_it_cannot_tile() -> None:
 @needs_amx
 def test_bf16_dispatch_takes_amx_between_the_few_row_kernel_and_onednn() -> None:
     w, odd = torch.randn(64, 96).bfloat16(), torch.randn(40, 96).bfloat16()
-    for rows in (cpu_gemm.BF16_MAX_ROWS + 1, cpu_gemm.BF16_AMX_MAX_ROWS, 200):
+    for rows in (cpu_gemm.BF16_AMX_MIN_ROWS, cpu_gemm.BF16_AMX_MAX_ROWS, 200):
         x = torch.randn(rows, 96).bfloat16()
         for weight in (w, odd):  # 40 rows of weights cannot be tiled: oneDNN's
             got = cpu_gemm.linear(x, weight, None)
             want = F.linear(x.float(), weight.float())
             torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-3)
-    few = torch.randn(cpu_gemm.BF16_MAX_ROWS + 1, 96).bfloat16()
+    few = torch.randn(cpu_gemm.BF16_AMX_MIN_ROWS, 96).bfloat16()
     assert torch.equal(
         cpu_gemm.linear(few, w, None), cpu_gemm._amx_kernel().bf16_amx_linear(few, w, None)
     )
