@@ -49,7 +49,10 @@ _NEEDS = {
 }
 """Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
-_PREFERS = {"int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl"))}
+_PREFERS = {
+    "int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl")),
+    "fused": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
+}
 """Kernels with a path for a wider ISA, built for it where the CPU has it (else as above)."""
 _CFLAGS = ("-O3", "-fopenmp", "-ffp-contract=fast", "-fno-trapping-math")
 """-fopenmp: at::parallel_for is header code that parallelises with OpenMP pragmas; without it

@@ -91,18 +91,22 @@ def test_rotary_matches_the_torch_path_on_strided_qkv_slices(
 
 def _same_as_the_torch_ops(fused: torch.Tensor, plain: torch.Tensor) -> None:
     """bfloat16: rounded where torch's ops round, so equal but where a float32 sum or exp
-    computed in another order lands across a rounding boundary: one bf16 step apart."""
+    computed in another order lands across a rounding boundary: one bf16 step apart, two
+    where the norm's step then goes through the product with the weight and its rounding."""
     assert fused.dtype == plain.dtype == torch.bfloat16
-    torch.testing.assert_close(fused.float(), plain.float(), rtol=2**-7, atol=1e-30)
-    assert (fused == plain).float().mean() > 0.99
+    steps = fused.view(torch.int16).int() - plain.view(torch.int16).int()  # same signs here
+    assert steps.abs().max() <= 2
+    assert (steps == 0).float().mean() > 0.99
 
 
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_bfloat16_layers_round_where_the_torch_ops_do(rows: int, monkeypatch) -> None:
-    x, res = (torch.randn(rows, 768) * 4).bfloat16(), torch.randn(rows, 768).bfloat16()
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 768, generator=gen) * 4).bfloat16()
+    res = torch.randn(rows, 768, generator=gen).bfloat16()
     norm = RMSNorm(768, 1e-5, dtype=torch.bfloat16)
-    norm.weight.data = torch.randn(768).bfloat16()
-    gate_up = (torch.randn(rows, 2 * 512) * 6).bfloat16()
+    norm.weight.data = torch.randn(768, generator=gen).bfloat16()
+    gate_up = (torch.randn(rows, 2 * 512, generator=gen) * 6).bfloat16()
     monkeypatch.setenv("BATON_CPU_FUSED", "1")
     fused = [*norm(x, res), norm(x)[0], silu_and_mul(gate_up)]
     monkeypatch.setenv("BATON_CPU_FUSED", "0")
