@@ -51,15 +51,26 @@ struct alignas(64) TileConfig {
 };
 
 // x [M, K] -> [ceil(M / 16)][K / 2][16][2]: for each block of 16 rows, row kp holds the pairs
-// (x[m][2kp], x[m][2kp + 1]) of its 16 rows; rows past M are zeros.
+// (x[m][2kp], x[m][2kp + 1]) of its 16 rows; rows past M repeat the last (their outputs are
+// computed and dropped).
 std::vector<bf16> pack_x(const bf16* x, int64_t M, int64_t K) {
-  const int64_t blocks = (M + kRows - 1) / kRows;
-  std::vector<bf16> packed(blocks * kRows * K, bf16(0.f));
-  for (int64_t m = 0; m < M; ++m) {
-    const uint32_t* row = reinterpret_cast<const uint32_t*>(x + m * K);
-    uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data() + (m / kRows) * kRows * K) + m % kRows;
-    for (int64_t kp = 0; kp < K / 2; ++kp) dst[kp * kRows] = row[kp];
-  }
+  const int64_t blocks = (M + kRows - 1) / kRows, pairs = K / 2;
+  std::vector<bf16> packed(blocks * kRows * K);
+  // Parallel over blocks, and each block written in order (its 16 rows read side by side):
+  // written row by row, each store hit another cache line (the 125M preset's layers at 64 /
+  // 256 rows: 10.0 / 29 ms that way, 8.5 / 25 this way).
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const uint32_t* rows[kRows];
+      for (int64_t j = 0; j < kRows; ++j) {
+        const int64_t m = std::min(b * kRows + j, M - 1);  // past M: any row, never written out
+        rows[j] = reinterpret_cast<const uint32_t*>(x + m * K);
+      }
+      uint32_t* dst = reinterpret_cast<uint32_t*>(packed.data() + b * kRows * K);
+      for (int64_t kp = 0; kp < pairs; ++kp)
+        for (int64_t j = 0; j < kRows; ++j) dst[kp * kRows + j] = rows[j][kp];
+    }
+  });
   return packed;
 }
 

@@ -23,11 +23,11 @@ torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights pe
 125M preset's linear layers on an AMX Xeon, 2 threads, ms (one run; this machine's runs move
 ~15% between minutes, so the crossings are approximate):
 
-| rows | 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 | 192 |
-| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
-| oneDNN | 10.9 | 11.0 | 11.1 | 11.0 | 11.2 | 10.9 | 16.2 | 19.4 | 21.8 |
-| bf16_gemv | 5.3 | 5.1 | 6.4 | | | | | | |
-| bf16_amx | 5.7 | 5.0 | 5.7 | 5.7 | 6.0 | 6.7 | 10.1 | 17.7 | 23.2 |
+| rows | 1 | 2 | 4 | 8 | 16 | 32 | 64 | 128 | 192 | 256 |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| oneDNN | 10.3 | 11.0 | 11.1 | 11.2 | 11.0 | 11.4 | 16.1 | 19.4 | 22.3 | 23.7 |
+| bf16_gemv | 3.6 | 4.0 | 5.6 | | | | | | | |
+| bf16_amx | 4.5 | 4.5 | 5.1 | 5.2 | 4.7 | 6.6 | 9.6 | 14.2 | 20.2 | 25.4 |
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ SKINNY_MAX_ROWS_AVX2 = 192
 BF16_MAX_ROWS = 7
 """bf16_gemv up to here where the AMX kernel cannot take the shape (or the CPU has no AMX)."""
 BF16_AMX_MIN_ROWS = 3
-BF16_AMX_MAX_ROWS = 128
+BF16_AMX_MAX_ROWS = 192
 
 
 @functools.cache
