@@ -13,8 +13,8 @@
 // group's heads share each K row read), a softmax per head (vectorised exp; the 1/sum is
 // applied to the output, not to every probability), pass 2 accumulates V. An int8 entry is
 // widened to float32 in registers (never dequantized into a copy: that took 8-15x the
-// float32 kernel's time; a bfloat16 entry likewise, a shift), and its scale multiplies the dot product (K) or the probability
-// (V): one multiply per entry, not per value. Parallel over sequences with torch's own
+// float32 kernel's time; a bfloat16 entry likewise, a shift), and its scale multiplies the
+// dot product (K) or the probability (V): one multiply per entry, not per value. Parallel over sequences with torch's own
 // thread pool (at::parallel_for), so torch.set_num_threads governs it.
 #pragma once
 
@@ -187,6 +187,39 @@ static inline void group_axpy(const float* p, int64_t p_stride, float w, const T
     }
   }
 }
+// out[j] += sum over q < 4 of w[q] * p[j][q] * v[q]: four positions' V rows into the N heads'
+// outputs at once, each output vector loaded and stored once for the four.
+template <int N, typename T>
+static inline void group_axpy4(const float* p, int64_t p_stride, const float* w, const T* const* v,
+                               int64_t D, float* out) {
+  __m256 wj[4][N];
+  for (int q = 0; q < 4; ++q)
+    for (int j = 0; j < N; ++j) wj[q][j] = _mm256_set1_ps(w[q] * p[j * p_stride + q]);
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 v0 = load8(v[0] + d), v1 = load8(v[1] + d), v2 = load8(v[2] + d), v3 = load8(v[3] + d);
+    for (int j = 0; j < N; ++j) {
+      float* o = out + j * D + d;
+      __m256 acc = _mm256_fmadd_ps(wj[0][j], v0, _mm256_loadu_ps(o));
+      acc = _mm256_fmadd_ps(wj[1][j], v1, acc);
+      acc = _mm256_fmadd_ps(wj[2][j], v2, acc);
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(wj[3][j], v3, acc));
+    }
+  }
+}
+
+// group_accumulate for four consecutive positions (D % 8 == 0).
+template <typename T>
+static inline void group_accumulate4(const float* p, int64_t p_stride, const float* w,
+                                     const T* const* v, int64_t G, int64_t D, float* out) {
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) group_axpy4<4>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+  switch (G - g) {
+    case 3: group_axpy4<3>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+    case 2: group_axpy4<2>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+    case 1: group_axpy4<1>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
+    default: break;
+  }
+}
 #endif
 
 // Scores of a group's G heads against one K entry, into dst[g * dst_stride].
@@ -279,12 +312,45 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
       // pass 2: weighted sum of V
       float* ob = op + b * Hq * D;
       for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
-      for_each_cached_row(kvp, table, L, bs, blk_stride, v_offset, tok_stride, [&](int64_t t, const T* v) {
-        for (int64_t h = 0; h < Hk; ++h) {
-          const T* e = v + h * entry;
-          group_accumulate(probs.data() + h * G * L + t, L, E::scale(e, D), e, G, D, ob + h * G * D);
+#ifdef BATON_HAVE_AVX2
+      if (D % 8 == 0) {  // four positions of a block at a time (group_axpy4)
+        const int64_t num_blocks = (L + bs - 1) / bs;
+        for (int64_t i = 0; i < num_blocks; ++i) {
+          const T* rows = kvp + table[i] * blk_stride + v_offset;
+          const T* next = i + 1 < num_blocks ? kvp + table[i + 1] * blk_stride + v_offset : nullptr;
+          const int64_t n = std::min(bs, L - i * bs);
+          int64_t r = 0;
+          for (; r + 4 <= n; r += 4) {
+            if (next)
+              for (int64_t q = 0; q < 4; ++q) prefetch_row(next + (r + q) * tok_stride, tok_stride);
+            for (int64_t h = 0; h < Hk; ++h) {
+              const T* v4[4];
+              float w4[4];
+              for (int64_t q = 0; q < 4; ++q) {
+                v4[q] = rows + (r + q) * tok_stride + h * entry;
+                w4[q] = E::scale(v4[q], D);
+              }
+              group_accumulate4(probs.data() + h * G * L + i * bs + r, L, w4, v4, G, D, ob + h * G * D);
+            }
+          }
+          for (; r < n; ++r) {
+            const T* v = rows + r * tok_stride;
+            for (int64_t h = 0; h < Hk; ++h) {
+              const T* e = v + h * entry;
+              group_accumulate(probs.data() + h * G * L + i * bs + r, L, E::scale(e, D), e, G, D, ob + h * G * D);
+            }
+          }
         }
-      });
+      } else
+#endif
+      {
+        for_each_cached_row(kvp, table, L, bs, blk_stride, v_offset, tok_stride, [&](int64_t t, const T* v) {
+          for (int64_t h = 0; h < Hk; ++h) {
+            const T* e = v + h * entry;
+            group_accumulate(probs.data() + h * G * L + t, L, E::scale(e, D), e, G, D, ob + h * G * D);
+          }
+        });
+      }
       for (int64_t hq = 0; hq < Hq; ++hq) {
         const float inv = inv_sum[hq];
 #pragma omp simd
