@@ -162,6 +162,14 @@ def load(name: str) -> Any | None:
         return None
 
 
+@functools.cache
+def load_available(name: str) -> Any | None:
+    """`load(name)` for a kernel whose module says whether it was built with its ISA path
+    (`available`): None where it cannot be built here or was built without it."""
+    module = load(name)
+    return module if module is not None and module.available else None
+
+
 def load_all() -> bool:
     """Build every kernel this CPU can run now (the install step calls this so a server
     starts fast)."""

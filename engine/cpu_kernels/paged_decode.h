@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 // -- entries ---------------------------------------------------------------------------
@@ -141,6 +142,20 @@ static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, flo
 #include <immintrin.h>
 #define BATON_HAVE_AVX2 1
 
+// Calls fn(g, std::integral_constant<int, N>{}) for a GQA group's G heads in chunks of N <= 4
+// heads from head g (registers: 4 accumulators + 1 row).
+template <typename Fn>
+static inline void for_head_chunks(int64_t G, Fn&& fn) {
+  int64_t g = 0;
+  for (; g + 4 <= G; g += 4) fn(g, std::integral_constant<int, 4>{});
+  switch (G - g) {
+    case 3: fn(g, std::integral_constant<int, 3>{}); break;
+    case 2: fn(g, std::integral_constant<int, 2>{}); break;
+    case 1: fn(g, std::integral_constant<int, 1>{}); break;
+    default: break;
+  }
+}
+
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -211,14 +226,9 @@ static inline void group_axpy4(const float* p, int64_t p_stride, const float* w,
 template <typename T>
 static inline void group_accumulate4(const float* p, int64_t p_stride, const float* w,
                                      const T* const* v, int64_t G, int64_t D, float* out) {
-  int64_t g = 0;
-  for (; g + 4 <= G; g += 4) group_axpy4<4>(p + g * p_stride, p_stride, w, v, D, out + g * D);
-  switch (G - g) {
-    case 3: group_axpy4<3>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-    case 2: group_axpy4<2>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-    case 1: group_axpy4<1>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-    default: break;
-  }
+  for_head_chunks(G, [&](int64_t g, auto n) {
+    group_axpy4<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+  });
 }
 #endif
 
@@ -227,15 +237,10 @@ template <typename T>
 static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D, float scale,
                                 float* dst, int64_t dst_stride) {
 #ifdef BATON_HAVE_AVX2
-  if (D % 8 == 0) {  // in chunks of at most 4 heads (registers: 4 accumulators + 1 row)
-    int64_t g = 0;
-    for (; g + 4 <= G; g += 4) group_dots<4>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride);
-    switch (G - g) {
-      case 3: group_dots<3>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
-      case 2: group_dots<2>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
-      case 1: group_dots<1>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride); break;
-      default: break;
-    }
+  if (D % 8 == 0) {
+    for_head_chunks(G, [&](int64_t g, auto n) {
+      group_dots<decltype(n)::value>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride);
+    });
     return;
   }
 #endif
@@ -248,14 +253,9 @@ static inline void group_accumulate(const float* p, int64_t p_stride, float w, c
                                     int64_t G, int64_t D, float* out) {
 #ifdef BATON_HAVE_AVX2
   if (D % 8 == 0) {
-    int64_t g = 0;
-    for (; g + 4 <= G; g += 4) group_axpy<4>(p + g * p_stride, p_stride, w, v, D, out + g * D);
-    switch (G - g) {
-      case 3: group_axpy<3>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-      case 2: group_axpy<2>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-      case 1: group_axpy<1>(p + g * p_stride, p_stride, w, v, D, out + g * D); break;
-      default: break;
-    }
+    for_head_chunks(G, [&](int64_t g, auto n) {
+      group_axpy<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+    });
     return;
   }
 #endif

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import cpu_kernels
+
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
 BF16_MAX_ROWS = 7
@@ -55,28 +57,16 @@ def skinny_max_rows() -> int:
     return SKINNY_MAX_ROWS_AVX512 if wide else SKINNY_MAX_ROWS_AVX2
 
 
-@functools.cache
 def _kernel() -> Any | None:
-    from engine import cpu_kernels
-
-    module = cpu_kernels.load("skinny_gemm")
-    return module if module is not None and module.available else None
+    return cpu_kernels.load_available("skinny_gemm")
 
 
-@functools.cache
 def _bf16_kernel() -> Any | None:
-    from engine import cpu_kernels
-
-    module = cpu_kernels.load("bf16_gemv")
-    return module if module is not None and module.available else None
+    return cpu_kernels.load_available("bf16_gemv")
 
 
-@functools.cache
 def _amx_kernel() -> Any | None:
-    from engine import cpu_kernels
-
-    module = cpu_kernels.load("bf16_amx")
-    return module if module is not None and module.available else None
+    return cpu_kernels.load_available("bf16_amx")
 
 
 def _bf16_linear(

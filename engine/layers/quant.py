@@ -37,12 +37,13 @@ engine/kernels/int8_linear.py.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine import cpu_kernels
 
 METHODS = ("int8", "w8a8")
 CPU_KERNEL_MAX_ROWS = 256
@@ -105,20 +106,12 @@ def finish(model: nn.Module) -> int:
     return count
 
 
-@functools.cache
 def _cpu_kernel() -> Any | None:
-    from engine import cpu_kernels
-
-    module = cpu_kernels.load("int8_gemm")
-    return module if module is not None and module.available else None
+    return cpu_kernels.load_available("int8_gemm")
 
 
-@functools.cache
 def _vnni_kernel() -> Any | None:
-    from engine import cpu_kernels
-
-    module = cpu_kernels.load("int8_vnni")
-    return module if module is not None and module.available else None
+    return cpu_kernels.load_available("int8_vnni")
 
 
 def int8_linear(
