@@ -1,20 +1,21 @@
-"""Speculative decoding benchmark (issue 24): prompt lookup (n-gram) against plain decoding,
-batch 1, greedy, the same engine settings, the same run.
+"""Speculative decoding benchmark (issue 24): prompt lookup (n-gram) and a draft model
+against plain decoding, batch 1, the same engine settings, the same run.
 
-    python -m bench.spec                   # trained checkpoint (trains it once, cached)
+    python -m bench.spec          # trained checkpoint and its distilled draft (cached)
     python -m bench.spec --samples 8 --repeat 3
 
-Two workloads on held-out standard-library functions the model never trained on, the prompt
-holding a function and asking for it again ("# Edited:"):
-  editing   greedy: the answer is mostly in the prompt, as in code editing; drafts should
-            be accepted;
-  sampled   the same prompts, sampled (temperature 1, seeded) instead of greedy: the
-            output wanders off the prompt, so drafts are mostly rejected (the back-off is
-            what keeps this near plain decoding's speed).
+Three workloads on held-out standard-library functions the models never trained on:
+  editing     the prompt holds a function and asks for it again ("# Edited:"), greedy: the
+              answer is mostly in the prompt, as in code editing;
+  sampled     the same prompts, sampled (temperature 1, seeded): the output wanders off
+              the prompt, so drafts are mostly rejected (the back-off is what keeps this
+              near plain decoding's speed);
+  completion  the first third of a function, continued greedily: nothing to copy from,
+              what a draft model is for.
 
-Per workload: decode tokens/s after the first token (the two engines alternate, `--repeat`
-times; the median counts), the speculative engine's acceptance (accepted / drafted) and
-whether every output is identical to plain decoding's. Writes bench/results/spec.json.
+Per workload and method: decode tokens/s after the first token (the engines alternate,
+`--repeat` times; the median counts), acceptance (accepted / drafted) and whether every
+output is identical to plain decoding's. Writes bench/results/spec.json.
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ def functions(text: str, count: int, min_chars: int = 400, max_chars: int = 1200
     return [f for f in found if min_chars <= len(f) <= max_chars][:count]
 
 
-def prompts(llm: LLM, count: int) -> list[list[int]]:
+def prompts(llm: LLM, count: int, workload: str = "editing") -> list[list[int]]:
     from engine.tiny_model.train import heldout_text
 
-    return [
-        llm.tokenizer.encode(f"# Original:\n{body}\n# Edited:\n", add_special_tokens=False)
-        for body in functions(heldout_text(), count)
-    ]
+    bodies = functions(heldout_text(), count)
+    if workload == "completion":
+        texts = [body[: len(body) // 3] for body in bodies]
+    else:
+        texts = [f"# Original:\n{body}\n# Edited:\n" for body in bodies]
+    return [llm.tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
 def timed(
@@ -66,10 +69,9 @@ def timed(
 
 
 def run_workload(engines: dict[str, LLM], workload: str, args: argparse.Namespace) -> dict:
-    batch = prompts(engines["plain"], args.samples)
-    temperature = 0.0 if workload == "editing" else 1.0
-    spec_totals = engines["ngram"].engine.step_totals
-    drafted, accepted = spec_totals.draft_tokens, spec_totals.accepted_tokens
+    batch = prompts(engines["plain"], args.samples, workload)
+    temperature = 1.0 if workload == "sampled" else 0.0
+    before = {name: _counts(llm) for name, llm in engines.items()}
     rates: dict[str, list[float]] = {name: [] for name in engines}
     reference: dict[int, list[int]] = {}  # plain decoding's tokens, per prompt
     identical = True
@@ -85,23 +87,39 @@ def run_workload(engines: dict[str, LLM], workload: str, args: argparse.Namespac
                     identical &= tokens == reference[i]
             rates[name].append(statistics.mean(per_prompt))
     median = {name: statistics.median(r) for name, r in rates.items()}
-    drafted = spec_totals.draft_tokens - drafted
-    accepted = spec_totals.accepted_tokens - accepted
+    methods = {}
+    for name, llm in engines.items():
+        if name == "plain":
+            continue
+        drafted, accepted = (a - b for a, b in zip(_counts(llm), before[name], strict=True))
+        methods[name] = {
+            "speedup": median[name] / median["plain"],
+            "drafted": drafted,
+            "accepted": accepted,
+            "acceptance": accepted / drafted if drafted else None,
+        }
     return {
         "prompts": len(batch),
         "decode_tokens_per_s": median,
         "runs": rates,
-        "speedup": median["ngram"] / median["plain"],
-        "drafted": drafted,
-        "accepted": accepted,
-        "acceptance": accepted / drafted if drafted else None,
+        "methods": methods,
         "identical_to_plain": identical,
     }
+
+
+def _counts(llm: LLM) -> tuple[int, int]:
+    totals = llm.engine.step_totals
+    return totals.draft_tokens, totals.accepted_tokens
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="default: the trained checkpoint (cached)")
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="default: the draft preset distilled from the default model (cached)",
+    )
     p.add_argument("--samples", type=int, default=6, help="prompts per workload")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--num-speculative-tokens", type=int, default=4)
@@ -110,21 +128,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS / "spec.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.model is None:
-        from engine.tiny_model.train import trained_checkpoint
+    from engine.tiny_model.train import draft_checkpoint, trained_checkpoint
 
-        args.model = str(trained_checkpoint())
-    # No prefix caching: a repeated prompt must cost the same each time for both engines.
-    common = {"num_kv_blocks": 512, "enable_prefix_caching": False}
+    args.model = args.model or str(trained_checkpoint())
+    args.draft_model = args.draft_model or str(draft_checkpoint())
+    # No prefix caching: a repeated prompt must cost the same each time for every engine.
+    common = {"num_kv_blocks": 512, "enable_prefix_caching": False,
+              "num_speculative_tokens": args.num_speculative_tokens}  # fmt: skip
     engines = {
         "plain": LLM(args.model, **common),
-        "ngram": LLM(args.model, speculative="ngram",
-                     num_speculative_tokens=args.num_speculative_tokens, **common),
+        "ngram": LLM(args.model, speculative="ngram", **common),
+        "draft": LLM(args.model, speculative="draft", speculative_model=args.draft_model,
+                     **common),
     }  # fmt: skip
-    results = {w: run_workload(engines, w, args) for w in ("editing", "sampled")}
+    workloads = ("editing", "sampled", "completion")
+    results = {w: run_workload(engines, w, args) for w in workloads}
     doc = {
         "machine": platform.processor() or platform.machine(),
         "model": args.model,
+        "draft_model": args.draft_model,
         "threads": args.threads,
         "max_tokens": args.max_tokens,
         "num_speculative_tokens": args.num_speculative_tokens,
@@ -132,13 +154,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    print("| workload | plain tok/s | ngram tok/s | speedup | acceptance | identical |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| workload | method | tok/s | plain tok/s | speedup | acceptance | identical |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         tps = r["decode_tokens_per_s"]
-        acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
-        print(f"| {name} | {tps['plain']:.1f} | {tps['ngram']:.1f} | {r['speedup']:.2f}x | "
-              f"{acc} | {r['identical_to_plain']} |")  # fmt: skip
+        for method, m in r["methods"].items():
+            acc = "-" if m["acceptance"] is None else f"{m['acceptance']:.2f}"
+            print(f"| {name} | {method} | {tps[method]:.1f} | {tps['plain']:.1f} | "
+                  f"{m['speedup']:.2f}x | {acc} | {r['identical_to_plain']} |")  # fmt: skip
     return 0
 
 

@@ -44,7 +44,10 @@ class EngineConfig:
     dtype: str = "auto"
     """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
     speculative: str | None = None
-    """"ngram": speculative decoding by prompt lookup (engine/spec); None: off."""
+    """"ngram": speculative decoding by prompt lookup; "draft": drafts from the smaller
+    checkpoint `speculative_model` (engine/spec); None: off."""
+    speculative_model: str | None = None
+    """The draft checkpoint's folder (the draft method only; same tokenizer as the model)."""
     num_speculative_tokens: int = 4
     """Drafts per speculating request per step."""
     quantization: str | None = None
@@ -80,8 +83,14 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.speculative not in (None, "ngram"):
-            raise ValueError(f"speculative must be ngram or None, got {self.speculative!r}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be ngram, draft or None, got {self.speculative!r}")
+        if (self.speculative == "draft") != (self.speculative_model is not None):
+            raise ValueError(
+                "speculative_model (the draft checkpoint) goes with speculative='draft', "
+                f"and only with it; got speculative={self.speculative!r}, "
+                f"speculative_model={self.speculative_model!r}"
+            )
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"

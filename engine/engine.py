@@ -93,7 +93,8 @@ class LLMEngine:
         if self.model_config.sliding_window:
             limits.append(self.model_config.sliding_window)  # no sliding-window attention yet
         self.max_model_len = min(limits)
-        self.scheduler = Scheduler(config, self.kv, speculator_for(config, self.max_model_len))
+        speculator = speculator_for(config, self.max_model_len, self.runner)
+        self.scheduler = Scheduler(config, self.kv, speculator)
         self.runner.capture_decode_graphs(self.max_model_len)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
@@ -149,7 +150,9 @@ class LLMEngine:
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
         req.arrival_step = self.step_totals.steps
-        req.generator = make_generator(params.seed)
+        spec = self.scheduler.speculator
+        req.sample_seed = spec.sample_seed(params) if spec else params.seed
+        req.generator = make_generator(req.sample_seed)
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer, token_ids, params.skip_special_tokens
         )

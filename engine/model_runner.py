@@ -31,9 +31,9 @@ from engine.memory_profile import CudaMemory, DeviceMemory, measure_device_usage
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
-from engine.sampler import Sampler, SamplingRow, at_position
-from engine.sampling.bias import TokenBias, row_bias
+from engine.sampler import Sampler
 from engine.sampling.prompt_logprobs import add_prompt_logprobs
+from engine.sampling.rows import sampling_row
 from engine.scheduler import ScheduledBatch
 
 logger = logging.getLogger(__name__)
@@ -44,36 +44,6 @@ class SampledToken:
     request: Request
     token_id: int
     logprob: TokenLogprob | None
-
-
-def _positioned(req: Request, ahead: int = 0) -> torch.Generator | None:
-    """A seeded request's generator, set for the output position it samples now (`ahead`
-    drafts later: a generator of its own, since one step draws at several positions)."""
-    if req.generator is None or req.params.seed is None:
-        return req.generator
-    generator = req.generator if ahead == 0 else torch.Generator(device=req.generator.device)
-    return at_position(generator, req.params.seed, len(req.output_token_ids) + ahead)
-
-
-def _bias(req: Request, ahead: int = 0) -> TokenBias | None:
-    """The request's logit_bias, plus its stop tokens banned before min_tokens. A grammar
-    row is not banned: where its grammar is complete only a stop token may follow, so the
-    grammar decides (min_tokens does not hold under a constraint)."""
-    banned: frozenset[int] = frozenset()
-    if req.stop_checker is not None and req.grammar is None:
-        banned = req.stop_checker.banned_token_ids(len(req.output_token_ids) + ahead)
-    return row_bias(req.params.logit_bias, banned)
-
-
-def _row(req: Request, ahead: int) -> SamplingRow:
-    """The sampler's row for `req`'s token `ahead` drafts past its last one: sampled as if
-    those drafts were its output (engine/spec/speculator.py)."""
-    output = req.output_token_ids
-    if ahead:
-        output = [*output, *req.draft_token_ids[:ahead]]
-    return SamplingRow(
-        req.params, req.prompt_token_ids, output, _positioned(req, ahead), _bias(req, ahead)
-    )
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
@@ -105,6 +75,7 @@ class ModelRunner:
         self.dtype = dtype
         self.block_size = config.block_size
         self.tp = tp
+        self.attention_backend = attention_backend
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         # An INT8 checkpoint loads as int8 (`int8` unless w8a8 was asked for).
@@ -202,7 +173,7 @@ class ModelRunner:
         if not to_sample:
             return []
         logits = self.model.compute_logits(hidden[logits_idx]).float()
-        rows = [_row(r, ahead) for r, ahead in to_sample]
+        rows = [sampling_row(r, r.draft_token_ids[:ahead]) for r, ahead in to_sample]
         mask = token_mask([r.grammar for r, _ in to_sample], self.sampler.vocab_size)
         out = self.sampler(logits, rows, mask)
         if totals is not None:

@@ -51,6 +51,10 @@ class Request:
     `output_token_ids`; this engine computes their KV like the prompt's)."""
     timings: RequestTimings = field(default_factory=RequestTimings)
     # Set by the engine: per-request sampling generator, detokenizer and stop checker.
+    sample_seed: int | None = None
+    """The seed of its position-seeded draws (`generator`): params.seed, or one the engine
+    drew for an unseeded sampled request when a draft model speculates (the draft then draws
+    with the same noise as the target: engine/spec/draft_model.py); None: the sampler's."""
     generator: Any = None
     detokenizer: Any = None
     stop_checker: Any = None

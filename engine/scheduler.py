@@ -84,11 +84,12 @@ class Scheduler:
         scheduled: list[tuple[Request, int]] = []
 
         # 1. running requests
+        proposed = self._propose(budget)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            drafts = self._drafts(req, num_new, budget)
+            drafts = self._drafts(req, num_new, budget, proposed)
             num_new += len(drafts)
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running.pop()
@@ -132,14 +133,23 @@ class Scheduler:
         batch.items = scheduled
         return batch
 
-    def _drafts(self, req: Request, num_new: int, budget: int) -> list[int]:
-        """Speculative tokens for a request about to decode one token (engine/spec). None
-        unless the free blocks hold them with one block to spare per running request:
-        drafts must not push a real token out (a preemption)."""
-        req.draft_token_ids = []
-        if self.speculator is None or num_new != 1:
-            return []
-        drafts = self.speculator.propose(req, budget, len(self.running))
+    def _propose(self, budget: int) -> dict[str, list[int]]:
+        """Drafts for every running request about to decode one token (engine/spec), all
+        at once (a draft model runs them as one batch)."""
+        for req in self.running:
+            req.draft_token_ids = []
+        if self.speculator is None:
+            return {}
+        decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        return self.speculator.propose(decoding, budget, len(self.running))
+
+    def _drafts(
+        self, req: Request, num_new: int, budget: int, proposed: dict[str, list[int]]
+    ) -> list[int]:
+        """`req`'s proposed drafts, as many as the budget left holds. None unless the free
+        blocks hold them with one block to spare per running request: drafts must not push
+        a real token out (a preemption)."""
+        drafts = proposed.get(req.request_id, [])[: budget - 1] if num_new == 1 else []
         need = self.kv.num_blocks_needed(req, 1 + len(drafts), 0) if drafts else 0
         if need and self.kv.pool.num_free_blocks - need < len(self.running):
             return []

@@ -30,6 +30,7 @@ work (16 is vLLM's kind of cut-off, not a figure measured here).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,9 +38,13 @@ from typing import TYPE_CHECKING, Any
 from engine.spec.ngram import propose_ngram
 
 if TYPE_CHECKING:
+    from core.sampling import SamplingParams
     from engine.request import Request
+    from engine.spec.draft_model import DraftModel
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
+MAX_BATCH = 16
+"""Running requests above which none speculates (module docstring)."""
 MAX_BACKOFF_STEPS = 16
 MIN_NGRAM = 2
 """The shortest suffix looked up. One token recurs everywhere, so its drafts are mostly
@@ -62,38 +67,71 @@ class SpecStats:
 
 class Speculator:
     def __init__(
-        self, method: str, num_tokens: int, max_model_len: int, max_batch: int = 16
+        self,
+        method: str,
+        num_tokens: int,
+        max_model_len: int,
+        max_batch: int = MAX_BATCH,
+        draft_model: DraftModel | None = None,
+        seed: int = 0,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown speculative method {method!r}; choose from {METHODS}")
         if num_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_tokens}")
+        if (method == "draft") != (draft_model is not None):
+            raise ValueError("the draft method takes a draft model (and only it does)")
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
         self.max_batch = max_batch
+        self.draft_model = draft_model
+        self._seeds = random.Random(seed)
+
+    def sample_seed(self, params: SamplingParams) -> int | None:
+        """The seed of a new request's position-seeded draws (`Request.sample_seed`): its
+        own; else, for a sampled request a draft model drafts for, one drawn here (the
+        draft's draws share the target's noise only through a seed: draft_model.py)."""
+        if params.seed is not None or self.draft_model is None or params.is_greedy:
+            return params.seed
+        return self._seeds.getrandbits(64)
 
     @staticmethod
     def eligible(req: Request) -> bool:
         # A grammar's mask at draft i depends on the grammar state after drafts < i.
         return req.grammar is None and bool(req.output_token_ids)
 
-    def propose(self, req: Request, budget: int, batch_size: int) -> list[int]:
-        """Drafts for `req` this step (its `draft_token_ids`), within `budget` tokens."""
-        if batch_size > self.max_batch or not self.eligible(req):
-            return []
+    def propose(
+        self, reqs: Sequence[Request], budget: int, batch_size: int
+    ) -> dict[str, list[int]]:
+        """Drafts for the requests about to decode one token this step (request_id -> their
+        `draft_token_ids`; absent: none), each within `budget` tokens. A draft model drafts
+        for all of them in one batched forward per draft position."""
+        if batch_size > self.max_batch:
+            return {}
+        rooms = [(req, room) for req in reqs if (room := self._room(req, budget)) > 0]
+        if self.draft_model is not None:
+            return self.draft_model.propose(rooms)
+        return {
+            req.request_id: propose_ngram(req.all_token_ids, room, min_n=MIN_NGRAM)
+            for req, room in rooms
+        }
+
+    def _room(self, req: Request, budget: int) -> int:
+        """How many drafts `req` may propose now (0: none; counts its back-off down)."""
+        if not self.eligible(req):
+            return 0
         stats = req.spec_stats
         if stats is None:
             stats = req.spec_stats = SpecStats()
         if stats.skip > 0:
             stats.skip -= 1
-            return []
-        room = min(
+            return 0
+        return min(
             stats.length or self.num_tokens,
             budget - 1,
             self.max_model_len - req.num_tokens,  # the drafts' positions must exist
             req.params.max_tokens - len(req.output_token_ids) - 1,  # a bonus token follows
         )
-        return propose_ngram(req.all_token_ids, room, min_n=MIN_NGRAM) if room > 0 else []
 
     def accept(self, sampled: Sequence[Any], totals: Any = None) -> list[Any]:
         """The tokens to emit from a step's samples (`SampledToken`s in runner order: a
@@ -134,11 +172,33 @@ class Speculator:
             stats.backoff = min(2 * stats.backoff, MAX_BACKOFF_STEPS)
 
 
-def speculator_for(config: Any, max_model_len: int) -> Speculator | None:
+def speculator_for(config: Any, max_model_len: int, runner: Any) -> Speculator | None:
     """The engine's speculator (`EngineConfig.speculative`); none for a prefill-role engine,
-    which samples only first tokens."""
+    which samples only first tokens. The draft method loads `config.speculative_model` on
+    the runner's device, in its dtype, through its attention backend."""
     from core.roles import WorkerRole
 
     if config.speculative is None or config.role == WorkerRole.PREFILL:
         return None
-    return Speculator(config.speculative, config.num_speculative_tokens, max_model_len)
+    draft = None
+    if config.speculative == "draft":
+        from engine.spec.draft_model import DraftModel
+
+        draft = DraftModel(
+            config.speculative_model,
+            runner.model_config,
+            runner.device,
+            runner.dtype,
+            runner.attention_backend,
+            max_seqs=MAX_BATCH,
+            max_len=max_model_len,
+            block_size=config.block_size,
+            seed=config.seed,
+        )
+    return Speculator(
+        config.speculative,
+        config.num_speculative_tokens,
+        max_model_len,
+        draft_model=draft,
+        seed=config.seed,
+    )

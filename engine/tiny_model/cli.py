@@ -9,10 +9,12 @@ shards with model.safetensors.index.json.
 
 Weights are drawn so that greedy decoding is numerically robust (see `draw_weights`).
 Everything is deterministic: the same arguments give the same bytes. `--train` trains the
-`trained` preset (or `--preset draft`) on the Python standard library instead (train.py).
+`trained` preset (or `--preset draft`) on the Python standard library instead (train.py);
+`--teacher DIR` distils it from a trained folder (a draft model for speculative decoding).
 
     python -m engine.tiny_model /tmp/tiny --arch qwen3 --preset tiny
     python -m engine.tiny_model /tmp/trained --train
+    python -m engine.tiny_model /tmp/draft --train --preset draft --teacher /tmp/trained
 """
 
 from __future__ import annotations
@@ -65,11 +67,22 @@ def build_arg_parser(parser: argparse.ArgumentParser) -> None:
         "a folder already holding the same recipe is kept",
     )
     training.add_argument("--train-steps", type=int, default=DEFAULT_STEPS)
+    training.add_argument(
+        "--teacher",
+        default=None,
+        metavar="DIR",
+        help="distil from this trained folder (same tokenizer) instead of training on the "
+        "text's next tokens: a draft model for speculative decoding, e.g. --preset draft "
+        "--teacher <the trained folder>",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     if args.train:
         return _run_training(args)
+    if args.teacher is not None:
+        print("make-tiny-model: --teacher goes with --train", file=sys.stderr)
+        return 2
     overrides = {n: getattr(args, n) for n in _OVERRIDE_ARGS if getattr(args, n, None) is not None}
     if args.rope_scaling is not None:
         overrides["rope_scaling"] = None if args.rope_scaling == "none" else args.rope_scaling
@@ -100,7 +113,8 @@ def _run_training(args: argparse.Namespace) -> int:
         or args.shards != 1
     ):
         print(
-            "make-tiny-model: --train takes only --preset, --seed, --train-steps and --force "
+            "make-tiny-model: --train takes only --preset, --seed, --train-steps, --teacher and "
+            "--force "
             "(the recipe fixes the rest)",
             file=sys.stderr,
         )
@@ -111,8 +125,9 @@ def _run_training(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         out = train_model(
-            args.dir, args.preset or "trained", args.train_steps, args.seed, args.force
-        )
+            args.dir, args.preset or "trained", args.train_steps, args.seed, args.force,
+            args.teacher,
+        )  # fmt: skip
     except (ValueError, FileExistsError) as exc:
         print(f"make-tiny-model: {exc}", file=sys.stderr)
         return 2

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 RECIPE = "baton-train-v2"  # change when the recipe changes: cached models then miss
 DEFAULT_STEPS = 300
+DRAFT_STEPS = 600
+"""Distillation steps of the draft model (a fifth of the trained model's size: each step
+costs about the teacher's forward)."""
 SEQ_LEN = 256
 BATCH = 16
 PEAK_LR = 3e-3
@@ -49,6 +52,8 @@ to copy from its context (induction) only slowly from code alone, and copying is
 prompt-lookup speculation and editing workloads exercise."""
 _HELDOUT_ONE_IN = 10
 _STAMP = "training.json"
+_MEASURED = ("final_loss", "tokens")
+"""What training.json records besides the recipe."""
 
 
 def _stdlib_files() -> list[Path]:
@@ -69,10 +74,12 @@ def heldout_text() -> str:
     return "\n".join(p.read_text(errors="replace") for p in _stdlib_files() if _held_out(p))
 
 
-def recipe(preset: str, steps: int, seed: int) -> dict[str, Any]:
+def recipe(preset: str, steps: int, seed: int, teacher: str | Path | None = None) -> dict[str, Any]:
     files = [p.name for p in _stdlib_files() if not _held_out(p)]
     corpus = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
+    distilled = {} if teacher is None else {"teacher": _teacher_recipe(teacher)}
     return {
+        **distilled,
         "recipe": RECIPE,
         "preset": preset,
         "steps": steps,
@@ -85,6 +92,24 @@ def recipe(preset: str, steps: int, seed: int) -> dict[str, Any]:
         "corpus_files": len(files),
         "corpus_names": corpus,
     }
+
+
+def _stamped_recipe(folder: str | Path) -> dict[str, Any] | None:
+    """The recipe a trained folder records (its training.json less the measured fields);
+    None if it records none."""
+    stamp = Path(folder) / _STAMP
+    if not stamp.is_file():
+        return None
+    have = json.loads(stamp.read_text(encoding="utf-8"))
+    return {k: v for k, v in have.items() if k not in _MEASURED}
+
+
+def _teacher_recipe(teacher: str | Path) -> dict[str, Any]:
+    """A student of another teacher is another recipe."""
+    found = _stamped_recipe(teacher)
+    if found is None:
+        raise ValueError(f"teacher {teacher} is not a trained folder (no {_STAMP})")
+    return found
 
 
 def _lr(step: int, steps: int) -> float:
@@ -100,16 +125,19 @@ def train_model(
     steps: int = DEFAULT_STEPS,
     seed: int = 0,
     force: bool = False,
+    teacher: str | Path | None = None,
 ) -> Path:
-    """Writes (or keeps, when it already holds this recipe) a trained model folder."""
+    """Writes (or keeps, when it already holds this recipe) a trained model folder. With a
+    `teacher` (a trained folder with the same tokenizer), the model is distilled: trained to
+    match the teacher's next-token distributions (KL) instead of the text's next tokens, so a
+    draft model's argmax agrees with its target's more often (DistillSpec, Zhou et al. 2023)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     out = Path(out_dir)
-    wanted = recipe(preset, steps, seed)
+    wanted = recipe(preset, steps, seed, teacher)
     stamp = out / _STAMP
     if stamp.is_file() and not force:
-        have = json.loads(stamp.read_text(encoding="utf-8"))
-        if {k: have.get(k) for k in wanted} == wanted:
+        if _stamped_recipe(out) == wanted:
             return out
         raise FileExistsError(f"{out} holds a model trained with another recipe; use --force")
     # The random-weight folder gives config, tokenizer and the file layout; weights follow.
@@ -121,7 +149,12 @@ def train_model(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # std-0.02 init
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = torch.tensor(tokenizer(training_text(), add_special_tokens=False)["input_ids"])
-    loss = _train(model, ids, steps, seed)
+    teacher_model = None
+    if teacher is not None:
+        teacher_model = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32).eval()
+        if teacher_model.config.vocab_size != config.vocab_size:
+            raise ValueError(f"teacher {teacher} has another vocabulary than --preset {preset}")
+    loss = _train(model, ids, steps, seed, teacher_model)
     names = parameter_shapes(json.loads((out / "config.json").read_text(encoding="utf-8")))
     state = model.state_dict()
     write_safetensors(out, {n: state[n].detach() for n in names}, dtype="float32")
@@ -129,7 +162,13 @@ def train_model(
     return out
 
 
-def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int, seed: int) -> float:
+def _train(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    steps: int,
+    seed: int,
+    teacher: torch.nn.Module | None = None,
+) -> float:
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, weight_decay=0.01)
     model.train()
@@ -139,7 +178,13 @@ def _train(model: torch.nn.Module, ids: torch.Tensor, steps: int, seed: int) -> 
             group["lr"] = _lr(step, steps)
         starts = torch.randint(0, ids.numel() - SEQ_LEN - 1, (BATCH,), generator=gen)
         batch = torch.stack([_row(ids, s, r) for r, s in enumerate(starts.tolist())])
-        loss = model(input_ids=batch, labels=batch).loss
+        if teacher is None:
+            loss = model(input_ids=batch, labels=batch).loss
+        else:
+            with torch.no_grad():
+                target = torch.log_softmax(teacher(input_ids=batch).logits.flatten(0, 1), -1)
+            guess = torch.log_softmax(model(input_ids=batch).logits.flatten(0, 1), -1)
+            loss = torch.nn.functional.kl_div(guess, target, log_target=True, reduction="batchmean")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -165,9 +210,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("BATON_TRAINED_CACHE", default))
 
 
-def trained_checkpoint(preset: str = "trained", steps: int = DEFAULT_STEPS, seed: int = 0) -> Path:
+def trained_checkpoint(
+    preset: str = "trained",
+    steps: int = DEFAULT_STEPS,
+    seed: int = 0,
+    teacher: str | Path | None = None,
+) -> Path:
     """The cached trained model of this recipe, trained first if missing (minutes)."""
-    key = hashlib.sha256(json.dumps(recipe(preset, steps, seed), sort_keys=True).encode())
+    wanted = recipe(preset, steps, seed, teacher)
+    key = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode())
     path = cache_root() / f"{preset}-{key.hexdigest()[:12]}"
     if (path / _STAMP).is_file():
         return path
@@ -175,7 +226,7 @@ def trained_checkpoint(preset: str = "trained", steps: int = DEFAULT_STEPS, seed
     scratch = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
     try:
-        train_model(scratch, preset=preset, steps=steps, seed=seed)
+        train_model(scratch, preset=preset, steps=steps, seed=seed, teacher=teacher)
         try:
             scratch.rename(path)
         except OSError:  # another process finished first: keep theirs
@@ -184,3 +235,9 @@ def trained_checkpoint(preset: str = "trained", steps: int = DEFAULT_STEPS, seed
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return path
+
+
+def draft_checkpoint(steps: int = DRAFT_STEPS) -> Path:
+    """The `draft` preset distilled from the default trained checkpoint (both cached): the
+    draft model of bench/spec.py."""
+    return trained_checkpoint("draft", steps, teacher=trained_checkpoint())

@@ -52,6 +52,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         speculative=args.speculative,
+        speculative_model=_draft_model(args),
         num_speculative_tokens=args.num_speculative_tokens,
         tp_size=args.tp,
         cuda_graphs=args.cuda_graphs,
@@ -81,6 +82,16 @@ def _parser_for(model_dir: Path | None) -> str:
         config = json.loads((Path(model_dir) / "config.json").read_text())
         model_type = config.get("model_type")
     return parser_for_model_type(model_type)
+
+
+def _draft_model(args: argparse.Namespace) -> str | None:
+    if (args.speculative == "draft") != (args.speculative_model is not None):
+        raise SystemExit("baton serve: --speculative-model goes with --speculative draft")
+    return (
+        None
+        if args.speculative_model is None
+        else str(resolve_model(args.speculative_model, "serve --speculative-model"))
+    )
 
 
 def _policy_args(args: argparse.Namespace) -> dict[str, float]:

@@ -107,10 +107,18 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=["ngram"],
+        choices=["ngram", "draft"],
         default=None,
-        help="ngram: speculative decoding by prompt lookup on the decode workers (output "
-        "unchanged; faster where answers repeat the prompt)",
+        help="speculative decoding on the decode workers (output unchanged): ngram, by "
+        "prompt lookup (faster where answers repeat the prompt); draft, from the smaller "
+        "checkpoint --speculative-model",
+    )
+    p.add_argument(
+        "--speculative-model",
+        default=None,
+        metavar="DIR",
+        help="with --speculative draft: the draft model's HF folder (same tokenizer; the "
+        "same path on every decode node)",
     )
     p.add_argument(
         "--num-speculative-tokens", type=int, default=4, help="drafts per request per step"

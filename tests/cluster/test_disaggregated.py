@@ -105,13 +105,17 @@ def test_w8a8_through_the_disaggregated_path(cluster_factory, loop_thread, tiny_
     assert cluster.backend.transfers.num_transfers == 3
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
 def test_speculative_decoding_on_the_decode_worker(
-    cluster_factory, loop_thread, tiny_model_dir
+    cluster_factory, loop_thread, tiny_model_dir, method
 ) -> None:
     from core.config import EngineConfig
 
     model_dir = tiny_model_dir("llama")
-    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, speculative="ngram")
+    # The target as its own draft: every greedy draft is accepted.
+    draft = str(model_dir) if method == "draft" else None
+    engine = EngineConfig(num_kv_blocks=256, max_num_batched_tokens=512, speculative=method,
+                          speculative_model=draft)  # fmt: skip
     cluster = cluster_factory(make_spec(model_dir, engine=engine), always_disaggregate())
     # Repetitive prompts: prompt lookup finds drafts, some of which the model accepts.
     batch = [[7, 8, 9, 10, 11] * 8, [3, 4] * 30 + [5], prompts(1, 1000, [50], seed=5)[0]]

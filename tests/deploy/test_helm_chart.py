@@ -6,6 +6,7 @@ ServiceMonitor reach the ports the head opens."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -292,7 +293,7 @@ def test_kv_cache_dtype_value_reaches_the_engine_config(kv_cache_dtype: str) -> 
     assert build_spec(args, args.model).engine.kv_cache_dtype == kv_cache_dtype
 
 
-def test_speculative_values_reach_the_engine_config() -> None:
+def test_speculative_values_reach_the_engine_config(tmp_path: Path) -> None:
     from router.cli.serve import build_spec
 
     args, _ = _head_serve(render({}))
@@ -300,6 +301,13 @@ def test_speculative_values_reach_the_engine_config() -> None:
     args, _ = _head_serve(render({"serve": {"speculative": "ngram", "numSpeculativeTokens": 3}}))
     engine = build_spec(args, args.model).engine
     assert (engine.speculative, engine.num_speculative_tokens) == ("ngram", 3)
+    (tmp_path / "config.json").write_text("{}")
+    docs = render({"serve": {"speculative": "draft", "speculativeModel": str(tmp_path)}})
+    for doc in docs:
+        validate(doc)
+    args, _ = _head_serve(docs)
+    engine = build_spec(args, args.model).engine
+    assert (engine.speculative, engine.speculative_model) == ("draft", str(tmp_path))
 
 
 def test_kv_offload_values_reach_the_engine_config_and_the_disk_tier_gets_a_volume() -> None:

@@ -61,3 +61,21 @@ def test_training_refuses_what_the_recipe_fixes(tmp_path, capsys, argv: list[str
     assert main([str(tmp_path / "m"), "--train", *argv]) == 2
     assert "--train" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_draft_distilled_from_a_teacher_records_the_teachers_recipe(
+    trained_dir: str, tmp_path, capsys
+) -> None:
+    out = tmp_path / "student"
+    argv = [str(out), "--train", "--train-steps", "2", "--preset", "draft"]
+    assert main([*argv, "--teacher", trained_dir]) == 0
+    stamp = json.loads((out / "training.json").read_text())
+    assert stamp["teacher"]["preset"] == "draft" and stamp["teacher"]["steps"] == 2
+    assert "final_loss" not in stamp["teacher"]  # the recipe, not what it measured
+    # Distilled and not: two recipes, so one folder does not pass for the other.
+    assert main(argv) == 2 and "another recipe" in capsys.readouterr().err
+    # A teacher must be a trained folder; --teacher alone (no --train) is refused.
+    assert main([str(tmp_path / "x"), "--train", "--preset", "draft", "--teacher", "/"]) == 2
+    assert "not a trained folder" in capsys.readouterr().err
+    assert main([str(tmp_path / "y"), "--teacher", trained_dir]) == 2
+    assert "--teacher goes with --train" in capsys.readouterr().err

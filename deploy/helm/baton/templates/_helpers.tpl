@@ -213,6 +213,10 @@ in the RayCluster object.
 - --num-speculative-tokens
 - {{ .Values.serve.numSpeculativeTokens | quote }}
 {{- end }}
+{{- if .Values.serve.speculativeModel }}
+- --speculative-model
+- {{ .Values.serve.speculativeModel | quote }}
+{{- end }}
 {{- if ne .Values.serve.kvCacheDtype "auto" }}
 - --kv-cache-dtype
 - {{ .Values.serve.kvCacheDtype | quote }}
