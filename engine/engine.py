@@ -38,7 +38,7 @@ from engine.device import resolve_attention_backend, resolve_device, resolve_dty
 from engine.grammar.cache import GrammarCache
 from engine.handover import PrefillResult, Reservation
 from engine.kv_cache.manager import KVCacheManager
-from engine.kv_cache.offload import KVOffload
+from engine.kv_cache.restore_rule import attach_offload
 from engine.kv_connector import KVConnector
 from engine.kv_events import KVEventFeed
 from engine.model_runner import ModelRunner, SampledToken
@@ -82,11 +82,8 @@ class LLMEngine:
         self.kv = KVCacheManager(
             num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
         )
-        if config.kv_offload_host_bytes:
-            self.kv.pool.attach(KVOffload.sized(
-                self.runner.kv_cache, config.kv_offload_host_bytes,
-                config.kv_offload_disk_bytes, config.kv_offload_dir,
-            ))  # fmt: skip
+        if config.kv_offload_host_bytes:  # the tiers that beat recomputing (measured)
+            attach_offload(self.kv.pool, self.runner, config, tp)
         limits = [self.model_config.max_position_embeddings, num_blocks * config.block_size]
         if config.max_model_len:
             limits.append(config.max_model_len)

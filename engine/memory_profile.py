@@ -101,7 +101,7 @@ def measure_device_usage(
     lengths = chunk_lengths(config.max_num_batched_tokens, max_model_len)
     num_blocks = sum(cdiv(n, layout.block_size) for n in lengths)
     kv_cache = allocate_kv_cache(replace(layout, num_blocks=num_blocks), device)
-    input_ids, positions, meta = _prefill_batch(lengths, layout.block_size, device)
+    input_ids, positions, meta = prefill_batch(lengths, layout.block_size, device)
     num_rows = min(config.max_num_seqs, config.max_num_batched_tokens)
     rows = [SamplingRow(_PROFILE_SAMPLING, (), ()) for _ in range(num_rows)]
 
@@ -129,7 +129,7 @@ def measure_device_usage(
     )
 
 
-def _prefill_batch(
+def prefill_batch(
     lengths: list[int], block_size: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """One prefill chunk per length, from position 0, on consecutive blocks of the cache."""

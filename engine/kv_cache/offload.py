@@ -27,10 +27,9 @@ Swap preemption uses the host tier too: a preempted request's full blocks stay i
 is swapped into a host slot of its own until the request resumes (`swap_out` / `swap_in`).
 Swaps may hold at most half the host tier, so spilled prefixes always keep room.
 
-Restoring is always chosen over recomputing: bench/offload.py measures both per block (a
-copy from either tier costs a small fraction of a block's prefill on every model it runs).
-A per-block cost rule would have to be the same on every rank; it is left until a GPU
-measurement says a slow tier ever loses.
+A hit is always restored from a tier the worker keeps; which tiers it keeps is measured at
+start-up (restore_rule.py: a tier whose copy back costs more than recomputing the block is
+dropped, with the tiers below it).
 """
 
 from __future__ import annotations
@@ -127,6 +126,13 @@ class KVOffload:
     def block_bytes(kv_cache: torch.Tensor) -> int:
         """Bytes one block takes in a tier (every layer's K and V)."""
         return kv_cache[:, 0].numel() * kv_cache.element_size()
+
+    def keep_tiers(self, count: int) -> None:
+        """Keep the first `count` tiers (engine/kv_cache/restore_rule.py drops the others
+        before any block is stored)."""
+        if self.hashes() or self._swapped:
+            raise RuntimeError("tiers are chosen before any block is stored")
+        self.tiers = self.tiers[:count]
 
     # -- queries -------------------------------------------------------------------------
     def find(self, block_hash: BlockHash, token_ids: tuple[int, ...]) -> Tier | None:
