@@ -8,8 +8,9 @@ Three workloads on held-out standard-library functions the models never trained 
   editing     the prompt holds a function and asks for it again ("# Edited:"), greedy: the
               answer is mostly in the prompt, as in code editing;
   sampled     the same prompts, sampled (temperature 1, seeded): the output wanders off
-              the prompt, so drafts are mostly rejected (the back-off is what keeps this
-              near plain decoding's speed);
+              the prompt, so prompt lookup's drafts are mostly rejected (its back-off keeps
+              it near plain decoding's speed); the draft model's draws share the target's
+              noise, so many of its drafts still hold;
   completion  the first third of a function, continued greedily: nothing to copy from,
               what a draft model is for.
 
