@@ -51,6 +51,7 @@ _NEEDS = {
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
 _PREFERS = {
     "int8_gemm": ("avx512", ("avx512f", "avx512bw", "avx512vl")),
+    "paged_decode": ("avx512", ("avx512f", "avx512bw", "avx512vl")),
     "fused": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
 }
 """Kernels with a path for a wider ISA, built for it where the CPU has it (else as above)."""
