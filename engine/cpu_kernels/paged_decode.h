@@ -141,10 +141,6 @@ static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, flo
 
 // -- a GQA group against one row -------------------------------------------------------
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define BATON_HAVE_AVX2 1
-
 // Calls fn(g, std::integral_constant<int, N>{}) for a GQA group's G heads in chunks of N <= 4
 // heads from head g (registers: 4 accumulators + 1 row).
 template <typename Fn>
@@ -159,150 +155,137 @@ static inline void for_head_chunks(int64_t G, Fn&& fn) {
   }
 }
 
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BATON_HAVE_AVX2 1
 
-static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-static inline __m256 load8(const int8_t* p) {
-  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-}
-static inline __m256 load8(const c10::BFloat16* p) {  // bfloat16 is float32's top half
-  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
-}
-
-// The N query heads of a GQA group against one K row (D % 8 == 0): the row is loaded once
-// and the N dot products run as independent FMA chains (one chain per dot would wait on
-// FMA latency at every step).
-template <int N, typename T>
-static inline void group_dots(const float* q, const T* k, int64_t D, float scale, float* dst,
-                              int64_t dst_stride) {
-  __m256 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
-  for (int64_t d = 0; d < D; d += 8) {
-    const __m256 kv = load8(k + d);
-    for (int j = 0; j < N; ++j) acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * D + d), kv, acc[j]);
+// The vector registers the group loops below run on: AVX2's eight lanes, or AVX-512's sixteen
+// where the build has it (the module is built for AVX-512 on CPUs that have it:
+// cpu_kernels/__init__.py's _PREFERS): half the loads, FMAs and stores for a head of 64 or
+// 128. A cache entry (float32, bfloat16 or int8) is widened to float32 lanes as it loads.
+struct Lanes8 {
+  using Reg = __m256;
+  static constexpr int64_t kWidth = 8;
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg set1(float x) { return _mm256_set1_ps(x); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load(const int8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   }
-  for (int j = 0; j < N; ++j) dst[j * dst_stride] = scale * hsum(acc[j]);
-}
-
-// out[j] += w * p[j] * v for the N query heads of a group sharing one V row (D % 8 == 0).
-template <int N, typename T>
-static inline void group_axpy(const float* p, int64_t p_stride, float w, const T* v, int64_t D,
-                              float* out) {
-  __m256 wj[N];
-  for (int j = 0; j < N; ++j) wj[j] = _mm256_set1_ps(w * p[j * p_stride]);
-  for (int64_t d = 0; d < D; d += 8) {
-    const __m256 vv = load8(v + d);
-    for (int j = 0; j < N; ++j) {
-      float* o = out + j * D + d;
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(wj[j], vv, _mm256_loadu_ps(o)));
-    }
+  static Reg load(const c10::BFloat16* p) {  // bfloat16 is float32's top half
+    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
   }
-}
-// out[j] += sum over q < 4 of w[q] * p[j][q] * v[q]: four positions' V rows into the N heads'
-// outputs at once, each output vector loaded and stored once for the four.
-template <int N, typename T>
-static inline void group_axpy4(const float* p, int64_t p_stride, const float* w, const T* const* v,
-                               int64_t D, float* out) {
-  __m256 wj[4][N];
-  for (int q = 0; q < 4; ++q)
-    for (int j = 0; j < N; ++j) wj[q][j] = _mm256_set1_ps(w[q] * p[j * p_stride + q]);
-  for (int64_t d = 0; d < D; d += 8) {
-    const __m256 v0 = load8(v[0] + d), v1 = load8(v[1] + d), v2 = load8(v[2] + d), v3 = load8(v[3] + d);
-    for (int j = 0; j < N; ++j) {
-      float* o = out + j * D + d;
-      __m256 acc = _mm256_fmadd_ps(wj[0][j], v0, _mm256_loadu_ps(o));
-      acc = _mm256_fmadd_ps(wj[1][j], v1, acc);
-      acc = _mm256_fmadd_ps(wj[2][j], v2, acc);
-      _mm256_storeu_ps(o, _mm256_fmadd_ps(wj[3][j], v3, acc));
-    }
+  static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(Reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
   }
-}
-
-#endif
+};
 
 #if defined(__AVX512F__)
 #define BATON_HAVE_AVX512 1
-// The same three loops sixteen lanes wide, where the build has AVX-512 and D % 16 == 0 (the
-// module is built for AVX-512 on CPUs that have it: cpu_kernels/__init__.py's _PREFERS):
-// half the loads, FMAs and stores of the eight-lane loops for a head of 64 or 128.
-static inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-static inline __m512 load16(const int8_t* p) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-}
-static inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-}
-
-template <int N, typename T>
-static inline void group_dots16(const float* q, const T* k, int64_t D, float scale, float* dst,
-                                int64_t dst_stride) {
-  __m512 acc[N];
-  for (int j = 0; j < N; ++j) acc[j] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; d += 16) {
-    const __m512 kv = load16(k + d);
-    for (int j = 0; j < N; ++j) acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(q + j * D + d), kv, acc[j]);
+struct Lanes16 {
+  using Reg = __m512;
+  static constexpr int64_t kWidth = 16;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg set1(float x) { return _mm512_set1_ps(x); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load(const int8_t* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
   }
-  for (int j = 0; j < N; ++j) dst[j * dst_stride] = scale * _mm512_reduce_add_ps(acc[j]);
-}
-
-template <int N, typename T>
-static inline void group_axpy16(const float* p, int64_t p_stride, float w, const T* v, int64_t D,
-                                float* out) {
-  __m512 wj[N];
-  for (int j = 0; j < N; ++j) wj[j] = _mm512_set1_ps(w * p[j * p_stride]);
-  for (int64_t d = 0; d < D; d += 16) {
-    const __m512 vv = load16(v + d);
-    for (int j = 0; j < N; ++j) {
-      float* o = out + j * D + d;
-      _mm512_storeu_ps(o, _mm512_fmadd_ps(wj[j], vv, _mm512_loadu_ps(o)));
-    }
+  static Reg load(const c10::BFloat16* p) {
+    const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
   }
-}
-
-template <int N, typename T>
-static inline void group_axpy4_16(const float* p, int64_t p_stride, const float* w,
-                                  const T* const* v, int64_t D, float* out) {
-  __m512 wj[4][N];
-  for (int q = 0; q < 4; ++q)
-    for (int j = 0; j < N; ++j) wj[q][j] = _mm512_set1_ps(w[q] * p[j * p_stride + q]);
-  for (int64_t d = 0; d < D; d += 16) {
-    const __m512 v0 = load16(v[0] + d), v1 = load16(v[1] + d), v2 = load16(v[2] + d),
-                 v3 = load16(v[3] + d);
-    for (int j = 0; j < N; ++j) {
-      float* o = out + j * D + d;
-      __m512 acc = _mm512_fmadd_ps(wj[0][j], v0, _mm512_loadu_ps(o));
-      acc = _mm512_fmadd_ps(wj[1][j], v1, acc);
-      acc = _mm512_fmadd_ps(wj[2][j], v2, acc);
-      _mm512_storeu_ps(o, _mm512_fmadd_ps(wj[3][j], v3, acc));
-    }
-  }
-}
+  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(Reg v) { return _mm512_reduce_add_ps(v); }
+};
 #endif
 
-#ifdef BATON_HAVE_AVX2
+// Calls fn(Lanes) with the widest registers that divide D; false if none does (the scalar
+// loops then run).
+template <typename Fn>
+static inline bool with_lanes(int64_t D, Fn&& fn) {
+#ifdef BATON_HAVE_AVX512
+  if (D % Lanes16::kWidth == 0) {
+    fn(Lanes16{});
+    return true;
+  }
+#endif
+  if (D % Lanes8::kWidth == 0) {
+    fn(Lanes8{});
+    return true;
+  }
+  return false;
+}
+
+// The N query heads of a GQA group against one K row: the row is loaded once and the N dot
+// products run as independent FMA chains (one chain per dot would wait on FMA latency at
+// every step).
+template <int N, typename V, typename T>
+static inline void group_dots(const float* q, const T* k, int64_t D, float scale, float* dst,
+                              int64_t dst_stride) {
+  typename V::Reg acc[N];
+  for (int j = 0; j < N; ++j) acc[j] = V::zero();
+  for (int64_t d = 0; d < D; d += V::kWidth) {
+    const typename V::Reg kv = V::load(k + d);
+    for (int j = 0; j < N; ++j) acc[j] = V::fmadd(V::load(q + j * D + d), kv, acc[j]);
+  }
+  for (int j = 0; j < N; ++j) dst[j * dst_stride] = scale * V::sum(acc[j]);
+}
+
+// out[j] += w * p[j] * v for the N query heads of a group sharing one V row.
+template <int N, typename V, typename T>
+static inline void group_axpy(const float* p, int64_t p_stride, float w, const T* v, int64_t D,
+                              float* out) {
+  typename V::Reg wj[N];
+  for (int j = 0; j < N; ++j) wj[j] = V::set1(w * p[j * p_stride]);
+  for (int64_t d = 0; d < D; d += V::kWidth) {
+    const typename V::Reg vv = V::load(v + d);
+    for (int j = 0; j < N; ++j) {
+      float* o = out + j * D + d;
+      V::store(o, V::fmadd(wj[j], vv, V::load(o)));
+    }
+  }
+}
+
+// out[j] += sum over q < 4 of w[q] * p[j][q] * v[q]: four positions' V rows into the N heads'
+// outputs at once, each output vector loaded and stored once for the four.
+template <int N, typename V, typename T>
+static inline void group_axpy4(const float* p, int64_t p_stride, const float* w, const T* const* v,
+                               int64_t D, float* out) {
+  typename V::Reg wj[4][N];
+  for (int q = 0; q < 4; ++q)
+    for (int j = 0; j < N; ++j) wj[q][j] = V::set1(w[q] * p[j * p_stride + q]);
+  for (int64_t d = 0; d < D; d += V::kWidth) {
+    const typename V::Reg v0 = V::load(v[0] + d), v1 = V::load(v[1] + d), v2 = V::load(v[2] + d),
+                          v3 = V::load(v[3] + d);
+    for (int j = 0; j < N; ++j) {
+      float* o = out + j * D + d;
+      typename V::Reg acc = V::fmadd(wj[0][j], v0, V::load(o));
+      acc = V::fmadd(wj[1][j], v1, acc);
+      acc = V::fmadd(wj[2][j], v2, acc);
+      V::store(o, V::fmadd(wj[3][j], v3, acc));
+    }
+  }
+}
+
 // group_accumulate for four consecutive positions (D % 8 == 0).
 template <typename T>
 static inline void group_accumulate4(const float* p, int64_t p_stride, const float* w,
                                      const T* const* v, int64_t G, int64_t D, float* out) {
-#ifdef BATON_HAVE_AVX512
-  if (D % 16 == 0) {
+  with_lanes(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
-      group_axpy4_16<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+      group_axpy4<decltype(n)::value, decltype(lanes)>(p + g * p_stride, p_stride, w, v, D,
+                                                       out + g * D);
     });
-    return;
-  }
-#endif
-  for_head_chunks(G, [&](int64_t g, auto n) {
-    group_axpy4<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
   });
 }
 #endif
@@ -311,21 +294,14 @@ static inline void group_accumulate4(const float* p, int64_t p_stride, const flo
 template <typename T>
 static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D, float scale,
                                 float* dst, int64_t dst_stride) {
-#ifdef BATON_HAVE_AVX512
-  if (D % 16 == 0) {
-    for_head_chunks(G, [&](int64_t g, auto n) {
-      group_dots16<decltype(n)::value>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride);
-    });
-    return;
-  }
-#endif
 #ifdef BATON_HAVE_AVX2
-  if (D % 8 == 0) {
+  const bool vectorised = with_lanes(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
-      group_dots<decltype(n)::value>(q + g * D, k, D, scale, dst + g * dst_stride, dst_stride);
+      group_dots<decltype(n)::value, decltype(lanes)>(q + g * D, k, D, scale,
+                                                      dst + g * dst_stride, dst_stride);
     });
-    return;
-  }
+  });
+  if (vectorised) return;
 #endif
   for (int64_t g = 0; g < G; ++g) dst[g * dst_stride] = scale * dot(q + g * D, k, D);
 }
@@ -334,21 +310,14 @@ static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D
 template <typename T>
 static inline void group_accumulate(const float* p, int64_t p_stride, float w, const T* v,
                                     int64_t G, int64_t D, float* out) {
-#ifdef BATON_HAVE_AVX512
-  if (D % 16 == 0) {
-    for_head_chunks(G, [&](int64_t g, auto n) {
-      group_axpy16<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
-    });
-    return;
-  }
-#endif
 #ifdef BATON_HAVE_AVX2
-  if (D % 8 == 0) {
+  const bool vectorised = with_lanes(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
-      group_axpy<decltype(n)::value>(p + g * p_stride, p_stride, w, v, D, out + g * D);
+      group_axpy<decltype(n)::value, decltype(lanes)>(p + g * p_stride, p_stride, w, v, D,
+                                                      out + g * D);
     });
-    return;
-  }
+  });
+  if (vectorised) return;
 #endif
   for (int64_t g = 0; g < G; ++g) axpy(w * p[g * p_stride], v, out + g * D, D);
 }
