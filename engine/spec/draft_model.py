@@ -188,96 +188,53 @@ class DraftModel:
         return out
 
     def _forward(self, rows: list[_Row]) -> list[int]:
-        """Feed each row's new tokens (decode rows first: one token each), the last of them
-        at its slot's last position; a draw after each row's last token."""
-        if all(len(row.new) <= MAX_DECODE_ROWS for row in rows):
-            hidden = self._decode(rows)
-        else:
-            hidden = self._extend(rows)
-        logits = self.model.compute_logits(hidden).float()
-        return self.sampler(logits, [sampling_row(r.request, r.drafts) for r in rows]).token_ids
-
-    def _decode(self, rows: list[_Row]) -> torch.Tensor:
-        """A few tokens a row, each as a decode row over the context up to itself (as the
-        target verifies drafts): every forward after a request's first. The layout goes in
-        one host-to-device copy; the block tables are cut from the slots' constant ones."""
-        bs = self.block_size
-        ids: list[int] = []
-        lens: list[int] = []
-        slots: list[int] = []
-        for row in rows:
-            end = len(self._slots[row.slot].tokens)
-            ids.extend(row.new)
-            lens.extend(range(end - len(row.new) + 1, end + 1))
-            slots.extend([row.slot] * len(row.new))
-        firsts = [slot * self.blocks_per_slot for slot in slots]
-        packed = torch.tensor(
-            [
-                *ids,
-                *(n - 1 for n in lens),  # positions
-                *(first + (n - 1) // bs for first, n in zip(firsts, lens, strict=True)),
-                *((n - 1) % bs for n in lens),
-                *lens,
-                *slots,
-            ],
-            dtype=torch.long,
-        ).view(6, len(ids))
-        ids_t, pos, blocks, offsets, lens_t, slots_t = packed.to(self.device).unbind()
-        meta = AttentionMetadata(
-            block_size=bs,
-            slot_blocks=blocks,
-            slot_offsets=offsets,
-            num_decodes=len(ids),
-            decode_block_tables=self._tables[slots_t, : cdiv(max(lens), bs)],
-            decode_seq_lens=lens_t,
-        )
-        hidden = self.model(ids_t, pos, self.kv_cache, meta)
-        if len(ids) == len(rows):
-            return hidden
-        ends = list(itertools.accumulate(len(row.new) for row in rows))
-        return hidden[torch.tensor(ends, device=self.device) - 1]  # each row's last token
-
-    def _extend(self, rows: list[_Row]) -> torch.Tensor:
-        """Any number of tokens a row (a step's first forward when a request is new: its
-        whole context as a prefill chunk; the few-token rows, which come first, as decode
-        rows); the hidden state of each row's last token."""
+        """Feed each row's new tokens, the last of them at its slot's last position; a draw
+        after each row's last token. A few new tokens (every forward but a request's first)
+        go as decode rows, one per position over the context up to itself, as the target
+        verifies drafts; a new request's whole context as a prefill chunk. Rows with decode
+        rows come first (`propose` sorts them), as the layout wants."""
         bs, dev = self.block_size, self.device
         ids: list[int] = []
         positions: list[int] = []
         slot_blocks: list[int] = []
-        tables: list[list[int]] = []
-        lens: list[int] = []
+        decode_slots: list[int] = []
+        decode_lens: list[int] = []
         prefills: list[PrefillChunk] = []
-        last: list[int] = []
         for row in rows:
             end = len(self._slots[row.slot].tokens)
             start = end - len(row.new)
-            first = row.slot * self.blocks_per_slot
-            blocks = list(range(first, first + cdiv(end, bs)))
+            if len(row.new) <= MAX_DECODE_ROWS:
+                decode_slots.extend([row.slot] * len(row.new))
+                decode_lens.extend(range(start + 1, end + 1))
+            else:
+                blocks = self._tables[row.slot, : cdiv(end, bs)]
+                prefills.append(PrefillChunk(len(ids), len(row.new), end, blocks))
             ids.extend(row.new)
             positions.extend(range(start, end))
+            first = row.slot * self.blocks_per_slot
             slot_blocks.extend(first + p // bs for p in range(start, end))
-            if len(row.new) <= MAX_DECODE_ROWS:
-                for n in range(start + 1, end + 1):
-                    tables.append(blocks[: cdiv(n, bs)])
-                    lens.append(n)
-            else:
-                chunk = torch.tensor(blocks, dtype=torch.long, device=dev)
-                prefills.append(PrefillChunk(len(ids) - len(row.new), len(row.new), end, chunk))
-            last.append(len(ids) - 1)
-        width = max((len(b) for b in tables), default=0)
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        # One host-to-device copy for the whole layout; block tables are the slots' own.
+        offsets = (p % bs for p in positions)
+        packed = torch.tensor(
+            [*ids, *positions, *slot_blocks, *offsets, *decode_slots, *decode_lens],
+            dtype=torch.long,
+        ).to(dev)
+        n, d = len(ids), len(decode_lens)
+        input_ids, pos, blocks_t, offsets_t = packed[: 4 * n].view(4, n).unbind()
         meta = AttentionMetadata(
             block_size=bs,
-            slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=dev),
-            slot_offsets=pos % bs,
-            num_decodes=len(tables),
-            decode_block_tables=torch.tensor(
-                [b + [0] * (width - len(b)) for b in tables], dtype=torch.long, device=dev
-            ).reshape(len(tables), width),
-            decode_seq_lens=torch.tensor(lens, dtype=torch.long, device=dev),
+            slot_blocks=blocks_t,
+            slot_offsets=offsets_t,
+            num_decodes=d,
+            decode_block_tables=self._tables[
+                packed[4 * n : 4 * n + d], : cdiv(max(decode_lens, default=0), bs)
+            ],
+            decode_seq_lens=packed[4 * n + d :],
             prefills=prefills,
         )
-        input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, pos, self.kv_cache, meta)
-        return hidden[torch.tensor(last, dtype=torch.long, device=dev)]
+        if n > len(rows):  # each row's last token
+            ends = list(itertools.accumulate(len(row.new) for row in rows))
+            hidden = hidden[torch.tensor(ends, device=dev) - 1]
+        logits = self.model.compute_logits(hidden).float()
+        return self.sampler(logits, [sampling_row(r.request, r.drafts) for r in rows]).token_ids
