@@ -86,12 +86,6 @@ inline __m256 held8(__m256 v, bf16) {
 }
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 inline void store8(bf16* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_8(v)); }
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 #endif
 
 // silu(g) * u for a row, silu rounded as the element type holds it.

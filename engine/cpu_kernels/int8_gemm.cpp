@@ -18,19 +18,14 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "vec_math.h"
 #define BATON_INT8 1
 
 namespace {
 
 constexpr int MR = 4;  // rows of x per tile
 constexpr int NR = 3;  // rows of W per strip
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Eight int8 weights widened to eight floats.
 inline __m256 widen8(const int8_t* w) {
@@ -54,7 +49,7 @@ inline void tile(const float* x, const int8_t* w, int64_t K, const float* scale,
   }
   for (int i = 0; i < MR_; ++i)
     for (int j = 0; j < NR_; ++j)
-      y[i * ldy + j] = hsum(acc[i][j]) * scale[j] + (bias ? bias[j] : 0.f);
+      y[i * ldy + j] = hsum8(acc[i][j]) * scale[j] + (bias ? bias[j] : 0.f);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -83,7 +78,7 @@ inline void gemv_row(const float* x, const int8_t* w, int64_t K, float scale, fl
   __m256 tail = _mm256_setzero_ps();
   for (; k < K; k += 8) tail = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), widen8(w + k), tail);
   const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-  *y = (hsum16(sum) + hsum(tail)) * scale + bias;
+  *y = (hsum16(sum) + hsum8(tail)) * scale + bias;
 }
 #else
 // One row of x (a batch-1 decode step): each weight row in 32-byte loads, four independent
@@ -104,7 +99,7 @@ inline void gemv_row(const float* x, const int8_t* w, int64_t K, float scale, fl
   }
   for (; k < K; k += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), widen8(w + k), acc[0]);
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  *y = hsum(sum) * scale + bias;
+  *y = hsum8(sum) * scale + bias;
 }
 #endif
 

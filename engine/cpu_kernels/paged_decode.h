@@ -179,12 +179,7 @@ struct Lanes8 {
   }
   static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
   static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(Reg v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
+  static float sum(Reg v) { return hsum8(v); }
 };
 
 #if defined(__AVX512F__)

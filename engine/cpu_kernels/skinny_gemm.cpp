@@ -17,19 +17,14 @@
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
+
+#include "vec_math.h"
 #define BATON_SKINNY 1
 
 namespace {
 
 constexpr int MR = 4;  // rows of x per tile
 constexpr int NR = 3;  // rows of W per strip
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // y[i][j] = x_i . w_j (+ bias[j]) for MR_ rows of x and NR_ rows of w; K % 8 == 0.
 template <int MR_, int NR_>
@@ -47,7 +42,7 @@ inline void tile(const float* x, const float* w, int64_t K, const float* bias, f
     }
   }
   for (int i = 0; i < MR_; ++i)
-    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = hsum(acc[i][j]) + (bias ? bias[j] : 0.f);
+    for (int j = 0; j < NR_; ++j) y[i * ldy + j] = hsum8(acc[i][j]) + (bias ? bias[j] : 0.f);
 }
 
 // Every row of x against NR_ rows of w.

@@ -30,6 +30,14 @@ static inline float vexp(float x) {
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
+// The sum of 8 lanes (every kernel's dot products end in one).
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // vexp on 8 lanes, the same steps in intrinsics. Why not vexp in an `omp simd` loop where the
 // result divides: gcc 12 specialises such a loop for clamped inputs and if-converts both paths,
 // so SiLU's x / (1 + exp(87)) ran in every lane, its denormal results each a microcode assist:
