@@ -136,10 +136,10 @@ class Scheduler:
     def _propose(self, budget: int) -> dict[str, list[int]]:
         """Drafts for every running request about to decode one token (engine/spec), all
         at once (a draft model runs them as one batch)."""
+        if self.speculator is None:
+            return {}  # no request ever holds drafts
         for req in self.running:
             req.draft_token_ids = []
-        if self.speculator is None:
-            return {}
         decoding = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         return self.speculator.propose(decoding, budget, len(self.running))
 

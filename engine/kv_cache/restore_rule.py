@@ -88,10 +88,10 @@ def keep_winning_tiers(
 
 def _recompute_s(offload: KVOffload, model: Callable[..., torch.Tensor], n: int) -> float:
     """Seconds per block of an n-block prefill from position 0 into the (still empty) cache."""
-    block_size = offload.kv.shape[3]
-    input_ids, positions, meta = prefill_batch([n * block_size], block_size, offload.kv.device)
+    kv, block_size = offload.kv, offload.kv.shape[3]
+    input_ids, positions, meta = prefill_batch([n * block_size], block_size, kv.device)
     with torch.inference_mode():
-        return _fastest(lambda: model(input_ids, positions, offload.kv, meta), offload) / n
+        return _fastest(lambda: model(input_ids, positions, kv, meta), kv.device) / n
 
 
 def _restore_s(offload: KVOffload, tier: int, n: int) -> float:
@@ -106,16 +106,16 @@ def _restore_s(offload: KVOffload, tier: int, n: int) -> float:
 
     for i in range(n):  # as a spilled block would be: written first
         storage[:, i].copy_(offload.kv[:, i])
-    return _fastest(copy_back, offload) / n
+    return _fastest(copy_back, offload.kv.device) / n
 
 
-def _fastest(run: Callable[[], object], offload: KVOffload) -> float:
+def _fastest(run: Callable[[], object], device: torch.device) -> float:
     times = []
     for _ in range(2):
-        _synchronize(offload.kv.device)
+        _synchronize(device)
         start = time.perf_counter()
         run()
-        _synchronize(offload.kv.device)
+        _synchronize(device)
         times.append(time.perf_counter() - start)
     return min(times)
 
