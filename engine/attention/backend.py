@@ -22,6 +22,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -67,8 +68,9 @@ class AttentionMetadata:
     layer_done: Callable[[int], None] | None = None
     """Called with the layer index once that layer's new K/V is in the cache (the hook the
     KV-transfer connector uses to send a layer while the next one computes)."""
-    backend_state: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Per-step values a backend derives once and reuses in every layer (masks, indices)."""
+    backend_state: dict[str, Any] = field(default_factory=dict)
+    """Per-step values a backend derives once and reuses in every layer (masks, indices,
+    the shared prefixes of engine/attention/cascade.py)."""
     totals: StepTotals | None = None
     """Set where kernels run synchronously (CPU): attention adds its time here."""
     decode_workspace: DecodeWorkspace | None = None

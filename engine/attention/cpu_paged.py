@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from engine import cpu_kernels
+from engine.attention import cascade
 from engine.attention.backend import AttentionMetadata, Tensor
 from engine.attention.torch_paged import TorchPagedAttention
 
@@ -40,9 +41,29 @@ class CPUPagedAttention(TorchPagedAttention):
         # The kernel computes in float32 whatever the cache holds: a bfloat16 model's
         # queries are widened (a few KB) and its output rounded back once.
         out = torch.empty(q.shape, dtype=torch.float32)
-        kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables, meta.decode_seq_lens,
-               scale, out)  # fmt: skip
-        return out.to(q.dtype)
+        prefix = cascade.shared_prefix(meta) if kv_layer.dtype in _PLAIN else None
+        if prefix is None:
+            kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables,
+                   meta.decode_seq_lens, scale, out)  # fmt: skip
+            return out.to(q.dtype)
+        shared, shared_lse = cascade.shared_attention(q, kv_layer, prefix.blocks, scale)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        kernel(q.float().contiguous(), kv_layer, prefix.tail_tables, prefix.tail_lens, scale,
+               out, lse)  # fmt: skip
+        return cascade.merge(shared, shared_lse, out, lse).to(q.dtype)
+
+    def prefill_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
+        scale: float,
+    ) -> None:  # fmt: skip
+        groups = cascade.shared_chunks(meta) if kv.dtype in _PLAIN else []
+        if not groups:
+            return super().prefill_into(out, q, k, v, kv, meta, scale)
+        for group in groups:
+            cascade.chunk_group_into(out, q, k, v, kv, group, meta.block_size, scale)
+        grouped = {id(c) for group in groups for c in group.chunks}
+        rest = [c for c in meta.prefills if id(c) not in grouped]
+        self._chunks_into(out, q, k, v, kv, rest, scale)
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         slots = (meta.slot_blocks, meta.slot_offsets)

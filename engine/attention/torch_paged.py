@@ -14,10 +14,12 @@ a quantized cache the two paths differ by the quantization's rounding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
+from engine.attention.backend import AttentionBackend, AttentionMetadata, PrefillChunk, Tensor
 from engine.kv_cache import quant as kv_quant
 
 
@@ -57,7 +59,13 @@ class TorchPagedAttention(AttentionBackend):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        for c in meta.prefills:
+        self._chunks_into(out, q, k, v, kv, meta.prefills, scale)
+
+    def _chunks_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor,
+        chunks: Sequence[PrefillChunk], scale: float,
+    ) -> None:  # fmt: skip
+        for c in chunks:
             rows = slice(c.query_start, c.query_start + c.query_len)
             if c.seq_len == c.query_len:
                 out[rows] = _sdpa(q[rows], k[rows], v[rows], None, scale, causal=True)

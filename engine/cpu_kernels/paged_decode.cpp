@@ -4,13 +4,15 @@
 #include "paged_decode.h"
 
 void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
-                  torch::Tensor seq_lens, double scale, torch::Tensor out) {
-  paged_decode_impl<float>(q, kv, block_tables, seq_lens, scale, out);
+                  torch::Tensor seq_lens, double scale, torch::Tensor out,
+                  c10::optional<torch::Tensor> lse) {
+  paged_decode_impl<float>(q, kv, block_tables, seq_lens, scale, out, lse);
 }
 
 void paged_decode_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
-                       torch::Tensor seq_lens, double scale, torch::Tensor out) {
-  paged_decode_impl<c10::BFloat16>(q, kv, block_tables, seq_lens, scale, out);
+                       torch::Tensor seq_lens, double scale, torch::Tensor out,
+                       c10::optional<torch::Tensor> lse) {
+  paged_decode_impl<c10::BFloat16>(q, kv, block_tables, seq_lens, scale, out, lse);
 }
 
 // k, v [T, Hk, D] with each token's heads contiguous (the slices of a fused qkv row);
@@ -46,7 +48,11 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor kv, torch::Tensor 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (CPU, float32 cache)");
-  m.def("paged_decode_bf16", &paged_decode_bf16, "paged decode attention (CPU, bfloat16 cache)");
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU, float32 cache)", py::arg("q"),
+        py::arg("kv"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"), py::arg("out"),
+        py::arg("lse") = py::none());
+  m.def("paged_decode_bf16", &paged_decode_bf16, "paged decode attention (CPU, bfloat16 cache)",
+        py::arg("q"), py::arg("kv"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
+        py::arg("out"), py::arg("lse") = py::none());
   m.def("write_kv", &write_kv, "new K/V rows into their cache slots (CPU, float32 / bfloat16)");
 }

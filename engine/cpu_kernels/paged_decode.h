@@ -8,6 +8,7 @@
 //                                                 values, then a float16 scale; see
 //                                                 engine/kv_cache/quant.py), contiguous
 //   block_tables [B, M] int64   seq_lens [B] int64   out [B, Hq, D]
+//   lse          [B, Hq] float32, optional: log-sum-exp of each head's scaled scores
 //
 // Work item = one sequence: pass 1 scores every position for every query head (a GQA
 // group's heads share each K row read), a softmax per head (vectorised exp; the 1/sum is
@@ -122,8 +123,11 @@ static inline void for_each_cached_row(const T* kv, const int64_t* table, int64_
 }
 
 // Softmax of each query head's L scores in place, unnormalised (exp(s - max)); 1/sum per
-// head goes to inv_sum, applied to the output once rather than to every probability.
-static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, float* inv_sum) {
+// head goes to inv_sum, applied to the output once rather than to every probability, and,
+// when lse is given, log(sum of exp(score)) per head (what merging this attention with one
+// over other positions needs: cascade attention, engine/attention/cascade.py).
+static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, float* inv_sum,
+                                        float* lse) {
   for (int64_t hq = 0; hq < Hq; ++hq) {
     float* p = probs + hq * L;
     float mx = -std::numeric_limits<float>::infinity();
@@ -136,6 +140,7 @@ static inline void softmax_unnormalised(float* probs, int64_t Hq, int64_t L, flo
       sum += p[t];
     }
     inv_sum[hq] = 1.f / sum;
+    if (lse) lse[hq] = mx + std::log(sum);
   }
 }
 
@@ -321,7 +326,8 @@ static inline void group_accumulate(const float* p, int64_t p_stride, float w, c
 
 template <typename T>
 void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
-                       torch::Tensor seq_lens, double scale, torch::Tensor out) {
+                       torch::Tensor seq_lens, double scale, torch::Tensor out,
+                       c10::optional<torch::Tensor> lse = c10::nullopt) {
   using E = Entry<T>;
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && kv.scalar_type() == E::kType,
               "cpu paged decode: float32 queries and a ", c10::toString(E::kType),
@@ -340,6 +346,12 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
   const int64_t* bt = block_tables.data_ptr<int64_t>();
   const int64_t* sl = seq_lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
+  float* lp = nullptr;
+  if (lse.has_value() && lse->defined()) {
+    TORCH_CHECK(lse->scalar_type() == torch::kFloat32 && lse->is_contiguous() && lse->numel() == B * Hq,
+                "cpu paged decode: lse must be float32 [B, Hq], contiguous");
+    lp = lse->data_ptr<float>();
+  }
   const int64_t tok_stride = Hk * entry;
   const int64_t v_offset = bs * Hk * entry;
   const int64_t blk_stride = 2 * v_offset;
@@ -363,7 +375,7 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
           group_scores(qb + h * G * D, e, G, D, fscale * E::scale(e, D), probs.data() + h * G * L + t, L);
         }
       });
-      softmax_unnormalised(probs.data(), Hq, L, inv_sum.data());
+      softmax_unnormalised(probs.data(), Hq, L, inv_sum.data(), lp ? lp + b * Hq : nullptr);
       // pass 2: weighted sum of V
       float* ob = op + b * Hq * D;
       for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
