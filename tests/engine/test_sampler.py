@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.sampling import SamplingParams
-from engine.sampler import Sampler, SamplingRow, make_generator
+from engine.sampler import Sampler, SamplingRow, greedy_tokens, make_generator
 from engine.sampling.filters import TOP_P_CANDIDATES, filter_logits
 from engine.sampling.penalties import apply_penalties
 
@@ -339,3 +339,13 @@ def test_logprobs_come_from_raw_logits() -> None:
     values, ids = raw[1].topk(3)
     assert [t for t, _ in second.top] == ids.tolist()
     assert [lp for _, lp in second.top] == pytest.approx(values.tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_tokens_are_argmaxs_including_ties_and_nan(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randint(0, 3, (33, 5000), generator=gen).to(dtype)  # ties in every row
+    logits[4, 17] = float("nan")
+    logits[9] = 2
+    assert torch.equal(greedy_tokens(logits), logits.argmax(dim=-1))
+    assert greedy_tokens(logits)[9] == 0 and greedy_tokens(logits)[4] == 17
