@@ -74,17 +74,46 @@ std::unique_ptr<bf16[]> pack_x(const bf16* x, int64_t M, int64_t K) {
   return packed;
 }
 
+// 16 x 16 float32 in registers, transposed in place: r[j] becomes column j (three rounds of
+// interleaves, 64 shuffles).
+inline void transpose16(__m512 r[kRows]) {
+  __m512 t[kRows];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int c = 0; c < 4; ++c) {
+      t[8 * i + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
+      t[8 * i + 4 + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0xdd);
+    }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+  }
+}
+
 // C tile (16 outputs x 16 rows of x, float32) -> y[m][n0 .. n0 + 15] for the rows of x that
-// exist: a column of the tile (gathered) is a row's 16 outputs, plus bias, rounded to
-// bfloat16 to nearest even (what bf16(float) does) in one instruction.
+// exist: a column of the tile is a row's 16 outputs, plus bias, rounded to bfloat16 to
+// nearest even (what bf16(float) does) in one instruction. The columns come from a register
+// transpose instead of a gather per row: the 125M preset's layers at 16 / 64 / 128 / 192 rows
+// 6.74 / 9.3 / 17.0 / 22.2 -> 6.6 / 9.0 / 15.0 / 19.1 ms (alternating runs x2).
 inline void store_tile(const float* c, int64_t rows_of_x, const bf16* bias, bf16* y, int64_t ldy) {
-  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(kRows));
   const __m512 b = bias ? _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias)))
                         : _mm512_setzero_ps();
+  __m512 r[kRows];
+  for (int64_t i = 0; i < kRows; ++i) r[i] = _mm512_load_ps(c + i * kRows);
+  transpose16(r);
   for (int64_t m = 0; m < rows_of_x; ++m) {
-    const __m512 v = _mm512_add_ps(_mm512_i32gather_ps(column, c + m, 4), b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ldy), (__m256i)_mm512_cvtneps_pbh(v));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(r[m], b)));
   }
 }
 
