@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.backend import AttentionMetadata, PrefillChunk
+from engine.attention.torch_paged import gather_blocks
 
 MIN_ROWS = 4
 """Fewer decode rows than this: the paged kernel alone."""
@@ -128,8 +129,8 @@ def shared_attention(
     hk = kv_layer.shape[3]
     group = hq // hk
     # [P, bs, Hk, D] -> [1, Hk, P * bs, D]: one copy of the shared K and V a layer.
-    k = kv_layer[blocks, 0].flatten(0, 1).to(q.dtype).transpose(0, 1).unsqueeze(0)
-    v = kv_layer[blocks, 1].flatten(0, 1).to(q.dtype).transpose(0, 1).unsqueeze(0)
+    k = gather_blocks(kv_layer, blocks, 0, q.dtype).transpose(0, 1).unsqueeze(0)
+    v = gather_blocks(kv_layer, blocks, 1, q.dtype).transpose(0, 1).unsqueeze(0)
     # Query heads h * group .. of every row attend KV head h: one query block per KV head.
     stacked = q.view(rows, hk, group, d).permute(1, 0, 2, 3).reshape(1, hk, rows * group, d)
     out, lse = _flash(stacked, k, v, 0.0, False, scale=scale)
@@ -202,8 +203,8 @@ def _own_part(
         keys, values, mask = k[rows], v[rows], None
     else:
         own_blocks = chunk.block_ids[skip // block_size :]
-        keys = kv_layer[own_blocks, 0].flatten(0, 1)[:context].to(q.dtype)
-        values = kv_layer[own_blocks, 1].flatten(0, 1)[:context].to(q.dtype)
+        keys = gather_blocks(kv_layer, own_blocks, 0, q.dtype)[:context]
+        values = gather_blocks(kv_layer, own_blocks, 1, q.dtype)[:context]
         first = context - chunk.query_len  # bottom-right aligned causal, additive
         hidden = torch.arange(context)[None, :] > torch.arange(first, context)[:, None]
         mask = torch.zeros(hidden.shape, dtype=q.dtype).masked_fill_(hidden, float("-inf"))

@@ -33,12 +33,17 @@ def _decode_mask(meta: AttentionMetadata) -> torch.Tensor:
     return mask
 
 
-def _gather(
+def gather_blocks(
     kv_layer: torch.Tensor, block_ids: torch.Tensor, which: int, dtype: torch.dtype
 ) -> torch.Tensor:
-    """[..., n_blocks] block ids -> [..., n_blocks * block_size, Hk, D] in `dtype` (a copy)."""
-    g = kv_layer[block_ids, which].flatten(-4, -3)
-    return kv_quant.dequantize(g, dtype) if kv_quant.is_quantized(kv_layer) else g
+    """[..., n_blocks] block ids -> [..., n_blocks * block_size, Hk, D] in `dtype` (a copy).
+
+    index_select on the K (or V) view rather than `kv_layer[block_ids, which]`: one copy
+    instead of advanced indexing's (64 blocks of 16 x 4 x 64 bfloat16: 21 us for K and V
+    against 117)."""
+    g = kv_layer[:, which].index_select(0, block_ids.flatten())
+    g = g.view(*block_ids.shape, *g.shape[1:]).flatten(-4, -3)
+    return kv_quant.dequantize(g, dtype) if kv_quant.is_quantized(kv_layer) else g.to(dtype)
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -70,8 +75,8 @@ class TorchPagedAttention(AttentionBackend):
             if c.seq_len == c.query_len:
                 out[rows] = _sdpa(q[rows], k[rows], v[rows], None, scale, causal=True)
                 continue
-            keys = _gather(kv, c.block_ids, 0, q.dtype)[: c.seq_len]
-            values = _gather(kv, c.block_ids, 1, q.dtype)[: c.seq_len]
+            keys = gather_blocks(kv, c.block_ids, 0, q.dtype)[: c.seq_len]
+            values = gather_blocks(kv, c.block_ids, 1, q.dtype)[: c.seq_len]
             q_pos = torch.arange(c.query_len, device=q.device) + (c.seq_len - c.query_len)
             mask = torch.arange(c.seq_len, device=q.device)[None, :] <= q_pos[:, None]
             out[rows] = _sdpa(q[rows], keys, values, mask, scale, causal=False)
@@ -79,8 +84,8 @@ class TorchPagedAttention(AttentionBackend):
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        keys = _gather(kv_layer, meta.decode_block_tables, 0, q.dtype)  # [B, L, Hk, D]
-        values = _gather(kv_layer, meta.decode_block_tables, 1, q.dtype)
+        keys = gather_blocks(kv_layer, meta.decode_block_tables, 0, q.dtype)  # [B, L, Hk, D]
+        values = gather_blocks(kv_layer, meta.decode_block_tables, 1, q.dtype)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # [B, Hq, 1, D]
             keys.transpose(1, 2),
