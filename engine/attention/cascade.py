@@ -1,6 +1,6 @@
 """Cascade attention over a shared cached prefix (CPU): decode rows, and prompt chunks.
 
-When a step's decode rows all start with the same cache blocks (one system prompt, one
+When a step's decode rows start with the same cache blocks (a system prompt per tenant, one
 few-shot preamble, the 64 continuations of one document), the paged kernel reads those
 blocks once per row: 64 rows over a 1,024-token shared prefix read the same positions 64
 times a layer, one row's dot products at a time. Likewise each prompt chunk whose cached
@@ -45,12 +45,14 @@ _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 @dataclass(frozen=True)
 class SharedPrefix:
-    """The step's decode rows' common leading blocks and what each row keeps of its own."""
+    """Groups of the step's decode rows that start with the same blocks, and what every row
+    keeps of its own."""
 
-    blocks: torch.Tensor
-    """[P] the shared block ids."""
+    groups: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    """(rows [n], shared block ids [P]) per group."""
     tail_tables: torch.Tensor
-    """[B, M - P] each row's block table past them."""
+    """[B, M] each row's block table past its group's shared blocks (a row in no group: its
+    whole table)."""
     tail_lens: torch.Tensor
     """[B] each row's positions past them (at least its new token)."""
 
@@ -64,8 +66,9 @@ class SharedChunks:
 
 
 def shared_prefix(meta: AttentionMetadata) -> SharedPrefix | None:
-    """The leading full blocks every decode row has in common, found once a step (every
-    layer has the same tables); None where cascade would not pay."""
+    """The step's decode rows grouped by their first block, each group with the leading full
+    blocks its rows have in common, found once a step (every layer has the same tables);
+    only groups where cascade pays, None if there is none."""
     state = meta.backend_state
     if "cascade_decode" not in state:
         state["cascade_decode"] = _find_decode(meta)
@@ -83,18 +86,24 @@ def shared_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
 
 def _find_decode(meta: AttentionMetadata) -> SharedPrefix | None:
     tables, lens, bs = meta.decode_block_tables, meta.decode_seq_lens, meta.block_size
-    if meta.num_decodes < MIN_ROWS:
+    if meta.num_decodes < MIN_ROWS or int(lens.max()) <= MIN_SHARED_TOKENS:
         return None
-    # Only blocks that are full in every row, and each row keeps at least its new position.
-    limit = (int(lens.min()) - 1) // bs
-    if limit * bs < MIN_SHARED_TOKENS:
+    _, members, counts = torch.unique(tables[:, 0], return_inverse=True, return_counts=True)
+    groups = []
+    skip = torch.zeros_like(lens)  # blocks each row leaves to its group
+    for g in torch.nonzero(counts >= MIN_ROWS).flatten().tolist():
+        rows = torch.nonzero(members == g).flatten()
+        # Only blocks that are full in every row, and each row keeps at least its new position.
+        limit = (int(lens[rows].min()) - 1) // bs
+        shared = _common_blocks(tables[rows, :limit]) if limit * bs >= MIN_SHARED_TOKENS else 0
+        if shared * bs >= MIN_SHARED_TOKENS:
+            groups.append((rows, tables[rows[0], :shared].clone()))
+            skip[rows] = shared
+    if not groups:
         return None
-    shared = _common_blocks(tables[:, :limit])
-    if shared * bs < MIN_SHARED_TOKENS:
-        return None
-    return SharedPrefix(
-        tables[0, :shared].clone(), tables[:, shared:].contiguous(), lens - shared * bs
-    )
+    columns = torch.arange(tables.shape[1]) + skip[:, None]
+    tails = tables.gather(1, columns.clamp_(max=tables.shape[1] - 1))  # past the end: masked
+    return SharedPrefix(tuple(groups), tails, lens - skip * bs)
 
 
 def _find_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
@@ -211,6 +220,20 @@ def _own_part(
     out, lse = _causal(_heads_first(q[rows], chunk.query_len), _heads_first(keys, context),
                        _heads_first(values, context), mask, scale)  # fmt: skip
     return out[0].transpose(0, 1), lse[0].transpose(0, 1)
+
+
+def decode_shared(
+    q: torch.Tensor, kv_layer: torch.Tensor, prefix: SharedPrefix, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every group's rows over their shared blocks -> (out [B, Hq, D], lse [B, Hq]); a row in
+    no group has lse -inf, so merging leaves its own attention as it is."""
+    if len(prefix.groups) == 1 and len(prefix.groups[0][0]) == q.shape[0]:
+        return shared_attention(q, kv_layer, prefix.groups[0][1], scale)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:2], float("-inf"))
+    for rows, blocks in prefix.groups:
+        out[rows], lse[rows] = shared_attention(q[rows], kv_layer, blocks, scale)
+    return out, lse
 
 
 def merge(

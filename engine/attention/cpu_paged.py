@@ -46,7 +46,7 @@ class CPUPagedAttention(TorchPagedAttention):
             kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables,
                    meta.decode_seq_lens, scale, out)  # fmt: skip
             return out.to(q.dtype)
-        shared, shared_lse = cascade.shared_attention(q, kv_layer, prefix.blocks, scale)
+        shared, shared_lse = cascade.decode_shared(q, kv_layer, prefix, scale)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         kernel(q.float().contiguous(), kv_layer, prefix.tail_tables, prefix.tail_lens, scale,
                out, lse)  # fmt: skip

@@ -39,24 +39,25 @@ def test_finds_the_leading_blocks_every_row_shares() -> None:
     tables, _ = shared_tables(6, 10, 3, gen)
     lens = torch.tensor([10 * 16 + n for n in (1, 5, 16, 30, 48, 2)])
     found = cascade.shared_prefix(meta_for(tables, lens, 16))
-    assert found is not None
-    assert torch.equal(found.blocks, tables[0, :10])
-    assert torch.equal(found.tail_tables, tables[:, 10:])
+    assert found is not None and len(found.groups) == 1
+    rows, blocks = found.groups[0]
+    assert rows.tolist() == list(range(6)) and torch.equal(blocks, tables[0, :10])
+    assert torch.equal(found.tail_tables[:, :3], tables[:, 10:])
     assert torch.equal(found.tail_lens, lens - 160)
 
     # One row diverging at block 9: the first 9 are shared.
     diverging = tables.clone()
     diverging[3, 9] = 10_000
     found = cascade.shared_prefix(meta_for(diverging, lens, 16))
-    assert found is not None and found.blocks.numel() == 9
+    assert found is not None and found.groups[0][1].numel() == 9
 
     # Every row keeps at least its new position: a row ending at block 10's first position
     # leaves block 9 (full) shared, not block 10.
     short = lens.clone()
     short[2] = 10 * 16 + 1
-    assert cascade.shared_prefix(meta_for(tables, short, 16)).blocks.numel() == 10
+    assert cascade.shared_prefix(meta_for(tables, short, 16)).groups[0][1].numel() == 10
     short[2] = 10 * 16
-    assert cascade.shared_prefix(meta_for(tables, short, 16)).blocks.numel() == 9
+    assert cascade.shared_prefix(meta_for(tables, short, 16)).groups[0][1].numel() == 9
 
 
 @pytest.mark.parametrize(
@@ -124,6 +125,37 @@ no context, one alone on a third prefix."""
 CONTINUATIONS = "continuations"
 """Five chunks of 16 new tokens each on one prefix, one after another, then one of 40
 without context."""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_of_several_prefixes_attend_each_once(dtype: torch.dtype) -> None:
+    """Tenants' system prompts: two groups of rows on two prefixes, a pair of rows on a third
+    (too few to group) and rows of their own, interleaved; each group's prefix attended once
+    for its rows, the rest through the paged kernel alone."""
+    gen = torch.Generator().manual_seed(9)
+    kv = torch.randn(300, 2, 16, 2, 64, generator=gen).to(dtype)
+    ids = iter(torch.randperm(300, generator=gen).tolist())
+    prefixes = {name: [next(ids) for _ in range(n)] for name, n in (("a", 9), ("b", 12), ("c", 10))}
+    layout = ["a", "b", None, "a", "c", "b", "a", "b", None, "c", "a", "b"]
+    tables, lens = [], []
+    for i, name in enumerate(layout):
+        own = [next(ids) for _ in range(20 - len(prefixes.get(name, [])))]
+        tables.append(prefixes.get(name, []) + own)
+        lens.append(len(prefixes.get(name, [])) * 16 + 1 + 5 * i)
+    tables, lens = torch.tensor(tables), torch.tensor(lens)
+    found = cascade.shared_prefix(meta_for(tables, lens, 16))
+    assert found is not None
+    assert sorted(rows.tolist() for rows, _ in found.groups) == [[0, 3, 6, 10], [1, 5, 7, 11]]
+    q = torch.randn(len(layout), 6, 64, generator=gen).to(dtype)
+    cpu = get_backend("cpu")
+    got = cpu._decode(q, kv, meta_for(tables, lens, 16), 0.125)
+    alone = meta_for(tables, lens, 16)
+    alone.backend_state["cascade_decode"] = None
+    want = cpu._decode(q, kv, alone, 0.125)
+    for row in (2, 4, 8, 9):  # in no group: exactly the paged kernel's
+        assert torch.equal(got[row], want[row])
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 4e-3}
+    torch.testing.assert_close(got.float(), want.float(), **tol)
 
 
 def prefill_case(
