@@ -35,6 +35,13 @@ from engine.attention.torch_paged import gather_blocks
 
 MIN_ROWS = 4
 """Fewer decode rows than this: the paged kernel alone."""
+MIN_SHARED_READS = 12_288
+"""Decode rows x shared positions a group must reach: below it the group's fixed cost (the
+gather, a flash call, the merge: ~0.1-0.2 ms a layer) is more than the paged kernel's reads
+it saves (~34 us a row a layer at 1,024 positions). One layer, bf16, 12 / 4 heads of 64:
+cascade against the paged kernel alone at 1,024 shared positions 0.26 / 0.16 ms (4 rows),
+0.30 / 0.28 (8), 0.42 / 0.55 (16), 0.84 / 2.28 (64); at 256 positions break-even near 28
+rows (0.29 / 0.33 at 32)."""
 MIN_CHUNKS = 2
 """Fewer prompt chunks on one prefix than this: each chunk alone."""
 MIN_SHARED_TOKENS = 128
@@ -96,7 +103,7 @@ def _find_decode(meta: AttentionMetadata) -> SharedPrefix | None:
         # Only blocks that are full in every row, and each row keeps at least its new position.
         limit = (int(lens[rows].min()) - 1) // bs
         shared = _common_blocks(tables[rows, :limit]) if limit * bs >= MIN_SHARED_TOKENS else 0
-        if shared * bs >= MIN_SHARED_TOKENS:
+        if shared * bs >= MIN_SHARED_TOKENS and len(rows) * shared * bs >= MIN_SHARED_READS:
             groups.append((rows, tables[rows[0], :shared].clone()))
             skip[rows] = shared
     if not groups:

@@ -21,6 +21,13 @@ from tests.engine.test_cpu_attention import meta_for
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain for the kernel")
 
 
+@pytest.fixture(autouse=True)
+def small_groups_pay(monkeypatch) -> None:
+    """The shapes here are small: every group that shares enough blocks is cascaded (the
+    cost rule, MIN_SHARED_READS, has its own test)."""
+    monkeypatch.setattr(cascade, "MIN_SHARED_READS", 0)
+
+
 def shared_tables(
     rows: int, shared: int, own: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, int]:
@@ -71,6 +78,16 @@ def test_not_where_it_would_not_pay(rows: int, shared_blocks: int, why: str) -> 
     # Rows with nothing in common, however many.
     tables = torch.randperm(400)[:320].view(16, 20)
     assert cascade.shared_prefix(meta_for(tables, torch.full((16,), 300), 16)) is None
+
+
+def test_a_group_too_small_for_its_fixed_cost_is_not_cascaded(monkeypatch) -> None:
+    monkeypatch.setattr(cascade, "MIN_SHARED_READS", 12 * 1024)
+    gen = torch.Generator().manual_seed(4)
+    for rows, shared_blocks, cascaded in [(11, 64, False), (12, 64, True), (47, 16, False)]:
+        tables, _ = shared_tables(rows, shared_blocks, 2, gen)
+        lens = torch.full((rows,), shared_blocks * 16 + 9)
+        found = cascade.shared_prefix(meta_for(tables, lens, 16))
+        assert (found is not None) == cascaded, (rows, shared_blocks)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
