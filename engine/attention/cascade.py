@@ -21,7 +21,9 @@ rounded to bfloat16 once before the merge). FlashInfer's cascade attention and v
 
 Where it pays, on the AMX Xeon in bfloat16 (one layer, 64 decode rows over 1,024 shared +
 ~40 own positions): 2.17 -> 0.96 ms against the paged kernel alone, in float32 2.98 -> 2.70.
-Below `MIN_ROWS` rows or `MIN_SHARED_TOKENS` shared positions the plain paths run.
+A decode group needs `MIN_ROWS` rows, `MIN_SHARED_TOKENS` shared positions and enough
+saved reads to pay its fixed cost (`MIN_SHARED_READS`); prompt chunks, `MIN_CHUNKS` on
+`MIN_SHARED_TOKENS`. Elsewhere the plain paths run.
 """
 
 from __future__ import annotations
