@@ -36,6 +36,8 @@ class CPUPagedAttention(TorchPagedAttention):
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor:
         kernel = self._kernel_for(kv_layer.dtype)
+        if kernel is not None and q.dtype == torch.bfloat16 and _amx_shapes(q, kv_layer):
+            kernel = _amx_kernel() or kernel
         if kernel is None or not q.dtype.is_floating_point or not kv_layer.is_contiguous():
             return super()._decode(q, kv_layer, meta, scale)  # fp8 caches too
         # The kernel computes in float32 whatever the cache holds: a bfloat16 model's
@@ -98,6 +100,20 @@ _PLAIN = (torch.float32, torch.bfloat16)
 
 def _heads_contiguous(x: Tensor) -> bool:
     return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def _amx_kernel() -> Any | None:
+    """Decode with its scores on AMX (engine/cpu_kernels/paged_decode_amx.cpp): for a
+    bfloat16 cache and bfloat16 queries (the kernel narrows the widened queries back,
+    exactly), on CPUs with AMX; None elsewhere."""
+    module = cpu_kernels.load_available("paged_decode_amx")
+    return None if module is None else module.paged_decode_bf16
+
+
+def _amx_shapes(q: Tensor, kv_layer: Tensor) -> bool:
+    """Block size a multiple of 16, head size of 32, at most 16 query heads per KV head."""
+    block_size, kv_heads = kv_layer.shape[2], kv_layer.shape[3]
+    return block_size % 16 == 0 and q.shape[2] % 32 == 0 and q.shape[1] // kv_heads <= 16
 
 
 def _int8_kernels() -> Any | None:

@@ -27,7 +27,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
-_HEADERS = ("vec_math.h", "paged_decode.h", "row_tiles.h")
+_HEADERS = ("vec_math.h", "paged_decode.h", "row_tiles.h", "amx.h")
 _KERNELS = (
     "paged_decode",
     "kv_int8",
@@ -38,11 +38,16 @@ _KERNELS = (
     "int8_vnni",
     "bf16_gemv",
     "bf16_amx",
+    "paged_decode_amx",
 )
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     "bf16_gemv": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
     "bf16_amx": (
+        "amxbf16",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
+    ),
+    "paged_decode_amx": (
         "amxbf16",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
     ),

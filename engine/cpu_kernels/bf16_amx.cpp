@@ -20,33 +20,20 @@
 #include <cstring>
 #include <memory>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#define BATON_AMX 1
+#include "amx.h"
 
+#ifdef BATON_AMX
 namespace {
 
 using bf16 = c10::BFloat16;
-constexpr int64_t kRows = 16;  // a tile's rows: weight rows in A and C, k pairs in B
-constexpr int64_t kDepth = 32;  // bfloat16 values of K per tile step
-
-// Linux hands out AMX's tile state only to a process that asks for it once.
-bool request_amx() {
-  constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  return granted;
-}
+using amx::kDepth;  // bfloat16 values of K per tile step
+using amx::kRows;   // a tile's rows: weight rows in A and C, k pairs in B
 
 // Every tile 16 rows of 64 bytes: A = 16 weight rows x 32 values, B = 16 k pairs x 16 rows
 // of x, C = 16 x 16 float32.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
+struct TileConfig : amx::TileConfig {
   TileConfig() {
-    for (int t = 0; t < 8; ++t) colsb[t] = 64, rows[t] = 16;
+    for (int t = 0; t < 8; ++t) set(t, kRows, 64);
   }
 };
 
@@ -176,7 +163,7 @@ torch::Tensor bf16_amx_linear(torch::Tensor x, torch::Tensor w, c10::optional<to
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(K % kDepth == 0 && N % (2 * kRows) == 0,
               "bf16_amx_linear: K a multiple of 32 and N of 32 expected, got K=", K, ", N=", N);
-  TORCH_CHECK(request_amx(), "bf16_amx_linear: the kernel refused AMX's tile state");
+  TORCH_CHECK(amx::request(), "bf16_amx_linear: the kernel refused AMX's tile state");
   const bf16* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == torch::kBFloat16 && bias->is_contiguous() &&

@@ -324,7 +324,23 @@ static inline void group_accumulate(const float* p, int64_t p_stride, float w, c
 
 // -- the kernel ------------------------------------------------------------------------
 
-template <typename T>
+// Pass 1 row by row: each position's K entry against its GQA group's queries, for every
+// entry type (the AMX module brings a tile version for bfloat16: bf16_amx.cpp).
+struct RowScores {
+  template <typename T>
+  void operator()(const float* qb, const T* kv, const int64_t* table, int64_t L, int64_t bs,
+                  int64_t blk_stride, int64_t tok_stride, int64_t entry, int64_t Hk, int64_t G,
+                  int64_t D, float scale, float* probs) const {
+    for_each_cached_row(kv, table, L, bs, blk_stride, 0, tok_stride, [&](int64_t t, const T* k) {
+      for (int64_t h = 0; h < Hk; ++h) {
+        const T* e = k + h * entry;
+        group_scores(qb + h * G * D, e, G, D, scale * Entry<T>::scale(e, D), probs + h * G * L + t, L);
+      }
+    });
+  }
+};
+
+template <typename T, typename Scores = RowScores>
 void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
                        torch::Tensor seq_lens, double scale, torch::Tensor out,
                        c10::optional<torch::Tensor> lse = c10::nullopt) {
@@ -369,12 +385,7 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
       probs.assign(Hq * L, 0.f);
       const float* qb = qp + b * Hq * D;
       // pass 1: scores[head][position]
-      for_each_cached_row(kvp, table, L, bs, blk_stride, 0, tok_stride, [&](int64_t t, const T* k) {
-        for (int64_t h = 0; h < Hk; ++h) {
-          const T* e = k + h * entry;
-          group_scores(qb + h * G * D, e, G, D, fscale * E::scale(e, D), probs.data() + h * G * L + t, L);
-        }
-      });
+      Scores{}(qb, kvp, table, L, bs, blk_stride, tok_stride, entry, Hk, G, D, fscale, probs.data());
       softmax_unnormalised(probs.data(), Hq, L, inv_sum.data(), lp ? lp + b * Hq : nullptr);
       // pass 2: weighted sum of V
       float* ob = op + b * Hq * D;

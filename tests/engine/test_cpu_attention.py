@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.attention import cpu_paged
 from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import load_kernel
 from engine.attention.registry import get_backend
@@ -51,9 +52,13 @@ def test_matches_torch_path(
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 36])
-def test_a_bfloat16_cache_computes_what_float32_does_on_the_same_values(head_dim: int) -> None:
+def test_a_bfloat16_cache_computes_what_float32_does_on_the_same_values(
+    head_dim: int, monkeypatch
+) -> None:
     """Entries widen to float32 exactly, so the bfloat16 kernel's result is the float32
-    kernel's on the widened cache, rounded once: bit for bit, not within a tolerance."""
+    kernel's on the widened cache, rounded once: bit for bit, not within a tolerance. (The
+    row-by-row kernel; scores on AMX sum in another order: the next test.)"""
+    monkeypatch.setattr(cpu_paged, "_amx_kernel", lambda: None)
     gen = torch.Generator().manual_seed(head_dim)
     kv = torch.randn(80, 2, 16, 2, head_dim, generator=gen).bfloat16()
     lengths = [1, 16, 17, 90, 5]
@@ -66,6 +71,29 @@ def test_a_bfloat16_cache_computes_what_float32_does_on_the_same_values(head_dim
     assert torch.equal(got, cpu._decode(q.float(), kv.float(), meta, 0.1).bfloat16())
     want = get_backend("torch")._decode(q, kv, meta_for(tables, lens, 16), 0.1)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)  # torch's own bf16 rounding
+
+
+@pytest.mark.skipif(cpu_paged._amx_kernel() is None, reason="no AMX on this CPU")
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(12, 4), (8, 1), (4, 4), (16, 2)])
+@pytest.mark.parametrize(("block_size", "head_dim"), [(16, 64), (32, 64), (16, 128)])
+def test_scores_on_amx_equal_the_row_by_row_kernels(
+    num_heads: int, num_kv_heads: int, block_size: int, head_dim: int
+) -> None:
+    """Products of bfloat16 values are exact in float32 either way; only the order of the
+    sums differs, so outputs and log-sum-exps agree to float32 rounding."""
+    gen = torch.Generator().manual_seed(num_heads + block_size + head_dim)
+    kv = torch.randn(120, 2, block_size, num_kv_heads, head_dim, generator=gen).bfloat16()
+    lengths = [1, 15, 16, 17, 3 * block_size + 5, 8 * block_size]
+    tables = torch.stack([torch.randperm(120, generator=gen)[:8] for _ in lengths])
+    lens = torch.tensor(lengths)
+    q = torch.randn(len(lengths), num_heads, head_dim, generator=gen).bfloat16().float()
+    outs = [torch.empty(q.shape) for _ in range(2)]
+    lses = [torch.empty(q.shape[:2]) for _ in range(2)]
+    rows = get_backend("cpu")._kernel_for(torch.bfloat16)
+    for kernel, out, lse in zip((rows, cpu_paged._amx_kernel()), outs, lses, strict=True):
+        kernel(q, kv, tables, lens, head_dim**-0.5, out, lse)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lses[1], lses[0], rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
