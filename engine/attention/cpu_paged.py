@@ -3,6 +3,9 @@
 from the paged cache; an int8
 cache (engine/kv_cache/quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
 the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
+On CPUs with AMX a bfloat16 model's decode scores are tile products (`paged_decode_amx.cpp`),
+and rows or prompt chunks that share cached blocks attend them once together
+(engine/attention/cascade.py).
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded
 copy before attention (reading the cache twice and writing it once per layer per step);

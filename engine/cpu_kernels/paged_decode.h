@@ -325,7 +325,7 @@ static inline void group_accumulate(const float* p, int64_t p_stride, float w, c
 // -- the kernel ------------------------------------------------------------------------
 
 // Pass 1 row by row: each position's K entry against its GQA group's queries, for every
-// entry type (the AMX module brings a tile version for bfloat16: bf16_amx.cpp).
+// entry type (paged_decode_amx.cpp brings a tile version for bfloat16 queries and cache).
 struct RowScores {
   template <typename T>
   void operator()(const float* qb, const T* kv, const int64_t* table, int64_t L, int64_t bs,
