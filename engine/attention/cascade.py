@@ -95,7 +95,10 @@ def shared_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
 
 def _find_decode(meta: AttentionMetadata) -> SharedPrefix | None:
     tables, lens, bs = meta.decode_block_tables, meta.decode_seq_lens, meta.block_size
-    if meta.num_decodes < MIN_ROWS or int(lens.max()) <= MIN_SHARED_TOKENS:
+    longest = int(lens.max())
+    if meta.num_decodes < MIN_ROWS or meta.num_decodes * longest < MIN_SHARED_READS:
+        return None  # no group could pay: skip the grouping (every step of a small batch)
+    if longest <= MIN_SHARED_TOKENS:
         return None
     _, members, counts = torch.unique(tables[:, 0], return_inverse=True, return_counts=True)
     groups = []
@@ -172,8 +175,7 @@ def chunk_group_into(
     own_out, own_lse = _own_parts(q, k, v, kv_layer, chunks, skip, block_size, scale)
     # In the model's dtype (a float32 merge of bfloat16 parts moved ~4x the bytes: 2.8 ms
     # against 0.3 for 2,048 rows x 12 heads): the weight is rounded like the parts.
-    weight = torch.sigmoid(shared_lse - own_lse).unsqueeze(-1).to(out.dtype)
-    out[rows] = torch.lerp(own_out.to(out.dtype), shared_out.to(out.dtype), weight)
+    out[rows] = merge(shared_out, shared_lse, own_out, own_lse, out.dtype)
 
 
 def _own_parts(
@@ -247,9 +249,9 @@ def decode_shared(
 
 def merge(
     out_shared: torch.Tensor, lse_shared: torch.Tensor, out_own: torch.Tensor,
-    lse_own: torch.Tensor,
+    lse_own: torch.Tensor, dtype: torch.dtype,
 ) -> torch.Tensor:  # fmt: skip
     """Two attentions of the same queries over disjoint positions -> the attention over all
-    of them (float32, out_own's shape)."""
-    weight = torch.sigmoid(lse_shared - lse_own).unsqueeze(-1)
-    return torch.lerp(out_own, out_shared.float(), weight)
+    of them, computed in `dtype` (out_own's shape)."""
+    weight = torch.sigmoid(lse_shared - lse_own).unsqueeze(-1).to(dtype)
+    return torch.lerp(out_own.to(dtype), out_shared.to(dtype), weight)

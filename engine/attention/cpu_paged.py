@@ -55,7 +55,7 @@ class CPUPagedAttention(TorchPagedAttention):
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         kernel(q.float().contiguous(), kv_layer, prefix.tail_tables, prefix.tail_lens, scale,
                out, lse)  # fmt: skip
-        return cascade.merge(shared, shared_lse, out, lse).to(q.dtype)
+        return cascade.merge(shared, shared_lse, out, lse, torch.float32).to(q.dtype)
 
     def prefill_into(
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,

@@ -27,17 +27,17 @@ struct AmxScores {
                   int64_t blk_stride, int64_t tok_stride, int64_t entry, int64_t Hk, int64_t G,
                   int64_t D, float scale, float* probs) const {
     const int64_t chunks = D / kDepth, pair_bytes = G * 2 * static_cast<int64_t>(sizeof(bf16));
-    // B per (KV head, 32 values of D): row p holds each group head's values 2p and 2p + 1.
-    // The queries were bfloat16 before the caller widened them: narrowing is exact.
+    // B per (KV head, 32 values of D): row p holds each group head's values 2p and 2p + 1
+    // of those 32. The queries were bfloat16 before the caller widened them: narrowing is
+    // exact.
     thread_local std::vector<bf16> pairs;
     pairs.resize(Hk * chunks * kRows * G * 2);
     for (int64_t h = 0; h < Hk; ++h)
-      for (int64_t c = 0; c < chunks; ++c)
-        for (int64_t p = 0; p < kRows; ++p)
-          for (int64_t g = 0; g < G; ++g)
-            for (int64_t i = 0; i < 2; ++i)
-              pairs[(((h * chunks + c) * kRows + p) * G + g) * 2 + i] =
-                  bf16(qb[(h * G + g) * D + c * kDepth + 2 * p + i]);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t tile = h * chunks + d / kDepth, row = d % kDepth / 2;
+          pairs[((tile * kRows + row) * G + g) * 2 + d % 2] = bf16(qb[(h * G + g) * D + d]);
+        }
     amx::TileConfig config;
     config.set(0, kRows, static_cast<int>(pair_bytes));  // C: 16 positions x G float32 scores
     config.set(1, kRows, 64);                             // A: 16 positions x 32 K values
