@@ -88,6 +88,20 @@ def _bf16_linear(
     return None
 
 
+def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """silu(x @ gate^T) * (x @ up^T) for `weight` = [gate | up] in one AMX pass (the [rows, 2I]
+    product never written, the SiLU-and-mul op not run), or None where the shape or batch goes
+    the unfused way; the values are the unfused path's, bit for bit."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    amx = _amx_kernel() if x.dtype == torch.bfloat16 else None
+    if amx is None or not BF16_AMX_MIN_ROWS <= rows <= BF16_AMX_MAX_ROWS:
+        return None
+    if weight.shape[0] % 32 or weight.shape[1] % 32:
+        return None
+    y = amx.bf16_amx_silu_mul_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight)
+    return y.view(*x.shape[:-1], weight.shape[0] // 2)
+
+
 def enabled(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or os.environ.get("BATON_CPU_GEMM", "1") == "0":
         return False

@@ -19,6 +19,7 @@ from torch import nn
 
 from engine.checkpoint import copy_into
 from engine.layers import cpu_gemm, quant
+from engine.layers.activation import silu_and_mul
 from engine.parallel import SINGLE, TPGroup, divide
 
 WeightLoader = Callable[..., None]
@@ -133,6 +134,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(in_features, sum(out_sizes), bias, tp, dtype)
         self.part_sizes = [divide(s, tp.size, "output features") for s in out_sizes]
         self._set_loaders(self._load_part)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for a [gate | up] projection: in the GEMM's epilogue where our CPU
+        kernel can fuse it (a 256-token prompt's MLP then writes and rereads no [256, 2I]
+        intermediate), else the product and then the activation."""
+        fusable = self.use_cpu_gemm and self.weight_scale is None and self.bias is None
+        if fusable and len(self.part_sizes) == 2:
+            y = cpu_gemm.silu_mul_linear(x, self.weight)
+            if y is not None:
+                return y
+        return silu_and_mul(self(x))
 
     def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, part: int) -> None:
         size = self.part_sizes[part]

@@ -15,7 +15,6 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend, AttentionMetadata
 from engine.config import ModelConfig
-from engine.layers.activation import silu_and_mul
 from engine.layers.attention import SelfAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import (
@@ -44,7 +43,7 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, False, tp, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class DecoderLayer(nn.Module):
