@@ -32,7 +32,10 @@ torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights pe
 Since the C tiles are transposed in registers the kernel stays ahead further: 22.4 / 25.9 /
 26.7 / 31.1 ms against oneDNN's 24.8 / 26.6 / 26.8 / 30.3 at 256 / 288 / 320 / 352 rows (12
 layers' weights cold, two runs alike), so it takes up to 288 rows, a 256-token prompt
-chunk included (its prefill 46.1 -> 42.0 ms end to end, alternating runs x6).
+chunk included (its prefill 46.1 -> 42.0 ms end to end, alternating runs x6; in a slower
+minute later the two were level at 256 rows in this microbenchmark, 25.6 against 25.7 ms,
+while the engine's prefill kept the gain). The same rows take the MLP's gate-up projection
+with SiLU-and-mul in the kernel's epilogue (`silu_mul_linear`).
 """
 
 from __future__ import annotations
