@@ -31,6 +31,11 @@ _SUSPECT_S = 30.0
 """How long a worker whose actor died stays out of routing unless the controller says
 otherwise (it usually reports the death within a health-check interval)."""
 _SYNC_EVERY_S = 0.25
+_IDLE_POLL_MAX_S = 1.0
+"""While no worker has work and no request has started here, the polls back off, doubling up
+to this. Each poll is a Ray call per worker, and at 20 a second they kept ~5% of a core busy
+in this process and ~7% in each worker: beside an idle server on two cores, the engine's
+256-token prefill took 50.0 ms against 43.9 with one poll a second (41.0 with no server)."""
 _REPORT_TIMEOUT_S = 5.0
 
 
@@ -66,6 +71,8 @@ class Membership:
         """worker id -> the seq of the last KV-event batch applied from it."""
         self._suspects: dict[str, float] = {}
         """Workers whose actor died under a request, by when they were seen dead."""
+        self._woken = asyncio.Event()
+        """Set by `wake` (a request started here): back to `poll_interval_s` at once."""
         router.store.set_resync_callback(lambda _model, worker_id: self._resync.add(worker_id))
 
     async def start(self) -> None:
@@ -78,6 +85,18 @@ class Membership:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def wake(self) -> None:
+        """A request started: poll every `poll_interval_s` again (from the next poll on)."""
+        self._woken.set()
+
+    def _next_interval(self, interval: float) -> float:
+        """The nap after a poll: `poll_interval_s` while a request started since the last one
+        or some worker had work at its report, else twice the last, up to _IDLE_POLL_MAX_S."""
+        busy = any(load.num_running or load.num_waiting_tokens for load in self.loads.values())
+        if self._woken.is_set() or busy:
+            return self.poll_interval_s
+        return min(2 * interval, _IDLE_POLL_MAX_S)
 
     def is_ready(self) -> bool:
         """A request can be served now: both pools have a live worker (or decode workers
@@ -162,6 +181,7 @@ class Membership:
 
     async def _poll_forever(self) -> None:
         last_sync = last_report = 0.0
+        interval = self.poll_interval_s
         while True:
             try:
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
@@ -175,7 +195,12 @@ class Membership:
                 raise
             except Exception:
                 logger.exception("router: polling workers failed")
-            await asyncio.sleep(self.poll_interval_s)
+            interval = self._next_interval(interval)
+            self._woken.clear()
+            with contextlib.suppress(TimeoutError):  # a request starting ends an idle nap
+                await asyncio.wait_for(self._woken.wait(), interval)
+            if self._woken.is_set() and interval > self.poll_interval_s:
+                await asyncio.sleep(self.poll_interval_s)  # not in the request's first steps
 
     async def poll_reports(self) -> None:
         for worker_id in list(self._resync):  # the index missed events of these: snapshot

@@ -145,6 +145,7 @@ class RequestPath:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[OutputDelta]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + request.timeout_s
+        self.membership.wake()
         if not self.membership.workers:
             await self.membership.sync()
         model = self.membership.model

@@ -1,0 +1,114 @@
+"""The front door's report polls back off while nothing runs and come back at once when a
+request starts (router/cluster/membership.py): an idle cluster's polls cost the engines CPU."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.events import WorkerLoad
+from core.roles import WorkerRole
+from router.cluster import membership as membership_module
+from router.cluster.membership import Membership
+from router.routing.router import Router
+from worker.records import WorkerInfo, WorkerReport
+
+
+@dataclass
+class _Call:
+    value: Any
+
+    def remote(self, *args: Any) -> Any:
+        async def answer() -> Any:
+            return self.value
+
+        return answer()
+
+
+def _load(running: int = 0, waiting_tokens: int = 0) -> WorkerLoad:
+    return WorkerLoad("unified-0", WorkerRole.UNIFIED, running, 0, waiting_tokens, 100, 100)
+
+
+@dataclass
+class _Worker:
+    """A worker handle whose `report` counts its calls."""
+
+    load: WorkerLoad = field(default_factory=_load)
+    calls: int = 0
+    called: asyncio.Event | None = None
+
+    @property
+    def report(self) -> _Worker:
+        return self
+
+    def remote(self, *_: Any) -> Any:
+        async def answer() -> WorkerReport:
+            self.calls += 1
+            if self.called is not None:
+                self.called.set()
+            return WorkerReport([], self.load)
+
+        return answer()
+
+
+@dataclass
+class _Member:
+    worker_id: str
+    role: str
+    state: str
+    info: WorkerInfo
+    handle: Any
+
+
+class _Controller:
+    def __init__(self, worker: _Worker) -> None:
+        info = WorkerInfo(
+            "unified-0", WorkerRole.UNIFIED, "m", 1000, 16, 64, 512, 1024, "local", b"", 1
+        )
+        members = [_Member("unified-0", WorkerRole.UNIFIED, "ready", info, worker)]
+        self.get_members = _Call((("a", 1), members))
+        self.get_desired = _Call({WorkerRole.UNIFIED: 1})
+
+
+def test_idle_polls_back_off_and_work_or_a_request_restores_them(monkeypatch) -> None:
+    monkeypatch.setattr(membership_module, "_IDLE_POLL_MAX_S", 0.4)
+    router = Router()
+    membership = Membership(_Controller(_Worker()), router, poll_interval_s=0.05)
+    membership.loads["unified-0"] = _load()
+    naps = [0.05]
+    for _ in range(5):
+        naps.append(membership._next_interval(naps[-1]))
+    assert naps == [0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+    membership.loads["unified-0"] = _load(running=2)  # decoding
+    assert membership._next_interval(0.4) == 0.05
+    membership.loads["unified-0"] = _load(waiting_tokens=300)  # a prompt queued
+    assert membership._next_interval(0.4) == 0.05
+    membership.loads["unified-0"] = _load()
+    membership.wake()  # a request started here, before any worker reports it
+    assert membership._next_interval(0.4) == 0.05
+    router.close()
+
+
+def test_a_request_ends_an_idle_nap() -> None:
+    worker = _Worker()
+    router = Router()
+    membership = Membership(_Controller(worker), router, poll_interval_s=0.01)
+    membership._next_interval = lambda interval: (  # type: ignore[method-assign]
+        0.01 if membership._woken.is_set() else 60.0  # idle: a nap no test would outwait
+    )
+
+    async def run() -> None:
+        worker.called = asyncio.Event()
+        await membership.start()
+        await asyncio.wait_for(worker.called.wait(), 5.0)  # the first poll, then the nap
+        worker.called.clear()
+        await asyncio.sleep(0.1)
+        assert worker.calls == 1
+        membership.wake()
+        await asyncio.wait_for(worker.called.wait(), 5.0)
+        assert worker.calls == 2
+        await membership.close()
+
+    asyncio.run(run())
+    router.close()
