@@ -77,10 +77,16 @@ def wait_until_cached(
 
 
 def wait_until_offloaded(
-    router: Any, model: str, token_ids: list[int], counts: list[int], timeout_s: float = 15.0
+    router: Any,
+    model: str,
+    token_ids: list[int],
+    counts: list[int],
+    among: set[str] | None = None,
+    timeout_s: float = 15.0,
 ) -> str:
-    """Poll `router`'s index until some worker's cached prefix of `token_ids` has `counts`
-    blocks in each offload tier (host, disk), as its `tiered` KV events say; returns it."""
+    """Poll `router`'s index until some worker (of `among`, if given) has `counts` blocks of
+    its cached prefix of `token_ids` in each offload tier (host, disk), as its `tiered` KV
+    events say; returns it."""
     import time
 
     hashes = router.hash_blocks(model, token_ids)
@@ -90,7 +96,7 @@ def wait_until_offloaded(
         prefixes = router.store.longest_prefixes(model, hashes)
         offloaded = dict(prefixes.offloaded) if prefixes is not None else {}
         for worker, found in offloaded.items():
-            if list(found) == counts:
+            if list(found) == counts and (among is None or worker in among):
                 return worker
         if time.monotonic() > deadline:
             raise AssertionError(f"no worker known to hold {counts} in its tiers: {offloaded}")
