@@ -12,18 +12,8 @@ from core.roles import WorkerRole
 from router.cluster import membership as membership_module
 from router.cluster.membership import Membership
 from router.routing.router import Router
+from tests.router.membership_fakes import Call, Member
 from worker.records import WorkerInfo, WorkerReport
-
-
-@dataclass
-class _Call:
-    value: Any
-
-    def remote(self, *args: Any) -> Any:
-        async def answer() -> Any:
-            return self.value
-
-        return answer()
 
 
 def _load(running: int = 0, waiting_tokens: int = 0) -> WorkerLoad:
@@ -52,23 +42,14 @@ class _Worker:
         return answer()
 
 
-@dataclass
-class _Member:
-    worker_id: str
-    role: str
-    state: str
-    info: WorkerInfo
-    handle: Any
-
-
 class _Controller:
     def __init__(self, worker: _Worker) -> None:
         info = WorkerInfo(
             "unified-0", WorkerRole.UNIFIED, "m", 1000, 16, 64, 512, 1024, "local", b"", 1
         )
-        members = [_Member("unified-0", WorkerRole.UNIFIED, "ready", info, worker)]
-        self.get_members = _Call((("a", 1), members))
-        self.get_desired = _Call({WorkerRole.UNIFIED: 1})
+        members = [Member("unified-0", WorkerRole.UNIFIED, "ready", info, worker)]
+        self.get_members = Call((("a", 1), members))
+        self.get_desired = Call({WorkerRole.UNIFIED: 1})
 
 
 def test_idle_polls_back_off_and_work_or_a_request_restores_them(monkeypatch) -> None:

@@ -5,46 +5,25 @@ even if membership never changed meanwhile."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from typing import Any
 
 from core.roles import WorkerRole
 from router.cluster import membership as membership_module
 from router.cluster.membership import Membership
 from router.routing.router import Router
+from tests.router.membership_fakes import Call, Member
 from worker.records import WorkerInfo
 
 
-@dataclass
-class _Call:
-    value: Any
-
-    def remote(self, *args: Any) -> Any:
-        async def answer() -> Any:
-            return self.value
-
-        return answer()
-
-
-@dataclass
-class _Member:
-    worker_id: str
-    role: str
-    state: str
-    info: WorkerInfo
-    handle: Any = None
-
-
-def _member(worker_id: str, role: WorkerRole) -> _Member:
+def _member(worker_id: str, role: WorkerRole) -> Member:
     info = WorkerInfo(worker_id, role, "m", 1000, 16, 64, 512, 1024, "local", b"", 1)
-    return _Member(worker_id, role, "ready", info)
+    return Member(worker_id, role, "ready", info)
 
 
 class _Controller:
     def __init__(self) -> None:
         members = [_member("prefill-0", WorkerRole.PREFILL), _member("decode-1", WorkerRole.DECODE)]
-        self.get_members = _Call((("a", 1), members))  # the version never changes
-        self.get_desired = _Call({WorkerRole.PREFILL: 1, WorkerRole.DECODE: 1})
+        self.get_members = Call((("a", 1), members))  # the version never changes
+        self.get_desired = Call({WorkerRole.PREFILL: 1, WorkerRole.DECODE: 1})
 
 
 def test_a_live_suspect_rejoins_after_its_suspicion_without_a_membership_change(
