@@ -26,7 +26,7 @@
 #include <memory>
 
 #include "amx.h"
-#include "vec_math.h"
+#include "f32_lanes.h"
 
 #ifdef BATON_AMX
 namespace {
@@ -118,16 +118,12 @@ inline void prefetch_rows(const bf16* w, int64_t K, int64_t k, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) _mm_prefetch(reinterpret_cast<const char*>(w + r * K + k), _MM_HINT_T0);
 }
 
-// bfloat16 rounding of 16 lanes, back in float32: a value as a bfloat16 tensor holds it.
-inline __m512 held16(__m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
-
 // Gate and up C tiles (16 outputs x 16 rows of x each) -> y[m][n0 .. n0 + 15] = silu(gate) *
 // up, every rounding where the unfused path has one: each projection's output (store_tile's,
-// + 0 included, which turns -0 into +0 as there), silu, the product (fused.cpp's
-// silu_mul_row, the same lane math).
+// + 0 included, which turns -0 into +0 as there), then fused.cpp's SiLU-and-mul (the same
+// lanes::silu_mul, so the same bits).
 inline void store_silu_mul(const float* gate, const float* up, int64_t rows_of_x, bf16* y, int64_t ldy) {
+  using V = lanes::F32x16;
   __m512 g[kRows], u[kRows];
   for (int64_t i = 0; i < kRows; ++i) {
     g[i] = _mm512_load_ps(gate + i * kRows);
@@ -135,12 +131,9 @@ inline void store_silu_mul(const float* gate, const float* up, int64_t rows_of_x
   }
   transpose16(g);
   transpose16(u);
-  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
   for (int64_t m = 0; m < rows_of_x; ++m) {
-    const __m512 gv = held16(_mm512_add_ps(g[m], zero)), uv = held16(_mm512_add_ps(u[m], zero));
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, vexp16(_mm512_sub_ps(zero, gv))));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * ldy),
-                        (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(held16(silu), uv)));
+    const __m512 gv = V::held(V::add(g[m], V::zero()), bf16{}), uv = V::held(V::add(u[m], V::zero()), bf16{});
+    V::store(y + m * ldy, lanes::silu_mul<V, bf16>(gv, uv));
   }
 }
 

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "f32_lanes.h"
 #include "vec_math.h"
 
 namespace {
@@ -58,75 +59,14 @@ inline float held(float v) {
   return wide(narrow<T>(v));
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-// One instruction rounds 8 lanes to bfloat16, to nearest even (the fused build prefers this
-// ISA where the CPU has it: the integer version below took ~2.5x a float32 row's time).
-inline __m128i bf16_8(__m256 v) { return (__m128i)_mm256_cvtneps_pbh(v); }
-#else
-// 8 lanes rounded as bf16_bits does.
-inline __m128i bf16_8(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  const __m256i b = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7fc0), nan);
-  return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
-}
-#endif
-inline __m256 held8(__m256 v, float) { return v; }
-inline __m256 held8(__m256 v, bf16) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bf16_8(v)), 16));
-}
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline void store8(bf16* p, __m256 v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), bf16_8(v)); }
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-// 16 lanes where the build has AVX-512 BF16 (the same lane math as the 8-lane helpers, so
-// every value comes out as it did; the 256-token prefill's SiLU-and-mul / residual-add norms
-// took 162 / 46 us a layer on 8 lanes, 124 / 32 on 16).
-#define BATON_FUSED_16 1
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const bf16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m256i bf16_16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); }
-inline __m512 held16(__m512 v, float) { return v; }
-inline __m512 held16(__m512 v, bf16) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16_16(v)), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(bf16* p, __m512 v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_16(v)); }
-#endif
-
 // silu(g) * u for a row, silu rounded as the element type holds it.
 template <typename T>
 inline void silu_mul_row(const T* g, const T* u, T* o, int64_t I) {
-  int64_t i = 0;
-#ifdef BATON_FUSED_16
-  for (; i + 16 <= I; i += 16) {
-    const __m512 gv = load16(g + i);
-    const __m512 e = vexp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-    const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-    store16(o + i, _mm512_mul_ps(held16(silu, T{}), load16(u + i)));
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-  for (; i + 8 <= I; i += 8) {  // vexp8: see vec_math.h for why not an omp simd loop
-    const __m256 gv = load8(g + i);
-    const __m256 e = vexp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-    const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-    store8(o + i, _mm256_mul_ps(held8(silu, T{}), load8(u + i)));
-  }
-#endif
+  int64_t i = lanes::each_width([&](auto v, int64_t i) {
+    using V = decltype(v);
+    for (; i + V::kWidth <= I; i += V::kWidth) V::store(o + i, lanes::silu_mul<V, T>(V::load(g + i), V::load(u + i)));
+    return i;
+  });
   for (; i < I; ++i) {
     const float gi = wide(g[i]);
     o[i] = narrow<T>(held<T>(gi / (1.f + vexp(-gi))) * wide(u[i]));
@@ -155,26 +95,16 @@ auto dispatch(c10::ScalarType type, Fn&& fn) {
 
 template <typename T>
 inline void norm_row(const T* h, const T* w, float eps, int64_t H, T* out) {
-#ifdef BATON_FUSED_16
-  if (H % 16 == 0) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < H; i += 16) acc = _mm512_fmadd_ps(load16(h + i), load16(h + i), acc);
-    const __m512 r = _mm512_set1_ps(1.f / std::sqrt(_mm512_reduce_add_ps(acc) / static_cast<float>(H) + eps));
-    for (int64_t i = 0; i < H; i += 16)
-      store16(out + i, _mm512_mul_ps(load16(w + i), held16(_mm512_mul_ps(load16(h + i), r), T{})));
-    return;
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-  if (H % 8 == 0) {  // intrinsics: gcc vectorised the bfloat16 loops below with integer rounding
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < H; i += 8) acc = _mm256_fmadd_ps(load8(h + i), load8(h + i), acc);
-    const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum8(acc) / static_cast<float>(H) + eps));
-    for (int64_t i = 0; i < H; i += 8)
-      store8(out + i, _mm256_mul_ps(load8(w + i), held8(_mm256_mul_ps(load8(h + i), r), T{})));
-    return;
-  }
-#endif
+  // Intrinsics: gcc vectorised the bfloat16 loops below with integer rounding.
+  const bool vectors = lanes::widest_dividing(H, [&](auto v) {
+    using V = decltype(v);
+    auto acc = V::zero();
+    for (int64_t i = 0; i < H; i += V::kWidth) acc = V::fmadd(V::load(h + i), V::load(h + i), acc);
+    const auto r = V::set1(1.f / std::sqrt(V::sum(acc) / static_cast<float>(H) + eps));
+    for (int64_t i = 0; i < H; i += V::kWidth)
+      V::store(out + i, V::mul(V::load(w + i), V::held(V::mul(V::load(h + i), r), T{})));
+  });
+  if (vectors) return;
   float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
   for (int64_t i = 0; i < H; ++i) ss += wide(h[i]) * wide(h[i]);
@@ -186,13 +116,11 @@ inline void norm_row(const T* h, const T* w, float eps, int64_t H, T* out) {
 // dst = held(a + b), a row.
 template <typename T>
 inline void add_row(const T* a, const T* b, int64_t H, T* dst) {
-  int64_t i = 0;
-#ifdef BATON_FUSED_16
-  for (; i + 16 <= H; i += 16) store16(dst + i, _mm512_add_ps(load16(a + i), load16(b + i)));
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-  for (; i + 8 <= H; i += 8) store8(dst + i, _mm256_add_ps(load8(a + i), load8(b + i)));
-#endif
+  int64_t i = lanes::each_width([&](auto v, int64_t i) {
+    using V = decltype(v);
+    for (; i + V::kWidth <= H; i += V::kWidth) V::store(dst + i, V::add(V::load(a + i), V::load(b + i)));
+    return i;
+  });
   for (; i < H; ++i) dst[i] = narrow<T>(wide(a[i]) + wide(b[i]));
 }
 
@@ -268,32 +196,17 @@ namespace {
 template <typename T>
 inline void rotate_head(const T* x, const T* c, const T* s, int64_t D, T* o) {
   const int64_t half = D / 2;
-#ifdef BATON_FUSED_16
-  if (half % 16 == 0) {
+  const bool vectors = lanes::widest_dividing(half, [&](auto v) {
+    using V = decltype(v);
     const T z{};
-    for (int64_t i = 0; i < half; i += 16) {
-      const __m512 lo = load16(x + i), hi = load16(x + i + half);
-      store16(o + i, _mm512_sub_ps(held16(_mm512_mul_ps(lo, load16(c + i)), z),
-                                   held16(_mm512_mul_ps(hi, load16(s + i)), z)));
-      store16(o + i + half, _mm512_add_ps(held16(_mm512_mul_ps(hi, load16(c + i + half)), z),
-                                          held16(_mm512_mul_ps(lo, load16(s + i + half)), z)));
+    for (int64_t i = 0; i < half; i += V::kWidth) {
+      const auto lo = V::load(x + i), hi = V::load(x + i + half);
+      V::store(o + i, V::sub(V::held(V::mul(lo, V::load(c + i)), z), V::held(V::mul(hi, V::load(s + i)), z)));
+      V::store(o + i + half,
+               V::add(V::held(V::mul(hi, V::load(c + i + half)), z), V::held(V::mul(lo, V::load(s + i + half)), z)));
     }
-    return;
-  }
-#endif
-#if defined(__AVX2__) && defined(__FMA__)
-  if (half % 8 == 0) {
-    const T z{};
-    for (int64_t i = 0; i < half; i += 8) {
-      const __m256 lo = load8(x + i), hi = load8(x + i + half);
-      store8(o + i, _mm256_sub_ps(held8(_mm256_mul_ps(lo, load8(c + i)), z),
-                                  held8(_mm256_mul_ps(hi, load8(s + i)), z)));
-      store8(o + i + half, _mm256_add_ps(held8(_mm256_mul_ps(hi, load8(c + i + half)), z),
-                                         held8(_mm256_mul_ps(lo, load8(s + i + half)), z)));
-    }
-    return;
-  }
-#endif
+  });
+  if (vectors) return;
 #pragma omp simd
   for (int64_t i = 0; i < half; ++i)
     o[i] = narrow<T>(held<T>(wide(x[i]) * wide(c[i])) - held<T>(wide(x[i + half]) * wide(s[i])));

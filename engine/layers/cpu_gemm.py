@@ -77,16 +77,21 @@ def _amx_kernel() -> Any | None:
     return cpu_kernels.load_available("bf16_amx")
 
 
+def _tiled(weight: torch.Tensor) -> Any | None:
+    """The AMX kernel where this CPU has it and it can tile `weight` [N, K], else None."""
+    amx = _amx_kernel()
+    n, k = weight.shape
+    return amx if amx is not None and n % 32 == 0 and k % 32 == 0 else None
+
+
 def _bf16_linear(
     x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor | None:
     """Our kernels' product for a 2-D bfloat16 `x2`, or None where oneDNN's is faster."""
-    rows, (n, k) = x2.shape[0], weight.shape
-    amx = _amx_kernel()
-    tiled = amx is not None and n % 32 == 0 and k % 32 == 0
-    if rows < (BF16_AMX_MIN_ROWS if tiled else BF16_MAX_ROWS + 1):
+    rows, amx = x2.shape[0], _tiled(weight)
+    if rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1):
         return _bf16_kernel().bf16_linear(x2, weight, bias)
-    if tiled and rows <= BF16_AMX_MAX_ROWS:
+    if amx is not None and rows <= BF16_AMX_MAX_ROWS:
         return amx.bf16_amx_linear(x2, weight, bias)
     return None
 
@@ -94,12 +99,11 @@ def _bf16_linear(
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """silu(x @ gate^T) * (x @ up^T) for `weight` = [gate | up] in one AMX pass (the [rows, 2I]
     product never written, the SiLU-and-mul op not run), or None where the shape or batch goes
-    the unfused way; the values are the unfused path's, bit for bit."""
+    the unfused way (the rows `_bf16_linear` gives the AMX kernel); the values are the unfused
+    path's, bit for bit."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    amx = _amx_kernel() if x.dtype == torch.bfloat16 else None
+    amx = _tiled(weight) if x.dtype == torch.bfloat16 else None
     if amx is None or not BF16_AMX_MIN_ROWS <= rows <= BF16_AMX_MAX_ROWS:
-        return None
-    if weight.shape[0] % 32 or weight.shape[1] % 32:
         return None
     y = amx.bf16_amx_silu_mul_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight)
     return y.view(*x.shape[:-1], weight.shape[0] // 2)
