@@ -25,11 +25,40 @@ from core.sampling import SamplingParams
 
 
 def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
-    """Coefficients (clipped at 0: a cost is never negative) of ys ~ rows, no intercept;
-    normal equations by Gauss-Jordan (a handful of unknowns, no numpy needed here)."""
+    """Non-negative least squares of ys ~ rows, no intercept: a cost is never negative.
+
+    Clipping the unconstrained solution at 0 is not the constrained optimum (the other
+    terms keep the share the clipped one took): the optimum is the unconstrained fit of
+    some subset of the terms with the rest at 0, so every subset is tried (a handful of
+    unknowns: at most 2^k - 1 small solves; no numpy needed here)."""
     k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
-    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    _solve(rows, ys, range(k))  # the full design must separate the terms
+    best: tuple[float, list[float]] | None = None
+    for mask in range(1, 1 << k):
+        keep = [i for i in range(k) if mask >> i & 1]
+        try:
+            part = _solve(rows, ys, keep)
+        except ValueError:
+            continue
+        if min(part) < 0:
+            continue
+        coeffs = [0.0] * k
+        for i, c in zip(keep, part, strict=True):
+            coeffs[i] = c
+        residual = sum((y - sum(c * x for c, x in zip(coeffs, r, strict=True))) ** 2
+                       for r, y in zip(rows, ys, strict=True))  # fmt: skip
+        if best is None or residual < best[0]:
+            best = (residual, coeffs)
+    return best[1] if best else [0.0] * k
+
+
+def _solve(rows: list[tuple[float, ...]], ys: list[float], keep) -> list[float]:  # type: ignore[no-untyped-def]
+    """The unconstrained least-squares coefficients of the terms in `keep`: the normal
+    equations by Gauss-Jordan."""
+    cols = list(keep)
+    k = len(cols)
+    a = [[sum(r[i] * r[j] for r in rows) for j in cols] for i in cols]
+    b = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in cols]
     for col in range(k):
         pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
         if abs(a[pivot][col]) < 1e-12:
@@ -40,7 +69,7 @@ def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]
                 f = a[i][col] / a[col][col]
                 a[i] = [x - f * y for x, y in zip(a[i], a[col], strict=True)]
                 b[i] -= f * b[col]
-    return [max(0.0, b[i] / a[i][i]) for i in range(k)]
+    return [b[i] / a[i][i] for i in range(k)]
 
 
 @dataclass(frozen=True)
@@ -75,13 +104,15 @@ def _run_to_end(engine) -> None:  # type: ignore[no-untyped-def]
         engine.step()
 
 
-def measure_prefill(engine, lengths: list[int], repeat: int, rng: random.Random) -> list[Sample]:  # type: ignore[no-untyped-def]
+def measure_prefill(  # type: ignore[no-untyped-def]
+    engine, lengths: list[int], repeat: int, rng: random.Random, warm_up: bool = True
+) -> list[Sample]:
     """Each length alone (no queue: every step is that prompt's), with nothing cached and
     again after a cached prefix of the same length (prefix caching must be on). A first
-    round warms the kernels and the allocator up and is not kept."""
+    round warms the kernels and the allocator up and is not kept (`warm_up`)."""
     vocab = engine.model_config.vocab_size
     samples = []
-    for k in range(repeat + 1):
+    for k in range(0 if warm_up else 1, repeat + 1):
         for n in lengths:
             prefix = _random_prompt(rng, vocab, n)
             for cached_part, prompt in (
@@ -147,6 +178,28 @@ def _fit(
 
 def fit_prefill(samples: list[Sample]) -> dict[str, float]:
     return _fit(samples, prefill_terms, ("step_ms", "token_ms", "attn_ms"))
+
+
+def profile_prefill(  # type: ignore[no-untyped-def]
+    engine, lengths: list[int], repeat: int, rng: random.Random, extra_rounds: int = 4
+) -> tuple[list[Sample], dict[str, float]]:
+    """The prefill samples and their fit, measured again (one round at a time, the fastest
+    repeat of each shape kept) while the fit says a prompt token costs nothing: on a busy
+    machine the neighbours' noise can swamp a small model's per-token cost, and a profile
+    without one is no model of a prefill (bench.sim_profile refuses it)."""
+    samples = measure_prefill(engine, lengths, repeat, rng)
+    fit = fit_prefill(samples)
+    for _ in range(extra_rounds):
+        if fit["token_ms"] > 0:
+            break
+        samples = samples + measure_prefill(engine, lengths, 1, rng, warm_up=False)
+        fit = fit_prefill(samples)
+    if fit["token_ms"] <= 0:
+        raise ValueError(
+            f"prefill time did not grow with prompt length over {repeat + extra_rounds} rounds "
+            f"(fit: {fit}): measure longer prompts (--lengths) on a quieter machine"
+        )
+    return samples, fit
 
 
 def fit_decode(samples: list[Sample]) -> dict[str, float]:

@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -60,7 +61,11 @@ def run_profile(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     engine = LLMEngine(args.model, config, worker_id="profile")
     rng = random.Random(0)
-    prefill = pp.measure_prefill(engine, args.lengths, args.repeat, rng)
+    try:
+        prefill, prefill_fit = pp.profile_prefill(engine, args.lengths, args.repeat, rng)
+    except ValueError as e:
+        print(f"baton profile: {e}", file=sys.stderr)
+        return 1
     decode = pp.measure_decode(engine, args.batches, args.contexts, args.decode_steps, rng)
     mc = engine.model_config
     profile = {
@@ -70,7 +75,7 @@ def run_profile(args: argparse.Namespace) -> int:
         ),
         "tp": 1,  # the engine in this process (tensor parallelism is not profiled yet)
         "chunk_tokens": args.chunk_tokens,
-        **{k: round(v, 6) for k, v in pp.fit_prefill(prefill).items()},
+        **{k: round(v, 6) for k, v in prefill_fit.items()},
         "decode": {k: round(v, 6) for k, v in pp.fit_decode(decode).items()},
         "kv_bytes_per_token": engine.runner.kv_layout.block_bytes_all_layers // config.block_size,
         # 0: not given (the router simulator then never moves a prefix between workers).
