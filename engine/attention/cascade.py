@@ -15,15 +15,21 @@ the two partial results merge by their log-sum-exps:
 
 (softmax over all positions = the two partial softmaxes weighted by their sums,
 w = e^lse_shared / (e^lse_shared + e^lse_own)). Same attention, another summation order:
-outputs agree with the plain paths to float32 rounding (bfloat16: each part's output is
-rounded to bfloat16 once before the merge). FlashInfer's cascade attention and vLLM's
-`use_cascade_attention` do this on GPUs; vLLM's CPU backend does not.
+outputs agree with the plain paths to float32 rounding (bfloat16: flash's part is rounded
+to bfloat16 once before the merge; the AMX kernel's probabilities meet V in bfloat16).
+FlashInfer's cascade attention and vLLM's `use_cascade_attention` do this on GPUs; vLLM's
+CPU backend does not.
 
 Where it pays, on the AMX Xeon in bfloat16 (one layer, 64 decode rows over 1,024 shared +
 ~40 own positions): 2.17 -> 0.96 ms against the paged kernel alone, in float32 2.98 -> 2.70.
-A decode group needs `MIN_ROWS` rows, `MIN_SHARED_TOKENS` shared positions and enough
-saved reads to pay its fixed cost (`MIN_SHARED_READS`); prompt chunks, `MIN_CHUNKS` on
-`MIN_SHARED_TOKENS`. Elsewhere the plain paths run.
+A decode group must pay its fixed cost (`FLASH_RULE`, `AMX_RULE`); prompt chunks need
+`MIN_CHUNKS` on `MIN_SHARED_TOKENS`. Elsewhere the plain paths run.
+
+On AMX (bfloat16 cache and queries) the shared part is our kernel
+(engine/cpu_kernels/shared_attention_amx.cpp): the shared blocks read in place, no gather,
+and a decode group's result merged into the rows' own attention inside the kernel, so groups
+of a few rows pay too (a tenant's rows on its system prompt); one layer, 64 rows over 1,024
+shared positions: 0.89 ms against the paged kernel's 1.79, four groups of 8 rows: 0.76 against 1.24.
 """
 
 from __future__ import annotations
@@ -32,22 +38,40 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import cpu_kernels
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.torch_paged import gather_blocks
 
-MIN_ROWS = 4
-"""Fewer decode rows than this: the paged kernel alone."""
-MIN_SHARED_READS = 12_288
-"""Decode rows x shared positions a group must reach: below it the group's fixed cost (the
-gather, a flash call, the merge: ~0.1-0.2 ms a layer) is more than the paged kernel's reads
-it saves (~34 us a row a layer at 1,024 positions). One layer, bf16, 12 / 4 heads of 64:
-cascade against the paged kernel alone at 1,024 shared positions 0.26 / 0.16 ms (4 rows),
-0.30 / 0.28 (8), 0.42 / 0.55 (16), 0.84 / 2.28 (64); at 256 positions break-even near 28
-rows (0.29 / 0.33 at 32)."""
+
+@dataclass(frozen=True)
+class DecodeRule:
+    """When a group of decode rows on one prefix is cascaded: its rows, its shared positions,
+    and rows x shared positions (the reads it saves must pay its fixed cost)."""
+
+    min_rows: int
+    min_shared_tokens: int
+    min_shared_reads: int
+
+
+FLASH_RULE = DecodeRule(min_rows=4, min_shared_tokens=128, min_shared_reads=12_288)
+"""The gather and flash path: its fixed cost (the gather, a flash call, the merge: ~0.1-0.2
+ms a layer) is more than the paged kernel's reads it saves (~34 us a row a layer at 1,024
+positions) below 12,288 reads. One layer, bf16, 12 / 4 heads of 64: cascade against the
+paged kernel alone at 1,024 shared positions 0.26 / 0.16 ms (4 rows), 0.30 / 0.28 (8), 0.42
+/ 0.55 (16), 0.84 / 2.28 (64); at 256 positions break-even near 28 rows (0.29 / 0.33 at
+32)."""
+AMX_RULE = DecodeRule(min_rows=3, min_shared_tokens=512, min_shared_reads=4_096)
+"""The AMX kernel (no copy, merged in place): one decode layer, bf16, 12 / 4 heads of 64,
+cache cold, groups of r rows with 64 positions each of their own, cascade / paged kernel
+alone: at 2,048 shared positions 1.33 (r = 2), 0.92 (3), 0.72 (4), 0.46 (16); at 1,024: 1.30,
+1.04, 0.95, 0.64 (16), 0.50 (64); at 512: 1.40 (2), 1.21 (4), 1.04 (6), 0.88 (8), 0.85 (16);
+at 256: 1.72 (2), 1.24 (6), 1.09 (16), 0.89 (64)."""
+AMX_MAX_QUERIES = 1024
+"""More query rows than this: the gather and flash attention (see amx_kernel)."""
 MIN_CHUNKS = 2
 """Fewer prompt chunks on one prefix than this: each chunk alone."""
 MIN_SHARED_TOKENS = 128
-"""A shared prefix shorter than this: the plain paths."""
+"""A shared prefix of prompt chunks shorter than this: each chunk alone."""
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -74,13 +98,14 @@ class SharedChunks:
     chunks: tuple[PrefillChunk, ...]
 
 
-def shared_prefix(meta: AttentionMetadata) -> SharedPrefix | None:
+def shared_prefix(meta: AttentionMetadata, amx: bool = False) -> SharedPrefix | None:
     """The step's decode rows grouped by their first block, each group with the leading full
     blocks its rows have in common, found once a step (every layer has the same tables);
-    only groups where cascade pays, None if there is none."""
+    only groups where cascade pays (by the AMX kernel's rule where `amx`, every layer's
+    kernel being the same), None if there is none."""
     state = meta.backend_state
     if "cascade_decode" not in state:
-        state["cascade_decode"] = _find_decode(meta)
+        state["cascade_decode"] = _find_decode(meta, AMX_RULE if amx else FLASH_RULE)
     return state["cascade_decode"]
 
 
@@ -93,22 +118,23 @@ def shared_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
     return state["cascade_prefill"]
 
 
-def _find_decode(meta: AttentionMetadata) -> SharedPrefix | None:
+def _find_decode(meta: AttentionMetadata, rule: DecodeRule) -> SharedPrefix | None:
     tables, lens, bs = meta.decode_block_tables, meta.decode_seq_lens, meta.block_size
     longest = int(lens.max())
-    if meta.num_decodes < MIN_ROWS or meta.num_decodes * longest < MIN_SHARED_READS:
+    if meta.num_decodes < rule.min_rows or meta.num_decodes * longest < rule.min_shared_reads:
         return None  # no group could pay: skip the grouping (every step of a small batch)
-    if longest <= MIN_SHARED_TOKENS:
+    if longest <= rule.min_shared_tokens:
         return None
     _, members, counts = torch.unique(tables[:, 0], return_inverse=True, return_counts=True)
     groups = []
     skip = torch.zeros_like(lens)  # blocks each row leaves to its group
-    for g in torch.nonzero(counts >= MIN_ROWS).flatten().tolist():
+    for g in torch.nonzero(counts >= rule.min_rows).flatten().tolist():
         rows = torch.nonzero(members == g).flatten()
         # Only blocks that are full in every row, and each row keeps at least its new position.
         limit = (int(lens[rows].min()) - 1) // bs
-        shared = _common_blocks(tables[rows, :limit]) if limit * bs >= MIN_SHARED_TOKENS else 0
-        if shared * bs >= MIN_SHARED_TOKENS and len(rows) * shared * bs >= MIN_SHARED_READS:
+        shared = _common_blocks(tables[rows, :limit]) if limit * bs >= rule.min_shared_tokens else 0
+        tokens = shared * bs
+        if tokens >= rule.min_shared_tokens and len(rows) * tokens >= rule.min_shared_reads:
             groups.append((rows, tables[rows[0], :shared].clone()))
             skip[rows] = shared
     if not groups:
@@ -145,7 +171,14 @@ def _common_blocks(tables: torch.Tensor) -> int:
 def shared_attention(
     q: torch.Tensor, kv_layer: torch.Tensor, blocks: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [N, Hq, D] over the shared blocks -> (out [N, Hq, D] in q's dtype, lse [N, Hq])."""
+    """q [N, Hq, D] over the shared blocks -> (out [N, Hq, D], lse [N, Hq]): on AMX where it
+    runs (out float32), else by a gather and flash attention (out in q's dtype)."""
+    kernel = amx_kernel(q, kv_layer)
+    if kernel is not None:
+        out = torch.empty(q.shape, dtype=torch.float32)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32)
+        kernel(q.contiguous(), kv_layer, blocks, scale, out, lse)
+        return out, lse
     rows, hq, d = q.shape
     hk = kv_layer.shape[3]
     group = hq // hk
@@ -157,6 +190,19 @@ def shared_attention(
     out, lse = _flash(stacked, k, v, 0.0, False, scale=scale)
     out = out.view(hk, rows, group, d).permute(1, 0, 2, 3).reshape(rows, hq, d)
     return out, lse.view(hk, rows, group).permute(1, 0, 2).reshape(rows, hq)
+
+
+def amx_kernel(q: torch.Tensor, kv_layer: torch.Tensor):  # type: ignore[no-untyped-def]
+    """engine/cpu_kernels/shared_attention_amx.cpp for these shapes, or None: bfloat16 queries
+    and cache, block size a multiple of 16, head size of 32 up to 256, no more than
+    `AMX_MAX_QUERIES` rows (past them torch's flash attention is as fast: bigger tiles)."""
+    bs, d = kv_layer.shape[2], q.shape[2]
+    if not (q.dtype == kv_layer.dtype == torch.bfloat16 and kv_layer.is_contiguous()):
+        return None
+    if bs % 16 or d % 32 or d > 256 or q.shape[0] > AMX_MAX_QUERIES:
+        return None
+    module = cpu_kernels.load_available("shared_attention_amx")
+    return None if module is None else module.shared_attention_bf16
 
 
 def chunk_group_into(
@@ -240,11 +286,30 @@ def decode_shared(
     no group has lse -inf, so merging leaves its own attention as it is."""
     if len(prefix.groups) == 1 and len(prefix.groups[0][0]) == q.shape[0]:
         return shared_attention(q, kv_layer, prefix.groups[0][1], scale)
-    out = torch.zeros_like(q)
+    out = torch.zeros(q.shape, dtype=torch.float32)
     lse = torch.full(q.shape[:2], float("-inf"))
     for rows, blocks in prefix.groups:
         out[rows], lse[rows] = shared_attention(q[rows], kv_layer, blocks, scale)
     return out, lse
+
+
+def merge_groups_into(
+    out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, kv_layer: torch.Tensor,
+    prefix: SharedPrefix, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """out [B, Hq, D] / lse [B, Hq] (float32), every row's attention over its own positions
+    (past its group's shared blocks) -> the attention over all of them. On AMX each group's
+    shared part is merged in place by the kernel (no copies: the Python-side merge, a dozen
+    small ops a layer, cost more than a small group's attention), else computed apart and
+    merged here."""
+    kernel = amx_kernel(q, kv_layer)
+    if kernel is not None:
+        q = q.contiguous()
+        for rows, blocks in prefix.groups:
+            kernel(q, kv_layer, blocks, scale, out, lse, rows, True)
+        return out
+    shared, shared_lse = decode_shared(q, kv_layer, prefix, scale)
+    return merge(shared, shared_lse, out, lse, torch.float32)
 
 
 def merge(

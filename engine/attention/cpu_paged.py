@@ -46,16 +46,18 @@ class CPUPagedAttention(TorchPagedAttention):
         # The kernel computes in float32 whatever the cache holds: a bfloat16 model's
         # queries are widened (a few KB) and its output rounded back once.
         out = torch.empty(q.shape, dtype=torch.float32)
-        prefix = cascade.shared_prefix(meta) if kv_layer.dtype in _PLAIN else None
+        prefix = None
+        if kv_layer.dtype in _PLAIN:
+            amx = cascade.amx_kernel(q, kv_layer) is not None
+            prefix = cascade.shared_prefix(meta, amx=amx)
         if prefix is None:
             kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables,
                    meta.decode_seq_lens, scale, out)  # fmt: skip
             return out.to(q.dtype)
-        shared, shared_lse = cascade.decode_shared(q, kv_layer, prefix, scale)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         kernel(q.float().contiguous(), kv_layer, prefix.tail_tables, prefix.tail_lens, scale,
                out, lse)  # fmt: skip
-        return cascade.merge(shared, shared_lse, out, lse, torch.float32).to(q.dtype)
+        return cascade.merge_groups_into(out, lse, q, kv_layer, prefix, scale).to(q.dtype)
 
     def prefill_into(
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,

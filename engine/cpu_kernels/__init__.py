@@ -39,6 +39,7 @@ _KERNELS = (
     "bf16_gemv",
     "bf16_amx",
     "paged_decode_amx",
+    "shared_attention_amx",
 )
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
@@ -48,6 +49,10 @@ _NEEDS = {
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
     ),
     "paged_decode_amx": (
+        "amxbf16",
+        ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
+    ),
+    "shared_attention_amx": (
         "amxbf16",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
     ),

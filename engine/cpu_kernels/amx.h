@@ -1,5 +1,6 @@
-// What the AMX kernels share (bf16_amx.cpp, paged_decode_amx.cpp): the tile shape, the
-// request Linux wants before a process may use tiles, and a tile configuration.
+// What the AMX kernels share (bf16_amx.cpp, paged_decode_amx.cpp, shared_attention_amx.cpp):
+// the tile shape, the request Linux wants before a process may use tiles, a tile
+// configuration, and a register transpose of a C tile.
 #pragma once
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -32,6 +33,33 @@ struct alignas(64) TileConfig {
     colsb[tile] = static_cast<uint16_t>(bytes_per_row);
   }
 };
+
+// 16 x 16 float32 in registers, transposed in place: r[j] becomes column j (three rounds of
+// interleaves, 64 shuffles).
+inline void transpose16(__m512 r[kRows]) {
+  __m512 t[kRows];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int i = 0; i < 2; ++i)
+    for (int c = 0; c < 4; ++c) {
+      t[8 * i + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
+      t[8 * i + 4 + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0xdd);
+    }
+  for (int c = 0; c < 8; ++c) {
+    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+  }
+}
 
 }  // namespace amx
 #endif

@@ -34,6 +34,7 @@ namespace {
 using bf16 = c10::BFloat16;
 using amx::kDepth;  // bfloat16 values of K per tile step
 using amx::kRows;   // a tile's rows: weight rows in A and C, k pairs in B
+using amx::transpose16;
 
 // Every tile 16 rows of 64 bytes: A = 16 weight rows x 32 values, B = 16 k pairs x 16 rows
 // of x, C = 16 x 16 float32.
@@ -65,33 +66,6 @@ std::unique_ptr<bf16[]> pack_x(const bf16* x, int64_t M, int64_t K) {
     }
   });
   return packed;
-}
-
-// 16 x 16 float32 in registers, transposed in place: r[j] becomes column j (three rounds of
-// interleaves, 64 shuffles).
-inline void transpose16(__m512 r[kRows]) {
-  __m512 t[kRows];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-  }
-  for (int i = 0; i < 2; ++i)
-    for (int c = 0; c < 4; ++c) {
-      t[8 * i + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0x88);
-      t[8 * i + 4 + c] = _mm512_shuffle_f32x4(r[8 * i + c], r[8 * i + 4 + c], 0xdd);
-    }
-  for (int c = 0; c < 8; ++c) {
-    r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
-    r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
-  }
 }
 
 // C tile (16 outputs x 16 rows of x, float32) -> y[m][n0 .. n0 + 15] for the rows of x that

@@ -21,11 +21,15 @@ from tests.engine.test_cpu_attention import meta_for
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain for the kernel")
 
 
+EVERY_GROUP = cascade.DecodeRule(min_rows=4, min_shared_tokens=128, min_shared_reads=0)
+
+
 @pytest.fixture(autouse=True)
 def small_groups_pay(monkeypatch) -> None:
-    """The shapes here are small: every group that shares enough blocks is cascaded (the
-    cost rule, MIN_SHARED_READS, has its own test)."""
-    monkeypatch.setattr(cascade, "MIN_SHARED_READS", 0)
+    """The shapes here are small: every group of 4 rows that shares 128 positions is cascaded,
+    on either path (the cost rules have their own test)."""
+    monkeypatch.setattr(cascade, "FLASH_RULE", EVERY_GROUP)
+    monkeypatch.setattr(cascade, "AMX_RULE", EVERY_GROUP)
 
 
 def shared_tables(
@@ -69,7 +73,7 @@ def test_finds_the_leading_blocks_every_row_shares() -> None:
 
 @pytest.mark.parametrize(
     ("rows", "shared_blocks", "why"),
-    [(cascade.MIN_ROWS - 1, 20, "too few rows"), (8, cascade.MIN_SHARED_TOKENS // 16 - 1, "short")],
+    [(EVERY_GROUP.min_rows - 1, 20, "too few rows"), (8, 128 // 16 - 1, "short")],
 )
 def test_not_where_it_would_not_pay(rows: int, shared_blocks: int, why: str) -> None:
     tables, _ = shared_tables(rows, shared_blocks, 2, torch.Generator().manual_seed(1))
@@ -81,13 +85,19 @@ def test_not_where_it_would_not_pay(rows: int, shared_blocks: int, why: str) -> 
 
 
 def test_a_group_too_small_for_its_fixed_cost_is_not_cascaded(monkeypatch) -> None:
-    monkeypatch.setattr(cascade, "MIN_SHARED_READS", 12 * 1024)
+    monkeypatch.setattr(cascade, "FLASH_RULE", cascade.DecodeRule(4, 128, 12 * 1024))
+    monkeypatch.setattr(cascade, "AMX_RULE", cascade.DecodeRule(3, 512, 4096))
     gen = torch.Generator().manual_seed(4)
-    for rows, shared_blocks, cascaded in [(11, 64, False), (12, 64, True), (47, 16, False)]:
+    cases = [  # rows, shared blocks, cascaded by the flash path's rule, by the AMX kernel's
+        (11, 64, False, True), (12, 64, True, True), (47, 16, False, False), (2, 128, False, False),
+        (3, 128, False, True), (4, 64, False, True), (3, 64, False, False), (16, 31, False, False),
+    ]  # fmt: skip
+    for rows, shared_blocks, flash, amx in cases:
         tables, _ = shared_tables(rows, shared_blocks, 2, gen)
         lens = torch.full((rows,), shared_blocks * 16 + 9)
-        found = cascade.shared_prefix(meta_for(tables, lens, 16))
-        assert (found is not None) == cascaded, (rows, shared_blocks)
+        for rule, cascaded in ((False, flash), (True, amx)):
+            found = cascade.shared_prefix(meta_for(tables, lens, 16), amx=rule)
+            assert (found is not None) == cascaded, (rows, shared_blocks, rule)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

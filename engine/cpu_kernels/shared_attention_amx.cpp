@@ -1,0 +1,315 @@
+// Attention of many queries over one run of shared cache blocks, on AMX: the shared part of
+// cascade attention (engine/attention/cascade.py), for a bfloat16 cache and queries.
+//
+//   shared_attention_bf16(q [B, Hq, D] bf16, kv [num_blocks, 2, bs, Hk, D] bf16,
+//                         blocks [P] int64, scale, out [B, Hq, D] f32, lse [B, Hq] f32,
+//                         rows [n] int64 = all, merge = false)
+//
+// Each of `rows` (q's rows of one group; all of them by default) attends all P * bs positions
+// of `blocks` with every head, unmasked (cascade shares only positions before every query).
+// Its out rows get the attention, its lse rows each head's log-sum-exp of the scaled scores;
+// or, with `merge`, out / lse already hold the attention over the rows' own positions and
+// get the attention over both (the softmax's two partial sums weighted together), so a
+// decode step's groups need no gather, copy or merge outside the kernel.
+//
+// Why our own: cascade gathered the shared K / V into a copy every layer and ran torch's CPU
+// flash attention over it. For a handful of decode rows that fixed cost was more than the
+// paged kernel's reads it saved, so a tenant's few rows on one system prompt each read the
+// whole prompt's K / V again. Here the blocks are read in place, once per KV head and 16
+// queries, with no copy:
+//
+//   scores  S [16 positions x 16 queries] = K rows (A: read from the cache, the token stride
+//           apart) x queries (B: packed once into AMX's pairs layout)
+//   softmax online over the positions, a running max and sum per query, on the 16 queries'
+//           lanes at once (S's rows are positions, so no horizontal reductions)
+//   values  O [16 queries x 16 of D] += P^T (A: the probabilities transposed in registers,
+//           rounded to bfloat16) x V (B: two positions' rows interleaved), 32 positions a
+//           product
+//
+// A work item is one KV head and 16 of its queries (a GQA group's heads of successive rows,
+// and so on); the items run on torch's thread pool. The scores' products are exact in
+// float32 and summed in float32, as in the paged kernel; the probabilities meet V in
+// bfloat16, as in flash attention over bfloat16 (their sum stays float32).
+//
+// Needs: block size a multiple of 16, head size a multiple of 32 up to 256 (the caller sends
+// other shapes to the gather and flash attention path).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "amx.h"
+#include "f32_lanes.h"
+
+#ifdef BATON_AMX
+namespace {
+
+using bf16 = c10::BFloat16;
+using amx::kDepth;  // bfloat16 values in a tile row: D per score product, positions per V product
+using amx::kRows;   // a tile's rows: positions of S, queries of O
+using V16 = lanes::F32x16;
+
+// Tiles (the intrinsics take literal numbers): 0 scores (C), 1 keys (A), 2 queries (B),
+// 3 probabilities (A), 4 values (B), 5 a product over V (C).
+constexpr int kTiles = 6;
+constexpr int64_t kMaxHead = 256;
+
+struct Layout {
+  int64_t Hq, Hk, G, D, bs, tok_stride, blk_stride, v_offset, subtiles;
+  const int64_t* rows;  // the group's rows of q / out / lse (nullptr: all, in order)
+  bool merge;           // out / lse hold the attention over the rows' other positions
+  int64_t row(int64_t member) const { return rows ? rows[member] : member; }
+};
+
+// Where the 16 positions of sub-tile t start, in K (V: + v_offset).
+inline const bf16* subtile(const bf16* kv, const int64_t* blocks, const Layout& s, int64_t t,
+                           int64_t h) {
+  const int64_t pos = t * kRows;
+  return kv + blocks[pos / s.bs] * s.blk_stride + (pos % s.bs) * s.tok_stride + h * s.D;
+}
+
+// B for the scores: per 32 values of D, row p holds each query's values 2p and 2p + 1.
+void pack_queries(const bf16* q, const Layout& s, int64_t h, int64_t col0, int64_t cols,
+                  bf16* packed) {
+  std::fill(packed, packed + s.D * kRows, bf16(0.f));
+  for (int64_t j = 0; j < cols; ++j) {
+    const int64_t col = col0 + j, n = s.row(col / s.G), g = col % s.G;
+    const bf16* src = q + (n * s.Hq + h * s.G + g) * s.D;
+    for (int64_t d = 0; d < s.D; ++d)
+      packed[((d / kDepth) * kRows + d % kDepth / 2) * 2 * kRows + j * 2 + d % 2] = src[d];
+  }
+}
+
+// B for the values: for each 16 of D, row p holds the unit's positions 2p and 2p + 1
+// interleaved. A missing second sub-tile is zeros (its probabilities are too; garbage there
+// could be NaN, and 0 x NaN is NaN).
+void pack_values(const bf16* v0, const bf16* v1, int64_t tok_stride, int64_t D, bf16* packed) {
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                 8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  for (int64_t p = 0; p < kRows; ++p) {
+    const bf16* base = p < kRows / 2 ? v0 : v1;
+    const int64_t r = 2 * p % kRows;
+    for (int64_t k = 0; k < D / kDepth; ++k) {
+      __m512i a = _mm512_setzero_si512(), b = a;
+      if (base) {
+        a = _mm512_loadu_si512(base + r * tok_stride + k * kDepth);
+        b = _mm512_loadu_si512(base + (r + 1) * tok_stride + k * kDepth);
+      }
+      _mm512_store_si512(packed + ((2 * k) * kRows + p) * kDepth, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_store_si512(packed + ((2 * k + 1) * kRows + p) * kDepth, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+// exp(x) for x <= 0 (a score less the running max), ~1 ulp: the range reduction and
+// polynomial of lanes::exp with 2^n by vscalefps, which also takes x far below the smallest
+// float to 0 (lanes::exp clamps, for its other callers' full range): 10 vector ops, not 16.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr int64_t kTilesPerItem = 4;  // column tiles sharing each unit's walk and V packing
+
+struct Scratch {
+  alignas(64) float scores[2][kRows * kRows];
+  alignas(64) bf16 probs[kRows * kDepth];  // P^T: 16 queries x 32 positions
+  alignas(64) float partial[kRows * kRows];
+  alignas(64) bf16 values[kMaxHead * kDepth];
+  alignas(64) float alpha[kRows];
+  alignas(64) bf16 queries[kTilesPerItem][kMaxHead * kRows];
+  alignas(64) float acc[kTilesPerItem][kRows * kMaxHead];
+  __m512 max[kTilesPerItem], sum[kTilesPerItem];
+};
+
+// Column tile c of an item over the unit's 16 or 32 positions (`keys`, K of each sub-tile):
+// the scores, the running max and sum, P^T into w.probs, then O += P^T V (V packed).
+void attend_unit(const bf16* const keys[2], int64_t here, int64_t D, int64_t row_bytes,
+                 __m512 vscale, int64_t c, Scratch& w) {
+  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t u = 0; u < here; ++u) {
+    _tile_zero(0);
+    for (int64_t k = 0; k < D / kDepth; ++k) {
+      _tile_loadd(1, keys[u] + k * kDepth, row_bytes);
+      _tile_loadd(2, w.queries[c] + k * kRows * kDepth, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, w.scores[u], 64);
+    for (int64_t r = 0; r < kRows; ++r) top = _mm512_max_ps(top, V16::load(w.scores[u] + r * kRows));
+  }
+  const __m512 fresh = _mm512_max_ps(w.max[c], V16::mul(top, vscale));
+  const __m512 alpha = exp_nonpositive(V16::sub(w.max[c], fresh));  // 0 at the first unit
+  w.max[c] = fresh;
+  __m512 added = V16::zero();
+  for (int64_t u = 0; u < 2; ++u) {
+    __m512 p[kRows];
+    for (int64_t r = 0; r < kRows; ++r) p[r] = V16::zero();
+    if (u < here)
+      for (int64_t r = 0; r < kRows; ++r) {
+        p[r] = exp_nonpositive(_mm512_fmsub_ps(V16::load(w.scores[u] + r * kRows), vscale, fresh));
+        added = V16::add(added, p[r]);
+      }
+    amx::transpose16(p);  // p[j]: query j's 16 positions
+    for (int64_t j = 0; j < kRows; ++j) V16::store(w.probs + j * kDepth + u * kRows, p[j]);
+  }
+  w.sum[c] = V16::fmadd(w.sum[c], alpha, added);
+  V16::store(w.alpha, alpha);
+  _tile_loadd(3, w.probs, 64);
+  float* acc = w.acc[c];
+  for (int64_t dc = 0; dc < D / kRows; ++dc) {
+    _tile_zero(5);
+    _tile_loadd(4, w.values + dc * kRows * kDepth, 64);
+    _tile_dpbf16ps(5, 3, 4);
+    _tile_stored(5, w.partial, 64);
+    for (int64_t j = 0; j < kRows; ++j) {
+      float* a = acc + j * D + dc * kRows;
+      V16::store(a, V16::fmadd(V16::load(a), V16::set1(w.alpha[j]), V16::load(w.partial + j * kRows)));
+    }
+  }
+}
+
+// One KV head and its queries col0 .. col0 + cols - 1 (of N * G), in tiles of 16, over every
+// position.
+void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& s, int64_t h,
+            int64_t col0, int64_t cols, float scale, float* out, float* lse, Scratch& w) {
+  const int64_t D = s.D, row_bytes = s.tok_stride * static_cast<int64_t>(sizeof(bf16));
+  const int64_t tiles = (cols + kRows - 1) / kRows;
+  for (int64_t c = 0; c < tiles; ++c) {
+    pack_queries(q, s, h, col0 + c * kRows, std::min(kRows, cols - c * kRows), w.queries[c]);
+    std::fill(w.acc[c], w.acc[c] + kRows * D, 0.f);
+    w.max[c] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    w.sum[c] = V16::zero();
+  }
+  const __m512 vscale = V16::set1(scale);
+  for (int64_t t0 = 0; t0 < s.subtiles; t0 += 2) {
+    const int64_t here = std::min<int64_t>(2, s.subtiles - t0);
+    const bf16* keys[2] = {subtile(kv, blocks, s, t0, h),
+                           here == 2 ? subtile(kv, blocks, s, t0 + 1, h) : nullptr};
+    pack_values(keys[0] + s.v_offset, keys[1] ? keys[1] + s.v_offset : nullptr, s.tok_stride, D,
+                w.values);
+    for (int64_t c = 0; c < tiles; ++c) attend_unit(keys, here, D, row_bytes, vscale, c, w);
+  }
+  for (int64_t c = 0; c < tiles; ++c) {
+    alignas(64) float m[kRows], l[kRows];
+    V16::store(m, w.max[c]);
+    V16::store(l, w.sum[c]);
+    for (int64_t j = 0; j < std::min(kRows, cols - c * kRows); ++j) {
+      const int64_t col = col0 + c * kRows + j, n = s.row(col / s.G), head = h * s.G + col % s.G;
+      float* o = out + (n * s.Hq + head) * D;
+      const float* a = w.acc[c] + j * D;
+      const float shared_lse = m[j] + std::log(l[j]);
+      float& own_lse = lse[n * s.Hq + head];
+      if (!s.merge) {
+        const float inv = 1.f / l[j];
+        for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
+        own_lse = shared_lse;
+        continue;
+      }
+      // The softmax over both parts: each part's output weighted by its share of the sum.
+      const float top = std::max(shared_lse, own_lse);
+      const float ws = std::exp(shared_lse - top), wo = std::exp(own_lse - top), total = ws + wo;
+      const float fs = ws / (total * l[j]), fo = wo / total;
+      for (int64_t d = 0; d < D; ++d) o[d] = a[d] * fs + o[d] * fo;
+      own_lse = top + std::log(total);
+    }
+  }
+}
+
+}  // namespace
+
+void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor blocks, double scale,
+                           torch::Tensor out, torch::Tensor lse, c10::optional<torch::Tensor> rows,
+                           bool merge) {
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && kv.scalar_type() == torch::kBFloat16,
+              "shared attention (AMX): bfloat16 queries and cache expected, got ", q.scalar_type(),
+              " and ", kv.scalar_type());
+  TORCH_CHECK(q.dim() == 3 && kv.dim() == 5 && q.is_contiguous() && kv.is_contiguous(),
+              "shared attention (AMX): contiguous q [N, Hq, D] and kv [num_blocks, 2, bs, Hk, D] expected");
+  const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t num_blocks = kv.size(0), bs = kv.size(2), Hk = kv.size(3);
+  TORCH_CHECK(kv.size(4) == D && Hq % Hk == 0, "shared attention (AMX): head shape mismatch");
+  TORCH_CHECK(bs % kRows == 0 && D % kDepth == 0 && D <= kMaxHead,
+              "shared attention (AMX): block size a multiple of 16 and head size a multiple of 32 "
+              "up to 256 expected, got ", bs, " and ", D);
+  TORCH_CHECK(blocks.scalar_type() == torch::kInt64 && blocks.dim() == 1 && blocks.numel() >= 1 &&
+                  blocks.is_contiguous(),
+              "shared attention (AMX): one or more int64 block ids expected");
+  TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.sizes() == q.sizes() &&
+                  lse.scalar_type() == torch::kFloat32 && lse.is_contiguous() && lse.numel() == B * Hq,
+              "shared attention (AMX): float32 out [B, Hq, D] and lse [B, Hq] expected");
+  const int64_t* members = nullptr;
+  int64_t N = B;
+  if (rows.has_value() && rows->defined()) {
+    TORCH_CHECK(rows->scalar_type() == torch::kInt64 && rows->dim() == 1 && rows->is_contiguous(),
+                "shared attention (AMX): rows must be int64 [n], contiguous");
+    members = rows->data_ptr<int64_t>();
+    N = rows->numel();
+    std::vector<bool> seen(B);
+    for (int64_t i = 0; i < N; ++i) {
+      TORCH_CHECK(members[i] >= 0 && members[i] < B && !seen[members[i]],
+                  "shared attention (AMX): rows must be distinct rows of q");
+      seen[members[i]] = true;
+    }
+  }
+  const int64_t* ids = blocks.data_ptr<int64_t>();
+  for (int64_t i = 0; i < blocks.numel(); ++i)
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "shared attention (AMX): block id ", ids[i],
+                " outside the cache");
+  TORCH_CHECK(amx::request(), "shared attention (AMX): the kernel refused AMX's tile state");
+  const Layout s{Hq, Hk, Hq / Hk, D, bs, Hk * D, 2 * bs * Hk * D, bs * Hk * D,
+                 blocks.numel() * bs / kRows, members, merge};
+  const int64_t cols = N * s.G, per_item = kTilesPerItem * kRows;
+  const int64_t items = (cols + per_item - 1) / per_item;
+  const bf16* qp = q.data_ptr<bf16>();
+  const bf16* kvp = kv.data_ptr<bf16>();
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  const float fscale = static_cast<float>(scale);
+  // Items head-major: a thread's consecutive items read the same head's K / V (in cache).
+  at::parallel_for(0, Hk * items, 1, [&](int64_t begin, int64_t end) {
+    amx::TileConfig config;
+    for (int t = 0; t < kTiles; ++t) config.set(t, kRows, 64);
+    _tile_loadconfig(&config);
+    auto scratch = std::make_unique<Scratch>();
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / items, col0 = item % items * per_item;
+      attend(qp, kvp, ids, s, h, col0, std::min(per_item, cols - col0), fscale, op, lp, *scratch);
+    }
+    _tile_release();
+  });
+}
+#else
+void shared_attention_bf16(torch::Tensor, torch::Tensor, torch::Tensor, double, torch::Tensor,
+                           torch::Tensor, c10::optional<torch::Tensor>, bool) {
+  TORCH_CHECK(false, "shared attention (AMX): built without AMX");
+}
+#endif
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("shared_attention_bf16", &shared_attention_bf16,
+        "attention of many queries over shared cache blocks, bfloat16, on AMX (CPU)", py::arg("q"),
+        py::arg("kv"), py::arg("blocks"), py::arg("scale"), py::arg("out"), py::arg("lse"),
+        py::arg("rows") = py::none(), py::arg("merge") = false);
+#ifdef BATON_AMX
+  m.attr("available") = true;
+#else
+  m.attr("available") = false;
+#endif
+}
