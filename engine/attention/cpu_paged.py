@@ -63,7 +63,9 @@ class CPUPagedAttention(TorchPagedAttention):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        groups = cascade.shared_chunks(meta) if kv.dtype in _PLAIN else []
+        groups = []
+        if kv.dtype in _PLAIN:
+            groups = cascade.shared_chunks(meta, amx=cascade.amx_kernel(q, kv, rows=1) is not None)
         if not groups:
             return super().prefill_into(out, q, k, v, kv, meta, scale)
         for group in groups:

@@ -130,3 +130,41 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
         [again] = llm.generate([prompt + list(out.token_ids)], scored)
         prefilled = [lp.logprob for lp in again.prompt_logprobs[len(prompt) :]]
         torch.testing.assert_close(torch.tensor(decoded), torch.tensor(prefilled), atol=0.1, rtol=0)
+
+
+def test_a_chunk_alone_on_a_long_cached_context_attends_it_on_amx() -> None:
+    """One prompt chunk of 40 new tokens after 1,031 cached positions (64 full blocks and 7
+    of a partial one): on AMX its 64 full blocks are attended by the kernel and the rest with
+    its own tokens apart; the result is the torch path's over the whole context."""
+    from engine.attention.backend import AttentionMetadata, PrefillChunk
+    from engine.attention.registry import get_backend
+
+    gen = torch.Generator().manual_seed(11)
+    bs, hq, hk, d, cached, new = 16, 12, 4, 64, 1031, 40
+    kv = torch.randn(200, 2, bs, hk, d, generator=gen).bfloat16()
+    seq = cached + new
+    ids = torch.randperm(200, generator=gen)[: -(-seq // bs)]
+    empty = torch.zeros(0, dtype=torch.long)
+
+    def meta() -> AttentionMetadata:
+        return AttentionMetadata(
+            block_size=bs, slot_blocks=empty, slot_offsets=empty, num_decodes=0,
+            decode_block_tables=torch.zeros(0, 1, dtype=torch.long), decode_seq_lens=empty,
+            prefills=[PrefillChunk(0, new, seq, ids)],
+        )  # fmt: skip
+
+    [group] = cascade.shared_chunks(meta(), amx=True)
+    assert torch.equal(group.blocks, ids[:64]) and len(group.chunks) == 1
+    assert cascade.shared_chunks(meta(), amx=False) == []  # flash's rule: two chunks at least
+    q = torch.randn(new, hq, d, generator=gen).bfloat16()
+    pos = torch.arange(cached, seq)
+    k, v = kv[ids[pos // bs], 0, pos % bs], kv[ids[pos // bs], 1, pos % bs]
+    got, want = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    merged = []
+    real = cascade.chunk_group_into
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cascade, "chunk_group_into", lambda *a: merged.append(1) or real(*a))
+        get_backend("cpu").prefill_into(got, q, k, v, kv, meta(), 0.125)
+    assert merged, "the chunk was not cascaded"
+    get_backend("torch").prefill_into(want, q, k, v, kv, meta(), 0.125)
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=8e-3)
