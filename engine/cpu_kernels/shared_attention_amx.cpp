@@ -53,9 +53,10 @@ using amx::kDepth;  // bfloat16 values in a tile row: D per score product, posit
 using amx::kRows;   // a tile's rows: positions of S, queries of O
 using V16 = lanes::F32x16;
 
-// Tiles (the intrinsics take literal numbers): 0 scores (C), 1 keys (A), 2 queries (B),
-// 3 probabilities (A), 4 values (B), 5 a product over V (C).
-constexpr int kTiles = 6;
+// Tiles (the intrinsics take literal numbers): 0 scores (C), 1 keys / values (A / B), 2
+// queries / values (B), 3 probabilities (A), 4 .. 7 the output (C; with D > 64, 4 values and
+// 5 a product over V).
+constexpr int kTiles = 8;
 constexpr int64_t kMaxHead = 256;
 
 struct Layout {
@@ -108,10 +109,13 @@ void pack_values(const bf16* v0, const bf16* v1, int64_t tok_stride, int64_t D, 
   }
 }
 
-// exp(x) for x <= 0 (a score less the running max), ~1 ulp: the range reduction and
-// polynomial of lanes::exp with 2^n by vscalefps, which also takes x far below the smallest
-// float to 0 (lanes::exp clamps, for its other callers' full range): 10 vector ops, not 16.
-inline __m512 exp_nonpositive(__m512 x) {
+// exp(x) for softmax arguments (a score less its query's reference max: at most kSlack),
+// ~1 ulp: the range reduction and polynomial of lanes::exp with 2^n by vscalefps, which
+// takes x far below the smallest float to 0 (x is first raised to -150, so -inf, the first
+// unit's old max less the new, gives 0 without passing through inf - inf): 11 vector ops,
+// lanes::exp's clamps and exponent arithmetic 16.
+inline __m512 exp_softmax(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -126,109 +130,176 @@ inline __m512 exp_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-constexpr int64_t kTilesPerItem = 4;  // column tiles sharing each unit's walk and V packing
+// A query's reference max moves only when a score passes it by more than this (its
+// probabilities then reach e^8 ~ 3,000 at most: float32 sums and bfloat16 products hold
+// that exactly as well as values under 1). So after the first few units the output is seldom
+// rescaled, and with D <= 64 it stays in tiles the whole walk (FlashAttention-4's rule).
+constexpr float kSlack = 8.f;
+constexpr int64_t kOutTilesMax = 4;  // tiles 4 .. 7: the output's 16-wide slices of D <= 64
 
 struct Scratch {
   alignas(64) float scores[2][kRows * kRows];
   alignas(64) bf16 probs[kRows * kDepth];  // P^T: 16 queries x 32 positions
   alignas(64) float partial[kRows * kRows];
   alignas(64) bf16 values[kMaxHead * kDepth];
-  alignas(64) float alpha[kRows];
-  alignas(64) bf16 queries[kTilesPerItem][kMaxHead * kRows];
-  alignas(64) float acc[kTilesPerItem][kRows * kMaxHead];
-  __m512 max[kTilesPerItem], sum[kTilesPerItem];
+  alignas(64) bf16 queries[kMaxHead * kRows];
+  alignas(64) float acc[kRows * kMaxHead];  // the output, 16 queries x D
 };
 
-// Column tile c of an item over the unit's 16 or 32 positions (`keys`, K of each sub-tile):
-// the scores, the running max and sum, P^T into w.probs, then O += P^T V (V packed).
-void attend_unit(const bf16* const keys[2], int64_t here, int64_t D, int64_t row_bytes,
-                 __m512 vscale, int64_t c, Scratch& w) {
-  __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t u = 0; u < here; ++u) {
-    _tile_zero(0);
-    for (int64_t k = 0; k < D / kDepth; ++k) {
-      _tile_loadd(1, keys[u] + k * kDepth, row_bytes);
-      _tile_loadd(2, w.queries[c] + k * kRows * kDepth, 64);
-      _tile_dpbf16ps(0, 1, 2);
-    }
-    _tile_stored(0, w.scores[u], 64);
-    for (int64_t r = 0; r < kRows; ++r) top = _mm512_max_ps(top, V16::load(w.scores[u] + r * kRows));
-  }
-  const __m512 fresh = _mm512_max_ps(w.max[c], V16::mul(top, vscale));
-  const __m512 alpha = exp_nonpositive(V16::sub(w.max[c], fresh));  // 0 at the first unit
-  w.max[c] = fresh;
-  __m512 added = V16::zero();
-  for (int64_t u = 0; u < 2; ++u) {
-    __m512 p[kRows];
-    for (int64_t r = 0; r < kRows; ++r) p[r] = V16::zero();
-    if (u < here)
-      for (int64_t r = 0; r < kRows; ++r) {
-        p[r] = exp_nonpositive(_mm512_fmsub_ps(V16::load(w.scores[u] + r * kRows), vscale, fresh));
-        added = V16::add(added, p[r]);
-      }
-    amx::transpose16(p);  // p[j]: query j's 16 positions
-    for (int64_t j = 0; j < kRows; ++j) V16::store(w.probs + j * kDepth + u * kRows, p[j]);
-  }
-  w.sum[c] = V16::fmadd(w.sum[c], alpha, added);
-  V16::store(w.alpha, alpha);
-  _tile_loadd(3, w.probs, 64);
-  float* acc = w.acc[c];
-  for (int64_t dc = 0; dc < D / kRows; ++dc) {
-    _tile_zero(5);
-    _tile_loadd(4, w.values + dc * kRows * kDepth, 64);
-    _tile_dpbf16ps(5, 3, 4);
-    _tile_stored(5, w.partial, 64);
-    for (int64_t j = 0; j < kRows; ++j) {
-      float* a = acc + j * D + dc * kRows;
-      V16::store(a, V16::fmadd(V16::load(a), V16::set1(w.alpha[j]), V16::load(w.partial + j * kRows)));
-    }
+// Tiles 4 .. 3 + n (n = D / 16 <= 4) hold the output across units; the intrinsics take
+// literal tile numbers, so each use is spelled out.
+inline void out_tiles_zero(int64_t n) {
+  _tile_zero(4);
+  _tile_zero(5);
+  if (n > 2) {
+    _tile_zero(6);
+    _tile_zero(7);
   }
 }
 
-// One KV head and its queries col0 .. col0 + cols - 1 (of N * G), in tiles of 16, over every
-// position.
+inline void out_tiles_store(float* acc, int64_t D, int64_t n) {
+  const int64_t stride = D * static_cast<int64_t>(sizeof(float));
+  _tile_stored(4, acc, stride);
+  _tile_stored(5, acc + kRows, stride);
+  if (n > 2) {
+    _tile_stored(6, acc + 2 * kRows, stride);
+    _tile_stored(7, acc + 3 * kRows, stride);
+  }
+}
+
+inline void out_tiles_load(const float* acc, int64_t D, int64_t n) {
+  const int64_t stride = D * static_cast<int64_t>(sizeof(float));
+  _tile_loadd(4, acc, stride);
+  _tile_loadd(5, acc + kRows, stride);
+  if (n > 2) {
+    _tile_loadd(6, acc + 2 * kRows, stride);
+    _tile_loadd(7, acc + 3 * kRows, stride);
+  }
+}
+
+// Output tiles += P^T (tile 3) x V, a slice of D at a time (V's slices alternate tiles 1 and 2
+// so a load overlaps the previous product).
+inline void out_tiles_accumulate(const bf16* values, int64_t n) {
+  constexpr int64_t slice = kRows * kDepth;
+  _tile_loadd(1, values, 64);
+  _tile_dpbf16ps(4, 3, 1);
+  _tile_loadd(2, values + slice, 64);
+  _tile_dpbf16ps(5, 3, 2);
+  if (n > 2) {
+    _tile_loadd(1, values + 2 * slice, 64);
+    _tile_dpbf16ps(6, 3, 1);
+    _tile_loadd(2, values + 3 * slice, 64);
+    _tile_dpbf16ps(7, 3, 2);
+  }
+}
+
+// out rows j (16 x D floats) *= alpha[j].
+inline void scale_rows(float* acc, int64_t D, __m512 alpha) {
+  alignas(64) float a[kRows];
+  V16::store(a, alpha);
+  for (int64_t j = 0; j < kRows; ++j)
+    for (int64_t d = 0; d < D; d += kRows) {
+      float* x = acc + j * D + d;
+      V16::store(x, V16::mul(V16::load(x), V16::set1(a[j])));
+    }
+}
+
+// One KV head and its queries col0 .. col0 + cols - 1 (cols <= 16, of the head's N * G) over
+// every position: per unit of 32 positions, the scores, the softmax against each query's
+// reference max, P^T (bfloat16) and the product with V.
 void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& s, int64_t h,
             int64_t col0, int64_t cols, float scale, float* out, float* lse, Scratch& w) {
   const int64_t D = s.D, row_bytes = s.tok_stride * static_cast<int64_t>(sizeof(bf16));
-  const int64_t tiles = (cols + kRows - 1) / kRows;
-  for (int64_t c = 0; c < tiles; ++c) {
-    pack_queries(q, s, h, col0 + c * kRows, std::min(kRows, cols - c * kRows), w.queries[c]);
-    std::fill(w.acc[c], w.acc[c] + kRows * D, 0.f);
-    w.max[c] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-    w.sum[c] = V16::zero();
-  }
+  const int64_t slices = D / kRows;
+  const bool in_tiles = slices <= kOutTilesMax;  // else the output accumulates in w.acc
+  pack_queries(q, s, h, col0, cols, w.queries);
+  if (in_tiles)
+    out_tiles_zero(slices);
+  else
+    std::fill(w.acc, w.acc + kRows * D, 0.f);
   const __m512 vscale = V16::set1(scale);
+  __m512 ref = V16::set1(-std::numeric_limits<float>::infinity()), sum = V16::zero();
   for (int64_t t0 = 0; t0 < s.subtiles; t0 += 2) {
     const int64_t here = std::min<int64_t>(2, s.subtiles - t0);
     const bf16* keys[2] = {subtile(kv, blocks, s, t0, h),
                            here == 2 ? subtile(kv, blocks, s, t0 + 1, h) : nullptr};
+    __m512 top = V16::set1(-std::numeric_limits<float>::infinity());
+    for (int64_t u = 0; u < here; ++u) {
+      _tile_zero(0);
+      for (int64_t k = 0; k < D / kDepth; ++k) {
+        _tile_loadd(1, keys[u] + k * kDepth, row_bytes);
+        _tile_loadd(2, w.queries + k * kRows * kDepth, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, w.scores[u], 64);
+      for (int64_t r = 0; r < kRows; ++r) top = _mm512_max_ps(top, V16::load(w.scores[u] + r * kRows));
+    }
+    top = V16::mul(top, vscale);
+    __m512 alpha = V16::set1(1.f);
+    if (_mm512_cmp_ps_mask(top, V16::add(ref, V16::set1(kSlack)), _CMP_GT_OQ)) {
+      const __m512 raised = _mm512_max_ps(ref, top);
+      alpha = exp_softmax(V16::sub(ref, raised));  // 0 at the first unit: nothing to keep
+      ref = raised;
+      sum = V16::mul(sum, alpha);
+      if (in_tiles && t0 > 0) {  // the output leaves its tiles only to be rescaled
+        out_tiles_store(w.acc, D, slices);
+        scale_rows(w.acc, D, alpha);
+        out_tiles_load(w.acc, D, slices);
+      }
+    }
+    for (int64_t u = 0; u < 2; ++u) {
+      __m512 p[kRows];
+      for (int64_t r = 0; r < kRows; ++r) p[r] = V16::zero();
+      if (u < here)
+        for (int64_t r = 0; r < kRows; ++r) {
+          p[r] = exp_softmax(_mm512_fmsub_ps(V16::load(w.scores[u] + r * kRows), vscale, ref));
+          sum = V16::add(sum, p[r]);
+        }
+      amx::transpose16(p);  // p[j]: query j's 16 positions
+      for (int64_t j = 0; j < kRows; ++j) V16::store(w.probs + j * kDepth + u * kRows, p[j]);
+    }
     pack_values(keys[0] + s.v_offset, keys[1] ? keys[1] + s.v_offset : nullptr, s.tok_stride, D,
                 w.values);
-    for (int64_t c = 0; c < tiles; ++c) attend_unit(keys, here, D, row_bytes, vscale, c, w);
-  }
-  for (int64_t c = 0; c < tiles; ++c) {
-    alignas(64) float m[kRows], l[kRows];
-    V16::store(m, w.max[c]);
-    V16::store(l, w.sum[c]);
-    for (int64_t j = 0; j < std::min(kRows, cols - c * kRows); ++j) {
-      const int64_t col = col0 + c * kRows + j, n = s.row(col / s.G), head = h * s.G + col % s.G;
-      float* o = out + (n * s.Hq + head) * D;
-      const float* a = w.acc[c] + j * D;
-      const float shared_lse = m[j] + std::log(l[j]);
-      float& own_lse = lse[n * s.Hq + head];
-      if (!s.merge) {
-        const float inv = 1.f / l[j];
-        for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
-        own_lse = shared_lse;
-        continue;
-      }
-      // The softmax over both parts: each part's output weighted by its share of the sum.
-      const float top = std::max(shared_lse, own_lse);
-      const float ws = std::exp(shared_lse - top), wo = std::exp(own_lse - top), total = ws + wo;
-      const float fs = ws / (total * l[j]), fo = wo / total;
-      for (int64_t d = 0; d < D; ++d) o[d] = a[d] * fs + o[d] * fo;
-      own_lse = top + std::log(total);
+    _tile_loadd(3, w.probs, 64);
+    if (in_tiles) {
+      out_tiles_accumulate(w.values, slices);
+      continue;
     }
+    alignas(64) float a[kRows];
+    V16::store(a, alpha);
+    for (int64_t dc = 0; dc < slices; ++dc) {
+      _tile_zero(5);
+      _tile_loadd(4, w.values + dc * kRows * kDepth, 64);
+      _tile_dpbf16ps(5, 3, 4);
+      _tile_stored(5, w.partial, 64);
+      for (int64_t j = 0; j < kRows; ++j) {
+        float* x = w.acc + j * D + dc * kRows;
+        V16::store(x, V16::fmadd(V16::load(x), V16::set1(a[j]), V16::load(w.partial + j * kRows)));
+      }
+    }
+  }
+  if (in_tiles) out_tiles_store(w.acc, D, slices);
+  alignas(64) float m[kRows], l[kRows];
+  V16::store(m, ref);
+  V16::store(l, sum);
+  for (int64_t j = 0; j < cols; ++j) {
+    const int64_t col = col0 + j, n = s.row(col / s.G), head = h * s.G + col % s.G;
+    float* o = out + (n * s.Hq + head) * D;
+    const float* a = w.acc + j * D;
+    const float shared_lse = m[j] + std::log(l[j]);
+    float& own_lse = lse[n * s.Hq + head];
+    if (!s.merge) {
+      const float inv = 1.f / l[j];
+      for (int64_t d = 0; d < D; ++d) o[d] = a[d] * inv;
+      own_lse = shared_lse;
+      continue;
+    }
+    // The softmax over both parts: each part's output weighted by its share of the sum.
+    const float top = std::max(shared_lse, own_lse);
+    const float ws = std::exp(shared_lse - top), wo = std::exp(own_lse - top), total = ws + wo;
+    const float fs = ws / (total * l[j]), fo = wo / total;
+    for (int64_t d = 0; d < D; ++d) o[d] = a[d] * fs + o[d] * fo;
+    own_lse = top + std::log(total);
   }
 }
 
@@ -275,8 +346,7 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
   TORCH_CHECK(amx::request(), "shared attention (AMX): the kernel refused AMX's tile state");
   const Layout s{Hq, Hk, Hq / Hk, D, bs, Hk * D, 2 * bs * Hk * D, bs * Hk * D,
                  blocks.numel() * bs / kRows, members, merge};
-  const int64_t cols = N * s.G, per_item = kTilesPerItem * kRows;
-  const int64_t items = (cols + per_item - 1) / per_item;
+  const int64_t cols = N * s.G, items = (cols + kRows - 1) / kRows;
   const bf16* qp = q.data_ptr<bf16>();
   const bf16* kvp = kv.data_ptr<bf16>();
   float* op = out.data_ptr<float>();
@@ -289,8 +359,8 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
     _tile_loadconfig(&config);
     auto scratch = std::make_unique<Scratch>();
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t h = item / items, col0 = item % items * per_item;
-      attend(qp, kvp, ids, s, h, col0, std::min(per_item, cols - col0), fscale, op, lp, *scratch);
+      const int64_t h = item / items, col0 = item % items * kRows;
+      attend(qp, kvp, ids, s, h, col0, std::min(kRows, cols - col0), fscale, op, lp, *scratch);
     }
     _tile_release();
   });
