@@ -57,6 +57,29 @@ def test_matches_softmax_attention_over_the_blocks(rows, hq, hk, d, bs, shared) 
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("d", [64, 128])  # the output in tiles / in memory
+def test_scores_rising_along_the_walk_rescale_the_output_mid_walk(d: int) -> None:
+    """Each block's keys larger than the last: every query's max keeps passing its reference
+    by more than the slack, so the output is rescaled unit after unit."""
+    gen = torch.Generator().manual_seed(d)
+    kv = torch.randn(60, 2, 16, 2, d, generator=gen)
+    blocks = torch.arange(40)
+    kv[blocks, 0] *= torch.linspace(0.5, 12, 40)[:, None, None, None]
+    kv = kv.bfloat16()
+    q = torch.randn(6, 6, d, generator=gen).bfloat16()
+    out, lse = torch.empty(6, 6, d), torch.empty(6, 6)
+    KERNEL.shared_attention_bf16(q, kv, blocks, d**-0.5, out, lse)
+    keys, values = kv[blocks, 0].flatten(0, 1), kv[blocks, 1].flatten(0, 1)
+    want, want_lse = reference(q, keys, values, d**-0.5)
+    scores = torch.einsum("nhd,shd->nhs", q.double(), keys.double().repeat_interleave(3, 1))
+    rise = scores.amax(-1) - scores[..., :32].amax(-1)  # past the first unit's max
+    assert float(rise.min()) * d**-0.5 > 16  # every query's reference raised at least twice
+    # Peaky softmaxes: an output is nearly one V row (values up to ~4), carrying the bf16
+    # probability's relative rounding (2^-9).
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-2)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-4)
+
+
 def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others() -> None:
     """Rows 1, 4 and 5 of 7 share 40 blocks; each row's out / lse hold its attention over
     its own positions (12 + row of them): after the call, the group's rows hold attention over
