@@ -18,7 +18,7 @@ B running requests of L tokens of context each.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from core.sampling import SamplingParams
@@ -52,7 +52,7 @@ def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]
     return best[1] if best else [0.0] * k
 
 
-def _solve(rows: list[tuple[float, ...]], ys: list[float], keep) -> list[float]:  # type: ignore[no-untyped-def]
+def _solve(rows: list[tuple[float, ...]], ys: list[float], keep: Iterable[int]) -> list[float]:
     """The unconstrained least-squares coefficients of the terms in `keep`: the normal
     equations by Gauss-Jordan."""
     cols = list(keep)

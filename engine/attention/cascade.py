@@ -28,12 +28,14 @@ A decode group must pay its fixed cost (`FLASH_RULE`, `AMX_RULE`); prompt chunks
 On AMX (bfloat16 cache and queries) the shared part is our kernel
 (engine/cpu_kernels/shared_attention_amx.cpp): the shared blocks read in place, no gather,
 and a decode group's result merged into the rows' own attention inside the kernel, so groups
-of a few rows pay too (a tenant's rows on its system prompt); one layer, 64 rows over 1,024
-shared positions: 0.89 ms against the paged kernel's 1.79, four groups of 8 rows: 0.76 against 1.24.
+of a few rows pay too (a tenant's rows on its system prompt); a whole decode layer, 64 rows
+over 1,024 shared positions: 0.89 ms against the paged kernel's 1.79, four groups of 8 rows:
+0.76 against 1.24.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -203,7 +205,9 @@ def shared_attention(
     return out, lse.view(hk, rows, group).permute(1, 0, 2).reshape(rows, hq)
 
 
-def amx_kernel(q: torch.Tensor, kv_layer: torch.Tensor, rows: int | None = None):  # type: ignore[no-untyped-def]
+def amx_kernel(
+    q: torch.Tensor, kv_layer: torch.Tensor, rows: int | None = None
+) -> Callable[..., None] | None:
     """engine/cpu_kernels/shared_attention_amx.cpp for these shapes, or None: bfloat16 queries
     and cache, block size a multiple of 16, head size of 32 up to 256, no more than
     `AMX_MAX_QUERIES` rows (q's, unless `rows` says how many; past them torch's flash
