@@ -70,12 +70,6 @@ alone: at 2,048 shared positions 1.33 (r = 2), 0.92 (3), 0.72 (4), 0.46 (16); at
 at 256: 1.72 (2), 1.24 (6), 1.09 (16), 0.89 (64)."""
 AMX_MAX_QUERIES = 1024
 """More query rows than this: the gather and flash attention (see amx_kernel)."""
-AMX_ALONE_TOKENS = 1024
-"""A prompt chunk alone on at least this many cached positions (in full blocks) attends
-them on the AMX kernel and its own positions apart, merged, instead of gathering its whole
-context: one layer, bf16, cache cold, 64 new tokens on 1,024 cached 1.51 -> 0.90 ms (16 new:
-0.67 -> 0.48; 256 new: 2.31 -> 2.18; 128 on 2,048: 3.20 -> 1.83); on 512 cached level (0.57 /
-0.56), on 256 slower (0.42 -> 0.53)."""
 MIN_CHUNKS = 2
 """Fewer prompt chunks on one prefix than this: each chunk alone."""
 MIN_SHARED_TOKENS = 128
@@ -117,13 +111,12 @@ def shared_prefix(meta: AttentionMetadata, amx: bool = False) -> SharedPrefix | 
     return state["cascade_decode"]
 
 
-def shared_chunks(meta: AttentionMetadata, amx: bool = False) -> list[SharedChunks]:
+def shared_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
     """Groups of the step's prompt chunks by the blocks their cached contexts share, once a
-    step; only groups where cascade pays. Where `amx` (the shared part on the AMX kernel), a
-    chunk alone on a long cached context is a group too (`AMX_ALONE_TOKENS`)."""
+    step; only groups where cascade pays."""
     state = meta.backend_state
     if "cascade_prefill" not in state:
-        state["cascade_prefill"] = _find_chunks(meta, amx)
+        state["cascade_prefill"] = _find_chunks(meta)
     return state["cascade_prefill"]
 
 
@@ -153,7 +146,7 @@ def _find_decode(meta: AttentionMetadata, rule: DecodeRule) -> SharedPrefix | No
     return SharedPrefix(tuple(groups), tails, lens - skip * bs)
 
 
-def _find_chunks(meta: AttentionMetadata, amx: bool) -> list[SharedChunks]:
+def _find_chunks(meta: AttentionMetadata) -> list[SharedChunks]:
     bs = meta.block_size
     by_first: dict[int, list[PrefillChunk]] = {}
     for chunk in meta.prefills:
@@ -162,10 +155,6 @@ def _find_chunks(meta: AttentionMetadata, amx: bool) -> list[SharedChunks]:
     found = []
     for chunks in by_first.values():
         if len(chunks) < MIN_CHUNKS:
-            alone = chunks[0]
-            cached = (alone.seq_len - alone.query_len) // bs
-            if amx and cached * bs >= AMX_ALONE_TOKENS and alone.query_len <= AMX_MAX_QUERIES:
-                found.append(SharedChunks(alone.block_ids[:cached].clone(), (alone,)))
             continue
         # Only blocks before every chunk's queries (no mask on the shared part).
         limit = min((c.seq_len - c.query_len) // bs for c in chunks)
@@ -211,7 +200,8 @@ def amx_kernel(
     """engine/cpu_kernels/shared_attention_amx.cpp for these shapes, or None: bfloat16 queries
     and cache, block size a multiple of 16, head size of 32 up to 256, no more than
     `AMX_MAX_QUERIES` rows (q's, unless `rows` says how many; past them torch's flash
-    attention is as fast: bigger tiles)."""
+    attention is as fast: bigger tiles). The CPU backend also runs prompt chunks on it,
+    causally (engine/attention/cpu_paged.py)."""
     bs, d = kv_layer.shape[2], q.shape[2]
     if not (q.dtype == kv_layer.dtype == torch.bfloat16 and kv_layer.is_contiguous()):
         return None

@@ -4,8 +4,9 @@ from the paged cache; an int8
 cache (engine/kv_cache/quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
 the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
 On CPUs with AMX a bfloat16 model's decode scores are tile products (`paged_decode_amx.cpp`),
-and rows or prompt chunks that share cached blocks attend them once together
-(engine/attention/cascade.py).
+rows or prompt chunks that share cached blocks attend them once together
+(engine/attention/cascade.py), and a prompt chunk after cached context attends it causally
+straight from the cache (`shared_attention_amx.cpp`).
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded
 copy before attention (reading the cache twice and writing it once per layer per step);
@@ -15,13 +16,14 @@ be built here, the engine falls back to the plain torch backend and says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from engine import cpu_kernels
 from engine.attention import cascade
-from engine.attention.backend import AttentionMetadata, Tensor
+from engine.attention.backend import AttentionMetadata, PrefillChunk, Tensor
 from engine.attention.torch_paged import TorchPagedAttention
 
 
@@ -63,9 +65,7 @@ class CPUPagedAttention(TorchPagedAttention):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        groups = []
-        if kv.dtype in _PLAIN:
-            groups = cascade.shared_chunks(meta, amx=cascade.amx_kernel(q, kv, rows=1) is not None)
+        groups = cascade.shared_chunks(meta) if kv.dtype in _PLAIN else []
         if not groups:
             return super().prefill_into(out, q, k, v, kv, meta, scale)
         for group in groups:
@@ -73,6 +73,34 @@ class CPUPagedAttention(TorchPagedAttention):
         grouped = {id(c) for group in groups for c in group.chunks}
         rest = [c for c in meta.prefills if id(c) not in grouped]
         self._chunks_into(out, q, k, v, kv, rest, scale)
+
+    def _chunks_into(
+        self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor,
+        chunks: Sequence[PrefillChunk], scale: float,
+    ) -> None:  # fmt: skip
+        """On AMX a chunk with cached context (up to `cascade.AMX_MAX_QUERIES` tokens) attends
+        it and itself straight from the cache, causally (its K / V are written first): no
+        gather of the context, no mask. One layer, bf16, 64 new tokens on 1,024 cached 0.64 ->
+        0.34 ms with the cache hot, 0.87 -> 0.41 cold. A chunk without context stays on
+        torch's causal flash attention over its own K / V, faster while they are hot, as a
+        prefill has them (256 tokens: 0.37 ms against the kernel's 0.47)."""
+        kernel = cascade.amx_kernel(q, kv, rows=1)
+        if kernel is None:
+            return super()._chunks_into(out, q, k, v, kv, chunks, scale)
+        rest = []
+        for c in chunks:
+            if c.seq_len == c.query_len or c.query_len > cascade.AMX_MAX_QUERIES:
+                rest.append(c)
+                continue
+            rows = slice(c.query_start, c.query_start + c.query_len)
+            part = torch.empty((c.query_len, *q.shape[1:]), dtype=torch.float32)
+            lse = torch.empty(part.shape[:2], dtype=torch.float32)
+            last = torch.arange(c.seq_len - c.query_len, c.seq_len)
+            blocks = c.block_ids.to(torch.long).contiguous()
+            kernel(q[rows].contiguous(), kv, blocks, scale, part, lse, None,
+                   False, last)  # fmt: skip
+            out[rows] = part
+        super()._chunks_into(out, q, k, v, kv, rest, scale)
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         slots = (meta.slot_blocks, meta.slot_offsets)

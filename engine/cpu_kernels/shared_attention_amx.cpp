@@ -63,6 +63,7 @@ struct Layout {
   int64_t Hq, Hk, G, D, bs, tok_stride, blk_stride, v_offset, subtiles;
   const int64_t* rows;  // the group's rows of q / out / lse (nullptr: all, in order)
   bool merge;           // out / lse hold the attention over the rows' other positions
+  const int64_t* last;  // per member, the last position it attends (nullptr: all of them)
   int64_t row(int64_t member) const { return rows ? rows[member] : member; }
 };
 
@@ -86,9 +87,11 @@ void pack_queries(const bf16* q, const Layout& s, int64_t h, int64_t col0, int64
 }
 
 // B for the values: for each 16 of D, row p holds the unit's positions 2p and 2p + 1
-// interleaved. A missing second sub-tile is zeros (its probabilities are too; garbage there
-// could be NaN, and 0 x NaN is NaN).
-void pack_values(const bf16* v0, const bf16* v1, int64_t tok_stride, int64_t D, bf16* packed) {
+// interleaved. Positions from `end` on (a missing second sub-tile; past the last a causal
+// walk attends) are zeros: their probabilities are too, but the cache there may hold
+// anything, NaN included, and 0 x NaN is NaN.
+void pack_values(const bf16* v0, const bf16* v1, int64_t tok_stride, int64_t D, int64_t end,
+                 bf16* packed) {
   alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
@@ -99,10 +102,8 @@ void pack_values(const bf16* v0, const bf16* v1, int64_t tok_stride, int64_t D, 
     const int64_t r = 2 * p % kRows;
     for (int64_t k = 0; k < D / kDepth; ++k) {
       __m512i a = _mm512_setzero_si512(), b = a;
-      if (base) {
-        a = _mm512_loadu_si512(base + r * tok_stride + k * kDepth);
-        b = _mm512_loadu_si512(base + (r + 1) * tok_stride + k * kDepth);
-      }
+      if (base && 2 * p < end) a = _mm512_loadu_si512(base + r * tok_stride + k * kDepth);
+      if (base && 2 * p + 1 < end) b = _mm512_loadu_si512(base + (r + 1) * tok_stride + k * kDepth);
       _mm512_store_si512(packed + ((2 * k) * kRows + p) * kDepth, _mm512_permutex2var_epi16(a, lo, b));
       _mm512_store_si512(packed + ((2 * k + 1) * kRows + p) * kDepth, _mm512_permutex2var_epi16(a, hi, b));
     }
@@ -213,14 +214,30 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
   const int64_t slices = D / kRows;
   const bool in_tiles = slices <= kOutTilesMax;  // else the output accumulates in w.acc
   pack_queries(q, s, h, col0, cols, w.queries);
+  // Causal: each query's last position in a lane (the lanes past `cols` attend everything
+  // the others do, so they never hold back the walk's end).
+  alignas(64) int32_t last[kRows];
+  int64_t end = s.subtiles * kRows;  // positions this item walks
+  if (s.last) {
+    int64_t furthest = 0;
+    for (int64_t j = 0; j < kRows; ++j) {
+      const int64_t lp = j < cols ? s.last[(col0 + j) / s.G] : 0;
+      last[j] = static_cast<int32_t>(lp);
+      furthest = std::max(furthest, lp);
+    }
+    for (int64_t j = cols; j < kRows; ++j) last[j] = static_cast<int32_t>(furthest);
+    end = furthest + 1;
+  }
+  const __m512i last_lanes = _mm512_load_si512(last);
   if (in_tiles)
     out_tiles_zero(slices);
   else
     std::fill(w.acc, w.acc + kRows * D, 0.f);
   const __m512 vscale = V16::set1(scale);
   __m512 ref = V16::set1(-std::numeric_limits<float>::infinity()), sum = V16::zero();
-  for (int64_t t0 = 0; t0 < s.subtiles; t0 += 2) {
-    const int64_t here = std::min<int64_t>(2, s.subtiles - t0);
+  const int64_t subtiles = (end + kRows - 1) / kRows;
+  for (int64_t t0 = 0; t0 < subtiles; t0 += 2) {
+    const int64_t here = std::min<int64_t>(2, subtiles - t0);
     const bf16* keys[2] = {subtile(kv, blocks, s, t0, h),
                            here == 2 ? subtile(kv, blocks, s, t0 + 1, h) : nullptr};
     __m512 top = V16::set1(-std::numeric_limits<float>::infinity());
@@ -232,6 +249,15 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
         _tile_dpbf16ps(0, 1, 2);
       }
       _tile_stored(0, w.scores[u], 64);
+      const int64_t first = (t0 + u) * kRows;
+      if (s.last && first + kRows - 1 > *std::min_element(last, last + kRows)) {
+        // Positions past a query's last: -inf (a blend, so NaN read past the sequence goes too).
+        const __m512 hidden = V16::set1(-std::numeric_limits<float>::infinity());
+        for (int64_t r = 0; r < kRows; ++r) {
+          const __mmask16 past = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(first + r)), last_lanes);
+          V16::store(w.scores[u] + r * kRows, _mm512_mask_blend_ps(past, V16::load(w.scores[u] + r * kRows), hidden));
+        }
+      }
       for (int64_t r = 0; r < kRows; ++r) top = _mm512_max_ps(top, V16::load(w.scores[u] + r * kRows));
     }
     top = V16::mul(top, vscale);
@@ -259,7 +285,7 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
       for (int64_t j = 0; j < kRows; ++j) V16::store(w.probs + j * kDepth + u * kRows, p[j]);
     }
     pack_values(keys[0] + s.v_offset, keys[1] ? keys[1] + s.v_offset : nullptr, s.tok_stride, D,
-                w.values);
+                end - t0 * kRows, w.values);
     _tile_loadd(3, w.probs, 64);
     if (in_tiles) {
       out_tiles_accumulate(w.values, slices);
@@ -307,7 +333,7 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
 
 void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor blocks, double scale,
                            torch::Tensor out, torch::Tensor lse, c10::optional<torch::Tensor> rows,
-                           bool merge) {
+                           bool merge, c10::optional<torch::Tensor> last) {
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && kv.scalar_type() == torch::kBFloat16,
               "shared attention (AMX): bfloat16 queries and cache expected, got ", q.scalar_type(),
               " and ", kv.scalar_type());
@@ -339,13 +365,23 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
       seen[members[i]] = true;
     }
   }
+  const int64_t* lasts = nullptr;
+  if (last.has_value() && last->defined()) {
+    TORCH_CHECK(last->scalar_type() == torch::kInt64 && last->dim() == 1 && last->numel() == N &&
+                    last->is_contiguous(),
+                "shared attention (AMX): last must be int64 [n], one position per row, contiguous");
+    lasts = last->data_ptr<int64_t>();
+    for (int64_t i = 0; i < N; ++i)
+      TORCH_CHECK(lasts[i] >= 0 && lasts[i] < blocks.numel() * bs,
+                  "shared attention (AMX): a last position outside the blocks: ", lasts[i]);
+  }
   const int64_t* ids = blocks.data_ptr<int64_t>();
   for (int64_t i = 0; i < blocks.numel(); ++i)
     TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, "shared attention (AMX): block id ", ids[i],
                 " outside the cache");
   TORCH_CHECK(amx::request(), "shared attention (AMX): the kernel refused AMX's tile state");
   const Layout s{Hq, Hk, Hq / Hk, D, bs, Hk * D, 2 * bs * Hk * D, bs * Hk * D,
-                 blocks.numel() * bs / kRows, members, merge};
+                 blocks.numel() * bs / kRows, members, merge, lasts};
   const int64_t cols = N * s.G, items = (cols + kRows - 1) / kRows;
   const bf16* qp = q.data_ptr<bf16>();
   const bf16* kvp = kv.data_ptr<bf16>();
@@ -367,7 +403,8 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
 }
 #else
 void shared_attention_bf16(torch::Tensor, torch::Tensor, torch::Tensor, double, torch::Tensor,
-                           torch::Tensor, c10::optional<torch::Tensor>, bool) {
+                           torch::Tensor, c10::optional<torch::Tensor>, bool,
+                           c10::optional<torch::Tensor>) {
   TORCH_CHECK(false, "shared attention (AMX): built without AMX");
 }
 #endif
@@ -376,7 +413,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_attention_bf16", &shared_attention_bf16,
         "attention of many queries over shared cache blocks, bfloat16, on AMX (CPU)", py::arg("q"),
         py::arg("kv"), py::arg("blocks"), py::arg("scale"), py::arg("out"), py::arg("lse"),
-        py::arg("rows") = py::none(), py::arg("merge") = false);
+        py::arg("rows") = py::none(), py::arg("merge") = false, py::arg("last") = py::none());
 #ifdef BATON_AMX
   m.attr("available") = true;
 #else

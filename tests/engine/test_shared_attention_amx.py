@@ -123,6 +123,10 @@ def test_bad_arguments_are_refused_with_a_reason() -> None:
     with pytest.raises(RuntimeError, match="head size a multiple of 32"):
         call(torch.randn(3, 12, 48).bfloat16(), torch.randn(10, 2, 16, 4, 48).bfloat16(),
              torch.tensor([1]), 0.125, torch.empty(3, 12, 48), lse)  # fmt: skip
+    with pytest.raises(RuntimeError, match="last position outside the blocks"):
+        call(q, kv, torch.tensor([1, 2]), 0.125, out, lse, None, False, torch.tensor([0, 5, 32]))
+    with pytest.raises(RuntimeError, match="one position per row"):
+        call(q, kv, torch.tensor([1]), 0.125, out, lse, None, False, torch.tensor([0, 1]))
     with pytest.raises(RuntimeError, match="float32 out"):
         call(q, kv, torch.tensor([1]), 0.125, out.bfloat16(), lse)
 
@@ -155,39 +159,41 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
         torch.testing.assert_close(torch.tensor(decoded), torch.tensor(prefilled), atol=0.1, rtol=0)
 
 
-def test_a_chunk_alone_on_a_long_cached_context_attends_it_on_amx() -> None:
-    """One prompt chunk of 40 new tokens after 1,031 cached positions (64 full blocks and 7
-    of a partial one): on AMX its 64 full blocks are attended by the kernel and the rest with
-    its own tokens apart; the result is the torch path's over the whole context."""
+@pytest.mark.parametrize("cached", [0, 7, 1031])
+def test_a_prompt_chunk_attends_its_context_causally_on_amx(cached: int) -> None:
+    """A chunk of 40 new tokens after `cached` positions (a partial block among them, NaN in
+    the cache past the sequence): with context the CPU backend runs it on the kernel,
+    causally, without it on torch's flash attention; the result is the torch path's."""
     from engine.attention.backend import AttentionMetadata, PrefillChunk
     from engine.attention.registry import get_backend
 
-    gen = torch.Generator().manual_seed(11)
-    bs, hq, hk, d, cached, new = 16, 12, 4, 64, 1031, 40
+    gen = torch.Generator().manual_seed(11 + cached)
+    bs, hq, hk, d, new = 16, 12, 4, 64, 40
     kv = torch.randn(200, 2, bs, hk, d, generator=gen).bfloat16()
     seq = cached + new
     ids = torch.randperm(200, generator=gen)[: -(-seq // bs)]
+    kv[ids[-1], :, seq % bs or bs :] = float("nan")  # the last block past the sequence
     empty = torch.zeros(0, dtype=torch.long)
-
-    def meta() -> AttentionMetadata:
-        return AttentionMetadata(
-            block_size=bs, slot_blocks=empty, slot_offsets=empty, num_decodes=0,
-            decode_block_tables=torch.zeros(0, 1, dtype=torch.long), decode_seq_lens=empty,
-            prefills=[PrefillChunk(0, new, seq, ids)],
-        )  # fmt: skip
-
-    [group] = cascade.shared_chunks(meta(), amx=True)
-    assert torch.equal(group.blocks, ids[:64]) and len(group.chunks) == 1
-    assert cascade.shared_chunks(meta(), amx=False) == []  # flash's rule: two chunks at least
+    meta = AttentionMetadata(
+        block_size=bs, slot_blocks=empty, slot_offsets=empty, num_decodes=0,
+        decode_block_tables=torch.zeros(0, 1, dtype=torch.long), decode_seq_lens=empty,
+        prefills=[PrefillChunk(0, new, seq, ids)],
+    )  # fmt: skip
     q = torch.randn(new, hq, d, generator=gen).bfloat16()
     pos = torch.arange(cached, seq)
     k, v = kv[ids[pos // bs], 0, pos % bs], kv[ids[pos // bs], 1, pos % bs]
     got, want = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    merged = []
-    real = cascade.chunk_group_into
+    causal = []
+    real = cascade.amx_kernel
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        kernel = real(*a, **kw)
+        return lambda *args: causal.append(args[-1]) or kernel(*args)
+
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cascade, "chunk_group_into", lambda *a: merged.append(1) or real(*a))
-        get_backend("cpu").prefill_into(got, q, k, v, kv, meta(), 0.125)
-    assert merged, "the chunk was not cascaded"
-    get_backend("torch").prefill_into(want, q, k, v, kv, meta(), 0.125)
-    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=8e-3)
+        mp.setattr(cascade, "amx_kernel", spy)
+        get_backend("cpu").prefill_into(got, q, k, v, kv, meta, 0.125)
+    assert [c.tolist() for c in causal] == ([list(range(cached, seq))] if cached else [])
+    get_backend("torch").prefill_into(want, q, k, v, kv, meta, 0.125)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
