@@ -1,22 +1,26 @@
-// Attention of many queries over one run of shared cache blocks, on AMX: the shared part of
-// cascade attention (engine/attention/cascade.py), for a bfloat16 cache and queries.
+// Attention of many queries over runs of cache blocks, on AMX, for a bfloat16 cache and
+// queries: the shared part of cascade attention (engine/attention/cascade.py), and a prompt
+// chunk over its cached context and itself (engine/attention/cpu_paged.py).
 //
 //   shared_attention_bf16(q [B, Hq, D] bf16, kv [num_blocks, 2, bs, Hk, D] bf16,
 //                         blocks [P] int64, scale, out [B, Hq, D] f32, lse [B, Hq] f32,
-//                         rows [n] int64 = all, merge = false)
+//                         rows [n] int64 = all, merge = false, last [n] int64 = none)
 //
-// Each of `rows` (q's rows of one group; all of them by default) attends all P * bs positions
-// of `blocks` with every head, unmasked (cascade shares only positions before every query).
-// Its out rows get the attention, its lse rows each head's log-sum-exp of the scaled scores;
-// or, with `merge`, out / lse already hold the attention over the rows' own positions and
-// get the attention over both (the softmax's two partial sums weighted together), so a
-// decode step's groups need no gather, copy or merge outside the kernel.
+// Each of `rows` (q's rows of one group; all of them by default) attends the positions of
+// `blocks` with every head: all P * bs of them (cascade shares only positions before every
+// query), or, given `last`, those up to its own last position (causal; the walk ends at the
+// furthest, and what the cache holds past it is never used). Its out rows get the attention,
+// its lse rows each head's log-sum-exp of the scaled scores; or, with `merge`, out / lse
+// already hold the attention over the rows' own positions and get the attention over both
+// (the softmax's two partial sums weighted together), so a decode step's groups need no
+// gather, copy or merge outside the kernel.
 //
 // Why our own: cascade gathered the shared K / V into a copy every layer and ran torch's CPU
 // flash attention over it. For a handful of decode rows that fixed cost was more than the
 // paged kernel's reads it saved, so a tenant's few rows on one system prompt each read the
-// whole prompt's K / V again. Here the blocks are read in place, once per KV head and 16
-// queries, with no copy:
+// whole prompt's K / V again; and a prompt chunk after cached context gathered that whole
+// context into a copy and built a mask for torch's attention. Here the blocks are read in
+// place, once per KV head and 16 queries, with no copy:
 //
 //   scores  S [16 positions x 16 queries] = K rows (A: read from the cache, the token stride
 //           apart) x queries (B: packed once into AMX's pairs layout)
