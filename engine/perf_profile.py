@@ -32,13 +32,14 @@ def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]
     some subset of the terms with the rest at 0, so every subset is tried (a handful of
     unknowns: at most 2^k - 1 small solves; no numpy needed here)."""
     k = len(rows[0])
-    _solve(rows, ys, range(k))  # the full design must separate the terms
     best: tuple[float, list[float]] | None = None
-    for mask in range(1, 1 << k):
+    for mask in range((1 << k) - 1, 0, -1):  # all the terms first: they must separate
         keep = [i for i in range(k) if mask >> i & 1]
         try:
             part = _solve(rows, ys, keep)
         except ValueError:
+            if len(keep) == k:
+                raise
             continue
         if min(part) < 0:
             continue

@@ -222,6 +222,7 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
   // the others do, so they never hold back the walk's end).
   alignas(64) int32_t last[kRows];
   int64_t end = s.subtiles * kRows;  // positions this item walks
+  int64_t nearest = end;             // from here on some query masks positions
   if (s.last) {
     int64_t furthest = 0;
     for (int64_t j = 0; j < kRows; ++j) {
@@ -231,6 +232,7 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
     }
     for (int64_t j = cols; j < kRows; ++j) last[j] = static_cast<int32_t>(furthest);
     end = furthest + 1;
+    nearest = *std::min_element(last, last + kRows) + 1;
   }
   const __m512i last_lanes = _mm512_load_si512(last);
   if (in_tiles)
@@ -254,7 +256,7 @@ void attend(const bf16* q, const bf16* kv, const int64_t* blocks, const Layout& 
       }
       _tile_stored(0, w.scores[u], 64);
       const int64_t first = (t0 + u) * kRows;
-      if (s.last && first + kRows - 1 > *std::min_element(last, last + kRows)) {
+      if (first + kRows > nearest) {
         // Positions past a query's last: -inf (a blend, so NaN read past the sequence goes too).
         const __m512 hidden = V16::set1(-std::numeric_limits<float>::infinity());
         for (int64_t r = 0; r < kRows; ++r) {
