@@ -1,6 +1,8 @@
 // float32 registers of 8 or 16 lanes for the elementwise kernels (fused.cpp; bf16_amx.cpp's
-// SiLU-and-mul epilogue): a row loop is written once over either width, and runs on the
-// widest the build has first. Values load from and store to float32 or bfloat16; `held` is a
+// SiLU-and-mul epilogue) and paged decode's group loops (paged_decode.h): a loop is written
+// once over either width, and runs on the widest the build has first. Values load from
+// float32, bfloat16 or int8 (a quantized cache's entries, widened) and store to float32 or
+// bfloat16 (16 lanes: where the build has AVX-512 BF16, its one rounding instruction); `held` is a
 // value as the element type holds it (bfloat16: rounded to nearest even, NaN quiet). Every
 // lane computes the same steps at either width, so a value comes out the same whichever
 // width, or which kernel, computed it. (16 lanes against 8 at 256 rows: SiLU-and-mul 162 ->
@@ -26,9 +28,13 @@ struct F32x8 {
   static Reg zero() { return _mm256_setzero_ps(); }
   static Reg set1(float x) { return _mm256_set1_ps(x); }
   static Reg load(const float* p) { return _mm256_loadu_ps(p); }
-  static Reg load(const bf16* p) {
+  static Reg load(const bf16* p) {  // bfloat16 is float32's top half
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  static Reg load(const int8_t* p) {
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   }
 #if defined(__AVX512BF16__) && defined(__AVX512VL__)
   // One instruction (the fused build prefers this ISA where the CPU has it: the integer
@@ -67,7 +73,7 @@ struct F32x8 {
 };
 #endif
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #define BATON_LANES_16 1
 
 struct F32x16 {
@@ -80,11 +86,19 @@ struct F32x16 {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  static Reg load(const int8_t* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+  }
+#if defined(__AVX512BF16__)
+  // Rounding to bfloat16 only where the build has its instruction: the kernels that store
+  // bfloat16 on 16 lanes (fused.cpp, the AMX ones) are built for AVX-512 BF16 or for AVX2.
   static __m256i round(Reg v) { return (__m256i)_mm512_cvtneps_pbh(v); }
-  static Reg held(Reg v, float) { return v; }
   static Reg held(Reg v, bf16) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round(v)), 16)); }
-  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static void store(bf16* p, Reg v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), round(v)); }
+#endif
+  static Reg held(Reg v, float) { return v; }
+  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
   static Reg sub(Reg a, Reg b) { return _mm512_sub_ps(a, b); }
   static Reg mul(Reg a, Reg b) { return _mm512_mul_ps(a, b); }

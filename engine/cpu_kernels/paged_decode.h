@@ -25,6 +25,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "f32_lanes.h"
 #include "vec_math.h"
 
 #include <algorithm>
@@ -160,71 +161,12 @@ static inline void for_head_chunks(int64_t G, Fn&& fn) {
   }
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define BATON_HAVE_AVX2 1
-
-// The vector registers the group loops below run on: AVX2's eight lanes, or AVX-512's sixteen
-// where the build has it (the module is built for AVX-512 on CPUs that have it:
-// cpu_kernels/__init__.py's _PREFERS): half the loads, FMAs and stores for a head of 64 or
-// 128. A cache entry (float32, bfloat16 or int8) is widened to float32 lanes as it loads.
-struct Lanes8 {
-  using Reg = __m256;
-  static constexpr int64_t kWidth = 8;
-  static Reg zero() { return _mm256_setzero_ps(); }
-  static Reg set1(float x) { return _mm256_set1_ps(x); }
-  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
-  static Reg load(const int8_t* p) {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-  }
-  static Reg load(const c10::BFloat16* p) {  // bfloat16 is float32's top half
-    const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
-  }
-  static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
-  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
-  static float sum(Reg v) { return hsum8(v); }
-};
-
-#if defined(__AVX512F__)
-#define BATON_HAVE_AVX512 1
-struct Lanes16 {
-  using Reg = __m512;
-  static constexpr int64_t kWidth = 16;
-  static Reg zero() { return _mm512_setzero_ps(); }
-  static Reg set1(float x) { return _mm512_set1_ps(x); }
-  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
-  static Reg load(const int8_t* p) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-  }
-  static Reg load(const c10::BFloat16* p) {
-    const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
-  }
-  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
-  static Reg fmadd(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
-  static float sum(Reg v) { return _mm512_reduce_add_ps(v); }
-};
-#endif
-
-// Calls fn(Lanes) with the widest registers that divide D; false if none does (the scalar
-// loops then run).
-template <typename Fn>
-static inline bool with_lanes(int64_t D, Fn&& fn) {
-#ifdef BATON_HAVE_AVX512
-  if (D % Lanes16::kWidth == 0) {
-    fn(Lanes16{});
-    return true;
-  }
-#endif
-  if (D % Lanes8::kWidth == 0) {
-    fn(Lanes8{});
-    return true;
-  }
-  return false;
-}
+#ifdef BATON_LANES_8
+// The group loops below run on f32_lanes.h's registers, the widest that divide D first (this
+// module is built for AVX-512 on CPUs that have it, cpu_kernels/__init__.py's _PREFERS: half
+// the loads, FMAs and stores of AVX2's for a head of 64 or 128); a cache entry (float32,
+// bfloat16 or int8) is widened to float32 lanes as it loads.
+using lanes::widest_dividing;
 
 // The N query heads of a GQA group against one K row: the row is loaded once and the N dot
 // products run as independent FMA chains (one chain per dot would wait on FMA latency at
@@ -281,7 +223,7 @@ static inline void group_axpy4(const float* p, int64_t p_stride, const float* w,
 template <typename T>
 static inline void group_accumulate4(const float* p, int64_t p_stride, const float* w,
                                      const T* const* v, int64_t G, int64_t D, float* out) {
-  with_lanes(D, [&](auto lanes) {
+  widest_dividing(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
       group_axpy4<decltype(n)::value, decltype(lanes)>(p + g * p_stride, p_stride, w, v, D,
                                                        out + g * D);
@@ -294,8 +236,8 @@ static inline void group_accumulate4(const float* p, int64_t p_stride, const flo
 template <typename T>
 static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D, float scale,
                                 float* dst, int64_t dst_stride) {
-#ifdef BATON_HAVE_AVX2
-  const bool vectorised = with_lanes(D, [&](auto lanes) {
+#ifdef BATON_LANES_8
+  const bool vectorised = widest_dividing(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
       group_dots<decltype(n)::value, decltype(lanes)>(q + g * D, k, D, scale,
                                                       dst + g * dst_stride, dst_stride);
@@ -310,8 +252,8 @@ static inline void group_scores(const float* q, const T* k, int64_t G, int64_t D
 template <typename T>
 static inline void group_accumulate(const float* p, int64_t p_stride, float w, const T* v,
                                     int64_t G, int64_t D, float* out) {
-#ifdef BATON_HAVE_AVX2
-  const bool vectorised = with_lanes(D, [&](auto lanes) {
+#ifdef BATON_LANES_8
+  const bool vectorised = widest_dividing(D, [&](auto lanes) {
     for_head_chunks(G, [&](int64_t g, auto n) {
       group_axpy<decltype(n)::value, decltype(lanes)>(p + g * p_stride, p_stride, w, v, D,
                                                       out + g * D);
@@ -390,7 +332,7 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
       // pass 2: weighted sum of V
       float* ob = op + b * Hq * D;
       for (int64_t i = 0; i < Hq * D; ++i) ob[i] = 0.f;
-#ifdef BATON_HAVE_AVX2
+#ifdef BATON_LANES_8
       if (D % 8 == 0) {  // four positions of a block at a time (group_axpy4)
         const int64_t num_blocks = (L + bs - 1) / bs;
         for (int64_t i = 0; i < num_blocks; ++i) {
