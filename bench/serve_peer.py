@@ -45,6 +45,8 @@ sys.exit(main())
 BATON_CONFIGS = {
     # One worker that runs both phases on both cores: the same shape as `vllm serve`.
     "baton-unified": "--mode unified --prefill 0 --decode 1 --threads 2",
+    # The same, its compute threads ahead of the front door's and the I/O (worker/threads.py).
+    "baton-unified-nice": "--mode unified --prefill 0 --decode 1 --threads 2 --engine-nice -10",
     # One core per pool: the disaggregated shape on the same two cores.
     "baton-1p1d": "--mode disaggregated --prefill 1 --decode 1 --threads 1",
 }

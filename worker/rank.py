@@ -34,7 +34,7 @@ from engine.handover import Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, UnknownPeerError, create_transport
 from worker.records import WorkerInfo, WorkerSpec
-from worker.threads import pin_threads
+from worker.threads import pin_threads, raise_team_priority
 
 
 def rank_transport_name(worker_id: str, tp_rank: int, tp_size: int) -> str:
@@ -68,6 +68,8 @@ class WorkerRank:
             block_copy=cpu_kernels.load("copy_blocks"),
             require_network=not spec.local_cluster,
         )
+        if self.engine.runner.device.type == "cpu":  # on the thread that steps the engine
+            raise_team_priority(spec.engine_nice)  # after the transport's thread started
 
     def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
         """Reserve blocks (reusing this engine's cached prefix, which is not sent) and

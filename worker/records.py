@@ -20,6 +20,8 @@ class WorkerSpec:
     engine: EngineConfig = field(default_factory=EngineConfig)
     transport: str = "auto"
     num_threads: int = 1
+    engine_nice: int | None = None
+    """Nice value of the engine's compute threads on CPU (worker/threads.py); None: Ray's."""
     tp: int = 1
     """Tensor-parallel ranks (tp>1: rank actors in the placement group given to the
     worker, see ray_ranks.py)."""

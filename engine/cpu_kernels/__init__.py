@@ -40,6 +40,7 @@ _KERNELS = (
     "bf16_amx",
     "paged_decode_amx",
     "shared_attention_amx",
+    "thread_team",
 )
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),

@@ -65,6 +65,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         engine=engine,
         transport=args.transport,
         num_threads=args.threads,
+        engine_nice=args.engine_nice,
         tp=args.tp,
         device=device,
         redis_url=args.redis,

@@ -125,6 +125,16 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker (CPU)")
     p.add_argument(
+        "--engine-nice",
+        type=_nice,
+        default=None,
+        metavar="N|none",
+        help="nice value of each CPU worker's compute threads (e.g. -10; the worker's other "
+        "threads get 10 more): the front door's and I/O threads' work waits for the engine's "
+        "gaps instead of stalling it; faster tokens, later first tokens where they share "
+        "cores (worker/threads.py). Below 0 needs CAP_SYS_NICE. Default none: Ray's priority",
+    )
+    p.add_argument(
         "--kv-cache-gb",
         type=float,
         default=None,
@@ -270,3 +280,15 @@ def door_limits(args: argparse.Namespace) -> DoorLimits:
         queue_timeout_s=args.queue_timeout,
         max_body_bytes=args.max_body_bytes,
     )
+
+
+def _nice(value: str) -> int | None:
+    if value.lower() == "none":
+        return None
+    try:
+        nice = int(value)
+    except ValueError:
+        nice = None
+    if nice is None or not -20 <= nice <= 19:
+        raise argparse.ArgumentTypeError(f"a nice value from -20 to 19, or none; got {value!r}")
+    return nice

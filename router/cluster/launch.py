@@ -60,6 +60,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         engine=replace(spec.engine, device=spec.device),
         transport=spec.transport,
         num_threads=spec.num_threads,
+        engine_nice=spec.engine_nice,
         tp=tp,
         local_cluster=spec.local,
     )

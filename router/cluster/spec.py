@@ -19,6 +19,8 @@ class ClusterSpec:
     engine: EngineConfig = field(default_factory=EngineConfig)
     transport: str = "auto"
     num_threads: int = 1
+    engine_nice: int | None = None
+    """Nice value of every CPU worker's compute threads (worker/threads.py); None: Ray's."""
     tp: int = 1
     """Tensor-parallel size of every worker, unless the pool's own size below is given."""
     prefill_tp: int | None = None

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -184,7 +187,10 @@ def test_unified_mode_and_conditional_disaggregation(
     model_dir = tiny_model_dir("llama")
     # Default router config: prompts shorter than the threshold prefill on the decode worker.
     cluster = cluster_factory(make_spec(model_dir, num_prefill=1, num_decode=1))
-    unified = cluster_factory(make_spec(model_dir, mode="unified", num_prefill=0, num_decode=1))
+    # engine_nice above the test's own (0): asking for it needs no privilege.
+    unified = cluster_factory(
+        make_spec(model_dir, mode="unified", num_prefill=0, num_decode=1, engine_nice=4)
+    )
     batch = prompts(4, 1000, [5, 300, 20, 400], seed=3)
 
     async def run(backend) -> list:
@@ -199,6 +205,14 @@ def test_unified_mode_and_conditional_disaggregation(
     t = cluster.backend.transfers
     assert t.num_transfers == 2 and t.prefill_on_decode == 2  # the two long ones moved KV
     assert unified.backend.transfers.num_transfers == 0
+    # The unified worker's engine thread runs at the nice asked for, its others 10 behind it
+    # (worker/threads.py), none left at Ray's 15.
+    (member,) = unified.membership.workers.values()
+    nice = []
+    for task in Path(f"/proc/{member.info.pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            nice.append(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+    assert set(nice) == {4, 14}, nice
 
 
 def test_bad_request_is_a_clear_error(cluster_factory, loop_thread, tiny_model_dir) -> None:
