@@ -9,11 +9,13 @@
 
 The workload flags are `baton bench`'s (bench/serve.py add_workload_arguments): a plan
 replays exactly the requests that benchmark would send, through a discrete-event model of
-the cluster (bench/plan_sim.py: Baton's router and policy, prefix caches, FIFO prefill,
-KV transfer, continuous-batching decode) timed by the profile. It prints, per
-configuration, the expected TTFT and ITL (mean time per output token after the first, as
-`baton bench` reports TPOT) at p50 / p99 and the goodput (share of requests meeting both
-targets), and picks the smallest configuration whose goodput is within 1% of the best.
+the cluster (bench/plan_sim.py: Baton's router and policies, prefix caches, FIFO prefill,
+KV transfer, continuous-batching decode with the short prompts it prefills itself mixed in)
+timed by the profile. It prints, per configuration, the expected TTFT and ITL (mean time per
+output token after the first, as `baton bench` reports TPOT) at p50 / p99 and the goodput
+(share of requests meeting both targets), and picks the smallest configuration whose goodput
+is within 1% of the best. How close a plan comes to a real run: `python -m
+bench.plan_validate` (docs/performance.md).
 
 Tensor parallelism: one profile per TP size (`--profile tp1.json --profile tp2.json`, each
 measured with that TP); a worker of TP t counts as t GPUs against `--workers`.
@@ -64,7 +66,10 @@ def candidates(args: argparse.Namespace, tps: list[int]) -> list[tuple[int, int,
     return out
 
 
-def plan(args: argparse.Namespace) -> dict[str, Any]:
+def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]:
+    """Every candidate simulated (`runs`) and the `pick`; with `keep_records`, each run also
+    holds its per-request records (bench.plan_sim), in the order the benchmark sends them,
+    and its workers' busy time (`workers`)."""
     _fill_defaults(args)
     profiles = {}
     for path in args.profile:
@@ -75,12 +80,16 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         trace = trace_of(timed, args.duration)
         for tp, p, d in candidates(args, sorted(profiles)):
             prefill, decode = profiles[tp]
+            workers: dict[str, dict[str, float]] = {}
             records = simulate_cluster(
                 trace, prefill, decode, p, d, policy=args.policy, block_size=BLOCK,
                 kv_blocks_per_worker=args.kv_blocks, max_seqs=args.max_num_seqs,
+                disagg_min_uncached_tokens=args.disagg_min_uncached_tokens, workers_out=workers,
             )  # fmt: skip
             s = summarize(records, args.ttft_slo * 1000, args.tpot_slo * 1000)
             runs.append({"rate": rate, "tp": tp, "prefill": p, "decode": d, **s})
+            if keep_records:
+                runs[-1].update(records=records, workers=workers)
     best = max(r["goodput"] for r in runs)
     pick = min(
         (r for r in runs if r["goodput"] >= best - 0.01),
@@ -111,6 +120,14 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--policy", default="cache_aware", help="the router's prefill policy")
     p.add_argument("--kv-blocks", type=int, default=4096, help="KV blocks per worker")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--disagg-min-uncached-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="as `baton serve`'s: a prompt whose part its decode worker does not hold is "
+        "shorter than this is prefilled there (0: every prompt in the prefill pool)",
+    )
     p.add_argument("--out", default=None, help="JSON results")
     add_workload_arguments(p)
     return p

@@ -4,20 +4,24 @@
     arrival --route--> prefill worker (prefix cache, FIFO)  --KV transfer-->  decode worker
             (the router's        prefill_ms(uncached, cached)      latency +       (continuous
              own policy, fed     from the profile's fit            bytes / rate    batching)
-             KV events and loads)
+             KV events and loads)      (a short uncached part: prefilled on the decode worker)
 
+- Routing: Baton's Router with the cluster's prefill policy and its decode policy, fed the
+  KV events and load reports real workers send (every 8 requests), so it decides as the
+  real one does, conditional disaggregation included: a prompt whose part the chosen decode
+  worker does not hold is shorter than `disagg_min_uncached_tokens` (256 in `baton serve`)
+  is prefilled by that decode worker, inside its steps.
 - Prefill: bench.sim_worker.SimWorker (an LRU prefix cache of the worker's KV blocks in
-  front of a FIFO server) routed by Baton's Router with the cluster's policy, fed the same
-  KV events and load reports a real one gets (bench.sim_run does this for the prefill pool
-  alone). The first token leaves with the prefill's last step.
+  front of a FIFO server). The first token leaves with the prefill's last step.
 - Transfer: the prompt's KV (`kv_bytes_per_token`) at the profile's rate, plus its latency;
   free when the profile gives no rate.
-- Decode: each worker runs steps back to back while it has requests; a step takes
-  decode_step_ms + decode_row_ms * B + decode_ctx_ms * B * mean_context / 1000 (the
-  profile's fit) and gives every running request one token. A request whose KV arrived joins
-  at the next step boundary, if the worker has a free sequence slot and KV room for its whole
-  length (else it waits, first in first out). Decode workers are picked by fewest tokens in
-  flight, as Baton's decode policy does.
+- Decode: bench.plan_decode.DecodeSim, continuous batching with prompt chunks mixed in. A
+  request whose KV arrived joins at the next step boundary if the worker has a free
+  sequence slot and KV room for its whole length (else it waits, first in first out).
+
+The decode workers move in step with the arrivals: before each request is routed, every
+transfer that landed by then is handed over and every decode worker has run its steps up to
+that moment, so the router reads their caches and loads as they stand.
 
 Per request: TTFT (arrival -> prefill done + first-token delivery) and ITL (mean time
 between its later tokens); goodput is the share of requests that meet both targets.
@@ -26,104 +30,20 @@ between its later tokens); goodput is the share of requests that meet both targe
 from __future__ import annotations
 
 import heapq
-import json
-from collections import deque
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from bench.plan_decode import DecodeProfile, DecodeSim
 from bench.sim_profile import WorkerProfile
 from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
 from bench.workloads import TraceRequest
-from engine.perf_profile import decode_terms
 from router.routing.router import Router, RouterConfig
+from router.routing.ticket import Ticket
 
+__all__ = ["DecodeProfile", "DecodeSim", "simulate_cluster", "summarize"]
 
-@dataclass(frozen=True)
-class DecodeProfile:
-    step_ms: float
-    row_ms: float
-    ctx_ms: float
-    """Per row per thousand tokens of context."""
-
-    @classmethod
-    def load(cls, path: str | Path) -> DecodeProfile:
-        raw = json.loads(Path(path).read_text()).get("decode")
-        if not raw:
-            raise ValueError(f"{path}: no decode fit (measure it with `baton profile`)")
-        return cls(raw["decode_step_ms"], raw["decode_row_ms"], raw["decode_ctx_ms"])
-
-    def step(self, batch: int, mean_context: float) -> float:
-        terms = decode_terms(batch, mean_context)  # the fit `baton profile` made
-        return sum(c * x for c, x in zip((self.step_ms, self.row_ms, self.ctx_ms), terms))
-
-
-@dataclass
-class _Running:
-    index: int
-    context: int
-    left: int
-    """Output tokens still to come from decode steps."""
-    last_token_ms: float
-    gaps: list[float] = field(default_factory=list)
-
-
-class DecodeSim:
-    """One decode worker: continuous batching on the profile's step time."""
-
-    def __init__(self, profile: DecodeProfile, max_seqs: int, kv_tokens: int) -> None:
-        self.profile, self.max_seqs, self.kv_tokens = profile, max_seqs, kv_tokens
-        self.clock = 0.0
-        self.running: list[_Running] = []
-        self.waiting: deque[tuple[float, _Running]] = deque()  # (KV arrived, request)
-        self.finished: dict[int, list[float]] = {}
-
-    def tokens_in_flight(self) -> int:
-        return sum(r.context + r.left for r in self.running) + sum(
-            r.context + r.left for _, r in self.waiting
-        )
-
-    def add(self, kv_at_ms: float, index: int, prompt: int, left: int, first_token_ms: float):
-        """A request whose KV lands at `kv_at_ms`; its first token left at `first_token_ms`
-        (the prefill's), so its first gap here counts from then, as a client sees it."""
-        self.waiting.append((kv_at_ms, _Running(index, prompt, left, first_token_ms)))
-
-    def run_until(self, t: float) -> None:
-        """Every step that starts before `t`."""
-        while True:
-            self._admit()
-            if not self.running:
-                if self.waiting and self.waiting[0][0] < t:
-                    self.clock = max(self.clock, self.waiting[0][0])
-                    continue
-                if t != float("inf"):
-                    self.clock = max(self.clock, t)
-                return
-            if self.clock >= t:
-                return
-            mean_ctx = sum(r.context for r in self.running) / len(self.running)
-            self.clock += self.profile.step(len(self.running), mean_ctx)
-            for r in list(self.running):
-                r.gaps.append(self.clock - r.last_token_ms)
-                r.last_token_ms, r.context, r.left = self.clock, r.context + 1, r.left - 1
-                if r.left <= 0:
-                    self.running.remove(r)
-                    self.finished[r.index] = r.gaps
-
-    def _admit(self) -> None:
-        used = sum(r.context + r.left for r in self.running)
-        while self.waiting and self.waiting[0][0] <= self.clock:
-            r = self.waiting[0][1]
-            full = len(self.running) >= self.max_seqs or used + r.context + r.left > self.kv_tokens
-            if full and self.running:  # an empty worker takes even what does not fit
-                return
-            self.waiting.popleft()
-            used += r.context + r.left
-            if r.left <= 0:
-                self.finished[r.index] = []
-            else:
-                self.running.append(r)
+_REPORT_EVERY = 8
+"""Requests between load reports (the real door polls every 50 ms)."""
 
 
 def simulate_cluster(
@@ -137,60 +57,115 @@ def simulate_cluster(
     kv_blocks_per_worker: int = 4096,
     max_seqs: int = 64,
     first_token_ms: float = 0.0,
+    disagg_min_uncached_tokens: int = 0,
+    workers_out: dict[str, dict[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per request (in trace order): ttft_ms, itl_ms (None for one output token), e2e_ms."""
-    router = Router(RouterConfig(prefill_policy=policy, disagg_min_uncached_tokens=0))
+    """Per request (in trace order): ttft_ms, itl_ms (None for one output token), e2e_ms,
+    and on_decode (prefilled by its decode worker). `workers_out`, when given, gets each
+    worker's busy time, steps, decode rows and prefill tokens (as its step totals count)."""
+    router = Router(RouterConfig(
+        prefill_policy=policy, disagg_min_uncached_tokens=disagg_min_uncached_tokens,
+    ))  # fmt: skip
     router.register_model("m", block_size=block_size)
     workers = [SimWorker(f"p{i}", kv_blocks_per_worker, prefill) for i in range(num_prefill)]
     by_id = {w.worker_id: w for w in workers}
     for w in workers:
         router.add_worker(w.worker_id, "prefill", "m")
-    router.add_worker("d", "decode", "m")
-    decoders = [DecodeSim(decode, max_seqs, kv_blocks_per_worker * block_size)
-                for _ in range(num_decode)]  # fmt: skip
-    pending: list[tuple[float, int, Any]] = []  # prefills in progress: (finish, n, ticket)
+    decoders = {
+        f"d{i}": DecodeSim(
+            decode, max_seqs, kv_blocks_per_worker * block_size, prefill, f"d{i}", block_size
+        )
+        for i in range(num_decode)
+    }
+    for d in decoders.values():
+        router.add_worker(d.worker_id, "decode", "m")
+    prefilling: list[tuple[float, int, Ticket]] = []  # on prefill workers: (finish, n, ticket)
+    on_decode: list[tuple[int, Ticket, DecodeSim]] = []  # prefills on their decode worker
+    handoffs: list[tuple[float, int, str, int, int]] = []
+    """Transfers on their way: (KV at decode, n, decode worker, prompt, output)"""
     out: list[dict[str, Any]] = []
-    handoffs: list[tuple[float, int, int, int, float]] = []
-    """(KV at decode, index, prompt, output tokens, first token out)"""
-    for n, r in enumerate(trace):
-        now = float(r["timestamp"])
-        while pending and pending[0][0] <= now:
-            _, _, ticket = heapq.heappop(pending)
+    hashes_of = [r["hash_ids"] for r in trace]
+
+    def advance(now: float) -> None:
+        while handoffs and handoffs[0][0] <= now:
+            kv_at, n, d_id, prompt, output = heapq.heappop(handoffs)
+            for d in decoders.values():
+                d.run_until(kv_at)
+            decoders[d_id].add(kv_at, n, prompt, output - 1, hashes_of[n])
+        for d in decoders.values():
+            d.run_until(now)
+            for batch in d.take_events():
+                router.apply(batch)
+        while prefilling and prefilling[0][0] <= now:
+            _, _, ticket = heapq.heappop(prefilling)
             ticket.prefill_done()
             ticket.close()
-        if n % 8 == 0:
+        for item in [x for x in on_decode if x[2].first_token_ms.get(x[0], now + 1) <= now]:
+            item[1].prefill_done()
+            item[1].close()
+            on_decode.remove(item)
+
+    for n, r in enumerate(trace):
+        now = float(r["timestamp"])
+        advance(now)
+        if n % _REPORT_EVERY == 0:
             for w in workers:
                 router.report_load(w.load(now))
-        ticket = router.route("m", block_hashes=r["hash_ids"],
-                              num_prompt_tokens=r["input_length"], request_id=f"q{n}")  # fmt: skip
+            for d in decoders.values():
+                router.report_load(d.load(now))
+        hashes, length = r["hash_ids"], r["input_length"]
+        output = int(r["output_length"])
+        ticket = router.route("m", block_hashes=hashes, num_prompt_tokens=length,
+                              num_output_tokens=output, request_id=f"q{n}")  # fmt: skip
         ticket.admit()
-        w = by_id[ticket.decision.prefill_worker_id or ""]
-        hit, _, events, _ = w.serve(r["hash_ids"])
+        decision = ticket.decision
+        d = decoders[decision.decode_worker_id]
+        d_hit = d.cached_blocks(hashes)  # its reservation reuses these; they are not sent
+        out.append({"arrival_ms": now, "on_decode": decision.prefill_on_decode})
+        if decision.prefill_on_decode:
+            d.add_prefill(now, n, length, d_hit * block_size, output - 1, hashes)
+            on_decode.append((n, ticket, d))
+            continue
+        w = by_id[decision.prefill_worker_id or ""]
+        hit, _, events, _ = w.serve(hashes)
         router.apply(w.batch(events))
-        length = r["input_length"]
         cached = min(hit * block_size, length)
         done = w.enqueue(now, length, length - cached)
-        heapq.heappush(pending, (done, n, ticket))
-        kv_at = done + (prefill.transfer_ms(length) if prefill.can_transfer else 0.0)
-        handoffs.append((kv_at, n, length, int(r["output_length"]), done + first_token_ms))
-        out.append({"ttft_ms": done + first_token_ms - now, "arrival_ms": now})
-    for _, _, ticket in pending:
+        heapq.heappush(prefilling, (done, n, ticket))
+        sent = max(0, length - d_hit * block_size)  # blocks the decode worker holds stay
+        kv_at = done + (prefill.transfer_ms(sent) if prefill.can_transfer else 0.0)
+        if output > 1:
+            heapq.heappush(handoffs, (kv_at, n, d.worker_id, length, output))
+        else:  # the prefill worker's reply ends it: the decode worker drops its reservation
+            out[-1].update(ttft_ms=done + first_token_ms - now, itl_ms=None)
+            out[-1]["e2e_ms"] = out[-1]["ttft_ms"]
+    advance(float("inf"))
+    for _, ticket, _ in prefilling:
+        ticket.close()
+    for _, ticket, _ in on_decode:
         ticket.close()
     router.close()
-    # Decode: requests go to the worker with the fewest tokens in flight, in KV arrival order.
-    handoffs.sort()
-    for kv_at, n, prompt, output, first_out in handoffs:
-        for d in decoders:
-            d.run_until(kv_at)
-        target = min(decoders, key=DecodeSim.tokens_in_flight)
-        target.add(kv_at, n, prompt, output - 1, first_out)
-    for d in decoders:
-        d.run_until(float("inf"))
+    if workers_out is not None:
+        for w in workers:
+            t = w.load(float("inf")).steps  # every job done: all in the step totals
+            workers_out[w.worker_id] = _busy(t.forward_s, t.steps, 0, t.prefill_tokens)
+        for d in decoders.values():
+            workers_out[d.worker_id] = _busy(
+                d.busy_ms / 1000, d.num_steps, d.num_rows, d.num_prefill_tokens
+            )
+    for d in decoders.values():
+        for index, first in d.first_token_ms.items():
+            out[index]["ttft_ms"] = first + first_token_ms - out[index]["arrival_ms"]
         for index, gaps in d.finished.items():
             rec = out[index]
             rec["itl_ms"] = sum(gaps) / len(gaps) if gaps else None
             rec["e2e_ms"] = rec["ttft_ms"] + sum(gaps)
     return out
+
+
+def _busy(seconds: float, steps: int, rows: int, prefill_tokens: int) -> dict[str, float]:
+    return {"busy_s": seconds, "steps": steps, "decode_rows": rows,
+            "prefill_tokens": prefill_tokens}  # fmt: skip
 
 
 def summarize(records: list[dict[str, Any]], ttft_slo_ms: float, itl_slo_ms: float) -> dict:

@@ -13,7 +13,14 @@ import httpx
 
 from bench import serve_workloads as wl
 from bench.serve_client import run_load, scrape_metrics
-from bench.serve_metrics import SLO, scrape_by_label, scrape_by_labels, scrape_sum, summarize
+from bench.serve_metrics import (
+    SLO,
+    RequestResult,
+    scrape_by_label,
+    scrape_by_labels,
+    scrape_sum,
+    summarize,
+)
 from bench.workloads import DEFAULT_TRACE
 
 WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
@@ -80,9 +87,10 @@ def schedules(
 
 async def measure(
     base_url: str, model: str, rate: float, requests: Sequence[wl.BenchRequest],
-    args: argparse.Namespace, label: str = "",
+    args: argparse.Namespace, label: str = "", results: list[RequestResult] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """One run at one rate: scrape /metrics, send the load, scrape again, summarise."""
+    """One run at one rate: scrape /metrics, send the load, scrape again, summarise; the
+    per-request results are appended to `results` when given."""
     load_before = os.getloadavg()[0]
     before = await scrape_metrics(base_url)
     run = await run_load(
@@ -92,6 +100,8 @@ async def measure(
         grpc_target=getattr(args, "grpc", None),
     )  # fmt: skip
     after = await scrape_metrics(base_url)
+    if results is not None:
+        results.extend(run.results)
     kv_s = None
     worker_hits: dict[str, float] = {}
     computed = pulled = None

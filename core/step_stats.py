@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import msgspec
 
-PHASES = ("schedule", "forward", "attention", "sample", "output")
-"""The `*_s` fields, in step order (attention is inside forward)."""
+PHASES = ("schedule", "forward", "attention", "sample", "output", "between")
+"""The `*_s` fields, in step order (attention is inside forward; between is not a step's)."""
 
 
 class StepTotals(msgspec.Struct):
@@ -28,6 +28,12 @@ class StepTotals(msgspec.Struct):
     """LM head, logits processing and sampling."""
     output_s: float = 0.0
     """Detokenising, stop checks and building the deltas."""
+    between_s: float = 0.0
+    """The serving loop's time between two steps while the engine had work (engine.
+    async_engine): publishing a step's outputs, after-step hooks, the commands run before
+    the next step (admitting a transferred prompt, queueing a new one). Not in `busy_s`: a
+    decode request waits through it between two tokens all the same, so a served step's
+    pace is busy + between per step (0 offline, where nothing runs between steps)."""
     draft_tokens: int = 0
     """Speculative tokens verified (engine/spec); not in decode_rows or prefill_tokens."""
     accepted_tokens: int = 0

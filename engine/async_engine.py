@@ -20,6 +20,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -65,6 +66,9 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self.after_step: list[Callable[[], None]] = []
+        self.between_s = 0.0
+        """The loop's time between two steps while the engine had work (publishing, hooks,
+        commands): core.step_stats `between_s`, which the worker adds to its reports."""
         self.error: Exception | None = None
         """The last step's failure while the engine keeps failing (None once a step works):
         what a health check reports."""
@@ -180,12 +184,17 @@ class AsyncEngine:
 
     # -- the loop ---------------------------------------------------------------------------
     def _run(self) -> None:
+        stepped_at: float | None = None  # the last step's end, while the engine had work
         while not self._stopped.is_set():
             self._run_commands()
             try:
                 busy = self.engine.has_unfinished()
+                if busy and stepped_at is not None:
+                    self.between_s += time.perf_counter() - stepped_at
                 outputs = self.engine.step() if busy else []
+                stepped_at = time.perf_counter() if busy else None
             except Exception as e:  # a failed step must not hang every client
+                stepped_at = None
                 if self.error is None:
                     logger.exception("engine step failed; failing the running requests")
                 self.error = e

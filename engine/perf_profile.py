@@ -138,12 +138,19 @@ def measure_decode(
 ) -> list[Sample]:  # type: ignore[no-untyped-def]
     """`batch` requests of `context` prompt tokens prefilled together, then `steps` decode
     steps timed (mean per step). Aborted afterwards, so each shape starts from an empty
-    batch."""
+    batch. Each request asks for enough tokens to outlast the others' prefill: with chunked
+    prefill the first prompts decode while the last are still being computed, and one that
+    finished early would leave the timed steps a row short (the shape was then dropped, so
+    the large batch x context shapes that load brings were missing from the fit)."""
     vocab = engine.model_config.vocab_size
+    budget = engine.config.max_num_batched_tokens
     samples = []
     for context in contexts:
         for batch in batches:
-            params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
+            prefill_steps = -(-batch * context // budget)
+            params = SamplingParams(
+                max_tokens=prefill_steps + steps + 4, temperature=0.0, ignore_eos=True
+            )
             ids = [f"d{batch}-{context}-{i}" for i in range(batch)]
             for rid in ids:
                 engine.add_request(rid, _random_prompt(rng, vocab, context), params)

@@ -23,6 +23,8 @@ import time
 from dataclasses import replace
 from typing import Any, ClassVar
 
+import msgspec
+
 from core.config import EngineConfig
 from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
@@ -144,11 +146,13 @@ class WorkerBase:
         return await self.engine.call(self._take_load)
 
     def _take_load(self, g: EngineGroup) -> WorkerLoad:
-        """Engine thread: the load now; the KV events since the last read go to the log."""
+        """Engine thread: the load now, with the serving loop's time between steps; the KV
+        events since the last read go to the log."""
         events, load = g.call_all("report_state")
         if events is not None:
             self.events.append(events)
-        return load
+        steps = msgspec.structs.replace(load.steps, between_s=self.engine.between_s)
+        return msgspec.structs.replace(load, steps=steps)
 
     async def snapshot(self) -> KVEventBatch:
         """Everything cached here, as one batch that replaces a reader's view."""

@@ -47,8 +47,11 @@ def run_profile(args: argparse.Namespace) -> int:
     from engine import perf_profile as pp
     from engine.engine import LLMEngine
 
-    kv_tokens = max(max(args.batches) * (max(args.contexts) + args.decode_steps + 8),
-                    2 * max(args.lengths) + 64)  # fmt: skip
+    # Room for the largest decode shape without preempting: each row's context and every
+    # token it asks for (measure_decode: its shape's prefill steps + the timed ones + 4).
+    batch, context = max(args.batches), max(args.contexts)
+    tokens_per_row = context + -(-batch * context // args.chunk_tokens) + args.decode_steps + 8
+    kv_tokens = max(batch * tokens_per_row, 2 * max(args.lengths) + 64)
     config = EngineConfig(
         device=args.device,
         dtype=args.dtype,

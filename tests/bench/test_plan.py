@@ -42,20 +42,76 @@ def test_prefills_queue_first_in_first_out_and_a_cached_prefix_is_skipped() -> N
 
 
 def test_decode_batches_the_requests_it_holds() -> None:
-    d = DecodeSim(DECODE, max_seqs=8, kv_tokens=10_000)
-    d.add(0.0, 0, prompt=10, left=2, first_token_ms=0.0)
-    d.add(0.0, 1, prompt=10, left=2, first_token_ms=0.0)
+    d = DecodeSim(DECODE, max_seqs=8, kv_tokens=10_000, prefill=PREFILL)
+    d.add(0.0, 0, prompt=10, left=2)
+    d.add(0.0, 1, prompt=10, left=2)
     d.run_until(float("inf"))
     assert d.finished == {0: [7.0, 7.0], 1: [7.0, 7.0]}  # 5 + 2 rows per step
 
 
 def test_a_full_decode_worker_makes_the_next_request_wait() -> None:
-    d = DecodeSim(DECODE, max_seqs=1, kv_tokens=10_000)
-    d.add(0.0, 0, prompt=10, left=2, first_token_ms=0.0)
-    d.add(0.0, 1, prompt=10, left=1, first_token_ms=0.0)
+    d = DecodeSim(DECODE, max_seqs=1, kv_tokens=10_000, prefill=PREFILL)
+    d.add(0.0, 0, prompt=10, left=2)
+    d.add(0.0, 1, prompt=10, left=1)
     d.run_until(float("inf"))
     assert d.finished[0] == [6.0, 6.0]
-    assert d.finished[1] == [18.0]  # it joins when request 0 leaves at 12 ms
+    # It joins when request 0 leaves at 12 ms: its first token (the prefill's) shows then.
+    assert d.first_token_ms[1] == 12.0 and d.finished[1] == [6.0]
+
+
+def test_a_short_prompt_is_prefilled_by_its_decode_worker() -> None:
+    (r,) = simulate_cluster([req(0, 160, 4)], PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256)
+    assert r["on_decode"]
+    assert r["ttft_ms"] == pytest.approx(10 + 160)  # the prefill fit, on the decode worker
+    assert r["itl_ms"] == pytest.approx(6.0)
+
+
+def test_the_decode_worker_prefills_only_what_it_does_not_hold() -> None:
+    prefix = list(range(20))  # 320 tokens
+    a, b = simulate_cluster(
+        [req(0, 352, 2, prefix + [100, 101]), req(1000, 352, 2, prefix + [200, 201])],
+        PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256,
+    )  # fmt: skip
+    # a: 352 uncached tokens on the decode worker, so the prefill pool; once its KV lands
+    # there its blocks are in the decode worker's cache too.
+    assert not a["on_decode"] and a["ttft_ms"] == pytest.approx(10 + 352)
+    # b: only its own 32 tokens are not held there: prefilled on the decode worker.
+    assert b["on_decode"] and b["ttft_ms"] == pytest.approx(10 + 32)
+
+
+def test_a_prefix_on_its_way_to_the_decode_worker_is_not_there_yet() -> None:
+    prefix = list(range(20))
+    _, b = simulate_cluster(
+        [req(0, 352, 2, prefix + [100, 101]), req(100, 352, 2, prefix + [200, 201])],
+        PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256,
+    )  # fmt: skip
+    # b comes while a's KV is still being computed: the decode worker names a's blocks only
+    # once they land, so b goes to the prefill worker, which holds them (a is its last
+    # request), and waits there for a: 32 tokens after a's 362 ms.
+    assert not b["on_decode"] and b["ttft_ms"] == pytest.approx(362 + 10 + 32 - 100)
+
+
+def test_a_prompt_prefilled_on_the_decode_worker_stalls_its_running_rows() -> None:
+    d = DecodeSim(DECODE, max_seqs=8, kv_tokens=10_000, prefill=PREFILL)
+    d.add(0.0, 0, prompt=10, left=3)
+    d.add_prefill(0.0, 1, prompt=50, cached=0, left=1)
+    d.run_until(float("inf"))
+    # Step 1: request 0's row (decode fit: 5 + 1) with request 1's 50-token chunk (+ 50: no
+    # second fixed cost): 56 ms, its first token.
+    assert d.first_token_ms[1] == 56.0
+    assert d.finished[0] == [56.0, 7.0, 6.0]  # then two rows (5 + 2), then one (5 + 1)
+    assert d.finished[1] == [7.0]
+
+
+def test_prompt_chunks_on_a_decode_worker_share_the_step_budget() -> None:
+    small = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=64, attn_ms=0.0)
+    d = DecodeSim(DECODE, max_seqs=8, kv_tokens=10_000, prefill=small)
+    d.add(0.0, 0, prompt=10, left=2)
+    d.add_prefill(0.0, 1, prompt=100, cached=0, left=1)
+    d.run_until(float("inf"))
+    # 64 tokens a step: request 0's row, then 63 prompt tokens; the other 37 the next step.
+    assert d.finished[0] == [pytest.approx(6 + 63), pytest.approx(6 + 37)]
+    assert d.first_token_ms[1] == pytest.approx(69 + 43)
 
 
 def test_more_workers_help_the_phase_that_is_short() -> None:

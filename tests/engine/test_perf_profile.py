@@ -87,3 +87,19 @@ def test_baton_profile_measures_the_engine_and_writes_a_profile(tiny_model_dir, 
     from bench.sim_profile import WorkerProfile
 
     assert WorkerProfile.load(out).chunk_tokens == 2048
+
+
+def test_decode_shapes_whose_prefill_spans_many_steps_are_measured(tiny_model_dir, tmp_path):
+    # 8 x 96 prompt tokens at 64 a step: 12 prefill steps, more than the rows' 3 timed steps
+    # + 4; the first rows must still be running when the timed steps come.
+    from router.cli.main import main
+
+    out = tmp_path / "profile.json"
+    argv = ["profile", "--model", str(tiny_model_dir("llama")), "--out", str(out),
+            "--lengths", "16", "64", "--batches", "1", "8", "--contexts", "32", "96",
+            "--decode-steps", "3", "--repeat", "1", "--chunk-tokens", "64"]  # fmt: skip
+    assert main(argv) == 0
+    decode = json.loads(out.read_text())["samples"]["decode"]
+    assert {(s["batch"], s["context"]) for s in decode} == {
+        (b, c) for b in (1, 8) for c in (32, 96)
+    }

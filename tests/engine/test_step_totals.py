@@ -36,3 +36,30 @@ def test_the_reported_backlog_holds_a_chunked_prefill_until_its_last_chunk(tiny_
         backlog.append(engine.load().num_waiting_tokens)
     # Waiting, then running part-way through its prefill, then decoding: none left.
     assert backlog == [80, 48, 16, 0, 0, 0]
+
+
+def test_the_serving_loop_counts_its_time_between_steps_apart(tiny_model_dir) -> None:
+    import asyncio
+    import time
+
+    from engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine(LLMEngine(tiny_model_dir(), EngineConfig(num_kv_blocks=64)))
+    pause_s = 0.01
+    engine.after_step.append(lambda: time.sleep(pause_s))  # work between two steps
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    try:
+
+        async def main() -> int:
+            engine.open_stream("r")
+            await engine.call(lambda e: e.add_request("r", list(range(5, 25)), params))
+            return sum([len(d.new_token_ids) async for d in engine.stream("r", timeout_s=30)])
+
+        assert asyncio.run(main()) == 6
+        t = engine.submit(lambda e: e.load().steps).result(timeout=30)
+    finally:
+        engine.stop()
+    # Six steps with work; a pause after each of the first five comes before another step.
+    assert t.steps == 6
+    assert 5 * pause_s <= engine.between_s < 6 * pause_s + t.busy_s()
+    assert t.between_s == 0.0  # the engine's own totals are its steps'; the worker adds it

@@ -1,0 +1,252 @@
+"""`baton plan` against the same requests run for real, in one command (issue 23).
+
+    python -m bench.plan_validate                       # profile, then serve and plan each workload
+    python -m bench.plan_validate --profile bench/profiles/cpu_bench20m.json   # reuse a profile
+
+Per workload, the same requests (`baton bench`'s workload flags, WORKLOADS below) go
+through `baton plan`'s cluster model for one configuration and the profile, and for real
+through `baton serve` in that configuration (1 prefill + 1 decode worker by default; a fresh
+server each run, so no prefix is warm), `--repeat` times, measured by `baton bench`'s client.
+It prints and writes (bench/results/plan_validation.json) TTFT and time per output token at
+p50 and p99, measured (the median run, and the runs' range: one run's p99 is its few slowest
+requests) and predicted, and their ratio; the issue's target is each within 15%. The JSON
+also has each request measured beside its prediction, and each worker's busy time in engine
+steps, measured (its step counters) beside the model's: where a prediction is off, these say
+whether the work or its timing is.
+
+The profile is measured first (`baton profile`, the SHAPES below) on this machine, unless
+one is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import plan as baton_plan
+from bench import serve as baton_bench
+from bench import serve_workloads as wl
+from bench.serve_client import scrape_metrics
+from bench.serve_compare import LOGS, RESULTS, _warm_up, ensure_bench_model
+from bench.serve_metrics import RequestResult, scrape_by_label, scrape_by_labels
+from bench.serve_run import STEP_TOKENS, measure, schedules, served_model
+from bench.serve_server import ServerProcess
+
+WORKLOADS = {
+    "azure": ["--workload", "azure", "--time-scale", "2", "--num-requests", "150",
+              "--duration", "120"],
+    "shared_prefix": ["--workload", "shared_prefix", "--rate", "2", "--num-requests", "120",
+                      "--duration", "60", "--system-len", "1024", "--input-len", "128",
+                      "--tenants", "4", "--output-len", "64"],
+}  # fmt: skip
+SHAPES = ["--lengths", "16", "64", "256", "512", "1024", "--batches", "1", "4", "8", "16", "32",
+          "--contexts", "128", "512", "1024"]  # fmt: skip
+STEPS = "baton:worker_steps_total"
+STEP_SECONDS = "baton:worker_step_seconds_total"
+METRICS = (("ttft", "ttft_s", "ttft"), ("tpot", "tpot_s", "itl"))
+"""(name, `baton bench` summary key, `baton plan` key prefix): plan's ITL is the mean time per
+output token after the first, per request, as the benchmark's TPOT."""
+
+
+def profile(model_dir: Path, threads: int, out: Path) -> Path:
+    cmd = [sys.executable, "-m", "router.cli", "profile", "--model", str(model_dir),
+           "--threads", str(threads), *SHAPES, "--out", str(out)]  # fmt: skip
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, timeout=1800)
+    return out
+
+
+def kv_blocks(profile_path: Path, kv_cache_gb: float, block_size: int = 16) -> int:
+    """The KV blocks `baton serve --kv-cache-gb` gives a worker of this model."""
+    per_token = json.loads(profile_path.read_text()).get("kv_bytes_per_token", 0)
+    if not per_token:
+        raise ValueError(f"{profile_path}: no kv_bytes_per_token; pass --kv-blocks")
+    return int(kv_cache_gb * (1 << 30) // (per_token * block_size))
+
+
+async def served(
+    model_dir: Path, serve: list[str], flags: list[str], name: str
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """One real run of the workload on a fresh server: `baton bench`'s summary and its
+    per-request results, in the order they were sent."""
+    args = baton_bench.build_arg_parser(argparse.ArgumentParser()).parse_args(
+        ["--url", "http://unused", "--no-progress", *flags]
+    )
+    baton_bench._fill_defaults(args)
+    ((rate, timed),) = schedules(args, wl.TokenSpace(*args.token_range))
+    with ServerProcess([*serve, "--model", str(model_dir)], LOGS / f"plan_{name}.log") as server:
+        model = await served_model(server.url)
+        await _warm_up(server.url, model, args)
+        results: list[RequestResult] = []
+        before = await scrape_metrics(server.url)
+        summary = await measure(server.url, model, rate, timed, args, name, results)
+        after = await scrape_metrics(server.url)
+        if before is not None and after is not None:
+            summary["workers"] = step_totals(after, before)
+        return summary, results
+
+
+def step_totals(after: str, before: str) -> dict[str, dict[str, float]]:
+    """Per served worker, over the run: busy seconds in engine steps, steps, decode rows and
+    prefill tokens (its `baton:worker_step_*` counters), as the model counts its own, and
+    the serving loop's seconds between steps (which the model does not count)."""
+
+    def per(exposition: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        phases = scrape_by_labels(exposition, STEP_SECONDS, ("worker", "phase"))
+        for (worker, phase), v in phases.items():
+            w = out.setdefault(worker, {"busy_s": 0.0})
+            if phase == "between":  # the serving loop's, between steps
+                w["between_s"] = v
+            elif phase != "attention":  # inside forward
+                w["busy_s"] += v
+        for worker, v in scrape_by_label(exposition, STEPS, "worker").items():
+            out.setdefault(worker, {"busy_s": 0.0})["steps"] = v
+        tokens = scrape_by_labels(exposition, STEP_TOKENS, ("worker", "kind"))
+        for (worker, kind), v in tokens.items():
+            key = {"decode": "decode_rows", "prefill": "prefill_tokens"}.get(kind)
+            if key:
+                out.setdefault(worker, {"busy_s": 0.0})[key] = v
+        return out
+
+    a, b = per(after), per(before)
+    return {w: {k: v - b.get(w, {}).get(k, 0.0) for k, v in vals.items()} for w, vals in a.items()}
+
+
+def planned(profile_path: Path, pools: list[str], flags: list[str]) -> dict[str, Any]:
+    args = baton_plan.build_arg_parser(argparse.ArgumentParser()).parse_args(
+        ["--profile", str(profile_path), *pools, *flags]
+    )
+    return baton_plan.plan(args, keep_records=True)["pick"]
+
+
+def per_request(results: list[RequestResult], records: list[dict[str, Any]]) -> list[dict]:
+    """Measured and predicted side by side for each request (the same requests in the same
+    order on both sides), to see which requests a model gets wrong, not only how much."""
+    rows = []
+    for r, p in zip(results, records, strict=False):
+        tpot = r.tpot_s
+        rows.append({
+            "sent_s": round(r.sent_s, 3), "prompt_tokens": r.num_prompt_tokens,
+            "output_tokens": r.num_output_tokens, "ok": r.ok,
+            "ttft_ms": round(r.ttft_s * 1000, 1) if r.ttft_s is not None else None,
+            "tpot_ms": round(tpot * 1000, 2) if tpot is not None else None,
+            "predicted_ttft_ms": round(p["ttft_ms"], 1),
+            "predicted_tpot_ms": round(p["itl_ms"], 2) if p.get("itl_ms") is not None else None,
+            "predicted_on_decode": p.get("on_decode"),
+        })  # fmt: skip
+    return rows
+
+
+def compare(measured: list[dict[str, Any]], predicted: dict[str, Any]) -> dict[str, Any]:
+    """Each metric measured (the median over the runs, and the runs' range) against the
+    prediction."""
+    out: dict[str, Any] = {"measured_ms": {}, "measured_range_ms": {}, "predicted_ms": {},
+                           "predicted_over_measured": {}}  # fmt: skip
+    for name, bench_key, plan_key in METRICS:
+        for q in ("p50", "p99"):
+            values = [run[bench_key][q] * 1000 for run in measured]
+            m = statistics.median(values)
+            p = predicted[f"{plan_key}_{q}_ms"]
+            key = f"{name}_{q}"
+            out["measured_ms"][key] = m
+            out["measured_range_ms"][key] = [min(values), max(values)]
+            out["predicted_ms"][key] = p
+            out["predicted_over_measured"][key] = round(p / m, 2) if m else None
+    return out
+
+
+def table(runs: dict[str, dict[str, Any]]) -> str:
+    lines = ["| workload | TTFT p50 / p99 ms, measured | predicted | TPOT p50 / p99 ms, "
+             "measured | predicted | predicted / measured (TTFT p50, p99, TPOT p50, p99) |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for name, r in runs.items():
+        m, p, q = r["measured_ms"], r["predicted_ms"], r["predicted_over_measured"]
+        ratios = ", ".join(f"{q[k]:.2f}" for k in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99"))
+        lines.append(
+            f"| {name} | {m['ttft_p50']:,.0f} / {m['ttft_p99']:,.0f} | "
+            f"{p['ttft_p50']:,.0f} / {p['ttft_p99']:,.0f} | {m['tpot_p50']:.1f} / "
+            f"{m['tpot_p99']:.1f} | {p['tpot_p50']:.1f} / {p['tpot_p99']:.1f} | {ratios} |"
+        )
+    return "\n".join(lines)
+
+
+def _relative(path: Path) -> str:
+    """`path` from the repository root when it is inside it (results travel with the repo)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="default: the 20M bench model")
+    p.add_argument("--profile", default=None, help="a `baton profile` JSON (default: measure)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--prefill", type=int, default=1)
+    p.add_argument("--decode", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--kv-cache-gb", type=float, default=1.0, help="per worker, as baton serve")
+    p.add_argument("--disagg-min-uncached-tokens", type=int, default=256)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--repeat", type=int, default=3, help="real runs per workload (median)")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="one more `baton serve` argument (repeat it; e.g. --serve-arg=--engine-nice"
+                   " --serve-arg=-10)")  # fmt: skip
+    p.add_argument("--out", default=str(RESULTS / "plan_validation.json"))
+    args = p.parse_args(argv)
+    model_dir = ensure_bench_model(args.model)
+    prof = (
+        Path(args.profile)
+        if args.profile
+        else profile(model_dir, args.threads, RESULTS / "plan_validation_profile.json")
+    )
+    blocks = kv_blocks(prof, args.kv_cache_gb)
+    pools = ["--prefill", str(args.prefill), "--decode", str(args.decode)]
+    common = ["--max-num-seqs", str(args.max_num_seqs),
+              "--disagg-min-uncached-tokens", str(args.disagg_min_uncached_tokens)]  # fmt: skip
+    serve = [*pools, *common, "--threads", str(args.threads), "--kv-cache-gb",
+             str(args.kv_cache_gb), *args.serve_arg]  # fmt: skip
+    plan_flags = [*pools, *common, "--kv-blocks", str(blocks)]
+    runs: dict[str, dict[str, Any]] = {}
+    for name in args.workloads.split(","):
+        flags = WORKLOADS[name]
+        predicted = planned(prof, plan_flags, flags)
+        records, workers = predicted.pop("records"), predicted.pop("workers")
+        measured = []
+        for i in range(args.repeat):
+            summary, results = asyncio.run(served(model_dir, serve, flags, f"{name}-{i}"))
+            summary.update(requests=per_request(results, records),
+                           workers=summary.get("workers", {}))  # fmt: skip
+            measured.append(summary)
+        runs[name] = {**compare(measured, predicted), "predicted": predicted,
+                      "predicted_workers": workers, "measured": measured}  # fmt: skip
+        print(table({name: runs[name]}).splitlines()[-1], flush=True)
+    doc = {
+        "what": "baton plan's prediction against the same requests run for real",
+        "profile": _relative(prof),
+        "commands": {
+            "serve": "baton serve " + " ".join(serve),
+            "plan": "baton plan --profile PROFILE " + " ".join(plan_flags),
+            "workloads": {k: " ".join(v) for k, v in WORKLOADS.items()},
+        },
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(table(runs))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
