@@ -81,6 +81,10 @@ class ReadHolds:
             self._end(request_id)
         return True
 
+    def next_expiry(self) -> float | None:
+        """When the first hold runs out (monotonic clock); None without holds."""
+        return min((h.until for h in self._holds.values()), default=None)
+
     def expire(self) -> None:
         now = time.monotonic()
         for request_id in [r for r, h in self._holds.items() if h.until <= now]:

@@ -89,8 +89,26 @@ class TransferProtocol(SenderSide):
         self._deadline_seq = itertools.count()
 
     def active(self) -> bool:
-        """Anything in flight: the I/O thread then naps only briefly between steps."""
+        """Anything in flight (a request, a hold, a result settling)."""
         return bool(self._recvs or self._sends or self._settling or self._holds)
+
+    def needs_polling(self, messages_wake_fds: bool) -> bool:
+        """Whether something in flight shows its progress only to a poll: a backend op (an
+        asynchronous pull, a byte stream, an op still settling), a send waiting on a device
+        event, or, where the driver's messages wake no fd, any request waiting for one. If
+        not, the I/O thread may sleep on the fds until `next_deadline`."""
+        if self._pulling or self._streaming or self._gated or self._settling:
+            return True
+        return not messages_wake_fds and self.active()
+
+    def next_deadline(self) -> float | None:
+        """The earliest moment a step must run though no message came (monotonic clock): a
+        request's deadline or a read hold's end. Early is harmless (the heap keeps entries of
+        finished requests until their deadline passes); None if there is none."""
+        times = [t for t in (self._holds.next_expiry(),) if t is not None]
+        if self._deadlines:
+            times.append(self._deadlines[0][0])
+        return min(times, default=None)
 
     def step(self) -> bool:
         """One I/O step: queued commands, control messages, ops, deadlines. True if any of

@@ -7,12 +7,18 @@ single-threaded. Results go back through a Condition.
 The I/O loop, per step: run queued commands -> read control messages -> poll pulls and
 sends -> enforce deadlines. Between steps it waits in select() on a wake pipe plus whatever
 fds the driver says signal new messages (`shm`: its sockets, so a message is handled as it
-arrives), for at most ~0.2 ms while anything is in flight (backends without fds are
-polled). Idle, the nap doubles from 5 ms up to 100 ms for a polled backend (nothing a peer
-sends to an idle transport needs a quick answer: a transfer starts with a local command) and
-to 1 s for one with fds; an idle transport must not take the GIL from the engine hundreds of
-times a second (issue 17 measured ~10% of a unified worker's samples in this thread). A
-queued command writes the wake pipe whenever the I/O thread naps longer than ~0.2 ms.
+arrives). While something in flight can only be polled (a backend op, a send waiting on a
+device event, or any request where the driver's messages wake no fd: NIXL, UCX) it naps
+~0.2 ms; while it only waits for messages that wake an fd, until the next deadline or hold
+expiry (at most 1 s). Idle, the nap doubles from 5 ms up to 100 ms for a polled backend
+(nothing a peer sends to an idle transport needs a quick answer: a transfer starts with a
+local command) and to 1 s for one with fds. Neither may take the GIL from the engine
+hundreds of times a second: idle, this thread had ~10% of a unified worker's samples (issue
+17); waiting on a peer, a decode worker's shm transport that held reservations through a
+prefill worker's queue woke ~500 times a second, and on two cores every wake-up preempts an
+engine thread (the prefill worker's ~300 times a second under load, its steps 1.4-1.5x the
+profile's). A queued command writes the wake pipe whenever the I/O thread naps longer than
+~0.2 ms.
 """
 
 from __future__ import annotations
@@ -68,6 +74,13 @@ _IDLE_POLL_MAX_S = 0.1
 _IDLE_WAIT_MAX_S = 1.0
 _CONNECT_TIMEOUT_S = 30.0
 _CHECKED_MEMORY = 1024
+
+
+def _until(deadline: float | None) -> float:
+    """A nap that ends by `deadline` (monotonic), within [_ACTIVE_POLL_S, _IDLE_WAIT_MAX_S]."""
+    if deadline is None:
+        return _IDLE_WAIT_MAX_S
+    return min(_IDLE_WAIT_MAX_S, max(_ACTIVE_POLL_S, deadline - time.monotonic()))
 
 
 class DriverTransport(Transport):
@@ -319,6 +332,7 @@ class DriverTransport(Transport):
 
     def _run(self) -> None:
         step, active = self._protocol.step, self._protocol.active
+        needs_polling = self._protocol.needs_polling
         idle_nap = _IDLE_POLL_S
         while not self._stop:
             try:
@@ -330,8 +344,10 @@ class DriverTransport(Transport):
                 idle_nap = _IDLE_POLL_S
                 continue
             fds = [self._wake_r, *self.driver.wait_fds()]
-            if active():
+            if needs_polling(len(fds) > 1):
                 nap, idle_nap = _ACTIVE_POLL_S, _IDLE_POLL_S
+            elif active():  # waiting for peers' messages, which wake an fd, and deadlines
+                nap, idle_nap = _until(self._protocol.next_deadline()), _IDLE_POLL_S
             else:
                 nap = idle_nap
                 idle_nap = min(2 * idle_nap, _IDLE_WAIT_MAX_S if len(fds) > 1 else _IDLE_POLL_MAX_S)

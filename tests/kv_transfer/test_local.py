@@ -223,3 +223,41 @@ def test_an_idle_transport_naps_longer_and_still_wakes_for_work(sides) -> None:
     prefill.transport.send("late", [1], to_decode, [3], list(range(LAYOUT.num_layers)))
     assert decode.transport.wait("late", Role.RECV, 10).ok
     assert torch.equal(decode.kv[:, 3], prefill.kv[:, 1])
+
+
+def test_a_transport_waiting_on_its_peer_sleeps_until_a_message_wakes_it() -> None:
+    """A reservation held through the sender's queue (a decode worker's, while the prefill
+    worker works through the prompts ahead): where messages wake an fd (shm), the I/O thread
+    sleeps until one comes instead of polling every 0.2 ms (~5,000 wake-ups a second, each
+    preempting an engine thread on a small host); the transfer still lands on its message."""
+    prefill, decode = Side(LAYOUT, 1, backend="shm"), Side(LAYOUT, 2, backend="shm")
+    try:
+        to_decode = prefill.transport.add_peer(decode.transport.local_metadata())
+        decode.transport.add_peer(prefill.transport.local_metadata())
+        calls = []
+        messages = decode.transport.driver.messages
+        decode.transport.driver.messages = lambda: calls.append(1) or messages()
+        decode.transport.expect("queued", [3, 4], timeout_s=30)
+        time.sleep(1.0)
+        assert len(calls) <= 20  # polling at 0.2 ms: thousands
+        prefill.transport.send("queued", [1, 2], to_decode, [3, 4], list(range(LAYOUT.num_layers)))
+        assert decode.transport.wait("queued", Role.RECV, 10).ok
+        assert torch.equal(decode.kv[:, 3:5], prefill.kv[:, 1:3])
+    finally:
+        prefill.transport.close()
+        decode.transport.close()
+
+
+def test_a_waiting_transport_still_fails_a_request_at_its_deadline() -> None:
+    """Sleeping on its fds, the I/O thread still wakes for the earliest deadline."""
+    prefill, decode = Side(LAYOUT, 1, backend="shm"), Side(LAYOUT, 2, backend="shm")
+    try:
+        decode.transport.add_peer(prefill.transport.local_metadata())
+        decode.transport.expect("never-sent", [3], timeout_s=0.3)
+        started = time.monotonic()
+        result = decode.transport.wait("never-sent", Role.RECV, 10)
+        assert not result.ok and "deadline" in (result.error or "")
+        assert time.monotonic() - started < 5  # not the 1 s naps' multiple, nor the wait's 10
+    finally:
+        prefill.transport.close()
+        decode.transport.close()
