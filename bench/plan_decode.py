@@ -73,7 +73,8 @@ class _Seq:
     left: int
     """Output tokens still to come from decode steps (after the first)."""
     last_token_ms: float
-    """When its latest token left (for a transfer: the prefill worker's first token)."""
+    """When its latest token left (its first: when its prefill ended here, or when it joined
+    the batch with its KV transferred)."""
     hashes: list[int] = field(default_factory=list)
     """Its prompt's block hashes, named in the prefix cache when it joins the batch."""
     gaps: list[float] = field(default_factory=list)

@@ -33,10 +33,9 @@ from typing import Any
 from bench import plan as baton_plan
 from bench import serve as baton_bench
 from bench import serve_workloads as wl
-from bench.serve_client import scrape_metrics
 from bench.serve_compare import LOGS, RESULTS, _warm_up, ensure_bench_model
-from bench.serve_metrics import RequestResult, scrape_by_label, scrape_by_labels
-from bench.serve_run import STEP_TOKENS, measure, schedules, served_model
+from bench.serve_metrics import RequestResult
+from bench.serve_run import measure, schedules, served_model
 from bench.serve_server import ServerProcess
 
 WORKLOADS = {
@@ -48,8 +47,6 @@ WORKLOADS = {
 }  # fmt: skip
 SHAPES = ["--lengths", "16", "64", "256", "512", "1024", "--batches", "1", "4", "8", "16", "32",
           "--contexts", "128", "512", "1024"]  # fmt: skip
-STEPS = "baton:worker_steps_total"
-STEP_SECONDS = "baton:worker_step_seconds_total"
 METRICS = (("ttft", "ttft_s", "ttft"), ("tpot", "tpot_s", "itl"))
 """(name, `baton bench` summary key, `baton plan` key prefix): plan's ITL is the mean time per
 output token after the first, per request, as the benchmark's TPOT."""
@@ -85,39 +82,8 @@ async def served(
         model = await served_model(server.url)
         await _warm_up(server.url, model, args)
         results: list[RequestResult] = []
-        before = await scrape_metrics(server.url)
         summary = await measure(server.url, model, rate, timed, args, name, results)
-        after = await scrape_metrics(server.url)
-        if before is not None and after is not None:
-            summary["workers"] = step_totals(after, before)
         return summary, results
-
-
-def step_totals(after: str, before: str) -> dict[str, dict[str, float]]:
-    """Per served worker, over the run: busy seconds in engine steps, steps, decode rows and
-    prefill tokens (its `baton:worker_step_*` counters), as the model counts its own, and
-    the serving loop's seconds between steps (which the model does not count)."""
-
-    def per(exposition: str) -> dict[str, dict[str, float]]:
-        out: dict[str, dict[str, float]] = {}
-        phases = scrape_by_labels(exposition, STEP_SECONDS, ("worker", "phase"))
-        for (worker, phase), v in phases.items():
-            w = out.setdefault(worker, {"busy_s": 0.0})
-            if phase == "between":  # the serving loop's, between steps
-                w["between_s"] = v
-            elif phase != "attention":  # inside forward
-                w["busy_s"] += v
-        for worker, v in scrape_by_label(exposition, STEPS, "worker").items():
-            out.setdefault(worker, {"busy_s": 0.0})["steps"] = v
-        tokens = scrape_by_labels(exposition, STEP_TOKENS, ("worker", "kind"))
-        for (worker, kind), v in tokens.items():
-            key = {"decode": "decode_rows", "prefill": "prefill_tokens"}.get(kind)
-            if key:
-                out.setdefault(worker, {"busy_s": 0.0})[key] = v
-        return out
-
-    a, b = per(after), per(before)
-    return {w: {k: v - b.get(w, {}).get(k, 0.0) for k, v in vals.items()} for w, vals in a.items()}
 
 
 def planned(profile_path: Path, pools: list[str], flags: list[str]) -> dict[str, Any]:
@@ -225,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = []
         for i in range(args.repeat):
             summary, results = asyncio.run(served(model_dir, serve, flags, f"{name}-{i}"))
-            summary.update(requests=per_request(results, records),
-                           workers=summary.get("workers", {}))  # fmt: skip
+            summary["requests"] = per_request(results, records)
             measured.append(summary)
         runs[name] = {**compare(measured, predicted), "predicted": predicted,
                       "predicted_workers": workers, "measured": measured}  # fmt: skip

@@ -29,6 +29,8 @@ KV_SECONDS = "baton:kv_transfer_seconds_sum"
 STEP_TOKENS = "baton:worker_step_tokens_total"
 PULLED_TOKENS = "baton:prefix_pulled_tokens_total"
 WORKER_HIT_RATE = "baton:prefix_cache_hit_rate"
+STEPS = "baton:worker_steps_total"
+STEP_SECONDS = "baton:worker_step_seconds_total"
 
 
 def build_workload(args: argparse.Namespace, space: wl.TokenSpace) -> list[wl.BenchRequest]:
@@ -105,7 +107,9 @@ async def measure(
     kv_s = None
     worker_hits: dict[str, float] = {}
     computed = pulled = None
+    workers: dict[str, dict[str, float]] = {}
     if before is not None and after is not None:
+        workers = step_totals(after, before)
         kv_s = scrape_sum(after, KV_SECONDS) - scrape_sum(before, KV_SECONDS)
         worker_hits = scrape_by_label(after, WORKER_HIT_RATE, "worker")
         computed = _prompt_tokens_computed(after) - _prompt_tokens_computed(before)
@@ -121,9 +125,37 @@ async def measure(
     # counts the decode worker's hits (blocks not sent), the prefill workers' hits (tokens
     # not recomputed) show only here.
     summary["worker_prefix_hit_rate"] = worker_hits
+    summary["workers"] = workers
     summary.update(rate=rate, num_not_sent=run.num_not_sent,
                    load_avg_1m=(load_before, os.getloadavg()[0]))  # fmt: skip
     return summary
+
+
+def step_totals(after: str, before: str) -> dict[str, dict[str, float]]:
+    """Per served worker, over the run: busy seconds in engine steps, steps, decode rows and
+    prefill tokens (its `baton:worker_step_*` counters), as the model counts its own, and
+    the serving loop's seconds between steps (which the model does not count)."""
+
+    def per(exposition: str) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        phases = scrape_by_labels(exposition, STEP_SECONDS, ("worker", "phase"))
+        for (worker, phase), v in phases.items():
+            w = out.setdefault(worker, {"busy_s": 0.0})
+            if phase == "between":  # the serving loop's, between steps
+                w["between_s"] = v
+            elif phase != "attention":  # inside forward
+                w["busy_s"] += v
+        for worker, v in scrape_by_label(exposition, STEPS, "worker").items():
+            out.setdefault(worker, {"busy_s": 0.0})["steps"] = v
+        tokens = scrape_by_labels(exposition, STEP_TOKENS, ("worker", "kind"))
+        for (worker, kind), v in tokens.items():
+            key = {"decode": "decode_rows", "prefill": "prefill_tokens"}.get(kind)
+            if key:
+                out.setdefault(worker, {"busy_s": 0.0})[key] = v
+        return out
+
+    a, b = per(after), per(before)
+    return {w: {k: v - b.get(w, {}).get(k, 0.0) for k, v in vals.items()} for w, vals in a.items()}
 
 
 def _prompt_tokens_computed(exposition: str) -> float:

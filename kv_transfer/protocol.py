@@ -105,10 +105,9 @@ class TransferProtocol(SenderSide):
         """The earliest moment a step must run though no message came (monotonic clock): a
         request's deadline or a read hold's end. Early is harmless (the heap keeps entries of
         finished requests until their deadline passes); None if there is none."""
-        times = [t for t in (self._holds.next_expiry(),) if t is not None]
-        if self._deadlines:
-            times.append(self._deadlines[0][0])
-        return min(times, default=None)
+        first = self._deadlines[0][0] if self._deadlines else None
+        expiry = self._holds.next_expiry()
+        return min((t for t in (first, expiry) if t is not None), default=None)
 
     def step(self) -> bool:
         """One I/O step: queued commands, control messages, ops, deadlines. True if any of

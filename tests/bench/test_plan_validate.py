@@ -1,5 +1,6 @@
-"""`bench/plan_validate.py`'s bookkeeping: a worker's step counters over a run, measured
-runs against a prediction, and the KV blocks a served worker gets."""
+"""`bench/plan_validate.py`'s bookkeeping: a worker's step counters over a run (as every
+`baton bench` run reports them), measured runs against a prediction, and the KV blocks a
+served worker gets."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from bench import plan_validate as pv
+from bench.serve_run import step_totals
 
 
 def exposition(forward: float, between: float, steps: int, rows: int) -> str:
@@ -26,7 +28,7 @@ def exposition(forward: float, between: float, steps: int, rows: int) -> str:
 def test_step_totals_are_the_growth_over_the_run_busy_without_attention_or_between() -> None:
     before = exposition(forward=10.0, between=0.5, steps=100, rows=300)
     after = exposition(forward=25.0, between=0.75, steps=400, rows=1200)
-    (w,) = pv.step_totals(after, before).values()
+    (w,) = step_totals(after, before).values()
     # forward grew 15 s; sample 1 -> 1; attention is inside forward, between is the loop's.
     assert w == {"busy_s": 15.0, "between_s": 0.25, "steps": 300, "decode_rows": 900,
                  "prefill_tokens": 0}  # fmt: skip
