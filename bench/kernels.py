@@ -1,13 +1,15 @@
 """Kernel micro-benchmark (CUDA only): where the Triton kernels stand on a new GPU.
 
-    python -m bench.kernels [--dtype bfloat16] [--out bench/results/kernels.json]
+    python -m bench.kernels [--dtype bfloat16] [--out bench/results/kernels.json] [--tune]
 
 For each kernel, the median time (triton.testing.do_bench) next to a torch baseline and the
 achieved memory bandwidth = bytes the kernel must move / time, against the device's peak:
 
     decode   paged_decode_attention  vs  SDPA on K/V already gathered contiguous (the gather
              itself is timed apart: it is what a non-paged kernel would have to pay), and
-             flash-attn's paged flash_attn_with_kvcache (`flash_ms`)
+             flash-attn's paged flash_attn_with_kvcache (`flash_ms`); `graph_ms` is the
+             kernel replayed from a CUDA graph, as a serving decode step runs it (the eager
+             figure carries the Python launch, which a short kernel cannot hide)
              bytes = K + V of every context + q + out
     prefill  paged_prefill_attention vs  causal SDPA per prompt batch, and flash-attn's
              flash_attn_varlen_func on the packed prompts (`flash_ms`); also TFLOP/s
@@ -20,6 +22,10 @@ float32 kernels); otherwise the run says why it is left out. Its paged KV cache 
 of a multiple of 256 tokens, so it reads the same contexts in 256-token pages where the
 Triton kernel reads 16-token ones.
 
+--tune times every candidate launch of the prefill kernel (query rows and keys per tile,
+warps, pipeline stages) on the prefill shapes, checks each against SDPA, and prints the
+fastest: how `engine/kernels/prefill_attention.launch_config` was chosen.
+
 The peak is the theoretical DRAM bandwidth when torch reports the memory clock and bus
 width, else a measured device-to-device copy (marked "copy"). Without CUDA it prints a
 skip message and exits 0.
@@ -28,6 +34,8 @@ skip message and exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -105,15 +113,26 @@ def _decode_case(
     k = kv[tables.long(), 0].flatten(1, 2).transpose(1, 2).contiguous()  # [B, Hk, L, D]
     v = kv[tables.long(), 1].flatten(1, 2).transpose(1, 2).contiguous()
     ms = _time(lambda: paged_decode_attention(q, kv, tables, lens, d**-0.5, out=out))
+    graph_ms = _graph_ms(lambda: paged_decode_attention(q, kv, tables, lens, d**-0.5, out=out))
     base = _time(
         lambda: F.scaled_dot_product_attention(q.unsqueeze(2), k, v, scale=d**-0.5, enable_gqa=True)
     )
-    extra = {"gather_ms": _time(lambda: kv[tables.long()])}
+    extra = {"graph_ms": graph_ms, "gather_ms": _time(lambda: kv[tables.long()])}
     if flash is not None:
         extra["flash_ms"] = _flash_decode_ms(flash, q, lens, hk, ctx)
     nbytes = 2 * k.numel() * k.element_size() + 2 * q.numel() * q.element_size()
     name = f"decode B={batch} ctx={ctx} {hq}/{hk}x{d}"
     return _row(name, ms, base, nbytes, peak, **extra)
+
+
+def _graph_ms(fn: Callable[[], Any]) -> float:
+    """`fn` captured once in a CUDA graph (after a warm-up that compiles it), the replay timed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return _time(graph.replay)
 
 
 def _flash_decode_ms(flash: Any, q: torch.Tensor, lens: torch.Tensor, hk: int, ctx: int) -> float:
@@ -177,6 +196,74 @@ def _prefill_case(
     return _row(name, ms, base, nbytes, peak, tflops=flops / (ms * 1e-3) / 1e12, **extra)
 
 
+TUNE_BLOCK_M = (32, 64, 128)
+
+
+def tune_launches(dtype: torch.dtype) -> list[tuple[int, int, int]]:
+    """(keys per tile, warps, stages) to try; float32 tiles take twice the shared memory."""
+    if dtype == torch.float32:
+        return list(itertools.product((32,), (4, 8), (1, 2)))
+    return list(itertools.product((32, 64), (4, 8), (2, 3)))
+
+
+def tune_prefill(dtype: torch.dtype, dev: torch.device) -> list[dict]:
+    """Every candidate launch of the prefill kernel on bench_prefill's shapes: its total time
+    over them (None where it does not compile or disagrees with SDPA), fastest first."""
+    from engine.kernels.prefill_attention import (
+        LaunchConfig,
+        PrefillLayout,
+        paged_prefill_attention,
+    )
+
+    page, hq, hk, d = 16, 32, 8, 128
+    shapes = []
+    for batch, length in ((1, 4096), (8, 1024), (32, 256)):
+        nblk = length // page
+        kv = torch.randn(batch * nblk, 2, page, hk, d, dtype=dtype, device=dev)
+        tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
+        q = torch.randn(batch * length, hq, d, dtype=dtype, device=dev)
+        idx = torch.tensor(tables, device=dev)
+        k, v = (kv[idx, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
+        qb = q.view(batch, length, hq, d).transpose(1, 2)
+        want = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=d**-0.5,
+                                              enable_gqa=True)  # fmt: skip
+        want = want.transpose(1, 2).reshape(q.shape).float()
+        shapes.append((batch, length, tables, q, kv, want))
+    rows = []
+    for block_m in TUNE_BLOCK_M:
+        layouts = [
+            PrefillLayout.build([i * n for i in range(b)], [n] * b, [n] * b, t, dev, block_m)
+            for b, n, t, *_ in shapes
+        ]
+        for launch in tune_launches(dtype):
+            config = LaunchConfig(*launch)
+            row = dict(block_m=block_m, **dataclasses.asdict(config), ms=None)
+            try:
+                row["ms"] = sum(
+                    _time_checked(paged_prefill_attention, layout, config, *shape[3:])
+                    for layout, shape in zip(layouts, shapes, strict=True)
+                )
+            except Exception as e:  # a candidate that fails to compile is reported, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
+            print(row)
+            rows.append(row)
+    rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
+    return rows
+
+
+def _time_checked(
+    kernel: Callable[..., Any], layout: Any, config: Any, q: torch.Tensor, kv: torch.Tensor,
+    want: torch.Tensor,
+) -> float:  # fmt: skip
+    out = torch.empty_like(q)
+    scale = q.shape[-1] ** -0.5
+    kernel(q, kv, layout, scale, out, config)
+    error = (out.float() - want).abs().amax() / want.abs().amax()
+    if not error <= 2e-2:
+        raise ValueError(f"error {float(error):.3g} of the largest output, against SDPA")
+    return _time(lambda: kernel(q, kv, layout, scale, out, config))
+
+
 def bench_small(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:
     from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
     from engine.kernels.rms_norm import rms_norm, rms_norm_ref
@@ -213,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--tune", action="store_true",
+                        help="time the prefill kernel's candidate launches instead")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.kernels skipped: no CUDA device (the kernels run on CPU only in the "
@@ -224,6 +313,15 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(dev)
     flash, flash_note = load_flash_attn(dtype)
     print(f"{name}: peak {peak / 1e9:.0f} GB/s ({source}), dtype {args.dtype}; {flash_note}")
+    if args.tune:
+        tuned = tune_prefill(dtype, dev)
+        print("fastest:", *tuned[:5], sep="\n  ")
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(
+                json.dumps(dict(device=name, dtype=args.dtype, rows=tuned), indent=2)
+            )
+        return 0
     rows = bench_decode(dtype, peak, dev, flash) + bench_prefill(dtype, peak, dev, flash)
     rows += bench_small(dtype, peak, dev)
     if args.out:

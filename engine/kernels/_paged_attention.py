@@ -33,7 +33,7 @@ from engine.kv_cache.quant import dequantize
 
 @triton.jit
 def attend_paged_kv(
-    q, q_pos, kv_ptr, table_ptr, table_row, kv_head, start, end, scale,
+    m, denom, acc, q, q_pos, kv_ptr, table_ptr, table_row, kv_head, start, end, scale,
     stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
     ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, DOT: tl.constexpr,
@@ -41,13 +41,11 @@ def attend_paged_kv(
 ):  # fmt: skip
     """q: [ROWS, BLOCK_D] against keys [start, end) of the sequence whose block table is
     row `table_row` of `table_ptr`. CAUSAL: row r sees only keys at positions <= q_pos[r]
-    (q_pos is unused otherwise). Returns the online-softmax state (m, denom, acc): the row
-    maximum, the sum of exp(s - m) and the unnormalised output [ROWS, BLOCK_D], in float32."""
+    (q_pos is unused otherwise). Carries on the online-softmax state (m, denom, acc) -- the
+    row maximum, the sum of exp(s - m) and the unnormalised output [ROWS, BLOCK_D], in
+    float32; `initial_state` starts one -- and returns it."""
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    denom = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         n_mask = pos < end
@@ -61,7 +59,8 @@ def attend_paged_kv(
             k_scale = tl.load(_scale_ptr(kv_ptr + base + HEAD_DIM), mask=n_mask, other=0.0)
             s = s * k_scale.to(tl.float32)[None, :]
         if CAUSAL:
-            # Key 0 is visible to every row, so each row's maximum is finite from the first tile.
+            # Callers start a causal range at a key every row sees, so each row's maximum is
+            # finite from the first tile.
             s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
         else:
             s = tl.where(n_mask[None, :], s, float("-inf"))
@@ -82,6 +81,13 @@ def attend_paged_kv(
         acc = acc * alpha[:, None] + tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
         m = m_new
     return m, denom, acc
+
+
+@triton.jit
+def initial_state(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(m, denom, acc) before any key: -inf, 0, 0."""
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    return m, tl.zeros([ROWS], tl.float32), tl.zeros([ROWS, BLOCK_D], tl.float32)
 
 
 @triton.jit

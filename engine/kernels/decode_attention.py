@@ -34,6 +34,7 @@ from engine.kernels._paged_attention import (
     attend_paged_kv,
     cached_values,
     check_paged_attention,
+    initial_state,
 )
 
 MAX_SPLITS = 16
@@ -73,8 +74,9 @@ def _decode_split_kernel(
         mask=row_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
+    m, denom, acc = initial_state(BLOCK_H, BLOCK_D)
     m, denom, acc = attend_paged_kv(
-        q, None, kv_ptr, table_ptr, b, kv_head, start, end, scale,
+        m, denom, acc, q, None, kv_ptr, table_ptr, b, kv_head, start, end, scale,
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
         BLOCK_H, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT, QUANT,
     )  # fmt: skip

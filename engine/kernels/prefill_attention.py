@@ -11,6 +11,9 @@ chunked prefill, prefix-cache hits and KV received from another worker.
 
 The grid is (tile, query head): a tile is BLOCK_M query rows of one chunk. The host lists
 the tiles once per step (it knows the chunk lengths), so no program idles on padding.
+
+Tile sizes, warps and pipeline stages (`launch_config`) were picked by timing the candidates
+on an H100 (docs/performance.md, "The Triton attention kernels on an H100").
 """
 
 from __future__ import annotations
@@ -35,14 +38,37 @@ from engine.kernels._paged_attention import (
     attend_paged_kv,
     cached_values,
     check_paged_attention,
+    initial_state,
 )
 
-BLOCK_M = 32
+BLOCK_M = 64
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one prefill launch is cut: keys per loop step, warps per program, pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def launch_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
+    """The fastest measured at head_dim 128 with BLOCK_M rows a tile (`python -m bench.kernels
+    --tune` on an H100): bfloat16 32 keys, 4 warps, 2 stages (2.0x the 32-row tiles and
+    Triton's default stages before it); float32's tiles spill registers at 4 warps (11x
+    slower), so 8 warps and one stage. A head_dim above 128 (not measured) halves the keys."""
+    if dtype == torch.float32:
+        return LaunchConfig(block_n=32 if head_dim <= 128 else 16, num_warps=8, num_stages=1)
+    if head_dim > 128:
+        return LaunchConfig(block_n=16, num_warps=8, num_stages=2)
+    return LaunchConfig(block_n=32, num_warps=4, num_stages=2)
 
 
 @dataclass(frozen=True)
 class PrefillLayout:
-    """The step's chunks as device tensors, plus the tile list the kernel's grid walks."""
+    """The step's chunks as device tensors, plus the tile list the kernel's grid walks
+    (`block_m` query rows a tile)."""
 
     query_starts: torch.Tensor  # [C] row of each chunk's first query in q
     query_lens: torch.Tensor  # [C]
@@ -50,6 +76,7 @@ class PrefillLayout:
     block_tables: torch.Tensor  # [C, max_blocks], padded with 0 (never read)
     tile_chunks: torch.Tensor  # [num_tiles] chunk of each tile
     tile_rows: torch.Tensor  # [num_tiles] first query row (within its chunk) of each tile
+    block_m: int = BLOCK_M
 
     @staticmethod
     def build(
@@ -89,6 +116,7 @@ class PrefillLayout:
             table,
             as_tensor([c for c, _ in tiles]),
             as_tensor([r for _, r in tiles]),
+            block_m,
         )
 
 
@@ -123,10 +151,19 @@ def _prefill_kernel(
     q = tl.load(q_ptr + q_offs, mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = prefix + rows
 
-    # Keys past the tile's last query position are masked for every row: stop there.
-    end = tl.minimum(seq_len, prefix + row0 + BLOCK_M)
+    # Keys before the tile's first query position are visible to every row (no causal mask);
+    # keys past its last are masked for every row: stop there.
+    diagonal = prefix + row0
+    end = tl.minimum(seq_len, diagonal + BLOCK_M)
+    m, denom, acc = initial_state(BLOCK_M, BLOCK_D)
+    m, denom, acc = attend_paged_kv(
+        m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, diagonal, scale,
+        stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT, QUANT,
+    )  # fmt: skip
+    # Key `diagonal` is visible to every row, so each row's maximum is finite from here on.
     _, denom, acc = attend_paged_kv(
-        q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, end, scale,
+        m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, diagonal, end, scale,
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
         BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT, QUANT,
     )  # fmt: skip
@@ -143,10 +180,11 @@ def paged_prefill_attention(
     layout: PrefillLayout,
     scale: float,
     out: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """q: [T, Hq, D] (rows outside the layout's chunks are neither read nor written);
     kv_layer: [num_blocks, 2, block_size, Hk, D] already holding the chunks' K/V.
-    Returns [T, Hq, D] (into `out`)."""
+    Returns [T, Hq, D] (into `out`). `config`: `launch_config`'s unless given (benchmarks)."""
     out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     for name in ("query_starts", "query_lens", "seq_lens", "tile_chunks", "tile_rows"):
         check_tensor(name, getattr(layout, name), 1, INDEX_DTYPES, q.device)
@@ -155,6 +193,7 @@ def paged_prefill_attention(
     num_tiles = layout.tile_chunks.shape[0]
     if num_tiles == 0:
         return out
+    config = config or launch_config(q.dtype, head_dim)
     _prefill_kernel[(num_tiles, num_heads)](
         q, kv_layer, out,
         layout.query_starts, layout.query_lens, layout.seq_lens, layout.block_tables,
@@ -164,10 +203,11 @@ def paged_prefill_attention(
         kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
         layout.block_tables.stride(0),
         out.stride(0), out.stride(1),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=BLOCK_M,
-        BLOCK_N=32 if head_dim <= 128 else 16, BLOCK_D=next_pow2(head_dim),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=layout.block_m,
+        BLOCK_N=config.block_n, BLOCK_D=next_pow2(head_dim),
         PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
         QUANT=kv_layer.dtype in QUANTIZED_CACHE,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
 

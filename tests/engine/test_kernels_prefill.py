@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.kernels.prefill_attention import (
+    LaunchConfig,
     PrefillLayout,
     paged_prefill_attention,
     paged_prefill_attention_ref,
@@ -63,6 +64,24 @@ def test_block_size_16_gives_the_block_size_1_answer() -> None:
     paged = run(q, ctx, query_lens)
     flat = run(q, to_page_one(ctx), query_lens)
     torch.testing.assert_close(paged, flat, equal_nan=True, **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("block_m,block_n", [(16, 32), (64, 16), (128, 64)])
+def test_any_tile_shape_gives_the_reference_answer(block_m: int, block_n: int) -> None:
+    """The tile shapes `bench.kernels --tune` tries: query tiles cut across the causal
+    diagonal and the cached prefix at other places, keys taken in other steps."""
+    chunks = [(70, 100), (1, 9), (130, 130)]
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], 2, 64, 16, torch.float32, seed=block_m)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), 4, 64)
+    starts = [LEADING_ROWS + sum(query_lens[:i]) for i in range(len(query_lens))]
+    layout = PrefillLayout.build(starts, query_lens, ctx.seq_lens, ctx.block_ids, "cpu", block_m)
+    assert layout.tile_chunks.shape[0] == sum(-(-n // block_m) for n in query_lens)
+    out = poisoned(tuple(q.shape), q.dtype)
+    config = LaunchConfig(block_n=block_n, num_warps=4, num_stages=2)
+    got = paged_prefill_attention(q, ctx.kv_layer, layout, 0.1, out, config)
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout, 0.1)
+    torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[torch.float32])
 
 
 def test_layout_rejects_a_chunk_longer_than_its_context() -> None:

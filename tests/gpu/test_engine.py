@@ -7,7 +7,7 @@ The bfloat16 bound, over the logits of every prompt position of a few prompts:
 About three times what the same comparison gives on the CPU's bfloat16 path (tiny llama and
 qwen3: mean 0.008-0.015 of the std, max 0.012-0.030 of the largest logit), which rounds the
 same weights and activations; a wrong KV read or a broken kernel is off by the logits' whole
-spread (about 4 here). Not yet measured on a GPU."""
+spread (about 4 here). Holds on an H100 (docs/performance.md, "The Triton kernels on an H100")."""
 
 from __future__ import annotations
 
