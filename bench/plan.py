@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import serve_workloads as wl
-from bench.plan_sim import DecodeProfile, simulate_cluster, summarize
+from bench.plan_sim import DecodeProfile, RequestOverhead, simulate_cluster, summarize
 from bench.serve import _fill_defaults, add_workload_arguments
 from bench.serve_run import schedules
 from bench.sim_profile import WorkerProfile
@@ -84,6 +84,7 @@ def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]
             records = simulate_cluster(
                 trace, prefill, decode, p, d, policy=args.policy, block_size=BLOCK,
                 kv_blocks_per_worker=args.kv_blocks, max_seqs=args.max_num_seqs,
+                overhead=RequestOverhead(*args.request_overhead_ms),
                 disagg_min_uncached_tokens=args.disagg_min_uncached_tokens, workers_out=workers,
             )  # fmt: skip
             s = summarize(records, args.ttft_slo * 1000, args.tpot_slo * 1000)
@@ -128,6 +129,13 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="as `baton serve`'s: a prompt whose part its decode worker does not hold is "
         "shorter than this is prefilled there (0: every prompt in the prefill pool)",
     )
+    p.add_argument(
+        "--request-overhead-ms", type=float, nargs=2, default=[0.0, 0.0],
+        metavar=("LOCAL", "DISAGG"),
+        help="serving overhead on each first token, beyond the engine steps, for a prompt its "
+        "decode worker prefills and one through the prefill pool (python -m "
+        "bench.request_overhead measures both on a running cluster); 0 0: none",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="JSON results")
     add_workload_arguments(p)
     return p

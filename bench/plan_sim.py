@@ -12,7 +12,8 @@
   worker does not hold is shorter than `disagg_min_uncached_tokens` (256 in `baton serve`)
   is prefilled by that decode worker, inside its steps.
 - Prefill: bench.sim_worker.SimWorker (an LRU prefix cache of the worker's KV blocks in
-  front of a FIFO server). The first token leaves with the prefill's last step.
+  front of a FIFO server), from when the decode worker has reserved the prompt's blocks: at
+  the end of the step it is running. The first token leaves with the prefill's last step.
 - Transfer: the prompt's KV (`kv_bytes_per_token`) at the profile's rate, plus its latency;
   free when the profile gives no rate.
 - Decode: bench.plan_decode.DecodeSim, continuous batching with prompt chunks mixed in. A
@@ -25,11 +26,20 @@ that moment, so the router reads their caches and loads as they stand.
 
 Per request: TTFT (arrival -> prefill done + first-token delivery) and ITL (mean time
 between its later tokens); goodput is the share of requests that meet both targets.
+
+Serving overhead (`RequestOverhead`): what a served request spends outside the engines'
+steps before its first token -- the door, the calls between front door and workers, the
+output stream back -- measured on a live server at idle (bench/request_overhead.py), one
+figure for a request its decode worker prefills and one for a request that goes through the
+prefill pool (reserve, prefill, admit: more calls). Added to each TTFT as a constant: it
+moves no work, so it does not change the queues (under load the same calls take longer
+on contended CPUs; that is not modelled).
 """
 
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any
 
 from bench.plan_decode import DecodeProfile, DecodeSim
@@ -40,7 +50,18 @@ from bench.workloads import TraceRequest
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
 
-__all__ = ["DecodeProfile", "DecodeSim", "simulate_cluster", "summarize"]
+__all__ = ["DecodeProfile", "DecodeSim", "RequestOverhead", "simulate_cluster", "summarize"]
+
+
+@dataclass(frozen=True)
+class RequestOverhead:
+    """Milliseconds a request's first token takes beyond the engine steps that compute it."""
+
+    local_ms: float = 0.0
+    """Prefilled by its decode worker: door -> generate -> output stream -> client."""
+    disagg_ms: float = 0.0
+    """Through the prefill pool: door -> reserve -> prefill -> admit -> output stream."""
+
 
 _REPORT_EVERY = 8
 """Requests between load reports (the real door polls every 50 ms)."""
@@ -56,7 +77,7 @@ def simulate_cluster(
     block_size: int = 16,
     kv_blocks_per_worker: int = 4096,
     max_seqs: int = 64,
-    first_token_ms: float = 0.0,
+    overhead: RequestOverhead = RequestOverhead(),
     disagg_min_uncached_tokens: int = 0,
     workers_out: dict[str, dict[str, float]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -130,14 +151,17 @@ def simulate_cluster(
         hit, _, events, _ = w.serve(hashes)
         router.apply(w.batch(events))
         cached = min(hit * block_size, length)
-        done = w.enqueue(now, length, length - cached)
+        # The decode worker reserves the blocks on its engine thread, between two of its steps
+        # (worker/base.py `reserve`); the prefill is sent once that reply is back.
+        reserved_at = max(now, d.clock)
+        done = w.enqueue(reserved_at, length, length - cached)
         heapq.heappush(prefilling, (done, n, ticket))
         sent = max(0, length - d_hit * block_size)  # blocks the decode worker holds stay
         kv_at = done + (prefill.transfer_ms(sent) if prefill.can_transfer else 0.0)
         if output > 1:
             heapq.heappush(handoffs, (kv_at, n, d.worker_id, length, output))
         else:  # the prefill worker's reply ends it: the decode worker drops its reservation
-            out[-1].update(ttft_ms=done + first_token_ms - now, itl_ms=None)
+            out[-1].update(ttft_ms=done + overhead.disagg_ms - now, itl_ms=None)
             out[-1]["e2e_ms"] = out[-1]["ttft_ms"]
     advance(float("inf"))
     for _, ticket, _ in prefilling:
@@ -155,7 +179,9 @@ def simulate_cluster(
             )
     for d in decoders.values():
         for index, first in d.first_token_ms.items():
-            out[index]["ttft_ms"] = first + first_token_ms - out[index]["arrival_ms"]
+            rec = out[index]
+            extra = overhead.local_ms if rec["on_decode"] else overhead.disagg_ms
+            rec["ttft_ms"] = first + extra - rec["arrival_ms"]
         for index, gaps in d.finished.items():
             rec = out[index]
             rec["itl_ms"] = sum(gaps) / len(gaps) if gaps else None

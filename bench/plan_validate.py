@@ -15,7 +15,10 @@ steps, measured (its step counters) beside the model's: where a prediction is of
 whether the work or its timing is.
 
 The profile is measured first (`baton profile`, the SHAPES below) on this machine, unless
-one is given.
+one is given; then the serving overhead on a first token (bench/request_overhead.py, on a
+fresh server of the same configuration at idle), which the plan adds to each TTFT. With
+`--reprofile` each real run is predicted from a profile measured just before it (the JSON
+then has each run's own prediction and ratio), for hosts whose speed drifts.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import plan as baton_plan
+from bench import request_overhead
 from bench import serve as baton_bench
 from bench import serve_workloads as wl
 from bench.serve_compare import LOGS, RESULTS, _warm_up, ensure_bench_model
@@ -86,6 +90,16 @@ async def served(
         return summary, results
 
 
+async def overhead(model_dir: Path, serve: list[str], disagg_min_uncached_tokens: int) -> dict:
+    """The serving overhead on a first token (bench/request_overhead.py) on a fresh server
+    of the same configuration, at idle: what `baton plan --request-overhead-ms` takes."""
+    with ServerProcess([*serve, "--model", str(model_dir)], LOGS / "plan_overhead.log") as server:
+        return await request_overhead.measure(
+            server.url, local_tokens=max(16, disagg_min_uncached_tokens // 4),
+            disagg_tokens=2 * max(disagg_min_uncached_tokens, 64),
+        )  # fmt: skip
+
+
 def planned(profile_path: Path, pools: list[str], flags: list[str]) -> dict[str, Any]:
     args = baton_plan.build_arg_parser(argparse.ArgumentParser()).parse_args(
         ["--profile", str(profile_path), *pools, *flags]
@@ -126,6 +140,11 @@ def compare(measured: list[dict[str, Any]], predicted: dict[str, Any]) -> dict[s
             out["measured_range_ms"][key] = [min(values), max(values)]
             out["predicted_ms"][key] = p
             out["predicted_over_measured"][key] = round(p / m, 2) if m else None
+            out.setdefault("per_run_predicted_over_measured", {})[key] = [
+                round(run["predicted_ms"][f"{plan_key}_{q}_ms"] / (run[bench_key][q] * 1000), 2)
+                for run in measured
+                if "predicted_ms" in run
+            ]
     return out
 
 
@@ -165,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disagg-min-uncached-tokens", type=int, default=256)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3, help="real runs per workload (median)")
+    p.add_argument("--reprofile", action="store_true",
+                   help="measure the profile again before every real run and predict that "
+                   "run from it (a host whose speed drifts)")  # fmt: skip
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="one more `baton serve` argument (repeat it; e.g. --serve-arg=--engine-nice"
                    " --serve-arg=-10)")  # fmt: skip
@@ -182,17 +204,30 @@ def main(argv: list[str] | None = None) -> int:
               "--disagg-min-uncached-tokens", str(args.disagg_min_uncached_tokens)]  # fmt: skip
     serve = [*pools, *common, "--threads", str(args.threads), "--kv-cache-gb",
              str(args.kv_cache_gb), *args.serve_arg]  # fmt: skip
-    plan_flags = [*pools, *common, "--kv-blocks", str(blocks)]
+    over = asyncio.run(overhead(model_dir, serve, args.disagg_min_uncached_tokens))
+    print(f"request overhead: local {over['local_ms']:.1f} ms, through the prefill pool "
+          f"{over['disagg_ms']:.1f} ms", flush=True)  # fmt: skip
+    measured_overhead = [f"{over['local_ms']:.1f}", f"{over['disagg_ms']:.1f}"]
+    plan_flags = [*pools, *common, "--kv-blocks", str(blocks),
+                  "--request-overhead-ms", *measured_overhead]  # fmt: skip
     runs: dict[str, dict[str, Any]] = {}
     for name in args.workloads.split(","):
         flags = WORKLOADS[name]
-        predicted = planned(prof, plan_flags, flags)
-        records, workers = predicted.pop("records"), predicted.pop("workers")
-        measured = []
+        measured, predictions = [], []
         for i in range(args.repeat):
+            if args.reprofile and (i or runs):  # the first run has the one just measured
+                prof = profile(model_dir, args.threads, RESULTS / "plan_validation_profile.json")
+            if args.reprofile or i == 0:
+                predicted = planned(prof, plan_flags, flags)
+                records, workers = predicted.pop("records"), predicted.pop("workers")
             summary, results = asyncio.run(served(model_dir, serve, flags, f"{name}-{i}"))
             summary["requests"] = per_request(results, records)
+            summary["predicted_workers"] = workers
+            summary["predicted_ms"] = {k: v for k, v in predicted.items() if k.endswith("_ms")}
             measured.append(summary)
+            predictions.append(predicted)
+        predicted = {k: statistics.median(p[k] for p in predictions) for k in predictions[0]
+                     if isinstance(predictions[0][k], (int, float))}  # fmt: skip
         runs[name] = {**compare(measured, predicted), "predicted": predicted,
                       "predicted_workers": workers, "measured": measured}  # fmt: skip
         print(table({name: runs[name]}).splitlines()[-1], flush=True)
@@ -204,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "plan": "baton plan --profile PROFILE " + " ".join(plan_flags),
             "workloads": {k: " ".join(v) for k, v in WORKLOADS.items()},
         },
+        "request_overhead": over,
         "cpus": os.cpu_count(),
         "runs": runs,
     }

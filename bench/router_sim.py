@@ -4,6 +4,7 @@
     python -m bench.router_sim --capacity 600 --workers 16 --load 0.9
     python -m bench.router_sim --trace ../shared/traces/mooncake/synthetic_trace.jsonl
     python -m bench.router_sim --redis              # also 4 router replicas over Redis
+                                                    # (--replica-sync-ms: their views' age)
     python -m bench.router_sim --late-binding       # route when a worker has room
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
@@ -43,7 +44,7 @@ from pathlib import Path
 from bench.sim_misses import MissLedger
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
 from bench.sim_report import add_ratios, misses_table, table
-from bench.sim_run import at_load, pooled_lru_oracle, simulate
+from bench.sim_run import REPLICA_SYNC_MS, at_load, pooled_lru_oracle, simulate
 from bench.workloads import (
     DEFAULT_TRACE,
     TraceRequest,
@@ -146,7 +147,7 @@ def run_workload(
             key = f"{args.policies[0]}_4_replicas_redis"
             res[key] = simulate(
                 trace, routers, args.workers, capacity, block, profile,
-                late_binding=args.late_binding,
+                sync_ms=args.replica_sync_ms, late_binding=args.late_binding,
             )  # fmt: skip
             add_ratios(res[key], oracle)
             for r in routers:
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--redis", action="store_true", help="also 4 replicas on Redis (1st policy)")
     p.add_argument(
+        "--replica-sync-ms", type=float, default=REPLICA_SYNC_MS,
+        help="how old a replica's view of the others' decisions gets (bench.replica_sync)",
+    )  # fmt: skip
+    p.add_argument(
         "--prefix-promise-s", type=float, default=DEFAULT_TTL_S,
         help="seconds a routed prefill's blocks count before its events (0: events only)",
     )  # fmt: skip
@@ -243,6 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
         "workers": n,
         "load": args.load,
         "burst_load": args.burst_load,
+        "replica_sync_ms": args.replica_sync_ms if args.redis else None,
         "profile": profile.__dict__,
         "runs": runs,
     }

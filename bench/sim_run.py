@@ -14,6 +14,11 @@ Per request, in arrival order (`simulate`):
      it). Until then the router knows them only as its decision's promise
      (router/routing/index/pending.py), which other replicas read at their next sync.
 
+Router replicas (several routers, one Redis) sync every `sync_ms` of simulated time: each
+then reads every decision and event published before, so a replica routes on a view up to
+`sync_ms` old. REPLICA_SYNC_MS comes from the propagation `python -m bench.replica_sync`
+measured between two replicas here (a promise published by one, seen in the other's index).
+
 Reuse is counted two ways: cache hits (the worker's own cache) and tokens transferred from
 a peer; computed tokens are the rest. The oracle compares with both together (`reuse_rate`):
 a pooled cache is what migration makes of the workers' caches.
@@ -37,6 +42,11 @@ from bench.workloads import TraceRequest
 from core.events import KVEventBatch
 from router.routing.router import Router
 from router.routing.ticket import Ticket
+
+REPLICA_SYNC_MS = 20.0
+"""Replicas sync this often, so a view is 0 to 20 ms old, 10 on average: about the mean of
+`python -m bench.replica_sync` here while a benchmark kept both cores busy (p50 5.7-7.4 ms,
+p90 9-20, p99 15-53; docs/performance.md)."""
 
 
 def pooled_lru_oracle(trace: list[TraceRequest], capacity: int, block_size: int) -> dict:
@@ -84,7 +94,7 @@ def simulate(
     profile: WorkerProfile,
     misses: MissLedger | None = None,
     report_every: int = 8,
-    sync_every: int = 8,
+    sync_ms: float = REPLICA_SYNC_MS,
     late_binding: bool = False,
 ) -> dict[str, Any]:
     workers = [SimWorker(f"p{i}", capacity, profile) for i in range(num_workers)]
@@ -158,6 +168,7 @@ def simulate(
             if late_binding:
                 bind(t0)
 
+    synced_at = -math.inf
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         run_until(now)
@@ -167,9 +178,10 @@ def simulate(
                 load = w.load(now)
                 for router in routers:
                     router.report_load(load)
-        if len(routers) > 1 and n % sync_every == 0:
+        if len(routers) > 1 and now - synced_at >= sync_ms:
             for router in routers:
                 router.store.sync(10)
+            synced_at = now
         if late_binding:
             central.append(n)
             bind(now)

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from bench import plan as baton_plan
+from bench import request_overhead
 from bench import serve_workloads as wl
-from bench.plan_sim import DecodeProfile, DecodeSim, simulate_cluster, summarize
+from bench.plan_sim import DecodeProfile, DecodeSim, RequestOverhead, simulate_cluster, summarize
 from bench.sim_profile import WorkerProfile
 
 PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0.0)
@@ -64,6 +65,43 @@ def test_a_short_prompt_is_prefilled_by_its_decode_worker() -> None:
     assert r["on_decode"]
     assert r["ttft_ms"] == pytest.approx(10 + 160)  # the prefill fit, on the decode worker
     assert r["itl_ms"] == pytest.approx(6.0)
+
+
+def test_the_serving_overhead_of_each_path_lands_on_its_first_tokens() -> None:
+    """Measured apart (bench/request_overhead.py): a constant per path on the first token,
+    nothing moved in the queues or the later tokens."""
+    trace = [req(0, 160, 4), req(1000, 480, 4), req(2000, 480, 1)]
+    plain = simulate_cluster(trace, PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256)
+    over = simulate_cluster(trace, PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256,
+                            overhead=RequestOverhead(local_ms=15.0, disagg_ms=30.0))  # fmt: skip
+    assert [r["on_decode"] for r in over] == [True, False, False]
+    for p, o, extra in zip(plain, over, (15.0, 30.0, 30.0), strict=True):
+        assert o["ttft_ms"] == pytest.approx(p["ttft_ms"] + extra)
+        assert o["itl_ms"] == p["itl_ms"]
+        assert o["e2e_ms"] == pytest.approx(p["e2e_ms"] + extra)
+
+
+def test_a_prefill_starts_once_its_decode_worker_has_reserved_between_two_steps() -> None:
+    """B arrives 1 ms into the decode worker's 170 ms step (A's prefill there): its blocks
+    are reserved when that step ends, so its prefill runs 170 -> 660 ms, and the decode
+    worker admits it at its next step boundary (A's 6 ms steps: 662 ms)."""
+    a, b = simulate_cluster([req(0, 160, 1000), req(1, 480, 4)], PREFILL, DECODE, 1, 1,
+                            disagg_min_uncached_tokens=256)  # fmt: skip
+    assert a["on_decode"] and not b["on_decode"]
+    assert b["ttft_ms"] == pytest.approx(662 - 1)
+
+
+def test_request_overhead_is_ttft_less_the_engine_time_of_the_first_token() -> None:
+    def scrape(prefill_s: float, decode_s: float) -> str:
+        return "\n".join(
+            f'baton:worker_step_seconds_total{{worker="{w}",phase="forward"}} {v}'
+            for w, v in (("prefill-0", prefill_s), ("decode-1", decode_s))
+        )
+
+    before, after = scrape(1.0, 2.0), scrape(1.2, 2.03)
+    # through the prefill pool: the decode worker's step after the admission is not counted
+    assert request_overhead.overhead_ms(0.25, before, after, True) == pytest.approx(50.0)
+    assert request_overhead.overhead_ms(0.25, before, after, False) == pytest.approx(20.0)
 
 
 def test_the_decode_worker_prefills_only_what_it_does_not_hold() -> None:

@@ -49,6 +49,18 @@ def test_compare_takes_the_median_run_and_keeps_the_range() -> None:
     }  # fmt: skip
 
 
+def test_each_run_predicted_from_its_own_profile_has_its_own_ratio() -> None:
+    """--reprofile: a run that carries its own prediction is compared with it alone."""
+    runs = [{"ttft_s": {"p50": t, "p99": t}, "tpot_s": {"p50": 0.02, "p99": 0.02},
+             "predicted_ms": {"ttft_p50_ms": p, "ttft_p99_ms": p, "itl_p50_ms": 20.0,
+                              "itl_p99_ms": 10.0}}
+            for t, p in ((0.1, 90.0), (0.2, 220.0))]  # fmt: skip
+    out = pv.compare(runs, {"ttft_p50_ms": 155.0, "ttft_p99_ms": 155.0, "itl_p50_ms": 20.0,
+                            "itl_p99_ms": 10.0})  # fmt: skip
+    assert out["per_run_predicted_over_measured"]["ttft_p50"] == [0.9, 1.1]
+    assert out["per_run_predicted_over_measured"]["tpot_p99"] == [0.5, 0.5]
+
+
 def test_kv_blocks_are_what_baton_serve_gives_a_worker(tmp_path) -> None:
     profile = tmp_path / "p.json"
     profile.write_text(json.dumps({"kv_bytes_per_token": 16384}))

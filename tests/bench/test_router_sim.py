@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import router_sim
+from bench import router_sim, sim_run
 from bench.sim_misses import MissLedger
 from bench.sim_profile import WorkerProfile
 from bench.sim_run import at_load
@@ -161,3 +161,23 @@ def test_one_table_per_run_on_a_trace_slice(tmp_path) -> None:
         runs["mooncake@200"]["oracle_pooled_lru"]["hit_rate"]
         >= runs["mooncake@30"]["oracle_pooled_lru"]["hit_rate"]
     )
+
+
+def test_replicas_sync_every_sync_ms_of_simulated_time() -> None:
+    """Replicas read each other's decisions as often as the propagation measured between two
+    Redis stores allows (bench.replica_sync): by the simulated clock, not every n requests."""
+    trace = light_then_burst(num_prompts=4, light_requests=10, burst_requests=90,
+                             light_gap_ms=100.0, burst_rate_per_s=1000.0)  # fmt: skip
+    routers = router_sim.make_routers("cache_aware", 2, 16, replicas=2)
+    syncs: list[float] = []
+    for r in routers:
+        r.store.sync = lambda timeout, r=r: syncs.append(r.store.clock()) or True
+    sim_run.simulate(trace, routers, 2, 64, 16, PROFILE, sync_ms=10.0)
+    times = sorted(set(syncs))
+    assert len(syncs) == 2 * len(times)  # every replica at once
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.010 - 1e-9  # the clock is in seconds
+    # the light phase syncs before every request (100 ms apart), the burst (~1 ms apart)
+    # every 10 ms or so: far fewer syncs than requests
+    assert {round(t, 6) for t in times} >= {round(0.1 * (i + 1), 6) for i in range(10)}
+    assert len(times) < 10 + 90 // 5
