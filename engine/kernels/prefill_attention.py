@@ -13,7 +13,7 @@ The grid is (tile, query head): a tile is BLOCK_M query rows of one chunk. The h
 the tiles once per step (it knows the chunk lengths), so no program idles on padding.
 
 Tile sizes, warps and pipeline stages (`launch_config`) were picked by timing the candidates
-on an H100 (docs/performance.md, "The Triton attention kernels on an H100").
+on an H100 (docs/performance.md, "The Triton kernels on an H100").
 """
 
 from __future__ import annotations
