@@ -18,11 +18,12 @@ import tempfile
 import time
 
 from bench.router_sim import start_redis
+from bench.sim_run import percentile
 from router.routing.index.redis_store import RedisStore
 
 
 def measure(url: str, samples: int, timeout_s: float = 2.0) -> list[float]:
-    """Milliseconds from A's promise to B seeing it, one per sample, sorted."""
+    """Milliseconds from A's promise to B seeing it, one per sample."""
     ns = f"replica-sync:{time.monotonic_ns()}"
     a, b = RedisStore(url, ns), RedisStore(url, ns)
     try:
@@ -42,7 +43,7 @@ def measure(url: str, samples: int, timeout_s: float = 2.0) -> list[float]:
                     raise TimeoutError(f"replica B never saw promise {i} within {timeout_s} s")
             out.append((time.perf_counter() - start) * 1000)
             time.sleep(0.01)
-        return sorted(out)
+        return out
     finally:
         a.close()
         b.close()
@@ -61,11 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         proc.wait(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
 
-    def pct(q: float) -> float:
-        return ms[min(len(ms) - 1, int(q * len(ms)))]
-
-    print(f"promise from replica A seen by replica B, {len(ms)} samples: p50 {pct(0.5):.2f} ms, "
-          f"p90 {pct(0.9):.2f}, p99 {pct(0.99):.2f}, max {ms[-1]:.2f}")  # fmt: skip
+    p50, p90, p99 = (percentile(ms, q) for q in (0.5, 0.9, 0.99))
+    print(f"promise from replica A seen by replica B, {len(ms)} samples: p50 {p50:.2f} ms, "
+          f"p90 {p90:.2f}, p99 {p99:.2f}, max {max(ms):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

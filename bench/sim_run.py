@@ -44,9 +44,9 @@ from router.routing.router import Router
 from router.routing.ticket import Ticket
 
 REPLICA_SYNC_MS = 20.0
-"""Replicas sync this often, so a view is 0 to 20 ms old, 10 on average: about the mean of
-`python -m bench.replica_sync` here while a benchmark kept both cores busy (p50 5.7-7.4 ms,
-p90 9-20, p99 15-53; docs/performance.md)."""
+"""Replicas sync this often, so a view is 0 to 20 ms old, 10 on average: within what
+`python -m bench.replica_sync` measured here (p50 5.7-7.4 ms with both cores busy, 15.7
+idle; p99 15-53; docs/performance.md, where 30 ms changes one workload by 1.3%)."""
 
 
 def pooled_lru_oracle(trace: list[TraceRequest], capacity: int, block_size: int) -> dict:

@@ -133,6 +133,12 @@ def measure_prefill(  # type: ignore[no-untyped-def]
     return samples
 
 
+def decode_max_tokens(batch: int, context: int, budget: int, steps: int) -> int:
+    """What each of a decode shape's requests asks for (`measure_decode`): the steps the
+    shape's prefill takes at `budget` tokens a step, the `steps` timed, and a margin."""
+    return -(-batch * context // budget) + steps + 4
+
+
 def measure_decode(
     engine, batches: list[int], contexts: list[int], steps: int, rng: random.Random
 ) -> list[Sample]:  # type: ignore[no-untyped-def]
@@ -147,10 +153,8 @@ def measure_decode(
     samples = []
     for context in contexts:
         for batch in batches:
-            prefill_steps = -(-batch * context // budget)
-            params = SamplingParams(
-                max_tokens=prefill_steps + steps + 4, temperature=0.0, ignore_eos=True
-            )
+            max_tokens = decode_max_tokens(batch, context, budget, steps)
+            params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
             ids = [f"d{batch}-{context}-{i}" for i in range(batch)]
             for rid in ids:
                 engine.add_request(rid, _random_prompt(rng, vocab, context), params)

@@ -48,9 +48,10 @@ def run_profile(args: argparse.Namespace) -> int:
     from engine.engine import LLMEngine
 
     # Room for the largest decode shape without preempting: each row's context and every
-    # token it asks for (measure_decode: its shape's prefill steps + the timed ones + 4).
+    # token it asks for, and a few spare.
     batch, context = max(args.batches), max(args.contexts)
-    tokens_per_row = context + -(-batch * context // args.chunk_tokens) + args.decode_steps + 8
+    asked = pp.decode_max_tokens(batch, context, args.chunk_tokens, args.decode_steps)
+    tokens_per_row = context + asked + 4
     kv_tokens = max(batch * tokens_per_row, 2 * max(args.lengths) + 64)
     config = EngineConfig(
         device=args.device,
