@@ -15,9 +15,10 @@ Per request, in arrival order (`simulate`):
      (router/routing/index/pending.py), which other replicas read at their next sync.
 
 Router replicas (several routers, one Redis) sync every `sync_ms` of simulated time: each
-then reads every decision and event published before, so a replica routes on a view up to
-`sync_ms` old. REPLICA_SYNC_MS comes from the propagation `python -m bench.replica_sync`
-measured between two replicas here (a promise published by one, seen in the other's index).
+then reads every decision, charge (router/routing/load_share.py) and event published before,
+so a replica routes on a view up to `sync_ms` old. REPLICA_SYNC_MS comes from the
+propagation `python -m bench.replica_sync` measured between two replicas here (a promise
+published by one, seen in the other's index).
 
 Reuse is counted two ways: cache hits (the worker's own cache) and tokens transferred from
 a peer; computed tokens are the rest. The oracle compares with both together (`reuse_rate`):
@@ -106,7 +107,7 @@ def simulate(
     order = itertools.count()
     clock = [0.0]  # the routers' promises expire on the simulated clock (seconds)
     for router in routers:
-        router.store.clock = lambda: clock[0]
+        router.use_clock(lambda: clock[0])
     ttfts: list[float] = []
     stats = {"cached": 0, "moved": 0, "prompt": 0, "pulls": 0, "bound_late": 0}
     central: deque[int] = deque()  # late binding: arrived, not routed yet
@@ -132,6 +133,16 @@ def simulate(
         while central and any(not w.queue for w in workers):
             dispatch(central.popleft(), now)
 
+    synced_at = [-math.inf]
+
+    def sync(now: float) -> None:
+        """Replicas read each other every `sync_ms` of simulated time, between arrivals
+        too (late binding routes there)."""
+        if len(routers) > 1 and now - synced_at[0] >= sync_ms:
+            for router in routers:
+                router.store.sync(10)
+            synced_at[0] = now
+
     def run_until(t: float) -> None:
         """Everything up to `t`: events reach the routers, prefills finish, queued requests
         start (in that order at equal times)."""
@@ -144,6 +155,7 @@ def simulate(
             if t0 > t or t0 == math.inf:
                 return
             clock[0] = t0 / 1000
+            sync(t0)
             if t_event == t0:
                 batch = heapq.heappop(events)[2]
                 routers[int(batch.worker_id[1:]) % len(routers)].apply(batch)
@@ -168,7 +180,6 @@ def simulate(
             if late_binding:
                 bind(t0)
 
-    synced_at = -math.inf
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         run_until(now)
@@ -178,10 +189,7 @@ def simulate(
                 load = w.load(now)
                 for router in routers:
                     router.report_load(load)
-        if len(routers) > 1 and now - synced_at >= sync_ms:
-            for router in routers:
-                router.store.sync(10)
-            synced_at = now
+        sync(now)
         if late_binding:
             central.append(n)
             bind(now)

@@ -7,6 +7,7 @@ routed in the current epoch:
 
     L_w (queued prefill tokens) = report.num_waiting_tokens + admitted since the report
                                   + routed here, still waiting at the prefill gate
+                                  + the same two of the other router replicas
     running                     = report.num_running        + requests routed since
     free_blocks                 = report.num_free_blocks    - blocks reserved since
 
@@ -23,7 +24,9 @@ one `Charge`, which moves through its stages exactly once each
       `-------------------prefill_done / close ----------------------^
 
 and takes back only what is still charged (a since-the-report part only in its own epoch).
-A request prefilled by its decode worker is admitted at once (no gate).
+A request prefilled by its decode worker is admitted at once (no gate). With `share` set,
+each stage also goes to the other router replicas, and theirs come in through `remote`
+(router.routing.load_share).
 
 Pools (router.routing.pool) are built on first use per (model, role) and dropped when the
 membership changes; every change of a worker's L_w re-files it in the pools it belongs to,
@@ -33,20 +36,21 @@ mutated only here. Not thread-safe: the Router holds its lock around every call.
 
 from __future__ import annotations
 
-import enum
+import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
 from core.roles import WorkerRole
+from router.routing.index.pending import DEFAULT_TTL_S
+from router.routing.load_share import LoadShare, Stage
 from router.routing.pool import Pool
 from router.routing.worker_state import WorkerState
 
+__all__ = ["Charge", "LoadTracker", "Stage"]
 
-class Stage(enum.IntEnum):
-    GATED = 0
-    ADMITTED = 1
-    PREFILLED = 2
-    CLOSED = 3
+_charge_ids = itertools.count()
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +66,8 @@ class Charge:
     stage: Stage = Stage.GATED
     prefill_epoch: int = -1
     """The prefill worker's epoch when the request was admitted."""
+    number: int = field(default_factory=_charge_ids.__next__)
+    """Names the charge in the shares other replicas receive (router.routing.load_share)."""
 
 
 @dataclass
@@ -71,6 +77,12 @@ class LoadTracker:
     workers: dict[str, WorkerState] = field(default_factory=dict)
     num_in_flight: int = 0
     """Charges not closed yet."""
+    share: Callable[[LoadShare], None] | None = None
+    """Tells the other router replicas of each prefill stage (None: no replicas)."""
+    clock: Callable[[], float] = time.time
+    """Wall-clock seconds, as the workers stamp their reports (a simulator's own clock)."""
+    remote_ttl_s: float = DEFAULT_TTL_S
+    """Another replica's gated charge is dropped when this much older than a report."""
     _pools: dict[tuple[str, WorkerRole], Pool] = field(default_factory=dict)
     # worker id -> (pool, position) for every built pool holding the worker
     _filed_in: dict[str, list[tuple[Pool, int]]] = field(default_factory=dict)
@@ -112,6 +124,8 @@ class LoadTracker:
         state.reported_free_blocks = load.num_free_blocks
         state.total_blocks = load.num_total_blocks
         state.epoch += 1
+        state.reported_at = load.timestamp
+        state.remote.reported(load.timestamp, self.remote_ttl_s)
         state.step_rate.update(load)
         state.pending_prefill_tokens = state.pending_requests = state.pending_blocks = 0
         self._refile(state)
@@ -131,6 +145,7 @@ class LoadTracker:
         if prefill is not None:
             prefill.gated_prefill_tokens += prefill_tokens
             self._refile(prefill)
+            self._tell(charge)
         else:
             self.admit(charge)
         decode.pending_requests += 1
@@ -148,6 +163,7 @@ class LoadTracker:
         p.admitted_prefill_tokens += tokens
         p.pending_prefill_tokens += tokens
         self._refile(p)
+        self._tell(charge)
 
     def prefill_done(self, charge: Charge, backlog: tuple[int, int, int] | None = None) -> bool:
         """The prefill finished (or will not happen). True if admitted tokens were freed.
@@ -164,13 +180,18 @@ class LoadTracker:
             p.admitted_prefill_tokens -= tokens
             if p.epoch == charge.prefill_epoch:
                 p.pending_prefill_tokens = max(0, p.pending_prefill_tokens - tokens)
+        self._backlog(p, backlog)
+        self._refile(p)
+        self._tell(charge, backlog)
+        return stage is Stage.ADMITTED
+
+    @staticmethod
+    def _backlog(p: WorkerState, backlog: tuple[int, int, int] | None) -> None:
         if backlog is not None and backlog[1] > p.reported_step:
             arrived, _, counted = backlog
             if arrived <= p.reported_step:  # the last report counts it: no longer true
                 p.reported_waiting_tokens = max(0, p.reported_waiting_tokens - counted)
             p.prefilled.append(backlog)  # and a report still on its way may count it
-        self._refile(p)
-        return stage is Stage.ADMITTED
 
     def close(self, charge: Charge) -> bool:
         """The request finished, failed or was cancelled: take back whatever it still holds.
@@ -185,6 +206,27 @@ class LoadTracker:
             d.pending_blocks = max(0, d.pending_blocks - charge.decode_blocks)
         self.num_in_flight -= 1
         return freed
+
+    # -- other replicas' charges (router.routing.load_share) -------------------------------
+    def _tell(self, charge: Charge, backlog: tuple[int, int, int] | None = None) -> None:
+        if self.share is not None and (charge.prefill_tokens or backlog is not None):
+            p = charge.prefill
+            self.share(
+                LoadShare(
+                    charge.number, p.worker_id, charge.prefill_tokens, charge.stage,
+                    self.clock(), backlog,
+                )
+            )  # fmt: skip
+
+    def remote(self, replica: bytes, share: LoadShare) -> None:
+        """Another replica's charge moved to `share.stage`."""
+        w = self.workers.get(share.worker)
+        if w is None:
+            return
+        w.remote.apply(replica, share, w.reported_at)
+        if share.stage is Stage.PREFILLED:
+            self._backlog(w, share.backlog)
+        self._refile(w)
 
     # -- pools -----------------------------------------------------------------------------
     def pool(self, model: str, role: WorkerRole) -> Pool:

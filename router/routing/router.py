@@ -13,7 +13,8 @@ Request path of `route` (all in memory; Redis I/O, if any, runs in the store's t
        otherwise the prefill policy picks P among the prefill workers (a unified worker is
        only ever a decode worker that prefills its own requests)
     5. charge the request to the ledger (router.routing.load) and return its Ticket, which
-       the caller moves along (admitted, prefill done) and closes, exactly once
+       the caller moves along (admitted, prefill done) and closes, exactly once; with
+       replicas, each stage reaches the others' ledgers (load_share.py)
     6. promise the prompt's blocks past the prefilling worker's prefix to that worker
        (index/pending.py), so that the same prefix routed before its KV events arrive, here
        or in another replica, counts them as that worker's
@@ -26,7 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -40,6 +41,7 @@ from router.routing.decision import RoutingDecision
 from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
 from router.routing.index.store import IndexStore, InProcessStore, Prefixes, ResyncCallback
 from router.routing.load import LoadTracker
+from router.routing.load_share import LoadShare
 from router.routing.policies import Choice, RouteContext, make_policy
 from router.routing.restore_cost import DEFAULT_TIER_GBPS, RestoreCost
 from router.routing.ticket import Ticket
@@ -102,7 +104,10 @@ class Router:
         self._decode = make_policy(
             self.config.decode_policy, WorkerRole.DECODE, **self.config.decode_policy_args
         )
-        self._loads = LoadTracker()
+        self._loads = LoadTracker(remote_ttl_s=self.config.pending_ttl_s or DEFAULT_TTL_S)
+        if self.store.shares_load:  # replicas: each tells the others what it routed
+            self._loads.share = self.store.share_load
+            self.store.set_load_share_callback(self._remote_loads)
         self._restore = RestoreCost(self.config.tier_gbps)
         self._models: dict[str, _ModelSpec] = {}
         self._lock = threading.Lock()
@@ -145,6 +150,16 @@ class Router:
             if state is not None and state.model:
                 batch = msgspec.structs.replace(batch, model=state.model)
         self.store.publish(batch)
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Seconds for the promises' lifetimes and the replicas' shared charges, compared
+        with the workers' report timestamps (a simulator's clock; default: the system's)."""
+        self.store.clock = self._loads.clock = clock
+
+    def _remote_loads(self, shares: list[tuple[bytes, LoadShare]]) -> None:
+        with self._lock:
+            for replica, share in shares:
+                self._loads.remote(replica, share)
 
     def report_load(self, load: WorkerLoad) -> None:
         with self._lock:

@@ -3,9 +3,11 @@ since, and the prefill load L_w the policies compare. Mutated only by `LoadTrack
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from core.roles import WorkerRole
+from router.routing.load_share import RemoteCharges
 from router.routing.step_rate import StepRate
 
 
@@ -20,6 +22,8 @@ class WorkerState:
         admitted_prefill_tokens  admitted, prefill not finished (what the gate caps)
         pending_prefill_tokens   admitted since the worker's last report (which does not
                                  count them yet; a new report resets it)
+
+    and other router replicas' charges count in `remote` (router.routing.load_share).
     """
 
     worker_id: str
@@ -31,6 +35,8 @@ class WorkerState:
     total_blocks: int = 0
     epoch: int = 0
     """Reports received: a charge taken back in another epoch is already in a report."""
+    reported_at: float = -math.inf
+    """When the worker took its last report (its wall clock, WorkerLoad.timestamp)."""
     reported_step: int = -1
     """Engine steps the worker had run when it took its last report."""
     prefilled: list[tuple[int, int, int]] = field(default_factory=list)
@@ -41,6 +47,7 @@ class WorkerState:
     pending_prefill_tokens: int = 0
     pending_requests: int = 0
     pending_blocks: int = 0
+    remote: RemoteCharges = field(default_factory=RemoteCharges)
     step_rate: StepRate = field(default_factory=StepRate)
     """Its speed and cache reuse, from its reports' step totals (router.routing.step_rate)."""
 
@@ -60,7 +67,11 @@ class WorkerState:
 
 def prefill_load(worker: WorkerState) -> int:
     """L_w, the prefill pool's load: tokens the worker reported waiting, plus those admitted
-    since that report, plus those still queued at this front door's gate for it."""
+    since that report, plus those still queued at this front door's gate for it, plus the
+    same two of the other router replicas."""
     return (
-        worker.reported_waiting_tokens + worker.pending_prefill_tokens + worker.gated_prefill_tokens
+        worker.reported_waiting_tokens
+        + worker.pending_prefill_tokens
+        + worker.gated_prefill_tokens
+        + worker.remote.tokens
     )

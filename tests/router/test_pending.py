@@ -4,6 +4,7 @@ stop counting when reported, removed, withdrawn or expired."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
@@ -156,6 +157,10 @@ def test_replicas_see_each_others_promises_and_withdrawals(redis_server) -> None
         ticket = a.route("m", TOKENS)
         p = ticket.decision.prefill_worker_id
         assert a.store.sync(10) and b.store.sync(10)
+        # b counts a's prefill as p's queued work too (router.routing.load_share): with the
+        # other worker idle the two costs tie, so the other one is made busy
+        other = "p0" if p == "p1" else "p1"
+        b.report_load(WorkerLoad(other, "prefill", 1, 1, 10_000, 10, 20, timestamp=time.time()))
         seen = b.route("m", TOKENS)
         assert seen.decision.prefill_worker_id == p
         assert seen.decision.prefill_cached_blocks == 10

@@ -18,7 +18,8 @@ A routing decision's promise (pending.py: blocks sent to a worker for prefill, n
 yet, or a new lifetime for one) is a plain XADD of kind p, {r: replica, t: seconds, n:
 renew, d: msgpack hashes}: every other replica counts it from when it reads it. It is in no
 set: it lives as long as its request waits, and a restarted replica that misses it routes
-as it did before promises existed.
+as it did before promises existed. A charge's prefill stage (router.routing.load_share) is
+likewise an XADD of kind l, {r: replica, d: msgpack LoadShare}, handed to on_load_share.
 
 Read path (every replica): a consumer thread XREADs the stream from its last id and applies
 each batch to the local PrefixIndex (same rule, same order, same result). `route` only reads
@@ -57,12 +58,14 @@ from core.events import (
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
 from router.routing.index.redis_lua import PUBLISH_LUA, REMOVE_LUA, event_args
 from router.routing.index.store import IndexStore, ResyncCallback
+from router.routing.load_share import LoadShare
 
 logger = logging.getLogger(__name__)
 
 _REDIS_DOWN = (redis.ConnectionError, redis.TimeoutError, OSError)
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE_HASHES = msgspec.msgpack.Decoder(list[int]).decode
+_DECODE_SHARE = msgspec.msgpack.Decoder(LoadShare).decode
 
 
 class RedisStore(IndexStore):
@@ -133,6 +136,11 @@ class RedisStore(IndexStore):
         if hashes:
             self._enqueue(("p", (model, worker_id, list(hashes), ttl_s, renew)))
 
+    shares_load = True
+
+    def share_load(self, share: LoadShare) -> None:
+        self._enqueue(("l", share))
+
     def _enqueue(self, item: tuple[str, Any]) -> None:
         with self._cv:
             self._unfinished += 1
@@ -198,6 +206,9 @@ class RedisStore(IndexStore):
                 fields = {"m": model, "w": worker, "k": "p", "r": self._replica,
                           "t": repr(ttl_s), "n": int(renew), "d": _ENCODE(hashes)}  # fmt: skip
                 pipe.xadd(stream, fields, maxlen=self._maxlen, approximate=True)
+            elif kind == "l":
+                fields = {"m": "", "k": "l", "r": self._replica, "d": _ENCODE(item)}
+                pipe.xadd(stream, fields, maxlen=self._maxlen, approximate=True)
             else:
                 model, worker = item
                 keys = [
@@ -254,10 +265,17 @@ class RedisStore(IndexStore):
                 self._stop.wait(self._retry_s)
 
     def _apply_entries(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        if not entries:
+            return
+        shares: list[tuple[bytes, LoadShare]] = []
         with self._lock:
-            for entry_id, fields in entries:
+            for _, fields in entries:
                 model, kind = fields[b"m"].decode(), fields[b"k"]
-                if kind == b"x":
+                if kind == b"l":
+                    replica = fields[b"r"]
+                    if replica != self._replica:
+                        shares.append((replica, _DECODE_SHARE(fields[b"d"])))
+                elif kind == b"x":
                     self._forget(model, fields[b"w"].decode())
                 elif kind == b"p":
                     if fields[b"r"] != self._replica:
@@ -268,7 +286,9 @@ class RedisStore(IndexStore):
                     batch = decode_event_batch(fields[b"d"])
                     self._index(model).apply(batch)
                     self._settle(batch)
-                self._last_id = entry_id
+        if shares and self._on_load_share is not None:
+            self._on_load_share(shares)  # outside our lock: the router takes its own
+        self._last_id = entries[-1][0]  # sync() returns once the shares are applied too
 
     def _load_snapshot(self) -> None:
         """Rebuild the local view from the sets: one consistent cut under WATCH/MULTI."""

@@ -11,6 +11,8 @@
       promise(m, w, h, ttl)   a decision sent a prefill of these blocks to w; count them as
                               w's for `ttl` seconds (shared by replicas)
       sync(timeout)           block until everything published so far is in the local view
+      share_load(s)           tell the other replicas of a charge's prefill stage, if any
+                              (router.routing.load_share); theirs reach on_load_share
       close()                 stop background work; called exactly once by the owner
 
 `InProcessStore` (the embedded default) applies events synchronously under one lock.
@@ -36,9 +38,12 @@ from typing import NamedTuple
 from core.events import BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from router.routing.index.pending import PendingBlocks
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
+from router.routing.load_share import LoadShare
 
 ResyncCallback = Callable[[str, str], None]
 """on_resync(model, worker_id)."""
+LoadShareCallback = Callable[[list[tuple[bytes, LoadShare]]], None]
+"""on_load_share([(replica, share), ...]): other replicas' charges, in their order."""
 
 _NONE: Mapping[str, Sequence[int]] = MappingProxyType({})
 
@@ -60,6 +65,7 @@ class IndexStore(abc.ABC):
 
     def __init__(self, on_resync: ResyncCallback | None = None) -> None:
         self._on_resync = on_resync
+        self._on_load_share: LoadShareCallback | None = None
         self._lock = threading.Lock()
         self._indexes: dict[str, PrefixIndex] = {}
         self._pending: dict[str, PendingBlocks] = {}
@@ -174,6 +180,18 @@ class IndexStore(abc.ABC):
     def sync(self, timeout: float = 5.0) -> bool:
         """True once every batch published before the call is in the local view."""
         return True
+
+    shares_load = False
+    """Whether other router replicas may route beside this one (share_load reaches them)."""
+
+    def share_load(self, share: LoadShare) -> None:
+        """Tell the other replicas (none here). Must not block: called under the router's
+        lock."""
+        return None
+
+    def set_load_share_callback(self, on_load_share: LoadShareCallback | None) -> None:
+        """Where other replicas' shares go; called without the store's lock held."""
+        self._on_load_share = on_load_share
 
     def close(self) -> None:
         return None

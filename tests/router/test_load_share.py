@@ -1,0 +1,168 @@
+"""Router replicas count each other's routed prefill work (router.routing.load_share): two
+ledgers joined by a list, then two routers joined by a real redis-server."""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from core.events import WorkerLoad
+from core.step_stats import StepTotals
+from router.routing.index.redis_store import RedisStore
+from router.routing.load import LoadTracker
+from router.routing.load_share import LoadShare, Stage
+from router.routing.router import Router, RouterConfig
+from router.routing.worker_state import prefill_load
+
+A, B = b"replica-a", b"replica-b"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pair(ttl_s: float = 600.0) -> tuple[LoadTracker, LoadTracker, Clock]:
+    """Replica a shares into b at once (the stream's delay is the tests' to place)."""
+    clock = Clock()
+    a, b = LoadTracker(clock=clock), LoadTracker(clock=clock, remote_ttl_s=ttl_s)
+    for t in (a, b):
+        t.add_worker("p0", "prefill", "m")
+        t.add_worker("d0", "decode", "m")
+    a.share = lambda share: b.remote(A, share)
+    return a, b, clock
+
+
+def report(tracker: LoadTracker, waiting_tokens: int, at: float, step: int = 0) -> None:
+    load = WorkerLoad(
+        "p0", "prefill", 0, 1, waiting_tokens, 10, 20, timestamp=at, steps=StepTotals(step)
+    )
+    tracker.report(load)
+
+
+def route(a: LoadTracker, tokens: int):
+    return a.start(a.workers["p0"], tokens, a.workers["d0"], 1)
+
+
+def test_gated_and_admitted_work_of_another_replica_counts_until_done() -> None:
+    a, b, clock = pair()
+    p0 = b.workers["p0"]
+    charge = route(a, 300)
+    assert prefill_load(p0) == 300  # at a's gate: no report of the worker counts it
+    clock.now += 1
+    report(b, 0, at=clock.now)  # a report changes nothing for gated work
+    assert prefill_load(p0) == 300
+    clock.now += 1
+    a.admit(charge)
+    assert prefill_load(p0) == 300
+    a.prefill_done(charge)
+    assert prefill_load(p0) == 0
+    a.close(charge)  # nothing more to tell
+    assert prefill_load(p0) == 0 and len(p0.remote) == 0
+
+
+def test_a_report_taken_after_the_admission_counts_it_instead() -> None:
+    a, b, clock = pair()
+    p0 = b.workers["p0"]
+    charge = route(a, 200)
+    a.admit(charge)
+    clock.now += 0.05
+    report(b, 200 + 70, at=clock.now)  # the worker has it, and 70 tokens of someone else
+    assert prefill_load(p0) == 270
+    a.prefill_done(charge)  # a charge no longer counted: nothing to take back
+    assert prefill_load(p0) == 270
+    report(b, 70, at=clock.now + 0.05)
+    assert prefill_load(p0) == 70
+
+
+def test_an_admission_heard_after_a_later_report_is_not_counted_twice() -> None:
+    a, b, clock = pair()
+    p0 = b.workers["p0"]
+    late: list[LoadShare] = []
+    a.share = late.append  # the stream delays a's shares
+    charge = route(a, 120)
+    a.admit(charge)
+    report(b, 120, at=clock.now + 0.01)  # the worker counts it already
+    for share in late:
+        b.remote(A, share)
+    assert prefill_load(p0) == 120
+
+
+def test_a_finished_prefill_corrects_the_report_as_the_routing_replica_does() -> None:
+    a, b, clock = pair()
+    p0 = b.workers["p0"]
+    charge = route(a, 50)
+    a.admit(charge)
+    report(a, 50, at=clock.now + 0.01, step=7)
+    report(b, 50, at=clock.now + 0.01, step=7)  # both took the worker's report
+    a.prefill_done(charge, (6, 9, 50))  # it reached the worker after step 6, ended at 9
+    assert prefill_load(a.workers["p0"]) == prefill_load(p0) == 0
+
+
+def test_a_gone_replicas_gated_work_expires() -> None:
+    a, b, clock = pair(ttl_s=30)
+    route(a, 400)  # a dies with it at its gate
+    report(b, 0, at=clock.now + 10)
+    assert prefill_load(b.workers["p0"]) == 400
+    report(b, 0, at=clock.now + 31)
+    assert prefill_load(b.workers["p0"]) == 0
+
+
+def test_shares_for_unknown_workers_and_empty_charges_are_ignored() -> None:
+    a, b, clock = pair()
+    b.remote(A, LoadShare(1, "gone", 10, Stage.GATED, clock.now))
+    told: list[LoadShare] = []
+    a.share = told.append
+    a.close(route(a, 0))  # a prompt its worker holds entirely: nothing to tell
+    assert told == []
+    assert prefill_load(b.workers["p0"]) == 0
+
+
+def test_two_charges_of_two_replicas_are_kept_apart() -> None:
+    _, b, clock = pair()
+    p0 = b.workers["p0"]
+    b.remote(B, LoadShare(0, "p0", 10, Stage.GATED, clock.now))
+    b.remote(A, LoadShare(0, "p0", 20, Stage.GATED, clock.now))
+    assert prefill_load(p0) == 30
+    b.remote(A, LoadShare(0, "p0", 20, Stage.PREFILLED, clock.now))
+    assert prefill_load(p0) == 10
+
+
+def test_a_share_crosses_msgpack_unchanged() -> None:
+    share = LoadShare(7, "p0", 33, Stage.PREFILLED, 12.5, (3, 4, 33))
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(share), type=LoadShare)
+    assert back == share and back.stage is Stage.PREFILLED
+
+
+def test_router_replicas_on_redis_route_around_each_others_work(redis_server) -> None:
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    routers = []
+    for _ in range(2):
+        store = RedisStore(url=redis_server.url, namespace=ns, poll_ms=20)
+        router = Router(RouterConfig(disagg_min_uncached_tokens=0), store=store)
+        for w in ("p0", "p1"):
+            router.add_worker(w, "prefill", "m")
+        router.add_worker("d0", "decode", "m")
+        routers.append(router)
+    a, b = routers
+    try:
+        ticket = a.route("m", list(range(640)))  # 40 blocks nobody holds
+        ticket.admit()
+        busy = ticket.decision.prefill_worker_id
+        assert a.store.sync(10) and b.store.sync(10)
+        assert b.worker_load(busy)[0] == 640  # type: ignore[index]
+        assert a.worker_load(busy)[0] == 640  # type: ignore[index]  # its own: not twice
+        other = b.route("m", list(range(1000, 1160)))  # 10 other blocks: the idle worker
+        assert other.decision.prefill_worker_id not in (None, busy)
+        other.close()
+        ticket.prefill_done()
+        ticket.close()
+        assert a.store.sync(10) and b.store.sync(10)
+        assert b.worker_load(busy)[0] == 0  # type: ignore[index]
+    finally:
+        a.close()
+        b.close()
