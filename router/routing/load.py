@@ -228,6 +228,13 @@ class LoadTracker:
             self._backlog(w, share.backlog)
         self._refile(w)
 
+    def forget_remote(self) -> None:
+        """Drop every other replica's charge (their stages stopped reaching us)."""
+        for w in self.workers.values():
+            if len(w.remote):
+                w.remote.clear()
+                self._refile(w)
+
     # -- pools -----------------------------------------------------------------------------
     def pool(self, model: str, role: WorkerRole) -> Pool:
         """Workers that can serve `role` for `model`: the prefill pool holds prefill

@@ -156,8 +156,10 @@ class Router:
         with the workers' report timestamps (a simulator's clock; default: the system's)."""
         self.store.clock = self._loads.clock = clock
 
-    def _remote_loads(self, shares: list[tuple[bytes, LoadShare]]) -> None:
+    def _remote_loads(self, shares: list[tuple[bytes, LoadShare]], forget: bool) -> None:
         with self._lock:
+            if forget:
+                self._loads.forget_remote()
             for replica, share in shares:
                 self._loads.remote(replica, share)
 

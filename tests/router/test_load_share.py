@@ -3,6 +3,7 @@ ledgers joined by a list, then two routers joined by a real redis-server."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import msgspec
@@ -138,17 +139,32 @@ def test_a_share_crosses_msgpack_unchanged() -> None:
     assert back == share and back.stage is Stage.PREFILLED
 
 
-def test_router_replicas_on_redis_route_around_each_others_work(redis_server) -> None:
+def two_replicas(url: str) -> list[Router]:
     ns = f"t{uuid.uuid4().hex[:8]}"
     routers = []
     for _ in range(2):
-        store = RedisStore(url=redis_server.url, namespace=ns, poll_ms=20)
+        store = RedisStore(url=url, namespace=ns, poll_ms=20, retry_s=0.05)
         router = Router(RouterConfig(disagg_min_uncached_tokens=0), store=store)
         for w in ("p0", "p1"):
             router.add_worker(w, "prefill", "m")
         router.add_worker("d0", "decode", "m")
         routers.append(router)
-    a, b = routers
+    for router in routers:  # each has its view (a replica that starts later hears nothing
+        assert router.store.sync(10)  # of charges made before: the stream is not replayed)
+    return routers
+
+
+def wait_until(cond, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_router_replicas_on_redis_route_around_each_others_work(redis_server) -> None:
+    a, b = two_replicas(redis_server.url)
     try:
         ticket = a.route("m", list(range(640)))  # 40 blocks nobody holds
         ticket.admit()
@@ -162,6 +178,27 @@ def test_router_replicas_on_redis_route_around_each_others_work(redis_server) ->
         ticket.prefill_done()
         ticket.close()
         assert a.store.sync(10) and b.store.sync(10)
+        assert b.worker_load(busy)[0] == 0  # type: ignore[index]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_after_a_redis_outage_the_others_charges_are_forgotten(own_redis) -> None:
+    """Their ends may have been dropped while Redis was away: a charge that stays would
+    weigh on its worker until the TTL."""
+    a, b = two_replicas(own_redis.url)
+    try:
+        ticket = a.route("m", list(range(640)))  # waits at a's gate
+        busy = ticket.decision.prefill_worker_id
+        assert a.store.sync(10) and b.store.sync(10)
+        assert b.worker_load(busy)[0] == 640  # type: ignore[index]
+        own_redis.stop()
+        assert wait_until(lambda: not b.store.healthy)
+        ticket.close()  # its end is dropped with Redis away
+        assert a.store.flush(10)
+        own_redis.start()
+        assert wait_until(lambda: b.store.healthy)
         assert b.worker_load(busy)[0] == 0  # type: ignore[index]
     finally:
         a.close()

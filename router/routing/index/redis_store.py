@@ -19,7 +19,9 @@ yet, or a new lifetime for one) is a plain XADD of kind p, {r: replica, t: secon
 renew, d: msgpack hashes}: every other replica counts it from when it reads it. It is in no
 set: it lives as long as its request waits, and a restarted replica that misses it routes
 as it did before promises existed. A charge's prefill stage (router.routing.load_share) is
-likewise an XADD of kind l, {r: replica, d: msgpack LoadShare}, handed to on_load_share.
+likewise an XADD of kind l, {r: replica, d: msgpack LoadShare}, handed to on_load_share;
+after a snapshot load (start, outage) the ledger forgets the other replicas' charges heard
+before, whose ends the outage may have dropped.
 
 Read path (every replica): a consumer thread XREADs the stream from its last id and applies
 each batch to the local PrefixIndex (same rule, same order, same result). `route` only reads
@@ -234,6 +236,8 @@ class RedisStore(IndexStore):
                 if self._need_load:
                     self._load_snapshot()
                     self._need_load = False
+                    if self._on_load_share is not None:  # shares may be lost: start again
+                        self._on_load_share([], True)
                     if self._down_since is not None:
                         logger.warning(
                             "kv redis store: Redis back after %.1f s, view rebuilt: "
@@ -287,7 +291,7 @@ class RedisStore(IndexStore):
                     self._index(model).apply(batch)
                     self._settle(batch)
         if shares and self._on_load_share is not None:
-            self._on_load_share(shares)  # outside our lock: the router takes its own
+            self._on_load_share(shares, False)  # outside our lock: the router takes its own
         self._last_id = entries[-1][0]  # sync() returns once the shares are applied too
 
     def _load_snapshot(self) -> None:

@@ -42,8 +42,9 @@ from router.routing.load_share import LoadShare
 
 ResyncCallback = Callable[[str, str], None]
 """on_resync(model, worker_id)."""
-LoadShareCallback = Callable[[list[tuple[bytes, LoadShare]]], None]
-"""on_load_share([(replica, share), ...]): other replicas' charges, in their order."""
+LoadShareCallback = Callable[[list[tuple[bytes, LoadShare]], bool], None]
+"""on_load_share([(replica, share), ...], forget): other replicas' charges, in their order;
+`forget`: first drop every one heard before (the stream broke off, their ends may be lost)."""
 
 _NONE: Mapping[str, Sequence[int]] = MappingProxyType({})
 
