@@ -6,6 +6,7 @@
     python -m bench.router_sim --redis              # also 4 router replicas over Redis
                                                     # (--replica-sync-ms: their views' age)
     python -m bench.router_sim --late-binding       # route when a worker has room
+    python -m bench.router_sim --balance-slack 0.15 # the ttft policy's bounded-load slack
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
 see bench.workloads.traces_dir, or given by --trace) at each `--capacity` (blocks per
@@ -62,12 +63,16 @@ POLICIES = ("ttft", "ttft_no_pull", "cache_aware", "least_loaded", "round_robin"
 `ttft_no_pull` is the same policy without migration, to show what migration buys."""
 
 
-def policy_config(label: str, profile: WorkerProfile) -> tuple[str, dict[str, float]]:
-    """(registered policy name, its arguments) of a table row's label."""
+def policy_config(
+    label: str, profile: WorkerProfile, balance_slack: float | None = None
+) -> tuple[str, dict[str, float]]:
+    """(registered policy name, its arguments) of a table row's label; `balance_slack`, if
+    given, replaces the `ttft` policy's default (router/routing/policies/ttft.py)."""
+    slack = {} if balance_slack is None else {"balance_slack": balance_slack}
     if label == "ttft":
-        return "ttft", profile.policy_args()
+        return "ttft", {**profile.policy_args(), **slack}
     if label == "ttft_no_pull":
-        return "ttft", {}
+        return "ttft", slack
     return label, {}
 
 
@@ -122,7 +127,7 @@ def run_workload(
     oracle = pooled_lru_oracle(trace, capacity * args.workers, block)
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
     for label in args.policies:
-        name, policy_args = policy_config(label, profile)
+        name, policy_args = policy_config(label, profile, args.balance_slack)
         routers = make_routers(
             name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
         )
@@ -138,7 +143,7 @@ def run_workload(
         proc, url = start_redis(tmp)
         try:
             ns = f"sim:{time.monotonic_ns()}"
-            name, policy_args = policy_config(args.policies[0], profile)
+            name, policy_args = policy_config(args.policies[0], profile, args.balance_slack)
             routers = make_routers(
                 name, args.workers, block, 4, url, ns, policy_args, args.prefix_promise_s
             )
@@ -212,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--late-binding", action="store_true",
         help="route each request when a worker has nothing waiting, not when it arrives",
     )  # fmt: skip
+    p.add_argument(
+        "--balance-slack", type=float, default=None,
+        help="the ttft policy's bounded-load slack (default: the policy's own, 0.25)",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/router_sim.json")
     return p
 
@@ -249,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load": args.load,
         "burst_load": args.burst_load,
         "replica_sync_ms": args.replica_sync_ms if args.redis else None,
+        "balance_slack": args.balance_slack,
         "profile": profile.__dict__,
         "runs": runs,
     }

@@ -131,6 +131,16 @@ def test_at_load_stretches_the_clock_keeps_the_order() -> None:
     assert [r["hash_ids"] for r in slow] == [r["hash_ids"] for r in trace]
 
 
+def test_balance_slack_reaches_the_ttft_rows_only() -> None:
+    args = router_sim.build_parser().parse_args(["--balance-slack", "0.15"])
+    for label in ("ttft", "ttft_no_pull"):
+        name, policy_args = router_sim.policy_config(label, PROFILE, args.balance_slack)
+        assert name == "ttft" and policy_args["balance_slack"] == 0.15
+        router_sim.make_routers(name, 2, 16, policy_args=policy_args)  # the policy takes it
+    assert "balance_slack" not in router_sim.policy_config("ttft", PROFILE)[1]
+    assert router_sim.policy_config("cache_aware", PROFILE, 0.15) == ("cache_aware", {})
+
+
 def test_one_table_per_run_on_a_trace_slice(tmp_path) -> None:
     trace_file = tmp_path / "slice.jsonl"
     write_jsonl(shared_prefix(num_requests=120, block_size=512, rate_per_s=5), trace_file)
