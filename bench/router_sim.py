@@ -7,6 +7,7 @@
                                                     # (--replica-sync-ms: their views' age)
     python -m bench.router_sim --late-binding       # route when a worker has room
     python -m bench.router_sim --balance-slack 0.15 # the ttft policy's bounded-load slack
+    python -m bench.router_sim --load 0.9 --peak    # the busiest tenth of the trace 90% busy
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
 see bench.workloads.traces_dir, or given by --trace) at each `--capacity` (blocks per
@@ -16,9 +17,12 @@ queue whose service times come from a measured profile (bench.sim_profile; --pro
 
 Clock: traces are replayed at `--load` (computing every prompt in full would keep the pool
 that busy; bench.sim_run.at_load), so the queueing regime does not depend on which device
-the profile was measured on. light_then_burst is built from the profile: its light phase is
-spaced twice the longest prefill apart (no queue ever forms), its burst arrives at
-`--burst-load` times what the pool serves with every system prompt cached (saturation).
+the profile was measured on. The load is the whole trace's average, or with `--peak` its
+busiest tenth's: Mooncake's prompts grow along the trace, its last tenth brings 1.87x the
+average work a second, so at `--load 0.8` the pool is overloaded through its second half.
+light_then_burst is built from the profile: its light phase is spaced twice the longest
+prefill apart (no queue ever forms), its burst arrives at `--burst-load` times what the
+pool serves with every system prompt cached (saturation).
 
 Late binding (`--late-binding`, as `baton serve --late-binding`): arrivals wait in one
 queue and the oldest is routed whenever some worker has no request waiting to start (the
@@ -198,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--load", type=float, default=0.8,
         help="pool busy share if nothing were cached (0: the trace's own clock)",
     )  # fmt: skip
+    p.add_argument(
+        "--peak", action="store_true",
+        help="--load is the busiest tenth's of the trace, not the whole trace's",
+    )  # fmt: skip
     p.add_argument("--burst-load", type=float, default=1.0)
     p.add_argument("--policies", nargs="+", default=list(POLICIES))
     p.add_argument(
@@ -236,16 +244,17 @@ def main(argv: list[str] | None = None) -> dict:
             if not path.exists():
                 print(f"no trace at {path}: the Mooncake runs are skipped (--trace PATH)")
                 continue
-            trace = at_load(read_jsonl(path, args.requests), profile, n, args.load)
+            trace = at_load(read_jsonl(path, args.requests), profile, n, args.load, args.peak)
             for cap in args.capacity:
                 runs[f"mooncake@{cap}"] = run_workload(trace, cap, 512, args, profile)
         elif name == "shared_prefix":
-            trace = at_load(shared_prefix(num_requests=args.requests), profile, n, args.load)
+            prompts = shared_prefix(num_requests=args.requests)
+            trace = at_load(prompts, profile, n, args.load, args.peak)
             runs[name] = run_workload(trace, small, 16, args, profile)
         elif name == "multi_turn":
             sessions = multi_turn(num_sessions=args.requests // 5)
             runs[name] = run_workload(
-                at_load(sessions, profile, n, args.load), small, 16, args, profile
+                at_load(sessions, profile, n, args.load, args.peak), small, 16, args, profile
             )
         elif name == "light_then_burst":
             trace = burst_trace(profile, n, args.burst_load)
@@ -256,6 +265,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "workers": n,
         "load": args.load,
+        "load_of_peak": args.peak,
         "burst_load": args.burst_load,
         "replica_sync_ms": args.replica_sync_ms if args.redis else None,
         "balance_slack": args.balance_slack,

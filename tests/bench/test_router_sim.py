@@ -131,6 +131,25 @@ def test_at_load_stretches_the_clock_keeps_the_order() -> None:
     assert [r["hash_ids"] for r in slow] == [r["hash_ids"] for r in trace]
 
 
+def test_at_peak_load_the_busiest_tenth_is_that_busy() -> None:
+    """A trace whose prompts grow along it: at --peak its heaviest tenth is held at the
+    load, and the whole trace runs lighter."""
+    trace = [
+        {"timestamp": float(i), "input_length": 100 if i < 80 else 400,
+         "output_length": 1, "hash_ids": [i]}
+        for i in range(100)
+    ]  # fmt: skip
+    work = [PROFILE.prefill_ms(r["input_length"]) for r in trace]
+    slow = at_load(trace, PROFILE, num_workers=2, load=0.6, peak=True)  # type: ignore[arg-type]
+    # the last tenth: each request's work over the time until the next one arrives
+    busiest = sum(work[90:99]) / (2 * (slow[99]["timestamp"] - slow[90]["timestamp"]))
+    assert busiest == pytest.approx(0.6)
+    mean = sum(work) / (2 * (slow[-1]["timestamp"] - slow[0]["timestamp"]))
+    assert mean < 0.6 / 1.5
+    even = trace[:80]  # no busier part than the whole: the average
+    assert sim_run.busiest_rate(even, work[:80]) == pytest.approx(sum(work[:80]) / 79)  # type: ignore[arg-type]
+
+
 def test_balance_slack_reaches_the_ttft_rows_only() -> None:
     args = router_sim.build_parser().parse_args(["--balance-slack", "0.15"])
     for label in ("ttft", "ttft_no_pull"):
