@@ -42,6 +42,10 @@ class Job:
     finish_ms: float
     tokens: int
     steps: int
+    pairs: int
+    """Its attention's query-key pairs (core.step_stats.StepTotals.prefill_pairs),"""
+    attention_ms: float
+    """and the part of its service time they take (the profile's attention term)."""
 
 
 @dataclass(slots=True)
@@ -186,14 +190,18 @@ class SimWorker:
         """Queue a prefill of `uncached` tokens arriving at `now_ms`, `transferred` of the
         others copied from a peer first (from `available_ms` at the earliest); returns its
         finish."""
-        service = self.profile.prefill_ms(uncached, prompt_tokens - uncached)
+        context = prompt_tokens - uncached
+        service = self.profile.prefill_ms(uncached, context)
+        attention = service - self.profile.prefill_ms(uncached, context, attention=False)
+        pairs = uncached * context + uncached * (uncached + 1) // 2
         ready = now_ms
         if transferred:
             ready = max(now_ms, available_ms) + self.profile.transfer_ms(transferred)
         start = max(ready, self.busy_until)
         self.busy_until = start + service
         self.work_ms += service
-        self.jobs.append(Job(start, self.busy_until, uncached, self.profile.num_steps(uncached)))
+        steps = self.profile.num_steps(uncached)
+        self.jobs.append(Job(start, self.busy_until, uncached, steps, pairs, attention))
         self.prompt_tokens += prompt_tokens
         self.cached_tokens += prompt_tokens - uncached - transferred
         self.transferred_tokens += transferred
@@ -208,7 +216,9 @@ class SimWorker:
             if job.finish_ms <= now_ms:
                 totals.steps += job.steps
                 totals.prefill_tokens += job.tokens
+                totals.prefill_pairs += job.pairs
                 totals.forward_s += (job.finish_ms - job.start_ms) / 1000
+                totals.attention_s += job.attention_ms / 1000
                 done += 1
             elif job.start_ms < now_ms:
                 left = (job.finish_ms - now_ms) / (job.finish_ms - job.start_ms)
@@ -235,6 +245,8 @@ class SimWorker:
             steps=StepTotals(
                 steps=totals.steps,
                 prefill_tokens=totals.prefill_tokens,
+                prefill_pairs=totals.prefill_pairs,
                 forward_s=totals.forward_s,
+                attention_s=totals.attention_s,
             ),
         )

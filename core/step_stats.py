@@ -21,6 +21,10 @@ class StepTotals(msgspec.Struct):
     """Rows of one new token: a running request's next token."""
     prefill_tokens: int = 0
     """Tokens of prompt chunks (prefill work)."""
+    prefill_pairs: int = 0
+    """Their attention's size: per chunk of n new tokens after c computed ones, n * c +
+    n * (n + 1) / 2 query-key pairs (the part of a prefill that grows with its context:
+    the router splits `attention_s` by it, router.routing.step_rate)."""
     schedule_s: float = 0.0
     forward_s: float = 0.0
     attention_s: float = 0.0

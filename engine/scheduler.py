@@ -53,11 +53,13 @@ class ScheduledBatch:
         engine/spec), and the step's decode rows and prefill tokens go into `totals`."""
         for req, n in self.items:
             real = n - len(req.draft_token_ids)
+            context = req.num_computed_tokens
             req.num_computed_tokens += real
             if real == 1:
                 totals.decode_rows += 1
             else:
                 totals.prefill_tokens += n
+                totals.prefill_pairs += n * context + n * (n + 1) // 2
 
     def __bool__(self) -> bool:
         return bool(self.items)

@@ -96,11 +96,17 @@ def _draft_model(args: argparse.Namespace) -> str | None:
 
 
 def _policy_args(args: argparse.Namespace) -> dict[str, float]:
-    if not args.prefix_pull_gbps:
-        return {}
-    if args.policy != "ttft":
-        raise SystemExit("baton serve: --prefix-pull-gbps needs --policy ttft")
-    return {"transfer_gbps": args.prefix_pull_gbps}
+    """The `ttft` policy's arguments from their flags (an error with any other policy)."""
+    given = {}
+    if args.prefix_pull_gbps:
+        given["--prefix-pull-gbps"] = ("transfer_gbps", args.prefix_pull_gbps)
+    if args.balance_slack is not None:
+        if args.balance_slack < 0:
+            raise SystemExit("baton serve: --balance-slack must be >= 0")
+        given["--balance-slack"] = ("balance_slack", args.balance_slack)
+    if given and args.policy != "ttft":
+        raise SystemExit(f"baton serve: {' and '.join(given)} needs --policy ttft")
+    return dict(given.values())
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:

@@ -41,6 +41,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "prefill worker may copy a prompt prefix a busy peer caches instead of computing it "
         "(prefix migration; 0, the default: never)",
     )
+    p.add_argument(
+        "--balance-slack",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --policy ttft: how far over the pool's mean share of placed prefill work a "
+        "worker may go and still be chosen (default 0.25; 0.2 balanced long-prompt traffic "
+        "better in the simulator, 0.25 kept more reuse in bursts: docs/performance.md)",
+    )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(
         "--disagg-min-uncached-tokens",

@@ -76,6 +76,20 @@ def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     assert w.load(1000.0).steps.prefill_tokens == 400  # both finished: in the step totals
 
 
+def test_sim_worker_reports_its_attention_as_an_engine_times_it() -> None:
+    """The profile's attention term goes into the totals apart, with the pairs it covered
+    (the router splits the two: router.routing.step_rate)."""
+    profile = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=2.0)
+    w = SimWorker("p0", capacity=64, profile=profile)
+    finish = w.enqueue(0.0, 300, 100)  # 100 new tokens after 200 cached
+    attention_ms = 2.0 * 100 * (200 + 100 / 2) / 1000
+    assert finish == 10 + 100 + attention_ms
+    steps = w.load(finish).steps
+    assert steps.prefill_pairs == 100 * 200 + 100 * 101 // 2
+    assert steps.attention_s == pytest.approx(attention_ms / 1000)
+    assert steps.forward_s == pytest.approx(finish / 1000)
+
+
 def test_a_queued_request_finds_the_cache_as_it_is_when_it_starts() -> None:
     """Like Baton's engine, which looks a request's prefix up and names its blocks when it
     schedules it: what the requests ahead of it evicted is gone, what they stored is there;

@@ -36,6 +36,10 @@ def test_the_reported_backlog_holds_a_chunked_prefill_until_its_last_chunk(tiny_
         backlog.append(engine.load().num_waiting_tokens)
     # Waiting, then running part-way through its prefill, then decoding: none left.
     assert backlog == [80, 48, 16, 0, 0, 0]
+    # Each chunk's attention pairs: its n tokens over the c before them and each other.
+    chunks = [(32, 0), (32, 32), (16, 64)]
+    pairs = sum(n * c + n * (n + 1) // 2 for n, c in chunks)
+    assert engine.load().steps.prefill_pairs == pairs == 80 * 81 // 2
 
 
 def test_the_serving_loop_counts_its_time_between_steps_apart(tiny_model_dir) -> None:

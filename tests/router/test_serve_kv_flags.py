@@ -61,3 +61,18 @@ def test_late_binding_is_a_router_switch() -> None:
     parse = build_parser().parse_args
     assert not router_config(parse(["serve"])).late_binding
     assert router_config(parse(["serve", "--late-binding"])).late_binding
+
+
+def test_the_ttft_policys_flags_reach_it_and_no_other_policy() -> None:
+    from router.cli.serve import router_config
+
+    parse = build_parser().parse_args
+    assert router_config(parse(["serve", "--policy", "ttft"])).prefill_policy_args == {}
+    config = router_config(
+        parse(["serve", "--policy", "ttft", "--balance-slack", "0.2", "--prefix-pull-gbps", "2"])
+    )
+    assert config.prefill_policy_args == {"balance_slack": 0.2, "transfer_gbps": 2.0}
+    with pytest.raises(SystemExit, match="--balance-slack needs --policy ttft"):
+        router_config(parse(["serve", "--balance-slack", "0"]))
+    with pytest.raises(SystemExit, match="--balance-slack must be >= 0"):
+        router_config(parse(["serve", "--policy", "ttft", "--balance-slack", "-1"]))

@@ -39,6 +39,29 @@ def test_small_intervals_wait_and_a_restart_rebaselines() -> None:
     assert rate.s_per_token > 1.0 / 1000
 
 
+def test_attention_time_is_split_off_where_the_engine_times_it() -> None:
+    """Attention seconds per query-key pair and the rest per token; GPUs report no attention
+    time and keep one rate per token."""
+    rate = StepRate(alpha=1.0)
+
+    def timed(at: float, tokens: int, pairs: int, busy: float, attention: float) -> WorkerLoad:
+        steps = StepTotals(
+            steps=1, prefill_tokens=tokens, prefill_pairs=pairs, forward_s=busy,
+            attention_s=attention,
+        )  # fmt: skip
+        return WorkerLoad("p", "prefill", 0, 0, 0, 10, 10, at, steps=steps)
+
+    rate.update(timed(0.0, 0, 0, 0.0, 0.0))
+    rate.update(timed(1.0, 1000, 2_000_000, 3.0, 2.0))
+    assert rate.s_per_pair == 2.0 / 2_000_000
+    assert rate.s_per_token_linear == 1.0 / 1000
+    assert rate.s_per_token == 3.0 / 1000  # the average stays: queued tokens are priced by it
+    gpu = StepRate(alpha=1.0)
+    gpu.update(timed(0.0, 0, 0, 0.0, 0.0))
+    gpu.update(timed(1.0, 1000, 2_000_000, 3.0, 0.0))
+    assert gpu.s_per_pair == 0 and gpu.s_per_token_linear == 0 and gpu.s_per_token == 3e-3
+
+
 def test_reuse_counts_prefix_pulled_from_peers() -> None:
     """A worker fed by pulls has few hits of its own; its prompts are still reused work."""
     rate = StepRate(alpha=1.0)

@@ -7,6 +7,9 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
     L_w  queued prefill tokens (its report + routed here since, router.routing.load)
     t_w  seconds per prefill token, calibrated online from w's own step totals
          (router.routing.step_rate); the prior `s_per_token` until w has reported work
+    a_w  seconds of attention per query-key pair, and l_w seconds per token besides it,
+         where w's engine times its attention (CPU; step_rate); else a_w = 0, l_w = t_w
+    C_w  = T - U_w                  the positions before the part w computes
     s    per-request overhead (`step_s`: a prefill takes one engine step at least)
     N_w  blocks w's cache holds (the index)    K_w  its KV capacity in blocks (its reports)
     E_w  = max(0, N_w + ceil(U_w / B) - K_w)   blocks w must evict to store the new ones
@@ -17,7 +20,10 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
          (ctx.restore_s, router.routing.restore_cost): such a hit saves t_w*B per block
          less its copy, not t_w*B
 
-    1. work_w     = s + t_w * U_w + R_w                    the prefill itself
+    1. work_w     = s + l_w * U_w + a_w * (U_w * C_w + U_w * (U_w + 1) / 2) + R_w
+                                                           the prefill itself: a hit saves
+                                                           its own tokens, not the new
+                                                           ones' attention over them
        ttft_w     = t_w * L_w + work_w                     queue wait + prefill
        pressure_w = pressure_weight * h_w * E_w * B * t_w  recompute later of the reuse the
                                                            evicted blocks would have served
@@ -29,7 +35,7 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        queue). A worker with c_w < c* may instead pull blocks [c_w, c*) from q:
 
        X_w        = x0 + (c* - c_w) * B * kv_bytes_per_token / transfer_gbps   transfer
-       U'_w       = max(0, T - c* * B),  work'_w = s + t_w * U'_w + R_w
+       U'_w       = max(0, T - c* * B),  work'_w = work_w with U'_w for U_w
        cost'_w    = t_w * L_w + X_w + (work'_w + pressure_w) / (1 - ρ_w)
 
        and takes it when cost'_w < cost_w. X_w is added to the wait, not divided by
@@ -88,8 +94,8 @@ _TERMS = (
 class TtftPrefill(Policy):
     name = "ttft"
     formula = (
-        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + t_w*U_w + R_w + k_p*h_w*E_w*B*t_w) "
-        "/ (1 - rho_w) over workers with P_w <= (1+slack)*mean P"
+        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + l_w*U_w + a_w*pairs(U_w, C_w) + R_w "
+        "+ k_p*h_w*E_w*B*t_w) / (1 - rho_w) over workers with P_w <= (1+slack)*mean P"
     )
     wants_block_counts = True
 
@@ -150,11 +156,14 @@ class TtftPrefill(Policy):
         runner_up = float("inf")
         for j, w in enumerate(workers):
             # 1. the worker's estimated TTFT and the reuse its placement destroys
-            t = w.step_rate.s_per_token or self.s_per_token
+            rate = w.step_rate
+            t = rate.s_per_token or self.s_per_token
+            a = rate.s_per_pair
+            lin = rate.s_per_token_linear if a else t
             c_w = cached.get(w.worker_id, 0)
             uncached = max(0, tokens - c_w * block)
             restore = restore_s.get(w.worker_id, 0.0) if restore_s else 0.0
-            work = step_s + t * uncached + restore
+            work = step_s + _compute_s(lin, a, uncached, tokens) + restore
             wait = t * w.queued_prefill_tokens
             evict = 0
             if w.total_blocks > 0:
@@ -165,7 +174,7 @@ class TtftPrefill(Policy):
             pull, transfer = 0, 0.0
             if top > c_w:  # a peer holds more of the prompt: copying it may beat computing
                 x = self.transfer_latency_s + (top - c_w) * x_block
-                work_pull = step_s + t * top_uncached + restore
+                work_pull = step_s + _compute_s(lin, a, top_uncached, tokens) + restore
                 cost_pull = wait + x + (work_pull + pressure) / (1.0 - rho)
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
@@ -225,3 +234,12 @@ class TtftPrefill(Policy):
             if w is not None and hit > 0 and (hit, -w.queued_prefill_tokens) > best:
                 best, holder = (hit, -w.queued_prefill_tokens), worker_id
         return holder, best[0]
+
+
+def _compute_s(per_token: float, per_pair: float, uncached: int, tokens: int) -> float:
+    """Seconds to compute the last `uncached` of a prompt's `tokens`: per token, plus per
+    query-key pair of their attention (over the positions before them and each other)."""
+    if not per_pair:
+        return per_token * uncached
+    context = tokens - uncached
+    return per_token * uncached + per_pair * (uncached * context + uncached * (uncached + 1) / 2)
