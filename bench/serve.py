@@ -118,6 +118,12 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="--compare peer: Baton configurations (bench/serve_peer.py)",
     )
     p.add_argument(
+        "--configs",
+        default=None,
+        help="--compare (not peer): only these of the experiment's configurations, "
+        "comma-separated (names in bench/serve_compare.py; default: all)",
+    )
+    p.add_argument(
         "--client",
         choices=["baton", "vllm"],
         default="baton",

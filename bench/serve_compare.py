@@ -139,6 +139,8 @@ EXPERIMENTS = {
                 # routed when a prefill worker has room, not on arrival (issue 20)
                 ("ttft_pull_late", "ttft --prefix-pull-gbps 2 --late-binding"),
                 ("cache_aware_late", "cache_aware --late-binding"),
+                # the bounded-load slack that balanced long prompts in the simulator
+                ("ttft_pull_slack02", "ttft --prefix-pull-gbps 2 --balance-slack 0.2"),
             )
         ],
         rates=[],  # the trace's own arrivals
@@ -294,19 +296,32 @@ def run_comparison(args: argparse.Namespace) -> int:
         print(f"\n== {exp.title}\n{HEADER}", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {}
         out = Path(args.out) if args.out and len(names) == 1 else RESULTS / f"serve_{name}.json"
-        for config in exp.configs:
+        configs = chosen_configs(exp, args.configs)
+        for config in configs:
             runs[config.name] = asyncio.run(_run_config(exp, config, model_dir, exp_args, space))
-            _write(out, exp, exp_args, model_dir, runs, None)
+            _write(out, exp, configs, exp_args, model_dir, runs, None)
         v = verdict(exp, runs)
-        _write(out, exp, exp_args, model_dir, runs, v)
+        _write(out, exp, configs, exp_args, model_dir, runs, v)
         png = plot_experiment(exp.title, runs, out.with_suffix(".png"))
         print(f"verdict: {json.dumps(v)}\nwrote {out} and {png}", flush=True)
     return 0
 
 
+def chosen_configs(exp: Experiment, names: str | None) -> list[Config]:
+    """The experiment's configurations named in `names` (comma-separated; None: all)."""
+    if not names:
+        return list(exp.configs)
+    wanted = names.split(",")
+    known = {c.name: c for c in exp.configs}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise SystemExit(f"--configs: {exp.name} has no {unknown} (it has {list(known)})")
+    return [known[n] for n in wanted]
+
+
 def _write(
-    out: Path, exp: Experiment, args: argparse.Namespace, model_dir: Path,
-    runs: dict[str, list[dict[str, Any]]], v: dict[str, Any] | None,
+    out: Path, exp: Experiment, configs: list[Config], args: argparse.Namespace,
+    model_dir: Path, runs: dict[str, list[dict[str, Any]]], v: dict[str, Any] | None,
 ) -> None:  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
@@ -314,7 +329,7 @@ def _write(
         "title": exp.title,
         "model": str(model_dir),
         "workload": exp.workload,
-        "configs": {c.name: c.serve_args for c in exp.configs},
+        "configs": {c.name: c.serve_args for c in configs},
         "num_requests": args.num_requests,
         "duration_s": args.duration,
         "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},

@@ -20,9 +20,9 @@ admitted no earlier than the worker's last report was taken (`WorkerLoad.timesta
 worker's wall clock; at the same instant, a simulator's ties, the report came first).
 Ordering holds per sender (one publisher thread, one stream), so a charge's stages arrive
 in order. A replica that dies leaves its gated charges behind: they expire after `ttl_s`,
-as its promises do. A restarted replica starts with no remote charges (the
-stream is not replayed for them) and has them again with the next routed requests; after a
-Redis outage each replica forgets those it heard, whose ends the outage may have dropped.
+as its promises do. A restarted replica starts with no remote charges (the stream is not
+replayed for them) and has them again with the next routed requests; after a Redis outage
+each replica forgets those it heard, whose ends the outage may have dropped.
 
 Only prefill tokens are shared: they are the load the prefill policies weigh. A decode
 worker's running count and free blocks come from reports and this replica's routes.

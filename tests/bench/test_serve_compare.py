@@ -55,3 +55,15 @@ def test_error_messages_are_one_clean_line() -> None:
     body = json.dumps({"error": {"message": "\x1b[36mray::D.reserve()\x1b[39m (pid=1)\n  tb"}})
     assert _error_message(body) == "ray::D.reserve() (pid=1)"
     assert _error_message("plain text") == "plain text"
+
+
+def test_configs_picks_an_experiments_configurations_by_name() -> None:
+    from bench.serve_compare import chosen_configs
+
+    exp = EXPERIMENTS["mooncake"]
+    assert chosen_configs(exp, None) == list(exp.configs)
+    picked = chosen_configs(exp, "cache_aware,ttft_pull_slack02")
+    assert [c.name for c in picked] == ["cache_aware", "ttft_pull_slack02"]
+    assert "--balance-slack" in picked[1].serve_args
+    with pytest.raises(SystemExit, match="has no \\['nope'\\]"):
+        chosen_configs(exp, "cache_aware,nope")
