@@ -85,8 +85,11 @@ class WorkerProfile:
         """Engine steps a prefill of `tokens` takes (at least one: the first token)."""
         return max(1, -(-tokens // self.chunk_tokens))
 
-    def prefill_ms(self, tokens: int, context: int = 0, attention: bool = True) -> float:
-        """Service time of `tokens` new prompt tokens after `context` cached ones (without
-        its attention term: the rest of it, as an engine's step totals split them)."""
-        attn = self.attn_ms * tokens * (context + tokens / 2) / 1000 if attention else 0.0
-        return self.step_ms * self.num_steps(tokens) + self.token_ms * tokens + attn
+    def attention_ms(self, tokens: int, context: int = 0) -> float:
+        """The attention part of `prefill_ms` (what an engine's step totals time apart)."""
+        return self.attn_ms * tokens * (context + tokens / 2) / 1000
+
+    def prefill_ms(self, tokens: int, context: int = 0) -> float:
+        """Service time of `tokens` new prompt tokens after `context` cached ones."""
+        attention = self.attention_ms(tokens, context)
+        return self.step_ms * self.num_steps(tokens) + self.token_ms * tokens + attention

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from bench.sim_profile import WorkerProfile
 from core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, WorkerLoad
-from core.step_stats import StepTotals
+from core.step_stats import StepTotals, attention_pairs
 
 
 @dataclass(slots=True)
@@ -192,8 +192,8 @@ class SimWorker:
         finish."""
         context = prompt_tokens - uncached
         service = self.profile.prefill_ms(uncached, context)
-        attention = service - self.profile.prefill_ms(uncached, context, attention=False)
-        pairs = uncached * context + uncached * (uncached + 1) // 2
+        attention = self.profile.attention_ms(uncached, context)
+        pairs = attention_pairs(uncached, context)
         ready = now_ms
         if transferred:
             ready = max(now_ms, available_ms) + self.profile.transfer_ms(transferred)

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
-from core.step_stats import StepTotals
+from core.step_stats import StepTotals, attention_pairs
 from engine.kv_cache.manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.spec import Speculator
@@ -59,7 +59,7 @@ class ScheduledBatch:
                 totals.decode_rows += 1
             else:
                 totals.prefill_tokens += n
-                totals.prefill_pairs += n * context + n * (n + 1) // 2
+                totals.prefill_pairs += attention_pairs(n, context)
 
     def __bool__(self) -> bool:
         return bool(self.items)

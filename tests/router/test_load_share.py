@@ -3,7 +3,6 @@ ledgers joined by a list, then two routers joined by a real redis-server."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import msgspec
@@ -15,6 +14,7 @@ from router.routing.load import LoadTracker
 from router.routing.load_share import LoadShare, Stage
 from router.routing.router import Router, RouterConfig
 from router.routing.worker_state import prefill_load
+from tests.router.test_redis_store import wait_until
 
 A, B = b"replica-a", b"replica-b"
 
@@ -152,15 +152,6 @@ def two_replicas(url: str) -> list[Router]:
     for router in routers:  # each has its view (a replica that starts later hears nothing
         assert router.store.sync(10)  # of charges made before: the stream is not replayed)
     return routers
-
-
-def wait_until(cond, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_router_replicas_on_redis_route_around_each_others_work(redis_server) -> None:

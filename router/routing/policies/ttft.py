@@ -70,6 +70,7 @@ Router's debug log line.
 from __future__ import annotations
 
 from core.roles import WorkerRole
+from core.step_stats import attention_pairs
 from router.routing.decision import PrefixPull
 from router.routing.policies.base import Choice, Policy, RouteContext, register
 
@@ -241,5 +242,4 @@ def _compute_s(per_token: float, per_pair: float, uncached: int, tokens: int) ->
     query-key pair of their attention (over the positions before them and each other)."""
     if not per_pair:
         return per_token * uncached
-    context = tokens - uncached
-    return per_token * uncached + per_pair * (uncached * context + uncached * (uncached + 1) / 2)
+    return per_token * uncached + per_pair * attention_pairs(uncached, tokens - uncached)
