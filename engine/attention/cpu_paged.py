@@ -37,29 +37,38 @@ class CPUPagedAttention(TorchPagedAttention):
     def __init__(self) -> None:
         self.kernel = load_kernel()
 
-    def _decode(
-        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
+    def decode_into(
+        self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float
+    ) -> None:
+        """The kernel reads a bfloat16 model's queries and writes its output in place (it
+        widens and rounds a sequence at a time); only rows whose groups merge a shared part
+        (cascade) are computed in float32 first, the merge's precision."""
         kernel = self._kernel_for(kv_layer.dtype)
         if kernel is not None and q.dtype == torch.bfloat16 and _amx_shapes(q, kv_layer):
             kernel = _amx_kernel() or kernel
-        if kernel is None or not q.dtype.is_floating_point or not kv_layer.is_contiguous():
-            return super()._decode(q, kv_layer, meta, scale)  # fp8 caches too
-        # The kernel computes in float32 whatever the cache holds: a bfloat16 model's
-        # queries are widened (a few KB) and its output rounded back once.
-        out = torch.empty(q.shape, dtype=torch.float32)
+        usable = q.dtype in _PLAIN and out.dtype == q.dtype and out.is_contiguous()
+        if kernel is None or not usable or not kv_layer.is_contiguous():
+            out.copy_(super()._decode(q, kv_layer, meta, scale))  # fp8 caches too
+            return
+        q = q.contiguous()
         prefix = None
         if kv_layer.dtype in _PLAIN:
             amx = cascade.amx_kernel(q, kv_layer) is not None
             prefix = cascade.shared_prefix(meta, amx=amx)
         if prefix is None:
-            kernel(q.float().contiguous(), kv_layer, meta.decode_block_tables,
-                   meta.decode_seq_lens, scale, out)  # fmt: skip
-            return out.to(q.dtype)
+            kernel(q, kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out)
+            return
+        wide = torch.empty(q.shape, dtype=torch.float32)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
-        kernel(q.float().contiguous(), kv_layer, prefix.tail_tables, prefix.tail_lens, scale,
-               out, lse)  # fmt: skip
-        return cascade.merge_groups_into(out, lse, q, kv_layer, prefix, scale).to(q.dtype)
+        kernel(q, kv_layer, prefix.tail_tables, prefix.tail_lens, scale, wide, lse)
+        out.copy_(cascade.merge_groups_into(wide, lse, q, kv_layer, prefix, scale))
+
+    def _decode(
+        self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        self.decode_into(out, q, kv_layer, meta, scale)
+        return out
 
     def prefill_into(
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
@@ -139,8 +148,8 @@ def _heads_contiguous(x: Tensor) -> bool:
 
 def _amx_kernel() -> Any | None:
     """Decode with its scores on AMX (engine/cpu_kernels/paged_decode_amx.cpp): for a
-    bfloat16 cache and bfloat16 queries (the kernel narrows the widened queries back,
-    exactly), on CPUs with AMX; None elsewhere."""
+    bfloat16 cache and bfloat16 queries (float32 ones too: it narrows them, exactly, as they
+    were bfloat16), on CPUs with AMX; None elsewhere."""
     module = cpu_kernels.load_available("paged_decode_amx")
     return None if module is None else module.paged_decode_bf16
 

@@ -96,6 +96,35 @@ def test_scores_on_amx_equal_the_row_by_row_kernels(
     torch.testing.assert_close(lses[1], lses[0], rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("amx", [False, True])
+def test_bfloat16_queries_and_output_are_the_float32_call_rounded_once(amx: bool) -> None:
+    """The kernels widen bfloat16 queries and round their output themselves, so the backend
+    writes a bfloat16 model's decode rows in place: bit for bit what widening the queries,
+    a float32 output and one rounding give, into the first rows of the step's output only."""
+    kernel = cpu_paged._amx_kernel() if amx else get_backend("cpu")._kernel_for(torch.bfloat16)
+    if kernel is None:
+        pytest.skip("no AMX on this CPU")
+    gen = torch.Generator().manual_seed(11)
+    kv = torch.randn(60, 2, 16, 4, 64, generator=gen).bfloat16()
+    lengths = [1, 16, 33, 90]
+    tables = torch.stack([torch.randperm(60, generator=gen)[:6] for _ in lengths])
+    lens = torch.tensor(lengths)
+    q = torch.randn(len(lengths), 12, 64, generator=gen).bfloat16()
+    wide = torch.empty(q.shape)
+    kernel(q.float(), kv, tables, lens, 0.125, wide)
+    narrow = torch.empty_like(q)
+    kernel(q, kv, tables, lens, 0.125, narrow)
+    assert torch.equal(narrow, wide.bfloat16())
+    if amx:  # the backend picks the AMX kernel for these shapes
+        step_out = torch.full((len(lengths) + 3, 12, 64), 7.0, dtype=torch.bfloat16)
+        meta = meta_for(tables, lens, 16)
+        get_backend("cpu").decode_into(step_out[: len(lengths)], q, kv, meta, 0.125)
+        assert torch.equal(step_out[: len(lengths)], narrow)
+        assert torch.equal(step_out[len(lengths) :], torch.full((3, 12, 64), 7.0).bfloat16())
+    with pytest.raises(RuntimeError, match="out must have q's shape"):
+        kernel(q, kv, tables, lens, 0.125, narrow[:2])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_write_stores_what_the_torch_path_stores(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(3)
