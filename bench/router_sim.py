@@ -7,6 +7,7 @@
                                                     # (--replica-sync-ms: their views' age)
     python -m bench.router_sim --late-binding       # route when a worker has room
     python -m bench.router_sim --balance-slack 0.15 # the ttft policy's bounded-load slack
+    python -m bench.router_sim --balance-measured   # its bound on measured work too
     python -m bench.router_sim --load 0.9 --peak    # the busiest tenth of the trace 90% busy
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
@@ -68,11 +69,19 @@ POLICIES = ("ttft", "ttft_no_pull", "cache_aware", "least_loaded", "round_robin"
 
 
 def policy_config(
-    label: str, profile: WorkerProfile, balance_slack: float | None = None
-) -> tuple[str, dict[str, float]]:
+    label: str,
+    profile: WorkerProfile,
+    balance_slack: float | None = None,
+    measured: bool = False,
+) -> tuple[str, dict[str, float | bool]]:
     """(registered policy name, its arguments) of a table row's label; `balance_slack`, if
-    given, replaces the `ttft` policy's default (router/routing/policies/ttft.py)."""
-    slack = {} if balance_slack is None else {"balance_slack": balance_slack}
+    given, replaces the `ttft` policy's default (router/routing/policies/ttft.py), and
+    `measured` turns on its bound on measured work."""
+    slack: dict[str, float | bool] = (
+        {} if balance_slack is None else {"balance_slack": balance_slack}
+    )
+    if measured:
+        slack["balance_measured"] = True
     if label == "ttft":
         return "ttft", {**profile.policy_args(), **slack}
     if label == "ttft_no_pull":
@@ -87,7 +96,7 @@ def make_routers(
     replicas: int = 1,
     redis_url: str | None = None,
     ns: str = "",
-    policy_args: dict[str, float] | None = None,
+    policy_args: dict[str, float | bool] | None = None,
     pending_ttl_s: float = DEFAULT_TTL_S,
 ) -> list[Router]:
     """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens."""
@@ -131,7 +140,7 @@ def run_workload(
     oracle = pooled_lru_oracle(trace, capacity * args.workers, block)
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
     for label in args.policies:
-        name, policy_args = policy_config(label, profile, args.balance_slack)
+        name, policy_args = policy_config(label, profile, args.balance_slack, args.balance_measured)
         routers = make_routers(
             name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
         )
@@ -147,7 +156,9 @@ def run_workload(
         proc, url = start_redis(tmp)
         try:
             ns = f"sim:{time.monotonic_ns()}"
-            name, policy_args = policy_config(args.policies[0], profile, args.balance_slack)
+            name, policy_args = policy_config(
+                args.policies[0], profile, args.balance_slack, args.balance_measured
+            )
             routers = make_routers(
                 name, args.workers, block, 4, url, ns, policy_args, args.prefix_promise_s
             )
@@ -229,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--balance-slack", type=float, default=None,
         help="the ttft policy's bounded-load slack (default: the policy's own, 0.25)",
     )  # fmt: skip
+    p.add_argument(
+        "--balance-measured", action="store_true",
+        help="the ttft policy bounds the work measured as well as the work it placed",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/router_sim.json")
     return p
 
@@ -269,6 +284,7 @@ def main(argv: list[str] | None = None) -> dict:
         "burst_load": args.burst_load,
         "replica_sync_ms": args.replica_sync_ms if args.redis else None,
         "balance_slack": args.balance_slack,
+        "balance_measured": args.balance_measured,
         "profile": profile.__dict__,
         "runs": runs,
     }

@@ -95,7 +95,7 @@ def _draft_model(args: argparse.Namespace) -> str | None:
     )
 
 
-def _policy_args(args: argparse.Namespace) -> dict[str, float]:
+def _policy_args(args: argparse.Namespace) -> dict[str, float | bool]:
     """The `ttft` policy's arguments from their flags (an error with any other policy)."""
     given = {}
     if args.prefix_pull_gbps:
@@ -104,6 +104,8 @@ def _policy_args(args: argparse.Namespace) -> dict[str, float]:
         if args.balance_slack < 0:
             raise SystemExit("baton serve: --balance-slack must be >= 0")
         given["--balance-slack"] = ("balance_slack", args.balance_slack)
+    if args.balance_measured:
+        given["--balance-measured"] = ("balance_measured", True)
     if given and args.policy != "ttft":
         raise SystemExit(f"baton serve: {' and '.join(given)} needs --policy ttft")
     return dict(given.values())

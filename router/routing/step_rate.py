@@ -49,6 +49,9 @@ class StepRate:
     """Recent share of wall time the worker spent stepping."""
     restore_s_per_block: list[float] = field(default_factory=list)
     """Per offload tier (host, disk): seconds to copy one block back (0: not measured)."""
+    busy_s: float = 0.0
+    """Engine seconds the worker had stepped at its last report (its lifetime total: a
+    restart starts it again from 0). What the bounded-load rule counts as work done."""
     _busy_s: float = -1.0
     _util_busy_s: float = 0.0
     _at: float = 0.0
@@ -63,6 +66,7 @@ class StepRate:
         self._update_restores(load.steps.tier_restored_blocks, load.steps.tier_restore_s)
         steps = load.steps
         busy, tokens = steps.busy_s(), steps.prefill_tokens
+        self.busy_s = busy
         attention, pairs = steps.attention_s, steps.prefill_pairs
         prompt = load.num_prompt_tokens
         cached = load.num_cached_prompt_tokens + load.num_pulled_prompt_tokens

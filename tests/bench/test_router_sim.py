@@ -171,6 +171,10 @@ def test_balance_slack_reaches_the_ttft_rows_only() -> None:
         assert name == "ttft" and policy_args["balance_slack"] == 0.15
         router_sim.make_routers(name, 2, 16, policy_args=policy_args)  # the policy takes it
     assert "balance_slack" not in router_sim.policy_config("ttft", PROFILE)[1]
+    measured = router_sim.build_parser().parse_args(["--balance-measured"])
+    _, policy_args = router_sim.policy_config("ttft", PROFILE, None, measured.balance_measured)
+    assert policy_args["balance_measured"] is True
+    router_sim.make_routers("ttft", 2, 16, policy_args=policy_args)
     assert router_sim.policy_config("cache_aware", PROFILE, 0.15) == ("cache_aware", {})
 
 

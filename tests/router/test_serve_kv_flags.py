@@ -76,3 +76,7 @@ def test_the_ttft_policys_flags_reach_it_and_no_other_policy() -> None:
         router_config(parse(["serve", "--balance-slack", "0"]))
     with pytest.raises(SystemExit, match="--balance-slack must be >= 0"):
         router_config(parse(["serve", "--policy", "ttft", "--balance-slack", "-1"]))
+    measured = router_config(parse(["serve", "--policy", "ttft", "--balance-measured"]))
+    assert measured.prefill_policy_args == {"balance_measured": True}
+    with pytest.raises(SystemExit, match="--balance-measured needs --policy ttft"):
+        router_config(parse(["serve", "--balance-measured"]))

@@ -39,6 +39,15 @@ def test_small_intervals_wait_and_a_restart_rebaselines() -> None:
     assert rate.s_per_token > 1.0 / 1000
 
 
+def test_the_last_report_s_engine_seconds_are_kept_whatever_the_interval() -> None:
+    """What the ttft policy's measured bound counts (busy_s): every report's total, small
+    intervals and restarts included."""
+    rate = StepRate(min_tokens=500)
+    for at, tokens, busy in ((0.0, 1000, 1.0), (1.0, 1100, 1.5), (2.0, 10, 0.25)):
+        rate.update(report(at, tokens, busy))
+        assert rate.busy_s == busy
+
+
 def test_attention_time_is_split_off_where_the_engine_times_it() -> None:
     """Attention seconds per query-key pair and the rest per token; GPUs report no attention
     time and keep one rate per token."""

@@ -116,6 +116,45 @@ def test_spreads_prompts_that_share_only_their_first_block() -> None:
     assert len(counts["ttft"]) == 4 and max(counts["ttft"].values()) <= 10
 
 
+def _report(worker: WorkerState, busy_s: float, at: float) -> None:
+    worker.step_rate.update(
+        WorkerLoad(worker.worker_id, "prefill", 0, 0, 0, 100, 100, at,
+                   steps=StepTotals(steps=1, prefill_tokens=int(busy_s * 500), forward_s=busy_s))
+    )  # fmt: skip
+
+
+def test_the_bound_holds_on_measured_work_too() -> None:
+    """Routing-time estimates and the work done differ (a hit evicted while the request
+    queued, attention the estimate misses): a worker whose reports show far more engine time
+    than the others' is no candidate, even while the policy's own tally of placed work says
+    it is light; without reports there is nothing measured and the bound stays on placed
+    work alone."""
+    for measured in (True, False):
+        policy = make_policy("ttft", "prefill", balance_measured=measured)
+        a, b, c = ws("a"), ws("b"), ws("c")
+        for w in (a, b, c):
+            _report(w, 1.0, 0.0)
+        for w in (a, b, c):  # one hit each: equal placed work; nothing measured yet
+            assert policy.choose(ctx([a, b, c], {w.worker_id: 30})).worker is w
+        _report(a, 60.0, 1.0)  # a spent a minute on work no estimate foresaw
+        for w in (b, c):
+            _report(w, 2.0, 1.0)
+        choice = policy.choose(ctx([a, b, c], {"a": 30}))
+        assert (choice.worker is not a) is measured
+
+
+def test_a_restarted_worker_s_measured_work_starts_again() -> None:
+    policy = make_policy("ttft", "prefill", balance_measured=True)
+    a, b = ws("a"), ws("b")
+    for w in (a, b):
+        _report(w, 10.0, 0.0)
+    policy.choose(ctx([a, b], {}))
+    _report(a, 0.5, 1.0)  # restarted: its total went back; nothing negative is counted
+    _report(b, 12.0, 1.0)
+    policy.choose(ctx([a, b], {}))
+    assert policy._measured.get("a", 0.0) == 0.0 and policy._measured["b"] > 1.9
+
+
 def test_router_feeds_block_counts_and_calibration(caplog) -> None:
     router = _router()
     _serve(router, "p1", list(range(1, 31)), 0)

@@ -56,6 +56,14 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        are candidates, so no prefix, however popular, pins the pool to one worker, even
        while no queue has formed yet to push back (the "light then burst" pattern, or a
        first block every prompt shares).
+       With `balance_measured` a candidate must also be within the same bound on the work
+       it was measured to do: M_w, the engine seconds its reports add between decisions,
+       decayed alike, plus t_w * L_w for what it has queued. P_w counts estimates made at
+       routing time; what a worker then computes differs (a hit evicted
+       while it queued, a pull's copy, attention the estimate misses), and the load the
+       workers end with is theirs, not the estimates'. M_w alone lags (a report comes
+       after the work), so both bounds hold; where no worker is within both, the ones
+       within P_w's are the candidates (the lightest P_w always is).
     3. Pick the candidate with the smallest cost (ties: smaller tally, then pool order from a
        rotating start); add its work_w (work'_w if it pulls) to its tally. A pull goes into
        the Choice (`PrefixPull(q, c* - c_w)`) and so into the RoutingDecision.
@@ -69,10 +77,13 @@ Router's debug log line.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from core.roles import WorkerRole
 from core.step_stats import attention_pairs
 from router.routing.decision import PrefixPull
 from router.routing.policies.base import Choice, Policy, RouteContext, register
+from router.routing.worker_state import WorkerState
 
 _TERMS = (
     "cost_s",
@@ -96,7 +107,8 @@ class TtftPrefill(Policy):
     name = "ttft"
     formula = (
         "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + l_w*U_w + a_w*pairs(U_w, C_w) + R_w "
-        "+ k_p*h_w*E_w*B*t_w) / (1 - rho_w) over workers with P_w <= (1+slack)*mean P"
+        "+ k_p*h_w*E_w*B*t_w) / (1 - rho_w) over workers with P_w <= (1+slack)*mean P "
+        "[and M_w + t_w*L_w <= (1+slack)*mean]"
     )
     wants_block_counts = True
 
@@ -108,6 +120,7 @@ class TtftPrefill(Policy):
         pressure_weight: float = 1.0,
         balance_slack: float = 0.25,
         balance_halflife: float = 2000.0,
+        balance_measured: bool = False,
         max_utilization: float = 0.95,
         kv_bytes_per_token: float = 0.0,
         transfer_gbps: float = 0.0,
@@ -131,8 +144,30 @@ class TtftPrefill(Policy):
         self.pressure_weight = pressure_weight
         self.balance_slack = balance_slack
         self._decay = 0.5 ** (1.0 / balance_halflife)
+        self.balance_measured = balance_measured
         self._tally: dict[str, float] = {}
+        self._measured: dict[str, float] = {}
+        """M_w: decayed engine seconds from the workers' reports."""
+        self._seen_busy: dict[str, float] = {}
+        """Each worker's lifetime engine seconds at the last decision (StepRate.busy_s)."""
         self._turn = 0
+
+    def _measured_loads(self, workers: Sequence[WorkerState]) -> list[float]:
+        """M_w + t_w * L_w per worker, after adding its engine seconds since the last decision
+        to M_w (a restarted worker's total starts again)."""
+        measured, seen = self._measured, self._seen_busy
+        loads: list[float] = []
+        for w in workers:
+            wid, rate = w.worker_id, w.step_rate
+            last = seen.get(wid)
+            if last is not None and rate.busy_s > last:
+                measured[wid] = measured.get(wid, 0.0) + rate.busy_s - last
+            seen[wid] = rate.busy_s
+            t = rate.s_per_token or self.s_per_token
+            loads.append(measured.get(wid, 0.0) + t * w.queued_prefill_tokens)
+        # Until some worker has reported work there is nothing measured to balance: queues
+        # alone would put any worker with one over the mean of a pool just started.
+        return loads if any(measured.get(w.worker_id) for w in workers) else []
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:
         gbps = self.transfer_gbps
@@ -152,9 +187,13 @@ class TtftPrefill(Policy):
         x_block = self.transfer_s_per_token * block
         top_uncached = max(0, tokens - top * block)
         bound = (1.0 + self.balance_slack) * sum(tallies) / n
+        measured_loads = self._measured_loads(workers) if self.balance_measured else None
+        if measured_loads:
+            measured_bound = (1.0 + self.balance_slack) * sum(measured_loads) / n
         best_key: tuple[int, float, float, int] | None = None
         best_i, best_terms, best_pull = 0, (), (0, 0.0, 0.0)
         runner_up = float("inf")
+        costs: list[tuple[int, float]] = []
         for j, w in enumerate(workers):
             # 1. the worker's estimated TTFT and the reuse its placement destroys
             rate = w.step_rate
@@ -180,29 +219,36 @@ class TtftPrefill(Policy):
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
                     pull, transfer = top - c_w, x
-            # 2. bounded load: over the bound sorts after every candidate
-            over = 1 if tallies[j] > bound else 0
+            # 2. bounded load: over the bound sorts after every candidate (over the measured
+            # one only, after those within both)
+            over = 2 if tallies[j] > bound else 0
+            if not over and measured_loads:
+                over = 1 if measured_loads[j] > measured_bound else 0
             key = (over, cost, tallies[j], (j - start) % n)
+            costs.append((over, cost))
             if best_key is None or key < best_key:
-                if best_key is not None and not best_key[0]:
-                    runner_up = min(runner_up, best_key[1])
                 best_i, best_key = j, key
                 best_terms = (wait + transfer + work, wait, work, pressure, rho, uncached, evict)
                 best_pull = (pull, transfer, restore)
-            elif not over:
-                runner_up = min(runner_up, cost)
         # 3. the lightest tally is never over the mean, so a candidate always won
-        assert best_key is not None and not best_key[0]
+        assert best_key is not None and best_key[0] < 2
+        for j, (over, cost) in enumerate(costs):
+            if over == best_key[0] and j != best_i:
+                runner_up = min(runner_up, cost)
         decay = self._decay
+        measured = self._measured
         for w in workers:
             wid = w.worker_id
             tally[wid] = tally.get(wid, 0.0) * decay
+            if wid in measured:
+                measured[wid] *= decay
         winner = workers[best_i]
         tally[winner.worker_id] += best_terms[2]
         if len(tally) > 2 * n:  # workers that left the pool
             live = {w.worker_id for w in workers}
-            for wid in [k for k in tally if k not in live]:
-                del tally[wid]
+            for table in (tally, measured, self._seen_busy):
+                for wid in [k for k in table if k not in live]:
+                    del table[wid]
         mean = sum(tallies) / n
         values = (
             best_key[1],
