@@ -59,11 +59,11 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        With `balance_measured` a candidate must also be within the same bound on the work
        it was measured to do: M_w, the engine seconds its reports add between decisions,
        decayed alike, plus t_w * L_w for what it has queued. P_w counts estimates made at
-       routing time; what a worker then computes differs (a hit evicted
-       while it queued, a pull's copy, attention the estimate misses), and the load the
-       workers end with is theirs, not the estimates'. M_w alone lags (a report comes
-       after the work), so both bounds hold; where no worker is within both, the ones
-       within P_w's are the candidates (the lightest P_w always is).
+       routing time; what a worker then computes differs (a hit evicted while it queued, a
+       pull's copy, attention the estimate misses), and the load the workers end with is
+       theirs, not the estimates'. M_w alone lags (a report comes after the work), so both
+       bounds hold; where no worker is within both, the ones within P_w's are the
+       candidates (the lightest P_w always is).
     3. Pick the candidate with the smallest cost (ties: smaller tally, then pool order from a
        rotating start); add its work_w (work'_w if it pulls) to its tally. A pull goes into
        the Choice (`PrefixPull(q, c* - c_w)`) and so into the RoutingDecision.
