@@ -339,11 +339,12 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
       TORCH_CHECK(L >= 1 && L <= M * bs, "cpu paged decode: sequence length outside its table");
       const int64_t* table = bt + b * M;
       probs.assign(Hq * L, 0.f);
-      const float* qb = static_cast<const float*>(qp) + b * Hq * D;
+      const float* qb = q_wide.data();
       if (q_bf16) {
         const c10::BFloat16* src = static_cast<const c10::BFloat16*>(qp) + b * Hq * D;
         for (int64_t i = 0; i < Hq * D; ++i) q_wide[i] = static_cast<float>(src[i]);
-        qb = q_wide.data();
+      } else {
+        qb = static_cast<const float*>(qp) + b * Hq * D;
       }
       // pass 1: scores[head][position]
       Scores{}(qb, kvp, table, L, bs, blk_stride, tok_stride, entry, Hk, G, D, fscale, probs.data());
