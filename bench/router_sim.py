@@ -77,15 +77,15 @@ def policy_config(
     """(registered policy name, its arguments) of a table row's label; `balance_slack`, if
     given, replaces the `ttft` policy's default (router/routing/policies/ttft.py), and
     `measured` turns on its bound on measured work."""
-    slack: dict[str, float | bool] = (
+    bound: dict[str, float | bool] = (
         {} if balance_slack is None else {"balance_slack": balance_slack}
     )
     if measured:
-        slack["balance_measured"] = True
+        bound["balance_measured"] = True
     if label == "ttft":
-        return "ttft", {**profile.policy_args(), **slack}
+        return "ttft", {**profile.policy_args(), **bound}
     if label == "ttft_no_pull":
-        return "ttft", slack
+        return "ttft", bound
     return label, {}
 
 

@@ -152,9 +152,10 @@ class TtftPrefill(Policy):
         """Each worker's lifetime engine seconds at the last decision (StepRate.busy_s)."""
         self._turn = 0
 
-    def _measured_loads(self, workers: Sequence[WorkerState]) -> list[float]:
-        """M_w + t_w * L_w per worker, after adding its engine seconds since the last decision
-        to M_w (a restarted worker's total starts again)."""
+    def _over_measured(self, workers: Sequence[WorkerState]) -> list[int]:
+        """1 for each worker whose M_w + t_w * L_w is over the bound, else 0, after adding its
+        engine seconds since the last decision to M_w (a restarted worker's total starts
+        again)."""
         measured, seen = self._measured, self._seen_busy
         loads: list[float] = []
         for w in workers:
@@ -167,7 +168,10 @@ class TtftPrefill(Policy):
             loads.append(measured.get(wid, 0.0) + t * w.queued_prefill_tokens)
         # Until some worker has reported work there is nothing measured to balance: queues
         # alone would put any worker with one over the mean of a pool just started.
-        return loads if any(measured.get(w.worker_id) for w in workers) else []
+        if not any(measured.get(w.worker_id) for w in workers):
+            return [0] * len(workers)
+        bound = (1.0 + self.balance_slack) * sum(loads) / len(loads)
+        return [1 if load > bound else 0 for load in loads]
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:
         gbps = self.transfer_gbps
@@ -187,9 +191,7 @@ class TtftPrefill(Policy):
         x_block = self.transfer_s_per_token * block
         top_uncached = max(0, tokens - top * block)
         bound = (1.0 + self.balance_slack) * sum(tallies) / n
-        measured_loads = self._measured_loads(workers) if self.balance_measured else None
-        if measured_loads:
-            measured_bound = (1.0 + self.balance_slack) * sum(measured_loads) / n
+        over_measured = self._over_measured(workers) if self.balance_measured else [0] * n
         best_key: tuple[int, float, float, int] | None = None
         best_i, best_terms, best_pull = 0, (), (0, 0.0, 0.0)
         runner_up = float("inf")
@@ -221,9 +223,7 @@ class TtftPrefill(Policy):
                     pull, transfer = top - c_w, x
             # 2. bounded load: over the bound sorts after every candidate (over the measured
             # one only, after those within both)
-            over = 2 if tallies[j] > bound else 0
-            if not over and measured_loads:
-                over = 1 if measured_loads[j] > measured_bound else 0
+            over = 2 if tallies[j] > bound else over_measured[j]
             key = (over, cost, tallies[j], (j - start) % n)
             costs.append((over, cost))
             if best_key is None or key < best_key:
