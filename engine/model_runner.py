@@ -19,6 +19,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
+from engine.cpu_forward import CPUForward
 from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, DecodeGraphs, GraphCapturer, choose_capturer
 from engine.grammar import token_mask
 from engine.int8_checkpoint import prepare_int8_weights
@@ -115,6 +116,10 @@ class ModelRunner:
         self.kv_layout = replace(per_block, num_blocks=num_blocks)
         """This rank's cache, as the KV transport registers it (hence the TP rank in it)."""
         self.kv_cache = allocate_kv_cache(self.kv_layout, device)
+        self.cpu_forward = CPUForward.build(self.model, self.kv_cache)
+        """The forward on CPU as one flat run of kernels (None: the modules run it)."""
+        if self.cpu_forward is not None:
+            logger.info("steps run as one flat run of kernels (engine/cpu_forward.py)")
         self.sampler = Sampler(model_config.vocab_size, seed=config.seed)
         self.layer_event: Callable[[int], DeviceEvent | None] = self._layer_written
         """The event after which a layer's K/V is written (a test may make it late)."""
@@ -163,6 +168,8 @@ class ModelRunner:
         start = time.perf_counter()
         if graphs is not None and not prompt_logprobs and graphs.can_replay(meta):
             hidden = graphs.replay(input_ids, positions, meta)
+        elif self.cpu_forward is not None:
+            hidden = self.cpu_forward.run(input_ids, positions, meta)
         else:
             hidden = self.model(input_ids, positions, self.kv_cache, meta)
         forwarded = time.perf_counter()

@@ -16,7 +16,7 @@ be built here, the engine falls back to the plain torch backend and says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,9 +43,7 @@ class CPUPagedAttention(TorchPagedAttention):
         """The kernel reads a bfloat16 model's queries and writes its output in place (it
         widens and rounds a sequence at a time); only rows whose groups merge a shared part
         (cascade) are computed in float32 first, the merge's precision."""
-        kernel = self._kernel_for(kv_layer.dtype)
-        if kernel is not None and q.dtype == torch.bfloat16 and _amx_shapes(q, kv_layer):
-            kernel = _amx_kernel() or kernel
+        kernel = self._decode_kernel(q, kv_layer)
         usable = q.dtype in _PLAIN and out.dtype == q.dtype and out.is_contiguous()
         if kernel is None or not usable or not kv_layer.is_contiguous():
             out.copy_(super()._decode(q, kv_layer, meta, scale))  # fp8 caches too
@@ -62,6 +60,28 @@ class CPUPagedAttention(TorchPagedAttention):
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
         kernel(q, kv_layer, prefix.tail_tables, prefix.tail_lens, scale, wide, lse)
         out.copy_(cascade.merge_groups_into(wide, lse, q, kv_layer, prefix, scale))
+
+    def step_decode_kernel(
+        self, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata
+    ) -> Callable[..., None] | None:
+        """The kernel `decode_into` calls straight for this step's decode rows, `q` and the
+        cache shaped as every layer of the step has them: (q, kv_layer, block_tables, seq_lens,
+        scale, out) -> None, out contiguous and q's dtype; None where it does more (a cascade
+        merge, the torch path). For engine/cpu_forward.py, which decides once a step."""
+        kernel = self._decode_kernel(q, kv_layer)
+        if kernel is None or q.dtype not in _PLAIN or not kv_layer.is_contiguous():
+            return None
+        if kv_layer.dtype in _PLAIN:
+            amx = cascade.amx_kernel(q, kv_layer) is not None
+            if cascade.shared_prefix(meta, amx=amx) is not None:
+                return None
+        return kernel
+
+    def _decode_kernel(self, q: Tensor, kv_layer: Tensor) -> Callable[..., None] | None:
+        kernel = self._kernel_for(kv_layer.dtype)
+        if kernel is not None and q.dtype == torch.bfloat16 and _amx_shapes(q, kv_layer):
+            kernel = _amx_kernel() or kernel
+        return kernel
 
     def _decode(
         self, q: torch.Tensor, kv_layer: torch.Tensor, meta: AttentionMetadata, scale: float

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -84,28 +85,45 @@ def _tiled(weight: torch.Tensor) -> Any | None:
     return amx if amx is not None and n % 32 == 0 and k % 32 == 0 else None
 
 
-def _bf16_linear(
-    x2: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor | None:
-    """Our kernels' product for a 2-D bfloat16 `x2`, or None where oneDNN's is faster."""
-    rows, amx = x2.shape[0], _tiled(weight)
-    if rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1):
-        return _bf16_kernel().bf16_linear(x2, weight, bias)
-    if amx is not None and rows <= BF16_AMX_MAX_ROWS:
-        return amx.bf16_amx_linear(x2, weight, bias)
-    return None
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""(x [rows, K] contiguous, weight [N, K], bias [N] or None) -> [rows, N]."""
+
+
+def kernel_for(rows: int, weight: torch.Tensor) -> Kernel | None:
+    """Our kernel for a 2-D `x` of `rows` rows (contiguous, `weight`'s dtype) times `weight`,
+    or None where torch's linear is faster or ours cannot take the shape. `linear` asks this
+    per call; engine/cpu_forward.py asks once a step."""
+    if weight.dtype == torch.bfloat16:
+        amx = _tiled(weight)
+        if rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1):
+            return _bf16_kernel().bf16_linear
+        if amx is not None and rows <= BF16_AMX_MAX_ROWS:
+            return amx.bf16_amx_linear
+        return None
+    if weight.dtype != torch.float32 or rows > skinny_max_rows() or weight.shape[1] % 8:
+        return None
+    return _kernel().skinny_linear
+
+
+def silu_mul_kernel_for(rows: int, weight: torch.Tensor) -> Callable | None:
+    """`silu_mul_linear`'s fused kernel (x [rows, K] contiguous, [gate | up] weight) -> [rows,
+    I], or None where the shape or batch goes the unfused way."""
+    amx = _tiled(weight) if weight.dtype == torch.bfloat16 else None
+    if amx is None or not BF16_AMX_MIN_ROWS <= rows <= BF16_AMX_MAX_ROWS:
+        return None
+    return amx.bf16_amx_silu_mul_linear
 
 
 def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """silu(x @ gate^T) * (x @ up^T) for `weight` = [gate | up] in one AMX pass (the [rows, 2I]
     product never written, the SiLU-and-mul op not run), or None where the shape or batch goes
-    the unfused way (the rows `_bf16_linear` gives the AMX kernel); the values are the unfused
+    the unfused way (the rows `kernel_for` gives the AMX kernel); the values are the unfused
     path's, bit for bit."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    amx = _tiled(weight) if x.dtype == torch.bfloat16 else None
-    if amx is None or not BF16_AMX_MIN_ROWS <= rows <= BF16_AMX_MAX_ROWS:
+    kernel = silu_mul_kernel_for(rows, weight) if x.dtype == weight.dtype else None
+    if kernel is None:
         return None
-    y = amx.bf16_amx_silu_mul_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight)
+    y = kernel(x.reshape(rows, x.shape[-1]).contiguous(), weight)
     return y.view(*x.shape[:-1], weight.shape[0] // 2)
 
 
@@ -120,13 +138,10 @@ def enabled(device: torch.device, dtype: torch.dtype) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias for a float32 or bfloat16 CPU `x` of any leading shape."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if x.dtype == torch.bfloat16:
-        y = _bf16_linear(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias) if rows else None
-        return F.linear(x, weight, bias) if y is None else y.view(*x.shape[:-1], weight.shape[0])
-    if rows > skinny_max_rows() or x.shape[-1] % 8:
+    kernel = kernel_for(rows, weight) if rows and x.dtype == weight.dtype else None
+    if kernel is None:
         return F.linear(x, weight, bias)
-    x2 = x.reshape(rows, x.shape[-1]).contiguous()
-    y = _kernel().skinny_linear(x2, weight, bias)
+    y = kernel(x.reshape(rows, x.shape[-1]).contiguous(), weight, bias)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
