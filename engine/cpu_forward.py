@@ -14,7 +14,8 @@ attend), then runs the layers as a flat sequence of kernel calls: the kernels th
 would call, on the same tensors, in the same order, so its hidden states are the modules',
 bit for bit (tests/engine/test_cpu_forward.py). A step with prompt chunks hands each layer's
 attention to the backend's `forward`, as the modules do, and calls the per-layer KV hook
-after each layer.
+after each layer. The engine's model runner and a draft model (engine/spec/draft_model.py)
+both run their steps through it.
 
 Built only for a model whose every layer has a plain kernel path: CPU, float32 or bfloat16,
 one TP rank, no INT8 weights, a KV cache of the model's dtype, the CPU attention backend with

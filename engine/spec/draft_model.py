@@ -47,6 +47,7 @@ from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
+from engine.cpu_forward import CPUForward
 from engine.kv_cache.manager import cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
 from engine.layers import cpu_gemm
@@ -121,6 +122,8 @@ class DraftModel:
             dtype=dtype_name(dtype),
         )
         self.kv_cache = allocate_kv_cache(layout, device)
+        self.cpu_forward = CPUForward.build(self.model, self.kv_cache)
+        """Its forward as one flat run of kernels on CPU, as the target's (None: modules)."""
         self._tables = torch.arange(layout.num_blocks, device=device).view(max_seqs, -1)
         """Each slot's block table: its own constant run of blocks."""
         self.sampler = Sampler(cfg.vocab_size, seed=seed)
@@ -232,7 +235,10 @@ class DraftModel:
             decode_seq_lens=packed[4 * n + d :],
             prefills=prefills,
         )
-        hidden = self.model(input_ids, pos, self.kv_cache, meta)
+        if self.cpu_forward is not None:
+            hidden = self.cpu_forward.run(input_ids, pos, meta)
+        else:
+            hidden = self.model(input_ids, pos, self.kv_cache, meta)
         if n > len(rows):  # each row's last token
             ends = list(itertools.accumulate(len(row.new) for row in rows))
             hidden = hidden[torch.tensor(ends, device=dev) - 1]
