@@ -94,15 +94,16 @@ def kernel_for(rows: int, weight: torch.Tensor) -> Kernel | None:
     or None where torch's linear is faster or ours cannot take the shape. `linear` asks this
     per call; engine/cpu_forward.py asks once a step."""
     if weight.dtype == torch.bfloat16:
-        amx = _tiled(weight)
+        amx, gemv = _tiled(weight), _bf16_kernel()
         if rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1):
-            return _bf16_kernel().bf16_linear
+            return None if gemv is None else gemv.bf16_linear
         if amx is not None and rows <= BF16_AMX_MAX_ROWS:
             return amx.bf16_amx_linear
         return None
-    if weight.dtype != torch.float32 or rows > skinny_max_rows() or weight.shape[1] % 8:
+    skinny = _kernel()
+    if skinny is None or weight.dtype != torch.float32:
         return None
-    return _kernel().skinny_linear
+    return None if rows > skinny_max_rows() or weight.shape[1] % 8 else skinny.skinny_linear
 
 
 def silu_mul_kernel_for(rows: int, weight: torch.Tensor) -> Callable | None:

@@ -16,6 +16,7 @@ from core.config import EngineConfig
 from core.sampling import SamplingParams
 from engine.attention import cascade
 from engine.attention.backend import AttentionMetadata
+from engine.attention.cpu_paged import load_kernel
 from engine.completion import run_to_completion
 from engine.cpu_forward import CPUForward
 from engine.engine import LLMEngine
@@ -30,9 +31,17 @@ def max_tokens(i: int) -> int:
     return 16 + i
 
 
+def skip_without_kernels(dtype: str = "float32") -> None:
+    """The flat forward runs what the modules' CPU kernels run: none without a C++ toolchain,
+    and no bfloat16 one without AVX-512 BF16 (oneDNN serves bfloat16 there)."""
+    if not cpu_gemm.enabled(torch.device("cpu"), getattr(torch, dtype)) or load_kernel() is None:
+        pytest.skip(f"no CPU kernels for {dtype} here")
+
+
 def checked_engine(model_dir, monkeypatch, **config) -> tuple[LLMEngine, list[AttentionMetadata]]:
     """An engine whose flat forward, at every step, also runs the modules on the same step
     first and asserts the same hidden states; returns the engine and each step's metadata."""
+    skip_without_kernels(str(config.get("dtype", "float32")))
     settings: dict[str, object] = dict(num_kv_blocks=256, max_num_seqs=16, num_threads=1)
     engine = LLMEngine(model_dir, EngineConfig(**{**settings, **config}))
     runner = engine.runner
@@ -90,6 +99,7 @@ def test_every_step_equals_the_modules(
 
 
 def test_greedy_tokens_equal_the_oracle_through_it(tiny_model_dir) -> None:
+    skip_without_kernels()
     model_dir = tiny_model_dir("llama")
     engine = LLMEngine(model_dir, EngineConfig(num_kv_blocks=256, num_threads=1))
     prompts = random_prompts(engine.model_config.vocab_size, 6, seed=11)
@@ -137,6 +147,7 @@ def test_the_kv_hook_runs_after_each_layer(tiny_model_dir, monkeypatch) -> None:
 
 
 def test_models_it_cannot_run_keep_their_modules(tiny_model_dir, monkeypatch) -> None:
+    skip_without_kernels()
     model_dir = tiny_model_dir("llama")
 
     def flat(**config: object) -> CPUForward | None:
@@ -155,7 +166,8 @@ def test_models_it_cannot_run_keep_their_modules(tiny_model_dir, monkeypatch) ->
 
 
 def test_the_gemm_kernels_are_the_ones_linear_runs() -> None:
-    """The flat forward asks `kernel_for` once a step; `linear` asks it per call."""
+    """The flat forward asks `kernel_for` once a step; `linear` asks it per call (with no
+    kernel for a dtype here, None: torch's linear for both)."""
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(64, 64).to(dtype)
         for rows in (1, 2, 3, 8, 64, 300):
