@@ -77,7 +77,7 @@ class CPUForward:
         self.split = [attn.qkv_proj.q_size, attn.qkv_proj.kv_size, attn.qkv_proj.kv_size]
         self.layers = [_layer(layer) for layer in inner.layers]
         self.steps = 0
-        """Steps run (for tests and the log)."""
+        """Steps run through it (the tests read it to know the flat path ran)."""
 
     @classmethod
     def build(cls, model: nn.Module, kv_cache: torch.Tensor) -> CPUForward | None:

@@ -106,7 +106,9 @@ def kernel_for(rows: int, weight: torch.Tensor) -> Kernel | None:
     return None if rows > skinny_max_rows() or weight.shape[1] % 8 else skinny.skinny_linear
 
 
-def silu_mul_kernel_for(rows: int, weight: torch.Tensor) -> Callable | None:
+def silu_mul_kernel_for(
+    rows: int, weight: torch.Tensor
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """`silu_mul_linear`'s fused kernel (x [rows, K] contiguous, [gate | up] weight) -> [rows,
     I], or None where the shape or batch goes the unfused way."""
     amx = _tiled(weight) if weight.dtype == torch.bfloat16 else None
