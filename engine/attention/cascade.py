@@ -30,7 +30,9 @@ On AMX (bfloat16 cache and queries) the shared part is our kernel
 and a decode group's result merged into the rows' own attention inside the kernel, so groups
 of a few rows pay too (a tenant's rows on its system prompt); a whole decode layer, 64 rows
 over 1,024 shared positions: 0.89 ms against the paged kernel's 1.79, four groups of 8 rows:
-0.76 against 1.24.
+0.76 against 1.24. Prompt chunks do not cascade there: the same kernel attends each chunk's
+whole context causally from the cache, faster than the shared part and the own parts apart
+(engine/attention/cpu_paged.py).
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ alone: at 2,048 shared positions 1.33 (r = 2), 0.92 (3), 0.72 (4), 0.46 (16); at
 1.04, 0.95, 0.64 (16), 0.50 (64); at 512: 1.40 (2), 1.21 (4), 1.04 (6), 0.88 (8), 0.85 (16);
 at 256: 1.72 (2), 1.24 (6), 1.09 (16), 0.89 (64)."""
 AMX_MAX_QUERIES = 1024
-"""More query rows than this: the gather and flash attention (see amx_kernel)."""
+"""More decode rows than this in one group: the gather and flash attention (see amx_kernel).
+The kernel is ahead of it at 2,048 and 4,096 rows over 1,024 shared positions (6.4 / 12.7 ms
+against 9.5 / 17.6, one layer, bf16, 12 / 4 heads of 64), behind at 4,096 over 4,096 (83
+against 71: each work item walks every position, and that many no longer stay in cache);
+a step seldom has this many decode rows (`max_num_seqs`)."""
 MIN_CHUNKS = 2
 """Fewer prompt chunks on one prefix than this: each chunk alone."""
 MIN_SHARED_TOKENS = 128
@@ -199,9 +205,8 @@ def amx_kernel(
 ) -> Callable[..., None] | None:
     """engine/cpu_kernels/shared_attention_amx.cpp for these shapes, or None: bfloat16 queries
     and cache, block size a multiple of 16, head size of 32 up to 256, no more than
-    `AMX_MAX_QUERIES` rows (q's, unless `rows` says how many; past them torch's flash
-    attention is as fast: bigger tiles). The CPU backend also runs prompt chunks on it,
-    causally (engine/attention/cpu_paged.py)."""
+    `AMX_MAX_QUERIES` rows (q's, unless `rows` says how many). The CPU backend also runs
+    prompt chunks on its module, causally (engine/attention/cpu_paged.py)."""
     bs, d = kv_layer.shape[2], q.shape[2]
     if not (q.dtype == kv_layer.dtype == torch.bfloat16 and kv_layer.is_contiguous()):
         return None

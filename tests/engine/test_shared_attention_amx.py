@@ -160,40 +160,70 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
 
 
 @pytest.mark.parametrize("cached", [0, 7, 1031])
-def test_a_prompt_chunk_attends_its_context_causally_on_amx(cached: int) -> None:
-    """A chunk of 40 new tokens after `cached` positions (a partial block among them, NaN in
-    the cache past the sequence): with context the CPU backend runs it on the kernel,
-    causally, without it on torch's flash attention; the result is the torch path's."""
+def test_a_step_s_prompt_chunks_attend_their_context_causally_in_one_call(cached: int) -> None:
+    """Three chunks of one step (after two decode rows): 40 new tokens after `cached`
+    positions (a partial block among them, NaN in the cache past the sequence), one token
+    after 100 cached, 33 without context; their K / V already in the cache, as the backend
+    writes them first. The CPU backend runs them in one call of the prefill kernel, straight
+    from the cache, and the result is the torch path's."""
+    from engine.attention import cpu_paged
     from engine.attention.backend import AttentionMetadata, PrefillChunk
     from engine.attention.registry import get_backend
 
     gen = torch.Generator().manual_seed(11 + cached)
-    bs, hq, hk, d, new = 16, 12, 4, 64, 40
-    kv = torch.randn(200, 2, bs, hk, d, generator=gen).bfloat16()
-    seq = cached + new
-    ids = torch.randperm(200, generator=gen)[: -(-seq // bs)]
-    kv[ids[-1], :, seq % bs or bs :] = float("nan")  # the last block past the sequence
+    bs, hq, hk, d = 16, 12, 4, 64
+    kv = torch.randn(300, 2, bs, hk, d, generator=gen).bfloat16()
+    free = torch.randperm(300, generator=gen).tolist()
+    chunks, k_rows, v_rows, start = [], [], [], 2
+    for context, new in ((cached, 40), (100, 1), (0, 33)):
+        seq = context + new
+        ids = torch.tensor([free.pop() for _ in range(-(-seq // bs))])
+        kv[ids[-1], :, seq % bs or bs :] = float("nan")  # the last block past the sequence
+        pos = torch.arange(context, seq)
+        k_rows.append(kv[ids[pos // bs], 0, pos % bs])
+        v_rows.append(kv[ids[pos // bs], 1, pos % bs])
+        chunks.append(PrefillChunk(start, new, seq, ids))
+        start += new
+    k = torch.cat([torch.zeros(2, hk, d).bfloat16(), *k_rows])
+    v = torch.cat([torch.zeros(2, hk, d).bfloat16(), *v_rows])
     empty = torch.zeros(0, dtype=torch.long)
     meta = AttentionMetadata(
-        block_size=bs, slot_blocks=empty, slot_offsets=empty, num_decodes=0,
-        decode_block_tables=torch.zeros(0, 1, dtype=torch.long), decode_seq_lens=empty,
-        prefills=[PrefillChunk(0, new, seq, ids)],
+        block_size=bs, slot_blocks=empty, slot_offsets=empty, num_decodes=2,
+        decode_block_tables=torch.zeros(2, 1, dtype=torch.long), decode_seq_lens=empty,
+        prefills=chunks,
     )  # fmt: skip
-    q = torch.randn(new, hq, d, generator=gen).bfloat16()
-    pos = torch.arange(cached, seq)
-    k, v = kv[ids[pos // bs], 0, pos % bs], kv[ids[pos // bs], 1, pos % bs]
+    q = torch.randn(start, hq, d, generator=gen).bfloat16()
     got, want = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    causal = []
-    real = cascade.amx_kernel
+    calls = []
+    real = cpu_paged._amx_prefill
 
-    def spy(*a, **kw):  # type: ignore[no-untyped-def]
-        kernel = real(*a, **kw)
-        return lambda *args: causal.append(args[-1]) or kernel(*args)
+    def spy(*a):  # type: ignore[no-untyped-def]
+        kernel = real(*a)
+        return lambda *args: calls.append(args[4].tolist()) or kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cascade, "amx_kernel", spy)
+        mp.setattr(cpu_paged, "_amx_prefill", spy)
         get_backend("cpu").prefill_into(got, q, k, v, kv, meta, 0.125)
-    assert [c.tolist() for c in causal] == ([list(range(cached, seq))] if cached else [])
+    assert calls == [[40, 1, 33]]  # the query lengths: every chunk, one call
     get_backend("torch").prefill_into(want, q, k, v, kv, meta, 0.125)
-    assert not got.isnan().any()
-    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
+    assert got[:2].isnan().all(), "the decode rows are not the prefill's to write"
+    assert not got[2:].isnan().any()
+    torch.testing.assert_close(got[2:].float(), want[2:].float(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_the_prefill_kernel_refuses_bad_chunks_with_a_reason() -> None:
+    kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
+    q = torch.randn(8, 12, 64).bfloat16()
+    out = torch.empty_like(q)
+    tables, one = torch.tensor([[1, 2]]), torch.tensor([0])
+    call = KERNEL.prefill_bf16
+    with pytest.raises(RuntimeError, match="has rows 0 \\+ 9 of 8"):
+        call(q, kv, tables, one, torch.tensor([9]), torch.tensor([20]), 0.125, out)
+    with pytest.raises(RuntimeError, match="needs 3 blocks, its table has 2"):
+        call(q, kv, tables, one, torch.tensor([8]), torch.tensor([40]), 0.125, out)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        call(q, kv, torch.tensor([[1, 10]]), one, torch.tensor([8]), torch.tensor([20]), 0.125, out)
+    with pytest.raises(RuntimeError, match="bfloat16 out"):
+        call(q, kv, tables, one, torch.tensor([8]), torch.tensor([20]), 0.125, out.float())
+    with pytest.raises(RuntimeError, match="int64 contiguous"):
+        call(q, kv, tables.int(), one, torch.tensor([8]), torch.tensor([20]), 0.125, out)
