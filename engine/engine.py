@@ -37,6 +37,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.grammar.cache import GrammarCache
 from engine.handover import PrefillResult, Reservation
+from engine.host_heap import keep_freed_memory
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.restore_rule import attach_offload
 from engine.kv_connector import KVConnector
@@ -74,6 +75,8 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(model_dir)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         device = resolve_device(config.device)
+        if device.type == "cpu":
+            keep_freed_memory()
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
         backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
