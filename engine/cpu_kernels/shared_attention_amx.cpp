@@ -518,6 +518,7 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
   }
   s.blocks = blocks.data_ptr<int64_t>();
   check_blocks(s.blocks, blocks.numel(), kv.size(0), "shared attention");
+  if (N == 0) return;  // an empty group: nothing to attend (and no furthest last position)
   s.members = N, s.merge = merge, s.subtiles = blocks.numel() * s.bs / kRows;
   s.walk = s.last ? *std::max_element(s.last, s.last + N) + 1 : blocks.numel() * s.bs;
   s.out = out.data_ptr<float>(), s.lse = lse.data_ptr<float>();

@@ -107,6 +107,16 @@ def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others() -> N
             assert torch.equal(out[n], before_out[n]) and torch.equal(lse[n], before_lse[n])
 
 
+def test_an_empty_group_leaves_every_row_as_it_was() -> None:
+    kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
+    q = torch.randn(3, 12, 64).bfloat16()
+    out, lse = torch.randn(3, 12, 64), torch.randn(3, 12)
+    before = out.clone(), lse.clone()
+    none = torch.zeros(0, dtype=torch.long)
+    KERNEL.shared_attention_bf16(q, kv, torch.tensor([1]), 0.125, out, lse, none, True, none)
+    assert torch.equal(out, before[0]) and torch.equal(lse, before[1])
+
+
 def test_bad_arguments_are_refused_with_a_reason() -> None:
     kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
     q = torch.randn(3, 12, 64).bfloat16()
