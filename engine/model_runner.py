@@ -179,7 +179,10 @@ class ModelRunner:
             self._prompt_logprobs(batch, hidden)
         if not to_sample:
             return []
-        logits = self.model.compute_logits(hidden[logits_idx]).float()
+        # In the model's dtype: the sampler widens them where it needs float32 (not for plain
+        # greedy rows, whose argmax is the same on the exact bf16 values: 64 x 32,000 bf16
+        # logits, widen + max 1.06 ms against max 0.77).
+        logits = self.model.compute_logits(hidden[logits_idx])
         rows = [sampling_row(r, r.draft_token_ids[:ahead]) for r, ahead in to_sample]
         mask = token_mask([r.grammar for r, _ in to_sample], self.sampler.vocab_size)
         out = self.sampler(logits, rows, mask)

@@ -139,6 +139,9 @@ class Sampler:
                 apply_bias_(logits, [row.bias for row in rows])
         if all(_is_plain_greedy(row.params) for row in rows):
             return SamplerOutput(greedy_tokens(logits).tolist(), [None] * len(rows))
+        if raw.dtype != torch.float32:  # a bf16 model's logits: widened (exactly) only here
+            widened = raw.float()
+            raw, logits = widened, widened if logits is raw else logits
         return self._sample_general(logits, rows, raw, private=logits is not raw)
 
     def _check_inputs(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:

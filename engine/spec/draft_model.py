@@ -242,5 +242,5 @@ class DraftModel:
         if n > len(rows):  # each row's last token
             ends = list(itertools.accumulate(len(row.new) for row in rows))
             hidden = hidden[torch.tensor(ends, device=dev) - 1]
-        logits = self.model.compute_logits(hidden).float()
+        logits = self.model.compute_logits(hidden)  # the sampler widens them where it must
         return self.sampler(logits, [sampling_row(r.request, r.drafts) for r in rows]).token_ids

@@ -341,6 +341,25 @@ def test_logprobs_come_from_raw_logits() -> None:
     assert [lp for _, lp in second.top] == pytest.approx(values.tolist(), abs=1e-6)
 
 
+def test_a_bf16_model_s_logits_sample_as_their_float32_widening() -> None:
+    """The runner hands the LM head's logits over in the model's dtype: plain greedy rows
+    take their argmax as they are, every other path widens them first (exactly), so tokens
+    and log-probs are those of the float32 copy, with the same seeds."""
+    logits = random_logits(4, 50, seed=9).bfloat16()
+    wide = logits.float()
+    greedy = [row(SamplingParams(temperature=0.0)) for _ in range(4)]
+    assert Sampler(50, seed=0)(logits, greedy).token_ids == wide.argmax(-1).tolist()
+    mixed = [
+        row(SamplingParams(temperature=0.0, logprobs=2)),
+        row(SamplingParams(temperature=0.7, top_k=5, logprobs=0, seed=3)),
+        row(SamplingParams(temperature=1.0, repetition_penalty=1.5), output=[1, 2]),
+        row(SamplingParams(temperature=0.0)),
+    ]
+    got, want = Sampler(50, seed=0)(logits, mixed), Sampler(50, seed=0)(wide, mixed)
+    assert got.token_ids == want.token_ids
+    assert got.logprobs == want.logprobs
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_greedy_tokens_are_argmaxs_including_ties_and_nan(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(11)
