@@ -98,7 +98,7 @@ class CPUPagedAttention(TorchPagedAttention):
         (its K / V are written first), causally, all of a step's chunks in one call: no
         gather, no mask, no merge. One layer, bf16, 12 / 4 heads of 64, against what ran
         before: 32 chunks of 64 tokens on one 1,024-token cached prefix (cascade: the shared
-        part once, each chunk's own part by torch's flash attention, merged) 14.2 -> 6.9 ms;
+        part once, each chunk's own part by torch's flash attention, merged) 14.2 -> 6.4-6.9 ms;
         a 1,088-token prompt without context (torch's causal flash attention over its own K /
         V) 4.3 -> 2.1 ms, 256 tokens 0.37 -> 0.14. Elsewhere (float32, int8 / fp8 caches, no
         AMX) chunks on one cached prefix share it by cascade and the rest go one by one."""

@@ -128,8 +128,8 @@ void pack_queries(const bf16* q, const Layout& s, int64_t h, int64_t col0, int64
 // V^T of head h's positions unit * 32 .. + 31: D rows of 32 positions (A for the output,
 // 16 rows a slice of D). Two positions' rows interleaved are 16 x 16 pairs (a position pair,
 // a value of D); transposed as 32-bit lanes, row d holds the unit's 32 positions in order.
-// The interleave is unpacklo / unpackhi within 128-bit lanes (one shuffle each; a full-width
-// two-source permute is three), which leaves D in the order of `kUnpacked`: each transposed
+// The interleave is unpacklo / unpackhi within 128-bit lanes (cheaper shuffles than a
+// full-width two-source permute), which leaves D in the order of `kUnpacked`: each transposed
 // row is stored at the row of D it holds. Positions from `end` on (past the furthest a walk
 // attends, or past the blocks) are zeros: their probabilities are too, but the cache there
 // may hold anything, NaN included, and 0 x NaN is NaN.
