@@ -441,7 +441,7 @@ void run_items(const bf16* q, const bf16* kv, const std::vector<Layout>& walks, 
     values_t.resize(std::max<size_t>(values_t.size(), longest * walks.front().D * kUnit));
     ValuesT vt{values_t.data()};
     for (int64_t t = begin; t < end; ++t) {
-      // Items [first, stop): those whose cost starts in this thread's share.
+      // Items [from, to): those whose cost starts in this thread's share.
       const auto from = std::lower_bound(cost.begin(), cost.end() - 1, total * t / threads);
       const auto to = std::lower_bound(cost.begin(), cost.end() - 1, total * (t + 1) / threads);
       for (auto i = from - cost.begin(); i < to - cost.begin(); ++i) {
