@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import OutputDelta
 from engine.engine import LLMEngine
-from engine.host_heap import keep_freed_memory
 from engine.output_channel import Item, OutputChannel, is_final
 
 logger = logging.getLogger(__name__)
@@ -86,9 +85,6 @@ class AsyncEngine:
                 built.set()
             self._run()
 
-        # Before the thread exists: glibc gives a thread its arena at its first allocation,
-        # and only a thread started after the one-arena setting shares the main one.
-        keep_freed_memory()
         self._thread = threading.Thread(target=build_then_run, name="engine-loop", daemon=True)
         self._thread.start()
         if not built.wait(build_timeout_s):

@@ -8,14 +8,7 @@ came back as new pages, faulted in and zeroed one at a time: ~10% of a prefill s
 samples were in the kernel's page-fault path (perf, 8 x 256-token prompts a step, small
 preset, bf16, 2 threads). Both thresholds raised (either alone turns off glibc's own
 adjustment of the other, and was slower than neither), same process kind, alternating:
-such a step 282 / 296 -> 247 / 248 ms. And one arena: a served worker steps its engine on
-a thread of its own, whose allocations came from a per-thread arena (heaps of at most 64 MB,
-mapped and unmapped as they fill and empty), so the thresholds alone still left that thread
-~4,700-6,300 faults a step against ~510 on the main thread; in the main arena, ~510 there too
-(a thread is given its arena at its first allocation, so the setting must come before the
-engine's thread starts: engine/async_engine.py sets it there). Threads' small allocations
-keep their own caches (glibc's tcache), so the one lock is taken for large blocks, a few per
-kernel call. The settings concern host memory only, so a GPU engine's process has them too.
+such a step 282 / 296 -> 247 / 248 ms.
 
 Why glibc's knobs and not jemalloc or tcmalloc (vLLM's CPU docs advise one by LD_PRELOAD):
 a preload must be set before the process starts (Ray and `baton serve` start the workers)
@@ -34,7 +27,6 @@ logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
-M_ARENA_MAX = -8
 MMAP_THRESHOLD = 32 * 1024 * 1024
 """glibc's largest allowed value (64-bit): blocks this large and larger are still mapped
 apart (a whole prompt's logits for its log-probs), the rest come from the heap."""
@@ -44,8 +36,8 @@ TRIM_THRESHOLD = 2**31 - 1
 
 @functools.cache
 def keep_freed_memory() -> bool:
-    """Set the thresholds and the one arena once a process; False (and a debug line) where
-    the C library is not glibc or refuses them: allocation then works as before."""
+    """Set the thresholds once a process; False (and a debug line) where the C library is
+    not glibc or refuses them: allocation then works as before."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name)
@@ -55,7 +47,6 @@ def keep_freed_memory() -> bool:
         return False
     done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
     done = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
-    done = mallopt(M_ARENA_MAX, 1) == 1 and done  # threads started after this share it
     if not done:
         logger.debug("mallopt refused the heap thresholds: the defaults stay")
     return done
