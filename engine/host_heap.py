@@ -14,6 +14,11 @@ Why glibc's knobs and not jemalloc or tcmalloc (vLLM's CPU docs advise one by LD
 a preload must be set before the process starts (Ray and `baton serve` start the workers)
 and needs a system package; these two calls, at engine start, remove what the profile showed.
 The price is the heap's high-water mark held for reuse: the peak of one step's activations.
+
+Not covered: a served worker steps its engine on a thread of its own, whose per-thread arena
+these thresholds do not keep (~4,700-6,300 faults a step there); one arena for the process
+did not hold in processes whose threads already had theirs (docs/performance.md, issue 17's
+fifteenth look).
 """
 
 from __future__ import annotations
