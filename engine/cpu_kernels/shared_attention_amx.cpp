@@ -63,7 +63,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <memory>
 #include <vector>
 
 #include "amx.h"
@@ -130,11 +130,11 @@ void pack_queries(const bf16* q, const Layout& s, int64_t h, int64_t col0, int64
 // a value of D); transposed as 32-bit lanes, row d holds the unit's 32 positions in order.
 // The interleave is unpacklo / unpackhi within 128-bit lanes (cheaper shuffles than a
 // full-width two-source permute), which leaves D in the order of `kUnpacked`: each transposed
-// row is stored at the row of D it holds. Positions from `end` on (past the furthest a walk
-// attends, or past the blocks) are zeros: their probabilities are too, but the cache there
-// may hold anything, NaN included, and 0 x NaN is NaN.
-void pack_values_t(const bf16* kv, const Layout& s, int64_t h, int64_t unit, int64_t end,
-                   bf16* packed) {
+// row is stored at the row of D it holds. Positions from `s.walk` on (past the furthest a
+// walk attends, or past the blocks) are zeros: their probabilities are too, but the cache
+// there may hold anything, NaN included, and 0 x NaN is NaN.
+void pack_values_t(const bf16* kv, const Layout& s, int64_t h, int64_t unit, bf16* packed) {
+  const int64_t end = s.walk;
   // Which of 32 values of D each 32-bit lane of unpacklo (then unpackhi) holds.
   static constexpr int64_t kUnpacked[2][kRows] = {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
                                                   {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}};
@@ -345,7 +345,7 @@ void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t c
     _tile_loadd(3, w.probs, 64);
     bf16* unit_t = vt.data + (t0 / 2) * D * kUnit;
     if (vt.walk != &s || vt.head != h) vt = ValuesT{vt.data, &s, h, 0};
-    if (t0 / 2 == vt.packed) pack_values_t(kv, s, h, vt.packed++, s.walk, unit_t);
+    if (t0 / 2 == vt.packed) pack_values_t(kv, s, h, vt.packed++, unit_t);
     if (in_tiles) {
       out_tiles_accumulate(unit_t, slices);
       continue;
