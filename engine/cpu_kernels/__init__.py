@@ -27,7 +27,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
-_HEADERS = ("vec_math.h", "f32_lanes.h", "paged_decode.h", "row_tiles.h", "amx.h")
+_HEADERS = ("vec_math.h", "f32_lanes.h", "paged_decode.h", "row_tiles.h", "amx.h", "work_queue.h")
 _KERNELS = (
     "paged_decode",
     "kv_int8",

@@ -27,6 +27,7 @@
 
 #include "amx.h"
 #include "f32_lanes.h"
+#include "work_queue.h"
 
 #ifdef BATON_AMX
 namespace {
@@ -219,22 +220,27 @@ void run_groups(const torch::Tensor& x, int64_t groups, Rows rows, Col out_col, 
   bf16* yp = reinterpret_cast<bf16*>(y.data_ptr());
   const std::unique_ptr<bf16[]> packed = pack_x(reinterpret_cast<const bf16*>(x.data_ptr()), M, K);
   const int64_t blocks = (M + kRows - 1) / kRows;
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+  // Eight chunks a thread: few enough that a thread still reads runs of neighbouring weight
+  // rows, enough that one preempted thread leaves little for the other to wait on.
+  const int64_t chunk = groups / (8 * at::get_num_threads());
+  work_queue::run(groups, chunk, [&](work_queue::Chunks& chunks) {
     const TileConfig config;
     _tile_loadconfig(&config);
     Pending<kSiluMul> pending;
-    for (int64_t g = begin; g < end; ++g) {
-      const WeightRows w = rows(g);
-      const WeightRows after = g + 1 < end ? rows(g + 1) : w;
-      const int64_t n = out_col(g);
-      for (int64_t b = 0; b < blocks; b += 2) {
-        const bool pair = b + 1 < blocks;
-        // The next weights this thread reads: the next pair of blocks' pass rereads these.
-        const WeightRows* next = b + 2 < blocks ? &w : (g + 1 < end ? &after : nullptr);
-        pass_32<kSiluMul>(w, next, packed.get() + b * kRows * K,
-                          pair ? packed.get() + (b + 1) * kRows * K : nullptr, K,
-                          std::min(kRows, M - b * kRows), pair ? std::min(kRows, M - (b + 1) * kRows) : 0,
-                          bias ? bias + n : nullptr, yp + b * kRows * ldy + n, ldy, pending);
+    for (int64_t begin, end; chunks.take(begin, end);) {
+      for (int64_t g = begin; g < end; ++g) {
+        const WeightRows w = rows(g);
+        const WeightRows after = g + 1 < end ? rows(g + 1) : w;
+        const int64_t n = out_col(g);
+        for (int64_t b = 0; b < blocks; b += 2) {
+          const bool pair = b + 1 < blocks;
+          // The next weights this thread reads: the next pair of blocks' pass rereads these.
+          const WeightRows* next = b + 2 < blocks ? &w : (g + 1 < end ? &after : nullptr);
+          pass_32<kSiluMul>(w, next, packed.get() + b * kRows * K,
+                            pair ? packed.get() + (b + 1) * kRows * K : nullptr, K,
+                            std::min(kRows, M - b * kRows), pair ? std::min(kRows, M - (b + 1) * kRows) : 0,
+                            bias ? bias + n : nullptr, yp + b * kRows * ldy + n, ldy, pending);
+        }
       }
     }
     pending.flush();

@@ -18,11 +18,11 @@
 // applied to the output, not to every probability), pass 2 accumulates V. An int8 entry is
 // widened to float32 in registers (never dequantized into a copy: that took 8-15x the
 // float32 kernel's time; a bfloat16 entry likewise, a shift), and its scale multiplies the
-// dot product (K) or the probability (V): one multiply per entry, not per value. Parallel over sequences with torch's own
-// thread pool (at::parallel_for), so torch.set_num_threads governs it. The inner loops are
-// AVX2 (8 lanes), or AVX-512 (16) where the module is built for it: on the AMX Xeon, one
-// layer of 16 sequences x 576 positions 0.349 -> 0.293 ms in bfloat16 (64 x 1,100: 3.13 ->
-// 2.62), float32 2-10% (alternating runs of both builds; outputs within 2e-7).
+// dot product (K) or the probability (V): one multiply per entry, not per value. Parallel over
+// sequences on torch's own thread pool (work_queue.h), so torch.set_num_threads governs it.
+// The inner loops are AVX2 (8 lanes), or AVX-512 (16) where the module is built for it: on
+// the AMX Xeon, one layer of 16 sequences x 576 positions 0.349 -> 0.293 ms in bfloat16 (64 x
+// 1,100: 3.13 -> 2.62), float32 2-10% (alternating runs of both builds; outputs within 2e-7).
 #pragma once
 
 #include <torch/extension.h>
@@ -30,6 +30,7 @@
 
 #include "f32_lanes.h"
 #include "vec_math.h"
+#include "work_queue.h"
 
 #include <algorithm>
 #include <cmath>
@@ -329,12 +330,13 @@ void paged_decode_impl(torch::Tensor q, torch::Tensor kv, torch::Tensor block_ta
   const float fscale = static_cast<float>(scale);
 
   // One work item per sequence: a block's K (then V) rows for all heads are one contiguous
-  // stretch of memory, so the cache is streamed, not strided.
-  at::parallel_for(0, B, 1, [&](int64_t begin, int64_t end) {
+  // stretch of memory, so the cache is streamed, not strided. Sequences are taken one at a
+  // time from a queue (work_queue.h), not split in halves.
+  work_queue::run(B, 1, [&](work_queue::Chunks& sequences) {
     std::vector<float> probs;
     std::vector<float> inv_sum(Hq);
     std::vector<float> q_wide(q_bf16 ? Hq * D : 0), out_wide(out_bf16 ? Hq * D : 0);
-    for (int64_t b = begin; b < end; ++b) {
+    for (int64_t b, end; sequences.take(b, end);) {
       const int64_t L = sl[b];
       TORCH_CHECK(L >= 1 && L <= M * bs, "cpu paged decode: sequence length outside its table");
       const int64_t* table = bt + b * M;

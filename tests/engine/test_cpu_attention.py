@@ -97,6 +97,32 @@ def test_scores_on_amx_equal_the_row_by_row_kernels(
 
 
 @pytest.mark.parametrize("amx", [False, True])
+def test_sequences_from_the_work_queue_give_the_one_thread_answer(amx: bool) -> None:
+    """The team takes sequences from a shared queue (engine/cpu_kernels/work_queue.h): every
+    one is computed, once, as one thread alone computes it."""
+    kernel = cpu_paged._amx_kernel() if amx else get_backend("cpu")._kernel_for(torch.bfloat16)
+    if kernel is None:
+        pytest.skip("no AMX on this CPU")
+    gen = torch.Generator().manual_seed(5)
+    kv = torch.randn(200, 2, 16, 4, 64, generator=gen).bfloat16()
+    lengths = [1 + (37 * i) % 150 for i in range(23)]  # an odd count, lengths all different
+    tables = torch.stack([torch.randperm(200, generator=gen)[:10] for _ in lengths])
+    lens = torch.tensor(lengths)
+    q = torch.randn(len(lengths), 12, 64, generator=gen).bfloat16()
+    outs, threads = [], torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            out = torch.full_like(q, float("nan"))
+            kernel(q, kv, tables, lens, 0.125, out)
+            outs.append(out)
+    finally:
+        torch.set_num_threads(threads)
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+@pytest.mark.parametrize("amx", [False, True])
 def test_bfloat16_queries_and_output_are_the_float32_call_rounded_once(amx: bool) -> None:
     """The kernels widen bfloat16 queries and round their output themselves, so the backend
     writes a bfloat16 model's decode rows in place: bit for bit what widening the queries,

@@ -104,6 +104,28 @@ def test_amx_kernel_sums_exact_bf16_products_in_float32(
 
 
 @needs_amx
+@pytest.mark.parametrize("rows", [5, 40])
+def test_weight_groups_from_the_work_queue_give_the_one_thread_answer(rows: int) -> None:
+    """The team takes 32-row weight groups in chunks from a shared queue
+    (engine/cpu_kernels/work_queue.h): 37 groups, not a multiple of any chunk, each computed
+    once, as one thread alone computes it; the fused SiLU-and-mul too."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen).bfloat16()
+    w = torch.randn(37 * 32, 96, generator=gen).bfloat16()
+    kernel, threads, outs = cpu_gemm._amx_kernel(), torch.get_num_threads(), []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append((kernel.bf16_amx_linear(x, w, None), kernel.bf16_amx_silu_mul_linear(x, w)))
+    finally:
+        torch.set_num_threads(threads)
+    want = F.linear(x.float(), w.float())
+    torch.testing.assert_close(outs[0][0].float(), want, rtol=2**-8, atol=1e-4)
+    for linear, silu_mul in outs[1:]:
+        assert torch.equal(linear, outs[0][0]) and torch.equal(silu_mul, outs[0][1])
+
+
+@needs_amx
 def test_amx_kernel_refuses_shapes_it_cannot_tile() -> None:
     kernel = cpu_gemm._amx_kernel()
     with pytest.raises(RuntimeError, match="K a multiple of 32"):
