@@ -27,7 +27,15 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 _DIR = Path(__file__).parent
-_HEADERS = ("vec_math.h", "f32_lanes.h", "paged_decode.h", "row_tiles.h", "amx.h", "work_queue.h")
+_HEADERS = (
+    "vec_math.h",
+    "f32_lanes.h",
+    "paged_decode.h",
+    "row_tiles.h",
+    "amx.h",
+    "work_queue.h",
+    "no_gil.h",
+)
 _KERNELS = (
     "paged_decode",
     "kv_int8",

@@ -28,6 +28,7 @@
 #include "amx.h"
 #include "f32_lanes.h"
 #include "work_queue.h"
+#include "no_gil.h"
 
 #ifdef BATON_AMX
 namespace {
@@ -293,9 +294,9 @@ torch::Tensor bf16_amx_silu_mul_linear(torch::Tensor, torch::Tensor) {
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_amx_linear", &bf16_amx_linear, "x @ w.T (+ bias) in bfloat16 (CPU, AMX)");
+  m.def("bf16_amx_linear", &bf16_amx_linear, "x @ w.T (+ bias) in bfloat16 (CPU, AMX)", NoGil());
   m.def("bf16_amx_silu_mul_linear", &bf16_amx_silu_mul_linear,
-        "silu(x @ gate.T) * (x @ up.T) for w = [gate | up] in bfloat16 (CPU, AMX)");
+        "silu(x @ gate.T) * (x @ up.T) for w = [gate | up] in bfloat16 (CPU, AMX)", NoGil());
 #ifdef BATON_AMX
   m.attr("available") = true;
 #else

@@ -20,6 +20,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+#include "no_gil.h"
 #define BATON_BF16 1
 
 namespace {
@@ -93,7 +94,8 @@ torch::Tensor bf16_linear(torch::Tensor, torch::Tensor, c10::optional<torch::Ten
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_linear", &bf16_linear, "x @ w.T (+ bias) in bfloat16 (CPU, AVX-512 BF16, a few rows)");
+  m.def("bf16_linear", &bf16_linear,
+        "x @ w.T (+ bias) in bfloat16 (CPU, AVX-512 BF16, a few rows)", NoGil());
 #ifdef BATON_BF16
   m.attr("available") = true;
 #else

@@ -23,6 +23,7 @@
 
 #include "f32_lanes.h"
 #include "vec_math.h"
+#include "no_gil.h"
 
 namespace {
 
@@ -275,8 +276,9 @@ std::vector<torch::Tensor> rotary(torch::Tensor positions, torch::Tensor q, torc
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (CPU, float32 or bfloat16)");
-  m.def("rms_norm", &rms_norm, "RMSNorm (CPU, float32 or bfloat16)");
-  m.def("add_rms_norm", &add_rms_norm, "residual add + RMSNorm (CPU, float32 or bfloat16)");
-  m.def("rotary", &rotary, "rotary embedding, neox style (CPU, float32 or bfloat16)");
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up (CPU, float32 or bfloat16)", NoGil());
+  m.def("rms_norm", &rms_norm, "RMSNorm (CPU, float32 or bfloat16)", NoGil());
+  m.def("add_rms_norm", &add_rms_norm,
+        "residual add + RMSNorm (CPU, float32 or bfloat16)", NoGil());
+  m.def("rotary", &rotary, "rotary embedding, neox style (CPU, float32 or bfloat16)", NoGil());
 }

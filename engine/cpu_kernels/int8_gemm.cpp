@@ -20,6 +20,7 @@
 #include <immintrin.h>
 
 #include "vec_math.h"
+#include "no_gil.h"
 #define BATON_INT8 1
 
 namespace {
@@ -173,7 +174,8 @@ torch::Tensor int8_linear(torch::Tensor, torch::Tensor, torch::Tensor,
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_linear", &int8_linear, "(x @ wq.T) * scale (+ bias), int8 weights (CPU, AVX2)");
+  m.def("int8_linear", &int8_linear,
+        "(x @ wq.T) * scale (+ bias), int8 weights (CPU, AVX2)", NoGil());
 #ifdef BATON_INT8
   m.attr("available") = true;
 #else

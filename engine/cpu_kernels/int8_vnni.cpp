@@ -26,6 +26,7 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
+#include "no_gil.h"
 #define BATON_VNNI 1
 
 namespace {
@@ -121,7 +122,7 @@ torch::Tensor w8a8_linear(torch::Tensor, torch::Tensor, torch::Tensor, torch::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("w8a8_linear", &w8a8_linear,
-        "quantize(x) @ wq.T, scaled per row and channel (CPU, AVX-512 VNNI, a few rows)");
+        "quantize(x) @ wq.T, scaled per row and channel (CPU, AVX-512 VNNI, a few rows)", NoGil());
 #ifdef BATON_VNNI
   m.attr("available") = true;
 #else

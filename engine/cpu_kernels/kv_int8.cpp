@@ -8,6 +8,7 @@
 #include "paged_decode.h"
 
 #include <c10/util/Half.h>
+#include "no_gil.h"
 
 void paged_decode_q8(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
                      torch::Tensor seq_lens, double scale, torch::Tensor out) {
@@ -57,6 +58,7 @@ void write_q8(torch::Tensor k, torch::Tensor v, torch::Tensor kv, torch::Tensor 
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_q8", &paged_decode_q8, "paged decode attention (CPU, int8 KV cache)");
-  m.def("write_q8", &write_q8, "quantize new K/V rows into an int8 KV cache (CPU)");
+  m.def("paged_decode_q8", &paged_decode_q8,
+        "paged decode attention (CPU, int8 KV cache)", NoGil());
+  m.def("write_q8", &write_q8, "quantize new K/V rows into an int8 KV cache (CPU)", NoGil());
 }

@@ -2,6 +2,7 @@
 // the write of a step's new K/V rows into their slots (one copy per token and K / V, where
 // torch's indexed assignment took ~80 us a layer for a 256-token prompt chunk).
 #include "paged_decode.h"
+#include "no_gil.h"
 
 void paged_decode(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
                   torch::Tensor seq_lens, double scale, torch::Tensor out,
@@ -50,9 +51,10 @@ void write_kv(torch::Tensor k, torch::Tensor v, torch::Tensor kv, torch::Tensor 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU, float32 cache)", py::arg("q"),
         py::arg("kv"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"), py::arg("out"),
-        py::arg("lse") = py::none());
+        py::arg("lse") = py::none(), NoGil());
   m.def("paged_decode_bf16", &paged_decode_bf16, "paged decode attention (CPU, bfloat16 cache)",
         py::arg("q"), py::arg("kv"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"),
-        py::arg("out"), py::arg("lse") = py::none());
-  m.def("write_kv", &write_kv, "new K/V rows into their cache slots (CPU, float32 / bfloat16)");
+        py::arg("out"), py::arg("lse") = py::none(), NoGil());
+  m.def("write_kv", &write_kv,
+        "new K/V rows into their cache slots (CPU, float32 / bfloat16)", NoGil());
 }

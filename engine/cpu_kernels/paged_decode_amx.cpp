@@ -14,6 +14,7 @@
 #include "paged_decode.h"
 
 #include "amx.h"
+#include "no_gil.h"
 
 #ifdef BATON_AMX
 namespace {
@@ -101,7 +102,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_bf16", &paged_decode_bf16,
         "paged decode attention, bfloat16 cache and queries, scores on AMX (CPU)", py::arg("q"),
         py::arg("kv"), py::arg("block_tables"), py::arg("seq_lens"), py::arg("scale"), py::arg("out"),
-        py::arg("lse") = py::none());
+        py::arg("lse") = py::none(), NoGil());
 #ifdef BATON_AMX
   m.attr("available") = true;
 #else

@@ -68,6 +68,7 @@
 
 #include "amx.h"
 #include "f32_lanes.h"
+#include "no_gil.h"
 
 #ifdef BATON_AMX
 namespace {
@@ -574,11 +575,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_attention_bf16", &shared_attention_bf16,
         "attention of many queries over shared cache blocks, bfloat16, on AMX (CPU)", py::arg("q"),
         py::arg("kv"), py::arg("blocks"), py::arg("scale"), py::arg("out"), py::arg("lse"),
-        py::arg("rows") = py::none(), py::arg("merge") = false, py::arg("last") = py::none());
+        py::arg("rows") = py::none(), py::arg("merge") = false, py::arg("last") = py::none(),
+        NoGil());
   m.def("prefill_bf16", &prefill_bf16,
         "prompt chunks' causal attention over their cached context and themselves, bfloat16, on AMX (CPU)",
         py::arg("q"), py::arg("kv"), py::arg("block_tables"), py::arg("query_starts"), py::arg("query_lens"),
-        py::arg("seq_lens"), py::arg("scale"), py::arg("out"));
+        py::arg("seq_lens"), py::arg("scale"), py::arg("out"), NoGil());
 #ifdef BATON_AMX
   m.attr("available") = true;
 #else

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 
 #include "vec_math.h"
+#include "no_gil.h"
 #define BATON_SKINNY 1
 
 namespace {
@@ -103,7 +104,8 @@ torch::Tensor skinny_linear(torch::Tensor, torch::Tensor, c10::optional<torch::T
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("skinny_linear", &skinny_linear, "x @ w.T (+ bias) for few rows (CPU, float32, AVX2)");
+  m.def("skinny_linear", &skinny_linear,
+        "x @ w.T (+ bias) for few rows (CPU, float32, AVX2)", NoGil());
 #ifdef BATON_SKINNY
   m.attr("available") = true;
 #else

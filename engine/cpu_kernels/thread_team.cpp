@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <utility>
 #include <vector>
+#include "no_gil.h"
 
 // Runs `f(thread id)` once on each thread of the team and returns its results in thread
 // order. A team of n threads runs n items, one each: at::parallel_for gives thread t the
@@ -51,7 +52,7 @@ std::vector<int64_t> team_thread_ids() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_team_nice", &set_team_nice, py::arg("nice"),
         "Set the nice value of every thread of the calling thread's OpenMP team; returns "
-        "each thread's (thread id, 0 or errno).");
+        "each thread's (thread id, 0 or errno).", NoGil());
   m.def("team_thread_ids", &team_thread_ids,
-        "The thread ids of the calling thread's OpenMP team, the caller's first.");
+        "The thread ids of the calling thread's OpenMP team, the caller's first.", NoGil());
 }
