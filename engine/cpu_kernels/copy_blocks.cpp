@@ -15,7 +15,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-#include "no_gil.h"
 
 namespace py = pybind11;
 
@@ -77,5 +76,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("src_layer_bytes"), py::arg("block_bytes"), py::arg("layers"),
         py::arg("src_ids"), py::arg("dst_ids"),
         "copy blocks src_ids[i] -> dst_ids[i] of each layer, runs merged, bounds-checked "
-        "first (IndexError), GIL released while copying", NoGil());
+        "first (IndexError), GIL released while copying");
 }

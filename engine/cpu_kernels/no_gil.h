@@ -1,4 +1,5 @@
-// Every kernel here runs without holding Python's GIL (each module's m.def takes NoGil()).
+// Every kernel here runs without holding Python's GIL (each module's m.def takes NoGil(); the
+// shm transport's copy_blocks.cpp releases it itself, after its checks).
 //
 // Why: a served worker's engine thread spends most of a step inside these kernels while the
 // worker's other Python threads (the actor's event loop taking new requests and handing out

@@ -19,10 +19,16 @@ KERNELS_DIR = Path(cpu_kernels.__file__).parent
 
 
 def test_every_kernel_binding_releases_the_gil() -> None:
-    """Each module's `m.def(...)` carries NoGil(), so a new kernel cannot forget it."""
+    """Each module's `m.def(...)` carries NoGil(), so a new kernel cannot forget it; except
+    where the kernel releases the GIL itself for its long part (copy_blocks.cpp: its bounds
+    checks raise Python errors first), which must not be wrapped in NoGil as well (a second
+    release aborts the process)."""
     missing = []
     for source in sorted(KERNELS_DIR.glob("*.cpp")):
         text = source.read_text()
+        if "py::gil_scoped_release" in text:
+            assert "NoGil()" not in text, f"{source.name} releases the GIL twice"
+            continue
         for match in re.finditer(r"m\.def\(\"(\w+)\"", text):
             end = text.find(");\n", match.end())  # the binding's end (a doc string may hold ";")
             if "NoGil()" not in text[match.end() : end]:
