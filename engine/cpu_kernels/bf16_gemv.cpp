@@ -17,10 +17,10 @@
 #include <c10/util/BFloat16.h>
 
 #include "row_tiles.h"
+#include "no_gil.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
 #include <immintrin.h>
-#include "no_gil.h"
 #define BATON_BF16 1
 
 namespace {

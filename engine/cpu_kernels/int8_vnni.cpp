@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "row_tiles.h"
+#include "no_gil.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
-#include "no_gil.h"
 #define BATON_VNNI 1
 
 namespace {

@@ -15,11 +15,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "no_gil.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 #include "vec_math.h"
-#include "no_gil.h"
 #define BATON_SKINNY 1
 
 namespace {

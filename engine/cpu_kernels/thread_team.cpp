@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <utility>
 #include <vector>
+
 #include "no_gil.h"
 
 // Runs `f(thread id)` once on each thread of the team and returns its results in thread

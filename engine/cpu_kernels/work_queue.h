@@ -5,8 +5,8 @@
 // door, Ray's threads and the load client) makes the other wait P ms at the barrier. From a
 // queue the thread that keeps running takes the chunks the preempted one would have run.
 // Measured (the served 256 -> 64 workload driven straight into an engine, Poisson at 12 req/s,
-// beside a process that runs 0.3 ms of every 1.2 ms): 8.4-8.8 -> 9.3-9.4 req/s with the AMX
-// GEMM and the decode attention on this queue; alone, 10.9 both ways.
+// beside a process that runs 0.3 ms of every 1.2 ms; alternating builds): 8.81 / 8.89 -> 9.07 /
+// 9.19 req/s with the AMX GEMM and the decode attention on this queue; alone, 10.9 both ways.
 #pragma once
 
 #include <ATen/Parallel.h>
