@@ -31,11 +31,16 @@ torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights pe
 
 Since the C tiles are transposed in registers the kernel stays ahead further: 22.4 / 25.9 /
 26.7 / 31.1 ms against oneDNN's 24.8 / 26.6 / 26.8 / 30.3 at 256 / 288 / 320 / 352 rows (12
-layers' weights cold, two runs alike), so it takes up to 288 rows, a 256-token prompt
-chunk included (its prefill 46.1 -> 42.0 ms end to end, alternating runs x6; in a slower
-minute later the two were level at 256 rows in this microbenchmark, 25.6 against 25.7 ms,
-while the engine's prefill kept the gain). The same rows take the MLP's gate-up projection
-with SiLU-and-mul in the kernel's epilogue (`silu_mul_linear`).
+layers' weights cold, two runs alike). Since it takes x in panels that stay in L2 it is
+ahead in the engine to 1,280 rows: one prompt's prefill step, best of 4 alternating runs,
+AMX / oneDNN 0.90 / 0.92 / 0.87 / 0.91 / 0.91 at 384 / 512 / 768 / 1,024 / 1,280 tokens,
+1.11 at 1,536 and at 2,048 (oneDNN's blocking wins there, its per-call reorder paid off).
+And its work is shared from a queue, where oneDNN splits it in equal halves: served at
+saturation (256 -> 64 at 12 req/s, most steps a 256-token prompt beside ~40 decode rows, so
+just over 288 rows) 8.53 / 8.39 req/s with the AMX kernel to 640 rows against 7.84 / 7.95
+with oneDNN above 288 (alternating runs), and offline on the same arrivals 11.38 / 11.33
+against 10.81 / 10.53. The same rows take the MLP's gate-up projection with SiLU-and-mul in
+the kernel's epilogue (`silu_mul_linear`).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ SKINNY_MAX_ROWS_AVX2 = 192
 BF16_MAX_ROWS = 7
 """bf16_gemv up to here where the AMX kernel cannot take the shape (or the CPU has no AMX)."""
 BF16_AMX_MIN_ROWS = 3
-BF16_AMX_MAX_ROWS = 288
+BF16_AMX_MAX_ROWS = 1280
 
 
 @functools.cache

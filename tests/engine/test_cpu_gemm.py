@@ -126,6 +126,34 @@ def test_weight_groups_from_the_work_queue_give_the_one_thread_answer(rows: int)
 
 
 @needs_amx
+def test_amx_kernel_takes_x_in_panels_each_row_as_alone() -> None:
+    """Past a panel's bytes (1 MB: 20 blocks of 16 rows at K = 1,536) x is taken panel by
+    panel: 680 rows are 43 blocks, panels of 20, 20 and 3 (an odd one: a pair, then a lone
+    block) and a part-filled last block. Every row comes out as the same rows alone give it,
+    bit for bit (each output sums its K products in the same order), across 1-2 threads."""
+    gen = torch.Generator().manual_seed(680)
+    x = torch.randn(680, 1536, generator=gen).bfloat16()
+    w = torch.randn(96, 1536, generator=gen).bfloat16()
+    kernel, threads = cpu_gemm._amx_kernel(), torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            linear, silu_mul = (
+                kernel.bf16_amx_linear(x, w, None),
+                kernel.bf16_amx_silu_mul_linear(x, w),
+            )
+            for begin, end in ((0, 16), (300, 340), (640, 672), (672, 680)):
+                part = x[begin:end].contiguous()
+                assert torch.equal(linear[begin:end], kernel.bf16_amx_linear(part, w, None))
+                assert torch.equal(silu_mul[begin:end], kernel.bf16_amx_silu_mul_linear(part, w))
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(
+        linear.float(), F.linear(x.float(), w.float()), rtol=2**-8, atol=1e-3
+    )
+
+
+@needs_amx
 def test_amx_kernel_refuses_shapes_it_cannot_tile() -> None:
     kernel = cpu_gemm._amx_kernel()
     with pytest.raises(RuntimeError, match="K a multiple of 32"):
