@@ -182,7 +182,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="share of each GPU a worker fills with weights, activations and KV cache, when "
         "--kv-cache-gb is not given (default 0.9)",
     )
-    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=128,
+        help="cap on a worker's running sequences (default 128, `vllm serve`'s on CPU: past "
+        "saturation a larger batch reads the weights once for more tokens; docs/performance.md, "
+        "issue 17's seventeenth look)",
+    )
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument(
         "--cuda-graphs",
