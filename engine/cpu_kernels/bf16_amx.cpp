@@ -1,4 +1,4 @@
-// bfloat16 linear layers on AMX for decode batches and prompt chunks up to a few hundred rows:
+// bfloat16 linear layers on AMX for decode batches and prompt chunks up to ~1,300 rows:
 // y = x @ w^T (+ bias), each output summed in float32 and rounded to bfloat16 once.
 //
 //   bf16_amx_linear(x [M, K], w [N, K], bias [N] or empty) -> [M, N]
