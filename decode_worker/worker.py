@@ -9,7 +9,9 @@ long-lived stream per front door that carries a batch per engine step (worker/ou
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,17 +37,45 @@ class DecodeWorker(WorkerBase):
         self._outlets = Outlets()
 
     # -- output channels ----------------------------------------------------------------------
-    async def outputs(self, channel_id: str) -> AsyncIterator[list[Item]]:
+    async def outputs(
+        self, channel_id: str, report_every_s: float | None = None, after_seq: int = -1
+    ) -> AsyncIterator[list[Item]]:
         """Channel `channel_id`'s stream: a list of (request id, delta or error) per engine
         step, for as long as the caller reads it. When it ends (the caller is gone or
-        cancelled it), the requests still open on it are aborted."""
+        cancelled it), the requests still open on it are aborted.
+
+        With `report_every_s`, a batch also carries this worker's report, at most that often,
+        as the item ("", WorkerReport): its load and the KV events after those the channel
+        has had (the first report: after `after_seq`, the caller's last). A front door reading
+        the stream then needs no `report` call while steps run: polled 20 times a second,
+        those calls cost the engine ~4.6% of its rate past saturation (docs/performance.md,
+        issue 17's seventeenth look). The report is asked of the engine thread after a batch
+        goes out and rides the next one, so no batch waits for it; while the worker does not
+        step for this channel, none comes (the door polls it)."""
         outlet = self._outlets.get(channel_id)
+        outlet.cursor = max(outlet.cursor, after_seq)
+        loop = asyncio.get_running_loop()
+        asked_at, asked = -math.inf, None
         try:
             while True:
                 batch = await outlet.next_batch(self._abort_soon)
+                if asked is not None and asked.done():
+                    report = None if asked.cancelled() or asked.exception() else asked.result()
+                    asked = None
+                    if report is not None:
+                        if report.events:
+                            outlet.cursor = report.events[-1].seq
+                        batch.append(("", report))
+                stepped = any(request_id for request_id, _ in batch)
                 if batch:
                     yield batch
+                due = report_every_s is not None and loop.time() - asked_at >= report_every_s
+                if due and asked is None and stepped:  # an idle worker's channel: polled
+                    asked_at = loop.time()
+                    asked = asyncio.ensure_future(self.report(outlet.cursor))
         finally:
+            if asked is not None:
+                asked.cancel()
             self._outlets.drop(channel_id)
             for request_id in outlet.open_requests:
                 self._abort_soon(request_id)

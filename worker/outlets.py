@@ -26,6 +26,8 @@ class Outlet:
         self.channel = OutputChannel(asyncio.get_running_loop())
         self._deadlines: dict[str, float] = {}
         """Open request id -> loop time by which it must finish."""
+        self.cursor = -1
+        """The seq of the last KV-event batch this channel's reports carried."""
 
     def forget(self, request_id: str) -> None:
         self._deadlines.pop(request_id, None)

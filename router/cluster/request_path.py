@@ -133,7 +133,8 @@ class RequestPath:
         last one broke)."""
         ch = self._channels.get(worker.worker_id)
         if ch is None or ch.error is not None:
-            ch = self._channels[worker.worker_id] = WorkerChannel(worker.worker_id, worker.handle)
+            ch = WorkerChannel(worker.worker_id, worker.handle, self.membership)
+            self._channels[worker.worker_id] = ch
         return ch
 
     def _drop_channel(self, worker_id: str) -> None:

@@ -1,7 +1,8 @@
 """The front door's end of a decode worker's output channel (worker/outlets.py).
 
 One per (front door, decode worker): a task reads the worker's `outputs` stream — one list of
-(request id, delta or error) per engine step — and hands each item to its request's queue.
+(request id, delta or error) per engine step — and hands each item to its request's queue,
+and the worker's report that rides it to the front door's membership.
 If the stream breaks (the worker died), every request waiting on it gets the error, which the
 request path treats like a stream of its own breaking: suspect the worker, retry elsewhere.
 """
@@ -13,26 +14,45 @@ import contextlib
 import logging
 import os
 import uuid
-from typing import Any
+from typing import Any, Protocol
 
 import ray
 
 from core.errors import WorkerFailedError
 from core.request import OutputDelta
+from worker.records import WorkerReport
 
 logger = logging.getLogger(__name__)
 
 Queue = asyncio.Queue[OutputDelta | BaseException]
 
 
+class Reports(Protocol):
+    """Where a worker's reports that ride its stream go (the front door's Membership)."""
+
+    poll_interval_s: float
+
+    def cursor(self, worker_id: str) -> int: ...
+
+    def take_report(self, worker_id: str, report: WorkerReport) -> None: ...
+
+
 class WorkerChannel:
-    def __init__(self, worker_id: str, handle: Any) -> None:
+    def __init__(self, worker_id: str, handle: Any, reports: Reports | None = None) -> None:
+        """With `reports`, the worker's reports ride the stream every `poll_interval_s` while
+        it steps, their KV events from after the last batch `reports` applied."""
         self.worker_id = worker_id
         self.channel_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self._queues: dict[str, Queue] = {}
+        self._reports = reports
         self.error: BaseException | None = None
         """Why the stream ended; a broken channel is replaced by a new one."""
-        stream = handle.outputs.options(num_returns="streaming").remote(self.channel_id)
+        every, after = None, -1
+        if reports is not None:
+            every, after = reports.poll_interval_s, reports.cursor(worker_id)
+        stream = handle.outputs.options(num_returns="streaming").remote(
+            self.channel_id, every, after
+        )
         self._task = asyncio.get_running_loop().create_task(self._read(stream))
 
     def open(self, request_id: str) -> Queue:
@@ -55,6 +75,10 @@ class WorkerChannel:
         try:
             async for ref in stream:
                 for request_id, item in await ref:
+                    if not request_id:  # the worker's report (no request has an empty id)
+                        if self._reports is not None:
+                            self._reports.take_report(self.worker_id, item)
+                        continue
                     q = self._queues.get(request_id)
                     if q is not None:
                         q.put_nowait(item)

@@ -7,7 +7,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.events import WorkerLoad
+import msgspec
+
+from core.events import KVEventBatch, WorkerLoad
 from core.roles import WorkerRole
 from router.cluster import membership as membership_module
 from router.cluster.membership import Membership
@@ -90,6 +92,42 @@ def test_a_request_ends_an_idle_nap() -> None:
         await asyncio.wait_for(worker.called.wait(), 5.0)
         assert worker.calls == 2
         await membership.close()
+
+    asyncio.run(run())
+    router.close()
+
+
+def test_reports_over_the_output_channel_apply_once_and_pause_that_workers_polls(
+    monkeypatch,
+) -> None:
+    """A report that rode the worker's output channel (router/cluster/worker_channel.py) is
+    applied like a polled one, and the two can cross: a KV-event batch already applied is
+    not applied again (but a worker's seq 0 is: it clears, as a restart's does), a load older
+    than the last is dropped. While such reports come the worker is not polled."""
+    worker = _Worker()
+    router = Router()
+    membership = Membership(_Controller(worker), router, poll_interval_s=0.01)
+    applied: list[int] = []
+    loads: list[float] = []
+    router.apply = lambda batch: applied.append(batch.seq)  # type: ignore[method-assign]
+    router.report_load = lambda load: loads.append(load.timestamp)  # type: ignore[method-assign]
+
+    def report(seqs: list[int], at: float) -> WorkerReport:
+        batches = [KVEventBatch("unified-0", seq, []) for seq in seqs]
+        return WorkerReport(batches, msgspec.structs.replace(_load(), timestamp=at))
+
+    async def run() -> None:
+        await membership.sync()
+        membership.take_report("unified-0", report([0, 1], at=2.0))
+        membership.take_report("unified-0", report([1, 2], at=1.0))  # a poll's, overtaken
+        assert applied == [0, 1, 2] and loads == [2.0] and membership.cursor("unified-0") == 2
+        membership.take_report("unified-0", report([0], at=3.0))
+        assert applied == [0, 1, 2, 0] and loads == [2.0, 3.0]
+        await membership.poll_reports()
+        assert worker.calls == 0
+        monkeypatch.setattr(membership_module, "_STREAMED_FRESH_S", 0.0)  # they stopped
+        await membership.poll_reports()
+        assert worker.calls == 1
 
     asyncio.run(run())
     router.close()
