@@ -59,6 +59,7 @@ class DecodeWorker(WorkerBase):
         try:
             while True:
                 batch = await outlet.next_batch(self._abort_soon)
+                stepped = bool(batch)  # before a report joins it
                 if asked is not None and asked.done():
                     report = None if asked.cancelled() or asked.exception() else asked.result()
                     asked = None
@@ -66,7 +67,6 @@ class DecodeWorker(WorkerBase):
                         if report.events:
                             outlet.cursor = report.events[-1].seq
                         batch.append(("", report))
-                stepped = any(request_id for request_id, _ in batch)
                 if batch:
                     yield batch
                 due = report_every_s is not None and loop.time() - asked_at >= report_every_s

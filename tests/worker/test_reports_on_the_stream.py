@@ -15,7 +15,7 @@ from tests.support.worker_pair import TIMEOUT_S, request, spec
 from worker.records import WorkerReport
 
 
-async def _read(decode: DecodeWorker, stream: Any, request_id: str) -> list[Any]:
+async def _read(stream: Any, request_id: str) -> list[Any]:
     """Every item of the stream's batches until `request_id`'s last."""
     items: list[Any] = []
     try:
@@ -39,7 +39,7 @@ def test_reports_ride_the_batches_with_the_events_after_the_cursor(
         first, second = request("a", seed=1, max_tokens=12), request("b", seed=2, max_tokens=4)
 
         await decode.generate(first, TIMEOUT_S, "asked")
-        items = await _read(decode, decode.outputs("asked", 0.0, cursor), "a")
+        items = await _read(decode.outputs("asked", 0.0, cursor), "a")
         reports = [item for rid, item in items if not rid]
         assert reports and all(isinstance(r, WorkerReport) for r in reports)
         assert all(isinstance(r.load, WorkerLoad) and r.load.worker_id == "d0" for r in reports)
@@ -51,7 +51,7 @@ def test_reports_ride_the_batches_with_the_events_after_the_cursor(
         assert stored, "the prompt's blocks were not reported"
 
         await decode.generate(second, TIMEOUT_S, "not-asked")
-        items = await _read(decode, decode.outputs("not-asked"), "b")
+        items = await _read(decode.outputs("not-asked"), "b")
         assert items and all(rid == "b" for rid, _ in items)
 
     try:
