@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--balance-slack", type=float, default=None,
-        help="the ttft policy's bounded-load slack (default: the policy's own, 0.25)",
+        help="the ttft policy's bounded-load slack (default: the policy's own, 0.2)",
     )  # fmt: skip
     p.add_argument(
         "--balance-measured", action="store_true",

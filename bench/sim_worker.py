@@ -8,9 +8,10 @@ totals (core.step_stats), from which the router calibrates its time model online
 Prefix migration: told to pull k blocks from a peer, it copies the blocks that follow its
 own cached prefix from the peer's cache, as far as the peer still holds them (its index
 entry may be stale), stores them like computed ones, and counts them apart: they are neither
-its cache hits nor computed. The copy starts when the request arrives, or when the peer has
-computed the blocks if a prefill there is still making them, and the prefill starts once
-both the copy and the queue ahead are done.
+its cache hits nor computed. The peer's copies go to the LRU end of its cache, as a real
+peer releases a prefix it handed over. The copy starts when the request arrives, or when the
+peer has computed the blocks if a prefill there is still making them, and the prefill starts
+once both the copy and the queue ahead are done.
 
     time --->     arrival        start = max(arrival, busy_until)        finish
     request k        |-------- wait --------|------- prefill_ms(uncached) ------|
@@ -30,6 +31,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Container
 from dataclasses import dataclass
+
+import msgspec
 
 from bench.sim_profile import WorkerProfile
 from core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, WorkerLoad
@@ -99,6 +102,16 @@ def store_chain(cache: OrderedDict[int, None], hashes: list[int], capacity: int)
     return evicted
 
 
+def add_steps(totals: StepTotals, job: Job, steps: int) -> None:
+    """Count `steps` of the job's steps (its work split evenly over them) in `totals`."""
+    share = steps / job.steps
+    totals.steps += steps
+    totals.prefill_tokens += round(job.tokens * share)
+    totals.prefill_pairs += round(job.pairs * share)
+    totals.forward_s += (job.finish_ms - job.start_ms) * share / 1000
+    totals.attention_s += job.attention_ms * share / 1000
+
+
 class SimWorker:
     def __init__(self, worker_id: str, capacity: int, profile: WorkerProfile) -> None:
         self.worker_id = worker_id
@@ -149,9 +162,12 @@ class SimWorker:
         pulled, available = 0, 0.0
         if peer is not None and pull_blocks > 0:
             pulled = max(0, min(hit + pull_blocks, prefix_length(hashes, peer.cache)) - hit)
-            for h in reversed(hashes[hit : hit + pulled]):  # read: recently used there too
-                peer.cache.move_to_end(h)
+            # the peer's copy becomes its first to evict, tail first (prefill_worker.worker:
+            # `hand_over`): the prefix moves here rather than doubles
+            for h in hashes[hit : hit + pulled]:
                 available = max(available, peer.ready_ms.get(h, 0.0))
+            for h in hashes[: hit + pulled] if pulled else ():
+                peer.cache.move_to_end(h, last=False)
         new = [h for h in hashes[hit:] if h not in cache]
         evicted = store_chain(cache, hashes, self.capacity)
         for h in evicted:
@@ -212,17 +228,19 @@ class SimWorker:
         totals, unfinished ones in the queue (the running one by its remaining part)."""
         totals, done = self.totals, 0
         waiting_tokens = num_waiting = 0
+        reported = totals
         for job in self.jobs:
             if job.finish_ms <= now_ms:
-                totals.steps += job.steps
-                totals.prefill_tokens += job.tokens
-                totals.prefill_pairs += job.pairs
-                totals.forward_s += (job.finish_ms - job.start_ms) / 1000
-                totals.attention_s += job.attention_ms / 1000
+                add_steps(totals, job, job.steps)
                 done += 1
             elif job.start_ms < now_ms:
                 left = (job.finish_ms - now_ms) / (job.finish_ms - job.start_ms)
                 waiting_tokens += int(job.tokens * left)
+                # an engine's totals count the steps it finished of a prefill still running
+                finished = int(job.steps * (1.0 - left))
+                if finished:
+                    reported = msgspec.structs.replace(totals)
+                    add_steps(reported, job, finished)
             else:
                 waiting_tokens += job.tokens
                 num_waiting += 1
@@ -242,11 +260,5 @@ class SimWorker:
             num_prompt_tokens=self.prompt_tokens,
             num_cached_prompt_tokens=self.cached_tokens,
             num_pulled_prompt_tokens=self.transferred_tokens,
-            steps=StepTotals(
-                steps=totals.steps,
-                prefill_tokens=totals.prefill_tokens,
-                prefill_pairs=totals.prefill_pairs,
-                forward_s=totals.forward_s,
-                attention_s=totals.attention_s,
-            ),
+            steps=msgspec.structs.replace(reported),
         )

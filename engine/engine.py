@@ -298,12 +298,13 @@ class LLMEngine:
         results, self._prefilled = self._prefilled, []
         return results
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, evict_first: bool = False) -> None:
         """Prefill role: the KV of a parked request has been handed over; free its blocks
-        (they stay in the prefix cache)."""
+        (they stay in the prefix cache; with `evict_first`, as its first victims: a prefix
+        a peer pulled lives on in the peer's cache)."""
         req = self._held.pop(request_id, None)
         if req is not None:
-            self.kv.free(req)
+            self.kv.free(req, evict_first)
 
     # -- receiving KV (decode role; a prefill worker pulling a prefix) -------------------
     def reserve(self, request: EngineRequest) -> Reservation:

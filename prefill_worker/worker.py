@@ -12,6 +12,9 @@ Prefix migration (the router's `PrefixPull`): this worker may also receive a pro
 from a peer prefill worker that caches it, instead of computing it: `reserve()` (shared with
 the decode worker), the peer's `prefill()` of the prefix sends its KV here, then
 `import_prefix()` names the blocks in this worker's prefix cache for the prompt to hit.
+The peer's copy, once sent, is the first its cache evicts (`hand_over`): the prefix moves
+rather than doubles, unless a request of the peer's own hits it first (docs/performance.md,
+issue 20: two copies of every pulled prefix cost the pool the reuse of what they evicted).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class PrefillWorker(WorkerBase):
         super().__init__(spec, placement)
         self.waiters: dict[str, _Waiter] = {}
         """request id -> the caller waiting for its first token."""
+        self.hand_overs: set[str] = set()
+        """Prefixes sent to a peer that pulls them: released as the first to evict."""
 
     async def prefill(
         self,
@@ -70,8 +75,11 @@ class PrefillWorker(WorkerBase):
         dst_block_ids: list[int],
         skip_blocks: int,
         timeout_s: float,
+        hand_over: bool = False,
     ) -> PrefillReply:
-        """`peer` is the decode worker's id; rank r sends to its rank r."""
+        """`peer` is the decode worker's id; rank r sends to its rank r. `hand_over`: the
+        prompt is a prefix `peer`, a prefill worker, pulls (prefix migration): once sent,
+        its blocks are the first this worker's cache evicts."""
         self._check_admitting()
         request_id = request.request_id
         loop = asyncio.get_running_loop()
@@ -83,10 +91,13 @@ class PrefillWorker(WorkerBase):
             self.tracker.add(request_id, Role.SEND)
 
         self.waiters[request_id] = waiter
+        if hand_over:
+            self.hand_overs.add(request_id)
         try:
             await self.engine.call(start)
         except BaseException:
             self.waiters.pop(request_id, None)
+            self.hand_overs.discard(request_id)
             raise
         try:
             result = await asyncio.wait_for(waiter.future, timeout_s)
@@ -126,10 +137,14 @@ class PrefillWorker(WorkerBase):
     def _on_transfer_done(self, outcome: Outcome) -> None:
         super()._on_transfer_done(outcome)
         if outcome.role is Role.SEND:  # every rank is done with the source blocks
-            self.group.call_all("release", outcome.request_id)
+            request_id = outcome.request_id
+            evict_first = request_id in self.hand_overs
+            self.hand_overs.discard(request_id)
+            self.group.call_all("release", request_id, evict_first)
 
     async def abort(self, request_id: str) -> bool:
         self.waiters.pop(request_id, None)
+        self.hand_overs.discard(request_id)
         return await super().abort(request_id)
 
 

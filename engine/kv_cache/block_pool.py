@@ -77,6 +77,12 @@ class BlockPool:
         block = self.blocks[block_id]
         return block if block.token_ids == token_ids else None
 
+    def eviction_order(self) -> list[BlockHash]:
+        """The cached blocks no request holds, by their hashes, in the order the next
+        allocations evict them."""
+        blocks = self.blocks
+        return [h for i in self._free if (h := blocks[i].block_hash) is not None]
+
     def cached_hashes(self) -> list[BlockHash]:
         """Every block this worker holds: in its cache, or in an offload tier."""
         return list(self._cached) + [h for hashes in self.tiered_hashes() for h in hashes]
@@ -113,9 +119,12 @@ class BlockPool:
                 del self._free[block.block_id]
             block.ref_cnt += 1
 
-    def release(self, blocks: list[Block]) -> None:
+    def release(self, blocks: list[Block], evict_first: bool = False) -> None:
         """Drop one reference each; blocks reaching zero go to the MRU end of the free queue
-        in the order given (so callers pass tail blocks first: they are evicted first)."""
+        in the order given (so callers pass tail blocks first: they are evicted first).
+        `evict_first`: to the LRU end instead, the next allocations' first victims, in the
+        same order (the first given goes first)."""
+        zeroed: list[int] = []
         for block in blocks:
             if block.ref_cnt <= 0:
                 raise RuntimeError(f"block {block.block_id} released more often than taken")
@@ -124,6 +133,10 @@ class BlockPool:
                 if block.block_hash is None or not self.enable_caching:
                     self._evict(block)
                 self._free[block.block_id] = None
+                zeroed.append(block.block_id)
+        if evict_first:
+            for block_id in reversed(zeroed):
+                self._free.move_to_end(block_id, last=False)
 
     def cache_blocks(
         self,

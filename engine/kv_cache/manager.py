@@ -168,12 +168,13 @@ class KVCacheManager:
         )
         self._num_hashed[req.request_id] = full
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, evict_first: bool = False) -> None:
         """Release `req`'s blocks, tail first, so its prefix outlives its tail in the LRU
-        (and drop its swapped tail: it ended)."""
+        (and drop its swapped tail: it ended). `evict_first`: blocks no other request holds
+        become the first the cache evicts (block_pool.BlockPool.release)."""
         if self.pool.offload is not None:
             self.pool.offload.drop_swap(req.request_id)
-        self._release(req)
+        self._release(req, evict_first)
 
     def preempt(self, req: Request) -> None:
         """Release a preempted request's blocks, swapping its partial last block out to the
@@ -211,10 +212,10 @@ class KVCacheManager:
         else:
             offload.drop_swap(req.request_id)
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, evict_first: bool = False) -> None:
         blocks = self._blocks.pop(req.request_id, [])
         self._num_hashed.pop(req.request_id, None)
-        self.pool.release(list(reversed(blocks)))
+        self.pool.release(list(reversed(blocks)), evict_first)
 
     @property
     def usage(self) -> float:

@@ -47,14 +47,15 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="S",
         help="with --policy ttft: how far over the pool's mean share of placed prefill work a "
-        "worker may go and still be chosen (default 0.25; 0.2 balanced long-prompt traffic "
-        "better in the simulator, 0.25 kept more reuse in bursts: docs/performance.md)",
+        "worker may go and still be chosen (default 0.2; tighter balances long-prompt "
+        "traffic better in the simulator, looser keeps more reuse in bursts: "
+        "docs/performance.md)",
     )
     p.add_argument(
         "--balance-measured",
         action="store_true",
         help="with --policy ttft: hold the same bound on the engine time the workers report "
-        "as well (long-prompt traffic, with --balance-slack 0.2: docs/performance.md)",
+        "as well (long-prompt traffic: docs/performance.md)",
     )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(

@@ -53,7 +53,9 @@ async def pull_prefix(
         )
         skip = res.num_cached_tokens // block
         await asyncio.wait_for(
-            peer.handle.prefill.remote(prefix, prefill.worker_id, res.block_ids, skip, left()),
+            peer.handle.prefill.remote(
+                prefix, prefill.worker_id, res.block_ids, skip, left(), hand_over=True
+            ),
             left(),
         )
         await asyncio.wait_for(

@@ -52,6 +52,7 @@ _NO_HITS: Mapping[str, int] = MappingProxyType({})
 """`cached` (and `held`) of a degraded decision: no worker holds anything as far as we know."""
 _NO_RESTORE: Mapping[str, float] = MappingProxyType({})
 _DEGRADED = Prefixes(_NO_HITS, _NO_HITS)
+_NO_VIEWS = (_NO_HITS, _NO_RESTORE)
 
 
 class NoWorkerError(RuntimeError):
@@ -215,9 +216,9 @@ class Router:
         prefixes = self.store.longest_prefixes(model, hashes)
         degraded = prefixes is None
         reported, cached, offloaded = prefixes if prefixes is not None else _DEGRADED
-        held = None
+        views = None
         if self._prefill.wants_block_counts and not degraded:
-            held = self.store.block_counts(model)
+            views = self.store.cache_views(model)
         with self._lock:
             ticket = self._decide(
                 model,
@@ -228,7 +229,7 @@ class Router:
                 num_output_tokens,
                 request_id,
                 degraded,
-                _NO_HITS if held is None else held,
+                views or _NO_VIEWS,
                 reported,
                 offloaded,
             )
@@ -257,7 +258,7 @@ class Router:
         num_output_tokens: int,
         request_id: str | None,
         degraded: bool,
-        held: Mapping[str, int] = _NO_HITS,
+        views: tuple[Mapping[str, int], Mapping[str, float]] = _NO_VIEWS,
         reported: Mapping[str, int] = _NO_HITS,
         offloaded: Mapping[str, Sequence[int]] = _DEGRADED.offloaded,
     ) -> Ticket:
@@ -268,17 +269,9 @@ class Router:
         decode_pool = loads.pool(model, WorkerRole.DECODE)
         if not decode_pool.workers:
             raise NoWorkerError(f"model {model!r} has no decode (or unified) worker")
-        d_choice = self._decode.choose(
-            RouteContext(
-                decode_pool.workers,
-                cached,
-                num_blocks,
-                tokens,
-                block,
-                num_output_tokens,
-                decode_pool,
-            )
-        )
+        d_choice = self._decode.choose(RouteContext(
+            decode_pool.workers, cached, num_blocks, tokens, block, num_output_tokens, decode_pool
+        ))  # fmt: skip
         d = d_choice.worker
         d_cached = cached.get(d.worker_id, 0)
         # 4. conditional disaggregation
@@ -304,9 +297,10 @@ class Router:
                     block,
                     num_output_tokens,
                     prefill_pool,
-                    held,
+                    views[0],
                     reported,
                     restore,
+                    views[1],
                 )
             )
             reason = p_choice.reason

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
 
+_MAX_CARRY_S = 30.0
+"""Engine seconds at most that count as busy in later report windows than their own."""
+
 
 @dataclass(slots=True)
 class StepRate:
@@ -76,10 +79,17 @@ class StepRate:
             self._util_busy_s, self._at = busy, load.timestamp
             return
         if load.timestamp > self._at:
-            share = (busy - self._util_busy_s) / (load.timestamp - self._at)
-            share = min(1.0, max(0.0, share))
-            self.utilization += self.alpha * (share - self.utilization)
-            self._util_busy_s, self._at = busy, load.timestamp
+            # A step's seconds reach the report that follows it, so a step longer than the
+            # reports' interval lands in one window whole: count at most the window's length
+            # and carry the rest into the next ones, where the worker was still busy with it
+            # (clipped, the windows between its reports read idle and a saturated worker
+            # read mostly idle). What is carried is bounded: engine seconds that outrun the
+            # report clock (a skew) must not keep a worker busy for ever.
+            span = load.timestamp - self._at
+            credit = min(span, max(0.0, busy - self._util_busy_s))
+            self.utilization += self.alpha * (credit / span - self.utilization)
+            self._util_busy_s = max(self._util_busy_s + credit, busy - _MAX_CARRY_S)
+            self._at = load.timestamp
         d_tokens = tokens - self._tokens
         if d_tokens >= self.min_tokens:
             d_busy = busy - self._busy_s

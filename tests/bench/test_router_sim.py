@@ -72,7 +72,9 @@ def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
     load = w.load(200.0)
     assert load.num_waiting == 1 and load.num_running == 1
     assert load.num_waiting_tokens == 100 + 300 * 120 // 320  # the running one: what is left
-    assert load.num_cached_prompt_tokens == 100 and load.steps.prefill_tokens == 0
+    assert load.num_cached_prompt_tokens == 100
+    # the running prefill finished one of its two steps: an engine's totals count it
+    assert load.steps.prefill_tokens == 150 and load.steps.forward_s == 0.16
     assert w.load(1000.0).steps.prefill_tokens == 400  # both finished: in the step totals
 
 
@@ -232,3 +234,26 @@ def test_replicas_sync_every_sync_ms_of_simulated_time() -> None:
     # and between arrivals too, as prefills finish (late binding routes there)
     arrivals = {round(r["timestamp"] / 1000, 6) for r in trace}
     assert any(round(t, 6) not in arrivals for t in times)
+
+
+def test_the_sweep_counts_the_runs_that_meet_issue_20_s_targets(tmp_path) -> None:
+    from bench import router_sweep
+
+    trace_file = tmp_path / "slice.jsonl"
+    write_jsonl(shared_prefix(num_requests=200, block_size=512, rate_per_s=5), trace_file)
+    out = tmp_path / "sweep.json"
+    rows = router_sweep.main(
+        ["--trace", str(trace_file), "--capacity", "30", "--loads", "0.9", "--burst-loads",
+         "1.0", "--policy-args", '{"balance_slack": 0.3}', "--out", str(out)]
+    )  # fmt: skip
+    assert [(r["workload"], r.get("late_binding")) for r in rows] == [
+        ("mooncake", None), ("light_then_burst", False), ("light_then_burst", True)
+    ]  # fmt: skip
+    for r in rows:
+        least, most = router_sweep.TARGETS[r["workload"]]
+        meets = r["reuse_over_oracle"] >= least and r["load_max_over_mean"] <= most
+        assert r["meets"] is meets
+    saved = json.loads(out.read_text())
+    assert saved["policy_args"] == {"balance_slack": 0.3} and len(saved["runs"]) == 3
+    met = sum(r["meets"] for r in rows)
+    assert f"**{met} of 3**" in out.with_suffix(".md").read_text()

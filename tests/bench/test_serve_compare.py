@@ -62,8 +62,8 @@ def test_configs_picks_an_experiments_configurations_by_name() -> None:
 
     exp = EXPERIMENTS["mooncake"]
     assert chosen_configs(exp, None) == list(exp.configs)
-    picked = chosen_configs(exp, "cache_aware,ttft_pull_slack02")
-    assert [c.name for c in picked] == ["cache_aware", "ttft_pull_slack02"]
+    picked = chosen_configs(exp, "cache_aware,ttft_pull_slack025")
+    assert [c.name for c in picked] == ["cache_aware", "ttft_pull_slack025"]
     assert "--balance-slack" in picked[1].serve_args
     with pytest.raises(SystemExit, match="has no \\['nope'\\]"):
         chosen_configs(exp, "cache_aware,nope")

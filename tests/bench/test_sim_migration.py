@@ -36,6 +36,19 @@ def test_a_worker_copies_its_peers_blocks_and_counts_them_apart() -> None:
     assert load.num_pulled_prompt_tokens == 48 and load.steps.prefill_tokens == 32
 
 
+def test_the_peer_s_copy_of_a_pulled_prefix_is_its_first_to_evict() -> None:
+    """As a real peer releases a prefix it handed over (prefill_worker.worker `hand_over`):
+    the prefix moves rather than doubles, tail first out of the peer's cache."""
+    peer, w = SimWorker("p0", 5, PROFILE), SimWorker("p1", 8, PROFILE)
+    peer.serve([7])
+    peer.serve([1, 2, 3, 4])
+    assert list(peer.cache) == [7, 4, 3, 2, 1]  # least recently used first
+    w.serve([1])
+    assert w.serve([1, 2, 3, 4, 5], peer, pull_blocks=3)[:2] == (1, 3)
+    assert list(peer.cache) == [4, 3, 2, 1, 7]
+    assert peer.serve([8, 9])[2][1].block_hashes == [4, 3]  # the handed-over tail first
+
+
 def test_a_pull_waits_for_blocks_the_peer_is_still_computing() -> None:
     peer, w = SimWorker("p0", 8, PROFILE), SimWorker("p1", 8, PROFILE)
     peer.serve([1, 2, 3, 4])

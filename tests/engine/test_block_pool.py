@@ -114,3 +114,36 @@ def test_cannot_allocate_changes_nothing() -> None:
     a = make_request("a", list(range(9)))
     assert not kv.allocate_slots(a, 9)
     assert kv.block_ids("a") == [] and kv.pool.num_free_blocks == 2
+
+
+def test_a_handed_over_request_s_blocks_are_evicted_first_tail_first() -> None:
+    """A prefix sent to a peer that pulled it (`evict_first`): the next allocations take its
+    blocks before older cached ones and before never-used ones, its tail before its head."""
+    kv = KVCacheManager(8, BS, ROOT)
+    old = make_request("old", list(range(100, 108)) + [1])  # 2 full blocks, cached first
+    run_prefill(kv, old)
+    kv.free(old)
+    sent = make_request("sent", list(range(12)) + [99])  # 3 full blocks and a partial one
+    run_prefill(kv, sent)
+    stored = kv.pool.take_events()[1]
+    assert isinstance(stored, BlockStored)
+    kv.free(sent, evict_first=True)
+    kv.pool.check_invariants()
+    fresh = make_request("fresh", [500 + i for i in range(8)])
+    assert kv.allocate_slots(fresh, 8)  # sent's partial block, then its tail
+    assert kv.pool.take_events() == [BlockRemoved([stored.block_hashes[2]])]
+    assert len(kv.get_computed_blocks(make_request("o", list(range(100, 108)) + [1]))) == 2
+    assert len(kv.get_computed_blocks(make_request("s", list(range(12)) + [99]))) == 2
+
+
+def test_blocks_a_request_of_its_own_still_holds_are_not_evicted_first() -> None:
+    kv = KVCacheManager(8, BS, ROOT)
+    sent, reader = make_request("s", list(range(9))), make_request("r", list(range(8)) + [7])
+    run_prefill(kv, sent)
+    run_prefill(kv, reader)  # hits sent's 2 full blocks: holds them too
+    kv.pool.take_events()
+    kv.free(sent, evict_first=True)
+    kv.free(reader)  # its release, not sent's, places them: most recently used
+    assert kv.allocate_slots(make_request("f", list(range(200, 224))), 24)  # the 6 others
+    assert kv.pool.take_events() == []
+    kv.pool.check_invariants()

@@ -26,6 +26,20 @@ def test_rates_come_from_deltas_between_reports() -> None:
     assert rate.s_per_token == (1e-3 + 2e-3) / 2
 
 
+def test_steps_longer_than_the_reports_interval_read_busy_not_idle() -> None:
+    """A saturated worker whose steps take 1 s, reported every 0.1 s: each step's second lands
+    in one report. Counted per window and clipped, nine windows in ten read idle and the
+    estimate hovered near 0.1; carried over, it reads the worker busy."""
+    rate = StepRate(alpha=0.3)
+    rate.update(report(0.0, 0, 0.0))
+    for tick in range(1, 101):
+        rate.update(report(tick / 10, 0, float(tick // 10)))
+    assert rate.utilization > 0.95
+    for tick in range(101, 201):  # then idle: the carried seconds run out, the estimate falls
+        rate.update(report(tick / 10, 0, 10.0))
+    assert rate.utilization < 0.05
+
+
 def test_small_intervals_wait_and_a_restart_rebaselines() -> None:
     rate = StepRate(min_tokens=500)
     rate.update(report(0.0, 1000, 1.0))

@@ -50,6 +50,16 @@ def test_under_load_a_hit_outweighs_a_shorter_queue() -> None:
     assert make_policy("ttft", "prefill").choose(ctx([a, b], {"a": 20})).worker is a
 
 
+def test_work_weighs_by_the_pool_s_utilization_not_the_worker_s() -> None:
+    """A busy holder's queue is in its wait already: weighing its remaining work by its own
+    utilization as well (x20 at 0.95) sent the prompt to an idle worker to compute it all."""
+    holder, idle = ws("a"), ws("b")
+    holder.step_rate.utilization = 0.95
+    choice = make_policy("ttft", "prefill").choose(ctx([holder, idle], {"a": 20}))
+    assert choice.worker is holder
+    assert dict(choice.terms)["utilization"] == 0.475
+
+
 def test_cache_pressure_avoids_evicting_a_hot_cache() -> None:
     for order in ("ab", "ba"):  # whatever the tie-break rotation
         full, roomy = ws("a", total=100), ws("b", total=100)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from core.errors import WorkerFailedError
+from core.hashing import hash_prompt_blocks
 from core.request import EngineRequest
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
@@ -89,13 +90,21 @@ def test_a_prefix_pulled_from_a_peer_is_its_kv_and_is_hit(trio, loop_thread) -> 
         )
         res = await p1.reserve(prefix, TIMEOUT_S, p0.worker_id)
         assert res.num_cached_tokens == 0
-        await p0.prefill(prefix, p1.worker_id, res.block_ids, 0, TIMEOUT_S)
+        await p0.prefill(prefix, p1.worker_id, res.block_ids, 0, TIMEOUT_S, hand_over=True)
         assert await p1.import_prefix(prefix.request_id, TIMEOUT_S) == num_full
         await settled(p0)
         await settled(p1)
         on_p1 = await on_engine(p1, cached_kv)
         assert on_p1.keys() == on_p0.keys()
         assert same(on_p0, on_p1, on_p0), "the pulled blocks are not p0's KV"
+        # p0 handed the prefix over: its copy is the first it evicts, tail first (all but
+        # the last block, which p0 computed again for the prompt's last token: a duplicate of
+        # the cached one, freed at once)
+        order, chain = await on_engine(p0, lambda r: (
+            r.engine.kv.pool.eviction_order(),
+            hash_prompt_blocks(prefix.prompt_token_ids, BLOCK, r.engine.root_hash),
+        ))  # fmt: skip
+        assert order[: num_full - 1] == chain[-2::-1]
 
         second = replace(first, request_id="b")
         reply, tokens = await disaggregated(p1, d0, second)

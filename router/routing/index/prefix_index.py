@@ -329,6 +329,10 @@ class PrefixIndex:
         slot = self._slot_of.get(worker_id)
         return frozenset() if slot is None else frozenset(self._blocks[slot])
 
+    def num_blocks(self, worker_id: str) -> int:
+        slot = self._slot_of.get(worker_id)
+        return 0 if slot is None else len(self._blocks[slot])
+
     def block_counts(self) -> dict[str, int]:
         """Blocks each worker holds, as far as this view knows."""
         return {w: len(self._blocks[slot]) for w, slot in self._slot_of.items()}

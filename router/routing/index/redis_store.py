@@ -288,8 +288,7 @@ class RedisStore(IndexStore):
                         self._promise(model, fields[b"w"].decode(), hashes, ttl_s, renew)
                 else:
                     batch = decode_event_batch(fields[b"d"])
-                    self._index(model).apply(batch)
-                    self._settle(batch)
+                    self._applied(batch, self._index(model).apply(batch))
         if shares and self._on_load_share is not None:
             self._on_load_share(shares, False)  # outside our lock: the router takes its own
         self._last_id = entries[-1][0]  # sync() returns once the shares are applied too

@@ -35,9 +35,10 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import NamedTuple
 
-from core.events import BlockRemoved, BlockStored, BlockTiered, KVEventBatch
+from core.events import AllBlocksCleared, BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from router.routing.index.pending import PendingBlocks
 from router.routing.index.prefix_index import ApplyOutcome, PrefixIndex
+from router.routing.index.turnover import Turnover
 from router.routing.load_share import LoadShare
 
 ResyncCallback = Callable[[str, str], None]
@@ -70,6 +71,7 @@ class IndexStore(abc.ABC):
         self._lock = threading.Lock()
         self._indexes: dict[str, PrefixIndex] = {}
         self._pending: dict[str, PendingBlocks] = {}
+        self._turnover: dict[str, Turnover] = {}
         self.clock: Callable[[], float] = time.monotonic
         """Seconds, for the promises' lifetimes (a simulator replaces it with its own)."""
 
@@ -92,15 +94,31 @@ class IndexStore(abc.ABC):
             pending = self._pending[model] = PendingBlocks()
         pending.add(worker_id, hashes, self.clock(), ttl_s, renew)
 
-    def _settle(self, batch: KVEventBatch) -> None:
+    def _applied(self, batch: KVEventBatch, outcome: ApplyOutcome) -> None:
         """A batch was applied: the blocks it stored are no longer promises, nor those it
         removed (a late removal may void a promise made since: the view then under-counts,
-        as a stale index does, rather than over-counts). Caller holds the lock."""
-        pending = self._pending.get(batch.model)
+        as a stale index does, rather than over-counts); what it stored counts in the
+        worker's turnover, unless it opens a snapshot or the view was purged (a
+        snapshot's blocks were stored at other times). Caller holds the lock."""
+        model, worker_id = batch.model, batch.worker_id
+        pending = self._pending.get(model)
         if pending is not None:
             for event in batch.events:
                 if isinstance(event, (BlockStored, BlockTiered, BlockRemoved)):
-                    pending.settle(batch.worker_id, event.block_hashes)
+                    pending.settle(worker_id, event.block_hashes)
+        turnover = self._turnover.get(model)
+        if turnover is None:
+            turnover = self._turnover[model] = Turnover()
+        if outcome is not ApplyOutcome.APPLIED or (
+            batch.events and isinstance(batch.events[0], AllBlocksCleared)
+        ):
+            if outcome is not ApplyOutcome.DUPLICATE:
+                turnover.forget(worker_id)
+            return
+        stored = sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored))
+        if stored:
+            held = self._index(model).num_blocks(worker_id)
+            turnover.stored(worker_id, stored, self.clock(), held)
 
     def _forget(self, model: str, worker_id: str) -> None:
         """The worker left: its index entries and promises go. Caller holds the lock."""
@@ -108,6 +126,9 @@ class IndexStore(abc.ABC):
         pending = self._pending.get(model)
         if pending is not None:
             pending.drop_worker(worker_id)
+        turnover = self._turnover.get(model)
+        if turnover is not None:
+            turnover.forget(worker_id)
 
     def promise(
         self,
@@ -159,11 +180,27 @@ class IndexStore(abc.ABC):
 
     def block_counts(self, model: str) -> dict[str, int] | None:
         """Blocks each worker's cache holds, per the local view (None when degraded)."""
+        views = self.cache_views(model)
+        return views[0] if views is not None else None
+
+    def cache_views(self, model: str) -> tuple[dict[str, int], dict[str, float]] | None:
+        """Blocks each worker's cache holds, and the age of its LRU tail in seconds where
+        known (turnover.py), per the local view; None when degraded."""
         with self._lock:
             if not self.healthy:
                 return None
             index = self._indexes.get(model)
-            return index.block_counts() if index is not None else {}
+            if index is None:
+                return {}, {}
+            counts = index.block_counts()
+            turnover, now = self._turnover.get(model), self.clock()
+            ages: dict[str, float] = {}
+            if turnover is not None:
+                for worker_id, held in counts.items():
+                    age = turnover.tail_age(worker_id, held, now)
+                    if age is not None:
+                        ages[worker_id] = age
+            return counts, ages
 
     @abc.abstractmethod
     def publish(self, batch: KVEventBatch) -> None: ...
@@ -204,7 +241,7 @@ class InProcessStore(IndexStore):
     def publish(self, batch: KVEventBatch) -> None:
         with self._lock:
             outcome = self._index(batch.model).apply(batch)
-            self._settle(batch)
+            self._applied(batch, outcome)
         self._report(batch.model, batch.worker_id, outcome)
 
     def remove_worker(self, model: str, worker_id: str) -> None:

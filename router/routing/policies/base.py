@@ -56,6 +56,9 @@ class RouteContext(NamedTuple):
     restore_s: Mapping[str, float] = _NO_RESTORE
     """Seconds each worker needs to copy back the part of its cached prefix that only an
     offload tier holds (router.routing.restore_cost); workers with none are absent."""
+    tail_age_s: Mapping[str, float] = _NO_RESTORE
+    """Seconds since each worker stored the oldest of the blocks it holds, as its KV events
+    tell (router/routing/index/turnover.py; with `held_blocks`); absent where not known."""
 
     def pool_view(self) -> Pool:
         return self.pool if self.pool is not None else Pool(self.workers)
