@@ -30,9 +30,6 @@ from dataclasses import dataclass, field
 
 from core.events import WorkerLoad
 
-_MAX_CARRY_S = 30.0
-"""Engine seconds at most that count as busy in later report windows than their own."""
-
 
 @dataclass(slots=True)
 class StepRate:
@@ -83,12 +80,12 @@ class StepRate:
             # reports' interval lands in one window whole: count at most the window's length
             # and carry the rest into the next ones, where the worker was still busy with it
             # (clipped, the windows between its reports read idle and a saturated worker
-            # read mostly idle). What is carried is bounded: engine seconds that outrun the
-            # report clock (a skew) must not keep a worker busy for ever.
+            # read mostly idle). Not bounded by a fixed time: the simulator's prefill steps
+            # on full-length Mooncake prompts run ~100 s (a 30 s bound cut them short).
             span = load.timestamp - self._at
             credit = min(span, max(0.0, busy - self._util_busy_s))
             self.utilization += self.alpha * (credit / span - self.utilization)
-            self._util_busy_s = max(self._util_busy_s + credit, busy - _MAX_CARRY_S)
+            self._util_busy_s += credit
             self._at = load.timestamp
         d_tokens = tokens - self._tokens
         if d_tokens >= self.min_tokens:
