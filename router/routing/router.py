@@ -53,6 +53,7 @@ _NO_HITS: Mapping[str, int] = MappingProxyType({})
 _NO_RESTORE: Mapping[str, float] = MappingProxyType({})
 _DEGRADED = Prefixes(_NO_HITS, _NO_HITS)
 _NO_VIEWS = (_NO_HITS, _NO_RESTORE)
+"""`IndexStore.cache_views` where none was asked for: no block counts, no tail ages."""
 
 
 class NoWorkerError(RuntimeError):
