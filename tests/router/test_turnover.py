@@ -12,23 +12,25 @@ from router.routing.worker_state import WorkerState
 
 def test_the_tail_s_age_is_the_time_since_the_oldest_of_the_held_blocks_was_stored() -> None:
     t = Turnover()
-    t.stored("w", 4, now=10.0, held=4)
-    t.stored("w", 2, now=20.0, held=6)
-    assert t.tail_age("w", 6, now=25.0) == 15.0
-    assert t.tail_age("w", 2, now=25.0) == 5.0  # held fell to 2: the 2 latest, at 20 s
-    assert t.tail_age("w", 7, now=25.0) is None  # it never stored 7: nothing known
-    t.stored("w", 3, now=30.0, held=3)
-    assert t.tail_age("w", 3, now=31.0) == 1.0
+    t.applied("w", 4, now=10.0, held=4)
+    t.applied("w", 2, now=20.0, held=6)
+    assert t.tail_ages(now=25.0) == {"w": 15.0}
+    t.applied("w", 0, now=21.0, held=2)  # removals only: the 2 latest, stored at 20 s
+    assert t.tail_ages(now=25.0) == {"w": 5.0}
+    t.applied("v", 3, now=21.0, held=7)  # it never stored 7: nothing known
+    assert "v" not in t.tail_ages(now=25.0)
+    t.applied("w", 3, now=30.0, held=3)
+    assert t.tail_ages(now=31.0) == {"w": 1.0}
     t.forget("w")
-    assert t.tail_age("w", 3, now=31.0) is None
+    assert t.tail_ages(now=31.0) == {}
 
 
 def test_the_log_keeps_only_the_batches_of_one_turnover() -> None:
     t = Turnover()
     for i in range(1000):
-        t.stored("w", 2, now=float(i), held=10)
+        t.applied("w", 2, now=float(i), held=10)
     assert len(t._log["w"]) == 5
-    assert t.tail_age("w", 10, now=1000.0) == 5.0
+    assert t.tail_ages(now=1000.0) == {"w": 5.0}
 
 
 def batch(seq: int, *events, worker: str = "w") -> KVEventBatch:

@@ -116,9 +116,8 @@ class IndexStore(abc.ABC):
                 turnover.forget(worker_id)
             return
         stored = sum(len(e.block_hashes) for e in batch.events if isinstance(e, BlockStored))
-        if stored:
-            held = self._index(model).num_blocks(worker_id)
-            turnover.stored(worker_id, stored, self.clock(), held)
+        held = self._index(model).num_blocks(worker_id)
+        turnover.applied(worker_id, stored, self.clock(), held)
 
     def _forget(self, model: str, worker_id: str) -> None:
         """The worker left: its index entries and promises go. Caller holds the lock."""
@@ -192,15 +191,9 @@ class IndexStore(abc.ABC):
             index = self._indexes.get(model)
             if index is None:
                 return {}, {}
-            counts = index.block_counts()
-            turnover, now = self._turnover.get(model), self.clock()
-            ages: dict[str, float] = {}
-            if turnover is not None:
-                for worker_id, held in counts.items():
-                    age = turnover.tail_age(worker_id, held, now)
-                    if age is not None:
-                        ages[worker_id] = age
-            return counts, ages
+            turnover = self._turnover.get(model)
+            ages = turnover.tail_ages(self.clock()) if turnover is not None else {}
+            return index.block_counts(), ages
 
     @abc.abstractmethod
     def publish(self, batch: KVEventBatch) -> None: ...

@@ -23,34 +23,36 @@ class Turnover:
         self._log: dict[str, deque[tuple[float, int]]] = {}
         self._total: dict[str, int] = {}
         """Blocks in each worker's log."""
+        self._tail: dict[str, float] = {}
+        """When each worker stored the oldest of the blocks it holds, where the log knows:
+        kept as batches arrive, so a routing decision only subtracts (`tail_ages`)."""
 
-    def stored(self, worker_id: str, num_blocks: int, now: float, held: int) -> None:
-        """The worker stored `num_blocks` at `now` and holds `held` blocks since."""
-        if num_blocks <= 0:
-            return
-        log = self._log.setdefault(worker_id, deque())
-        log.append((now, num_blocks))
-        self._total[worker_id] = self._total.get(worker_id, 0) + num_blocks
-        self._trim(worker_id, held)
-
-    def tail_age(self, worker_id: str, held: int, now: float) -> float | None:
-        """Seconds since the worker stored the oldest of its `held` latest blocks; None until
-        its log covers that many (a cache that never filled evicts nothing)."""
+    def applied(self, worker_id: str, num_stored: int, now: float, held: int) -> None:
+        """A batch of the worker's events: it stored `num_stored` blocks at `now` and holds
+        `held` blocks since (stores and removals both move its tail)."""
         log = self._log.get(worker_id)
-        if not log or held <= 0:
-            return None
-        self._trim(worker_id, held)
-        if self._total[worker_id] < held:
-            return None
-        return max(0.0, now - log[0][0])
+        if num_stored > 0:
+            if log is None:
+                log = self._log[worker_id] = deque()
+            log.append((now, num_stored))
+            self._total[worker_id] = self._total.get(worker_id, 0) + num_stored
+        if log is None:
+            return
+        total = self._total[worker_id]
+        while len(log) > 1 and total - log[0][1] >= held:
+            total -= log.popleft()[1]
+        self._total[worker_id] = total
+        if held > 0 and total >= held:
+            self._tail[worker_id] = log[0][0]
+        else:  # it never stored that many: a cache that never filled evicts nothing
+            self._tail.pop(worker_id, None)
+
+    def tail_ages(self, now: float) -> dict[str, float]:
+        """Seconds since each worker stored the oldest of the blocks it holds, where known."""
+        return {w: max(0.0, now - t) for w, t in self._tail.items()}
 
     def forget(self, worker_id: str) -> None:
         """The worker left, or its cache was cleared: its history says nothing now."""
         self._log.pop(worker_id, None)
         self._total.pop(worker_id, None)
-
-    def _trim(self, worker_id: str, held: int) -> None:
-        log, total = self._log[worker_id], self._total[worker_id]
-        while len(log) > 1 and total - log[0][1] >= held:
-            total -= log.popleft()[1]
-        self._total[worker_id] = total
+        self._tail.pop(worker_id, None)
