@@ -3,6 +3,7 @@
     python -m bench.router_sweep                                   # the policy's defaults
     python -m bench.router_sweep --policy-args '{"balance_slack": 0.2}'
     python -m bench.router_sweep --loads 0.8 0.9 --capacity 600 --no-burst
+    python -m bench.router_sweep --workers 16                      # a pool not tuned on
 
 One run of the simulator (bench.router_sim) decides little: on the Mooncake trace at small
 caches a change of the clock by a few percent moves reuse / oracle by +-0.05, because which
@@ -37,11 +38,12 @@ TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}
 
 
 def run_one(
-    trace: list, capacity: int, block: int, policy_args: dict, profile: WorkerProfile, late: bool
-) -> dict:
-    oracle = pooled_lru_oracle(trace, capacity * 8, block)
-    routers = make_routers("ttft", 8, block, policy_args=policy_args)
-    res = simulate(trace, routers, 8, capacity, block, profile, late_binding=late)
+    trace: list, capacity: int, block: int, policy_args: dict, profile: WorkerProfile, late: bool,
+    workers: int = 8,
+) -> dict:  # fmt: skip
+    oracle = pooled_lru_oracle(trace, capacity * workers, block)
+    routers = make_routers("ttft", workers, block, policy_args=policy_args)
+    res = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
     return {
         "reuse_over_oracle": res["reuse_rate"] / oracle["hit_rate"],
         "load_max_over_mean": res["load_max_over_mean"],
@@ -57,14 +59,16 @@ def sweep(args: argparse.Namespace) -> list[dict]:
     if args.capacity:
         raw = read_jsonl(resolve_trace(args.trace), args.requests)
         for load in args.loads:
-            trace = at_load(raw, profile, 8, load, peak=True)
+            trace = at_load(raw, profile, args.workers, load, peak=True)
             for cap in args.capacity:
-                res = run_one(trace, cap, 512, policy_args, profile, args.late_binding)
+                res = run_one(
+                    trace, cap, 512, policy_args, profile, args.late_binding, args.workers
+                )
                 rows.append({"workload": "mooncake", "blocks": cap, "load": load, **res})
     for late in () if args.no_burst else (False, True):
         for load in args.burst_loads:
-            trace = burst_trace(profile, 8, load)
-            res = run_one(trace, 200, 16, policy_args, profile, late)
+            trace = burst_trace(profile, args.workers, load)
+            res = run_one(trace, 200, 16, policy_args, profile, late, args.workers)
             rows.append({"workload": "light_then_burst", "blocks": 200, "load": load,
                          "late_binding": late, **res})  # fmt: skip
     for row in rows:
@@ -99,6 +103,7 @@ def summary(rows: list[dict]) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--policy-args", default="{}", help="JSON: the ttft policy's arguments")
+    p.add_argument("--workers", type=int, default=8, help="prefill workers (the targets: 8)")
     p.add_argument("--capacity", type=int, nargs="*", default=[150, 600, 2000])
     p.add_argument("--loads", type=float, nargs="+",
                    default=[round(0.75 + 0.025 * i, 3) for i in range(11)])  # fmt: skip
@@ -124,8 +129,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"policy_args": json.loads(args.policy_args), "runs": rows},
-                              indent=1) + "\n")  # fmt: skip
+    saved = {"policy_args": json.loads(args.policy_args), "workers": args.workers, "runs": rows}
+    out.write_text(json.dumps(saved, indent=1) + "\n")
     out.with_suffix(".md").write_text(text + "\n")
     return rows
 
