@@ -57,6 +57,13 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         help="with --policy ttft: hold the same bound on the engine time the workers report "
         "as well (long-prompt traffic: docs/performance.md)",
     )
+    p.add_argument(
+        "--balance-room",
+        action="store_true",
+        help="with --policy ttft: a worker a request would take over that bound comes after "
+        "those it fits, least loaded first (one front door; with router replicas it spreads "
+        "bursts: docs/performance.md)",
+    )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(
         "--disagg-min-uncached-tokens",

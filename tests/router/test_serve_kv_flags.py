@@ -80,3 +80,7 @@ def test_the_ttft_policys_flags_reach_it_and_no_other_policy() -> None:
     assert measured.prefill_policy_args == {"balance_measured": True}
     with pytest.raises(SystemExit, match="--balance-measured needs --policy ttft"):
         router_config(parse(["serve", "--balance-measured"]))
+    room = router_config(parse(["serve", "--policy", "ttft", "--balance-room"]))
+    assert room.prefill_policy_args == {"balance_room": True}
+    with pytest.raises(SystemExit, match="--balance-room needs --policy ttft"):
+        router_config(parse(["serve", "--balance-room"]))

@@ -126,6 +126,24 @@ def test_spreads_prompts_that_share_only_their_first_block() -> None:
     assert len(counts["ttft"]) == 4 and max(counts["ttft"].values()) <= 10
 
 
+def test_a_prompt_no_worker_has_room_for_goes_where_it_overshoots_least() -> None:
+    """The bound counts the request's own work (consistent hashing with bounded loads): a
+    long prompt that takes every worker over it goes to the least loaded after it, not to
+    the cheapest (b, which caches 2 of its 40 blocks and sits near the bound already)."""
+    a, b, c = ws("a"), ws("b"), ws("c")
+    for room in (True, False):
+        policy = make_policy("ttft", "prefill", balance_room=room)
+        policy._tally = {"a": 1.0, "b": 1.1, "c": 0.9}  # placed seconds, decayed: mean 1.0
+        choice = policy.choose(ctx([a, b, c], {"b": 2}))
+        assert choice.worker is (c if room else b)
+    terms = dict(make_policy("ttft", "prefill", balance_room=True).choose(ctx([a, b, c], {})).terms)
+    assert terms["cost_s"] == terms["prefill_s"]
+    # a short prompt fits under the bound on b: the cheapest wins as without the check
+    policy = make_policy("ttft", "prefill", balance_room=True)
+    policy._tally = {"a": 1.0, "b": 1.1, "c": 0.9}
+    assert policy.choose(ctx([a, b, c], {"b": 2}, blocks=3)).worker is b
+
+
 def _report(worker: WorkerState, busy_s: float, at: float) -> None:
     worker.step_rate.update(
         WorkerLoad(worker.worker_id, "prefill", 0, 0, 0, 100, 100, at,

@@ -76,7 +76,19 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        `balance_halflife` decisions). Only workers with  P_w <= (1 + balance_slack) * mean P
        are candidates, so no prefix, however popular, pins the pool to one worker, even
        while no queue has formed yet to push back (the "light then burst" pattern, or a
-       first block every prompt shares).
+       first block every prompt shares). With `balance_room` (off by default), as in
+       consistent hashing with bounded loads, the request's own work counts too: a worker
+       it would take over the bound (P_w + work_w >
+       (1 + balance_slack) * mean of the tallies with it; a worker with nothing placed
+       always has room for one) comes after every worker it fits, and among such workers
+       the least loaded after it wins, not the cheapest, so a
+       long prompt no worker has room for goes where it overshoots least. (Checked before
+       the placement only, a long prompt's whole work could land on a worker just under
+       the bound: in the simulator's Mooncake runs at 600 / 2000 blocks the largest max/mean
+       was 1.27 / 1.26, with it 1.16 / 1.16. Off by default because router replicas each
+       keep their own tallies, a quarter of the pool's with four: the same request is 4x
+       larger against them, overflows 4x as often, and the light-then-burst pattern's
+       replicas computed 8.6% more than one router; docs/performance.md, issue 20.)
        With `balance_measured` a candidate must also be within the same bound on the work
        it was measured to do: M_w, the engine seconds its reports add between decisions,
        decayed alike, plus t_w * L_w for what it has queued. P_w counts estimates made at
@@ -142,6 +154,7 @@ class TtftPrefill(Policy):
         balance_slack: float = 0.2,
         balance_halflife: float = 2000.0,
         balance_measured: bool = False,
+        balance_room: bool = False,
         max_utilization: float = 0.95,
         turnover_exponent: float = 0.5,
         kv_bytes_per_token: float = 0.0,
@@ -170,6 +183,7 @@ class TtftPrefill(Policy):
         self.balance_slack = balance_slack
         self._decay = 0.5 ** (1.0 / balance_halflife)
         self.balance_measured = balance_measured
+        self.balance_room = balance_room
         self._tally: dict[str, float] = {}
         self._measured: dict[str, float] = {}
         """M_w: decayed engine seconds from the workers' reports."""
@@ -215,10 +229,12 @@ class TtftPrefill(Policy):
         peer, top = self._holder(ctx) if self.transfer_s_per_token else (None, 0)
         x_block = self.transfer_s_per_token * block
         top_uncached = max(0, tokens - top * block)
-        bound = (1.0 + self.balance_slack) * sum(tallies) / n
+        total = sum(tallies)
+        room = 1.0 + self.balance_slack
+        bound = room * total / n
         over_measured = self._over_measured(workers) if self.balance_measured else [0] * n
         best_key: tuple[int, float, float, int] | None = None
-        best_i, best_terms, best_pull = 0, (), (0, 0.0, 0.0)
+        best_i, best_terms, best_pull, best_cost = 0, (), (0, 0.0, 0.0), 0.0
         runner_up = float("inf")
         costs: list[tuple[int, float]] = []
         rho = min(sum(w.step_rate.utilization for w in workers) / n, self.max_utilization)
@@ -250,17 +266,27 @@ class TtftPrefill(Policy):
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
                     pull, transfer = top - c_w, x
-            # 2. bounded load: over the bound sorts after every candidate (over the measured
-            # one only, after those within both)
-            over = 2 if tallies[j] > bound else over_measured[j]
-            key = (over, cost, tallies[j], (j - start) % n)
+            # 2. bounded load: over the bound before this request, never a candidate; over
+            # it with the request, after every worker it fits, least loaded after it first
+            # (within the measured bound before over it); over the measured one only, after
+            # those within both
+            if tallies[j] > bound:
+                over = 3
+            elif self.balance_room and tallies[j] + work > max(room * (total + work) / n, work):
+                over = 2
+            else:
+                over = over_measured[j]
+            if over == 2:  # least loaded after it, those within the measured bound first
+                key = (2, over_measured[j] + 0.0, tallies[j] + work, (j - start) % n)
+            else:
+                key = (over, cost, tallies[j], (j - start) % n)
             costs.append((over, cost))
             if best_key is None or key < best_key:
-                best_i, best_key = j, key
+                best_i, best_key, best_cost = j, key, cost
                 best_terms = (wait + transfer + work, wait, work, pressure, rho, uncached, evict)
                 best_pull = (pull, transfer, restore)
         # 3. the lightest tally is never over the mean, so a candidate always won
-        assert best_key is not None and best_key[0] < 2
+        assert best_key is not None and best_key[0] < 3
         for j, (over, cost) in enumerate(costs):
             if over == best_key[0] and j != best_i:
                 runner_up = min(runner_up, cost)
@@ -280,7 +306,7 @@ class TtftPrefill(Policy):
                     del table[wid]
         mean = sum(tallies) / n
         values = (
-            best_key[1],
+            best_cost,
             *best_terms[:5],
             float(best_terms[5]),
             float(best_terms[6]),
