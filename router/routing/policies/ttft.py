@@ -266,10 +266,10 @@ class TtftPrefill(Policy):
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
                     pull, transfer = top - c_w, x
-            # 2. bounded load: over the bound before this request, never a candidate; over
-            # it with the request, after every worker it fits, least loaded after it first
-            # (within the measured bound before over it); over the measured one only, after
-            # those within both
+            # 2. bounded load: over the bound before this request, never a candidate; with
+            # `balance_room`, over it with the request, after every worker it fits, least
+            # loaded after it first (within the measured bound before over it); over the
+            # measured one only, after those within both
             if tallies[j] > bound:
                 over = 3
             elif self.balance_room and tallies[j] + work > max(room * (total + work) / n, work):
