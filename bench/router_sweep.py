@@ -30,6 +30,7 @@ from pathlib import Path
 
 from bench.router_sim import burst_trace, make_routers, policy_config
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
+from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from bench.workloads import DEFAULT_TRACE, read_jsonl, resolve_trace
 
@@ -44,8 +45,9 @@ def run_one(
     oracle = pooled_lru_oracle(trace, capacity * workers, block)
     routers = make_routers("ttft", workers, block, policy_args=policy_args)
     res = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
+    add_ratios(res, oracle)
     return {
-        "reuse_over_oracle": res["reuse_rate"] / oracle["hit_rate"],
+        "reuse_over_oracle": res["reuse_over_oracle"],
         "load_max_over_mean": res["load_max_over_mean"],
         "ttft_p50_s": res["ttft_p50_ms"] / 1000,
     }

@@ -177,11 +177,6 @@ class IndexStore(abc.ABC):
             extended = pending.extend(block_hashes, reported, self.clock())
             return Prefixes(reported, extended, offloaded)
 
-    def block_counts(self, model: str) -> dict[str, int] | None:
-        """Blocks each worker's cache holds, per the local view (None when degraded)."""
-        views = self.cache_views(model)
-        return views[0] if views is not None else None
-
     def cache_views(self, model: str) -> tuple[dict[str, int], dict[str, float]] | None:
         """Blocks each worker's cache holds, and the age of its LRU tail in seconds where
         known (turnover.py), per the local view; None when degraded."""
