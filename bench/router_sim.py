@@ -8,6 +8,7 @@
     python -m bench.router_sim --late-binding       # route when a worker has room
     python -m bench.router_sim --balance-slack 0.15 # the ttft policy's bounded-load slack
     python -m bench.router_sim --balance-measured   # its bound on measured work too
+    python -m bench.router_sim --policy-args '{"balance_room": false}'  # any ttft argument
     python -m bench.router_sim --load 0.9 --peak    # the busiest tenth of the trace 90% busy
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
@@ -73,13 +74,15 @@ def policy_config(
     profile: WorkerProfile,
     balance_slack: float | None = None,
     measured: bool = False,
+    extra: dict[str, float | bool] | None = None,
 ) -> tuple[str, dict[str, float | bool]]:
     """(registered policy name, its arguments) of a table row's label; `balance_slack`, if
-    given, replaces the `ttft` policy's default (router/routing/policies/ttft.py), and
-    `measured` turns on its bound on measured work."""
-    bound: dict[str, float | bool] = (
-        {} if balance_slack is None else {"balance_slack": balance_slack}
-    )
+    given, replaces the `ttft` policy's default (router/routing/policies/ttft.py),
+    `measured` turns on its bound on measured work, `extra` sets any other of its
+    arguments."""
+    bound: dict[str, float | bool] = dict(extra or {})
+    if balance_slack is not None:
+        bound["balance_slack"] = balance_slack
     if measured:
         bound["balance_measured"] = True
     if label == "ttft":
@@ -140,7 +143,9 @@ def run_workload(
     oracle = pooled_lru_oracle(trace, capacity * args.workers, block)
     res: dict = {"capacity_blocks": capacity, "block_size": block, "oracle_pooled_lru": oracle}
     for label in args.policies:
-        name, policy_args = policy_config(label, profile, args.balance_slack, args.balance_measured)
+        name, policy_args = policy_config(
+            label, profile, args.balance_slack, args.balance_measured, args.policy_args
+        )
         routers = make_routers(
             name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
         )
@@ -157,8 +162,9 @@ def run_workload(
         try:
             ns = f"sim:{time.monotonic_ns()}"
             name, policy_args = policy_config(
-                args.policies[0], profile, args.balance_slack, args.balance_measured
-            )
+                args.policies[0], profile, args.balance_slack, args.balance_measured,
+                args.policy_args,
+            )  # fmt: skip
             routers = make_routers(
                 name, args.workers, block, 4, url, ns, policy_args, args.prefix_promise_s
             )
@@ -244,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--balance-measured", action="store_true",
         help="the ttft policy bounds the work measured as well as the work it placed",
     )  # fmt: skip
+    p.add_argument(
+        "--policy-args", type=json.loads, default={},
+        help="JSON: more of the ttft rows' policy arguments, e.g. '{\"balance_room\": false}'",
+    )  # fmt: skip
     p.add_argument("--out", default="bench/results/router_sim.json")
     return p
 
@@ -285,6 +295,7 @@ def main(argv: list[str] | None = None) -> dict:
         "replica_sync_ms": args.replica_sync_ms if args.redis else None,
         "balance_slack": args.balance_slack,
         "balance_measured": args.balance_measured,
+        "policy_args": args.policy_args,
         "profile": profile.__dict__,
         "runs": runs,
     }

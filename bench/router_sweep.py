@@ -4,6 +4,7 @@
     python -m bench.router_sweep --policy-args '{"balance_slack": 0.2}'
     python -m bench.router_sweep --loads 0.8 0.9 --capacity 600 --no-burst
     python -m bench.router_sweep --workers 16                      # a pool not tuned on
+    python -m bench.router_sweep --replicas 4                      # and 4 Redis replicas
 
 One run of the simulator (bench.router_sim) decides little: on the Mooncake trace at small
 caches a change of the clock by a few percent moves reuse / oracle by +-0.05, because which
@@ -17,18 +18,25 @@ the targets:
 - light_then_burst at each `--burst-loads`, routed at arrival and with late binding: reuse >=
   0.9 of the oracle and max/mean <= 1.3.
 
+With `--replicas N` every run is routed a second time by N router replicas over one Redis
+(bench.router_sim's `--redis`: a fresh `redis-server`, the replicas taking arrivals in turn),
+and the summary adds what they computed against the one router (issue 20: within 2%).
+
 Prints one line per run and a summary per workload (runs meeting both, mean and least reuse /
 oracle, mean and largest max/mean); JSON and the table to `--out`. About 15 s for the default
-grid (11 loads x 3 capacities + 6 bursts) on one core.
+grid (11 loads x 3 capacities + 6 bursts) on one core; with replicas about 15 minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
-from bench.router_sim import burst_trace, make_routers, policy_config
+from bench.router_sim import burst_trace, make_routers, policy_config, start_redis
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
 from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
@@ -40,37 +48,63 @@ TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}
 
 def run_one(
     trace: list, capacity: int, block: int, policy_args: dict, profile: WorkerProfile, late: bool,
-    workers: int = 8,
+    workers: int = 8, redis: tuple[str, int] | None = None,
 ) -> dict:  # fmt: skip
+    """One run; with `redis` (url, replicas), the same run again through that many replicas."""
     oracle = pooled_lru_oracle(trace, capacity * workers, block)
     routers = make_routers("ttft", workers, block, policy_args=policy_args)
     res = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
     add_ratios(res, oracle)
-    return {
+    row = {
         "reuse_over_oracle": res["reuse_over_oracle"],
         "load_max_over_mean": res["load_max_over_mean"],
         "ttft_p50_s": res["ttft_p50_ms"] / 1000,
     }
+    if redis is not None:
+        url, n = redis
+        ns = f"sweep:{time.monotonic_ns()}"
+        routers = make_routers("ttft", workers, block, n, url, ns, policy_args)
+        try:
+            for r in routers:
+                r.store.sync(10)
+            many = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
+        finally:
+            for r in routers:
+                r.close()
+        row["replicas_computed_over_one"] = many["computed_tokens"] / res["computed_tokens"]
+    return row
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
+    if not args.replicas:
+        return _sweep(args, None)
+    tmp = tempfile.mkdtemp()
+    proc, url = start_redis(tmp)
+    try:
+        return _sweep(args, (url, args.replicas))
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _sweep(args: argparse.Namespace, redis: tuple[str, int] | None) -> list[dict]:
     profile = WorkerProfile.load(resolve_trace(args.profile))
     _, policy_args = policy_config("ttft", profile)
     policy_args.update(json.loads(args.policy_args))
     rows: list[dict] = []
+    n = args.workers
     if args.capacity:
         raw = read_jsonl(resolve_trace(args.trace), args.requests)
         for load in args.loads:
-            trace = at_load(raw, profile, args.workers, load, peak=True)
+            trace = at_load(raw, profile, n, load, peak=True)
             for cap in args.capacity:
-                res = run_one(
-                    trace, cap, 512, policy_args, profile, args.late_binding, args.workers
-                )
+                res = run_one(trace, cap, 512, policy_args, profile, args.late_binding, n, redis)
                 rows.append({"workload": "mooncake", "blocks": cap, "load": load, **res})
     for late in () if args.no_burst else (False, True):
         for load in args.burst_loads:
-            trace = burst_trace(profile, args.workers, load)
-            res = run_one(trace, 200, 16, policy_args, profile, late, args.workers)
+            trace = burst_trace(profile, n, load)
+            res = run_one(trace, 200, 16, policy_args, profile, late, n, redis)
             rows.append({"workload": "light_then_burst", "blocks": 200, "load": load,
                          "late_binding": late, **res})  # fmt: skip
     for row in rows:
@@ -80,10 +114,12 @@ def sweep(args: argparse.Namespace) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
+    replicas = "replicas_computed_over_one" in rows[0] if rows else False
     lines = [
         "| workload | blocks/worker | runs meeting both | reuse / oracle: mean, least "
-        "| load max/mean: mean, largest |",
-        "| --- | ---: | ---: | --- | --- |",
+        "| load max/mean: mean, largest |"
+        + (" replicas / one, computed: mean, range |" if replicas else ""),
+        "| --- | ---: | ---: | --- | --- |" + (" --- |" if replicas else ""),
     ]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -93,12 +129,16 @@ def summary(rows: list[dict]) -> str:
         reuse = [r["reuse_over_oracle"] for r in group]
         spread = [r["load_max_over_mean"] for r in group]
         met = sum(r["meets"] for r in group)
-        lines.append(
+        line = (
             f"| {name} | {blocks} | {met} of {len(group)} | {sum(reuse) / len(reuse):.3f}, "
             f"{min(reuse):.3f} | {sum(spread) / len(spread):.3f}, {max(spread):.3f} |"
         )
+        if replicas:
+            ratio = [r["replicas_computed_over_one"] for r in group]
+            line += f" {sum(ratio) / len(ratio):.3f}, {min(ratio):.3f}-{max(ratio):.3f} |"
+        lines.append(line)
     met = sum(r["meets"] for r in rows)
-    lines.append(f"| all | | **{met} of {len(rows)}** | | |")
+    lines.append(f"| all | | **{met} of {len(rows)}** | |" + (" | |" if replicas else " |"))
     return "\n".join(lines)
 
 
@@ -111,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=[round(0.75 + 0.025 * i, 3) for i in range(11)])  # fmt: skip
     p.add_argument("--burst-loads", type=float, nargs="+", default=[0.8, 1.0, 1.2])
     p.add_argument("--no-burst", action="store_true", help="Mooncake only")
+    p.add_argument("--replicas", type=int, default=0, help="also route through N Redis replicas")
     p.add_argument("--late-binding", action="store_true", help="Mooncake routed late too")
     p.add_argument("--requests", type=int, default=4000)
     p.add_argument("--trace", default=str(DEFAULT_TRACE["mooncake"]))
@@ -124,14 +165,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = sweep(args)
     for r in rows:
         late = " late" if r.get("late_binding") else ""
+        many = r.get("replicas_computed_over_one")
         print(f"{r['workload']}{late} {r['blocks']} blocks, load {r['load']}: reuse / oracle "
               f"{r['reuse_over_oracle']:.3f}, max/mean {r['load_max_over_mean']:.3f}"
+              f"{'' if many is None else f', replicas computed {many:.3f}x'}"
               f"{'' if r['meets'] else '  (misses)'}")  # fmt: skip
     text = summary(rows)
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    saved = {"policy_args": json.loads(args.policy_args), "workers": args.workers, "runs": rows}
+    saved = {
+        "policy_args": json.loads(args.policy_args),
+        "workers": args.workers,
+        "replicas": args.replicas,
+        "runs": rows,
+    }
     out.write_text(json.dumps(saved, indent=1) + "\n")
     out.with_suffix(".md").write_text(text + "\n")
     return rows

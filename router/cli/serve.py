@@ -106,8 +106,9 @@ def _policy_args(args: argparse.Namespace) -> dict[str, float | bool]:
         given["--balance-slack"] = ("balance_slack", args.balance_slack)
     if args.balance_measured:
         given["--balance-measured"] = ("balance_measured", True)
-    if args.balance_room:
-        given["--balance-room"] = ("balance_room", True)
+    if args.balance_room is not None:
+        flag = "--balance-room" if args.balance_room else "--no-balance-room"
+        given[flag] = ("balance_room", args.balance_room)
     if given and args.policy != "ttft":
         raise SystemExit(f"baton serve: {' and '.join(given)} needs --policy ttft")
     return dict(given.values())

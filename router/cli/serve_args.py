@@ -59,10 +59,11 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--balance-room",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="with --policy ttft: a worker a request would take over that bound comes after "
-        "those it fits, least loaded first (one front door; with router replicas it spreads "
-        "bursts: docs/performance.md)",
+        "those it fits, least loaded first (on by default; --no-balance-room checks the bound "
+        "before the request only: docs/performance.md)",
     )
     p.add_argument("--decode-policy", default="cache_aware", help="decode routing policy")
     p.add_argument(

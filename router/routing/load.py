@@ -66,6 +66,8 @@ class Charge:
     stage: Stage = Stage.GATED
     prefill_epoch: int = -1
     """The prefill worker's epoch when the request was admitted."""
+    placed_s: float = 0.0
+    """What the prefill policy counted against `prefill` (told to other replicas)."""
     number: int = field(default_factory=_charge_ids.__next__)
     """Names the charge in the shares other replicas receive (router.routing.load_share)."""
 
@@ -138,10 +140,19 @@ class LoadTracker:
         prefill_tokens: int,
         decode: WorkerState,
         decode_blocks: int,
+        placed_s: float = 0.0,
     ) -> Charge:
         """Charge a routed request: its prefill tokens wait at the gate of `prefill`, or,
-        with no prefill worker, are admitted to the decode worker at once."""
-        charge = Charge(prefill or decode, prefill_tokens, decode, decode.epoch, decode_blocks)
+        with no prefill worker, are admitted to the decode worker at once. `placed_s`: the
+        prefill policy's own count of the work (router.routing.load_share)."""
+        charge = Charge(
+            prefill or decode,
+            prefill_tokens,
+            decode,
+            decode.epoch,
+            decode_blocks,
+            placed_s=placed_s,
+        )
         if prefill is not None:
             prefill.gated_prefill_tokens += prefill_tokens
             self._refile(prefill)
@@ -215,6 +226,7 @@ class LoadTracker:
                 LoadShare(
                     charge.number, p.worker_id, charge.prefill_tokens, charge.stage,
                     self.clock(), backlog,
+                    charge.placed_s if charge.stage is Stage.GATED else 0.0,
                 )
             )  # fmt: skip
 

@@ -25,7 +25,11 @@ replayed for them) and has them again with the next routed requests; after a Red
 each replica forgets those it heard, whose ends the outage may have dropped.
 
 Only prefill tokens are shared: they are the load the prefill policies weigh. A decode
-worker's running count and free blocks come from reports and this replica's routes.
+worker's running count and free blocks come from reports and this replica's routes. A GATED
+share also carries what the sender's prefill policy counted against the worker (`placed_s`),
+which each receiver's policy adds to its own count (`Policy.placed_elsewhere`): a policy
+that bounds the work it placed (`ttft`) then bounds the pool's, not a quarter of it with
+four replicas.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class LoadShare(msgspec.Struct, array_like=True, frozen=True):
     backlog: tuple[int, int, int] | None = None
     """With PREFILLED: the engine steps between which the worker's reports counted it
     (engine.handover.PrefillResult.backlog), which every replica's ledger corrects by."""
+    placed_s: float = 0.0
+    """With GATED: the work the sender's prefill policy counted against the worker
+    (policies.base.Choice.placed_s), which the receivers' policies count too."""
 
 
 class RemoteCharges:

@@ -159,11 +159,16 @@ class Router:
         self.store.clock = self._loads.clock = clock
 
     def _remote_loads(self, shares: list[tuple[bytes, LoadShare]], forget: bool) -> None:
+        loads = self._loads
         with self._lock:
             if forget:
-                self._loads.forget_remote()
+                loads.forget_remote()
             for replica, share in shares:
-                self._loads.remote(replica, share)
+                loads.remote(replica, share)
+                w = loads.workers.get(share.worker)
+                if share.placed_s and w is not None and w.role is WorkerRole.PREFILL:
+                    pool = loads.pool(w.model, WorkerRole.PREFILL).workers
+                    self._prefill.placed_elsewhere(pool, w.worker_id, share.placed_s)
 
     def report_load(self, load: WorkerLoad) -> None:
         with self._lock:
@@ -313,7 +318,8 @@ class Router:
         p_reused = p_cached + (pull.num_blocks if pull is not None else 0)
         prefill_tokens = max(0, tokens - p_reused * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
-        charge = loads.start(p, prefill_tokens, d, decode_blocks)
+        placed = p_choice.placed_s if p_choice is not None else 0.0
+        charge = loads.start(p, prefill_tokens, d, decode_blocks, placed)
         terms = self._terms(p_choice, d_choice)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(

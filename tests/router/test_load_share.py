@@ -137,14 +137,20 @@ def test_a_share_crosses_msgpack_unchanged() -> None:
     share = LoadShare(7, "p0", 33, Stage.PREFILLED, 12.5, (3, 4, 33))
     back = msgspec.msgpack.decode(msgspec.msgpack.encode(share), type=LoadShare)
     assert back == share and back.stage is Stage.PREFILLED
+    gated = LoadShare(8, "p0", 33, Stage.GATED, 12.5, None, 0.25)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(gated), type=LoadShare) == gated
+    # a share from a replica that predates placed_s (one field fewer) still decodes
+    old = msgspec.msgpack.encode([8, "p0", 33, 0, 12.5, None])
+    assert msgspec.msgpack.decode(old, type=LoadShare).placed_s == 0.0
 
 
-def two_replicas(url: str) -> list[Router]:
+def two_replicas(url: str, policy: str = "cache_aware") -> list[Router]:
     ns = f"t{uuid.uuid4().hex[:8]}"
     routers = []
     for _ in range(2):
         store = RedisStore(url=url, namespace=ns, poll_ms=20, retry_s=0.05)
-        router = Router(RouterConfig(disagg_min_uncached_tokens=0), store=store)
+        config = RouterConfig(prefill_policy=policy, disagg_min_uncached_tokens=0)
+        router = Router(config, store=store)
         for w in ("p0", "p1"):
             router.add_worker(w, "prefill", "m")
         router.add_worker("d0", "decode", "m")
@@ -170,6 +176,27 @@ def test_router_replicas_on_redis_route_around_each_others_work(redis_server) ->
         ticket.close()
         assert a.store.sync(10) and b.store.sync(10)
         assert b.worker_load(busy)[0] == 0  # type: ignore[index]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ttft_replicas_on_redis_balance_the_pool_s_placements(redis_server) -> None:
+    """What one replica's ttft policy placed counts in the other's bounded load: after a's
+    prefill is done (no queue anywhere), b's next prompt, which would tie, goes to the
+    worker a did not load. Both replicas start their tie-break rotation at the same worker,
+    so without the shared placements b would pick the one a picked."""
+    a, b = two_replicas(redis_server.url, policy="ttft")
+    try:
+        first = a.route("m", list(range(640)))
+        first.admit()
+        first.prefill_done()
+        first.close()
+        assert a.store.sync(10) and b.store.sync(10)
+        assert b.worker_load(first.decision.prefill_worker_id)[0] == 0  # type: ignore[index]
+        second = b.route("m", list(range(5000, 5640)))  # no block in common
+        second.close()
+        assert second.decision.prefill_worker_id != first.decision.prefill_worker_id
     finally:
         a.close()
         b.close()

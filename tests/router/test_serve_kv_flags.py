@@ -82,5 +82,10 @@ def test_the_ttft_policys_flags_reach_it_and_no_other_policy() -> None:
         router_config(parse(["serve", "--balance-measured"]))
     room = router_config(parse(["serve", "--policy", "ttft", "--balance-room"]))
     assert room.prefill_policy_args == {"balance_room": True}
+    assert router_config(parse(["serve", "--policy", "ttft"])).prefill_policy_args == {}
+    no_room = router_config(parse(["serve", "--policy", "ttft", "--no-balance-room"]))
+    assert no_room.prefill_policy_args == {"balance_room": False}
     with pytest.raises(SystemExit, match="--balance-room needs --policy ttft"):
         router_config(parse(["serve", "--balance-room"]))
+    with pytest.raises(SystemExit, match="--no-balance-room needs --policy ttft"):
+        router_config(parse(["serve", "--no-balance-room"]))

@@ -144,6 +144,23 @@ def test_a_prompt_no_worker_has_room_for_goes_where_it_overshoots_least() -> Non
     assert policy.choose(ctx([a, b, c], {"b": 2}, blocks=3)).worker is b
 
 
+def test_a_replica_bounds_the_pool_s_placements_not_only_its_own() -> None:
+    """Four router replicas each see a quarter of the decisions: the other three each send
+    their first prompt cached on b to b (nothing placed yet, as far as each knows), and the
+    fourth, hearing their placements (their Choices' placed_s, through the load shares),
+    finds b over the pool's bound; deaf to them it piles a fourth prompt on b."""
+    a, b, c = ws("a"), ws("b"), ws("c")
+    heard, deaf = make_policy("ttft", "prefill"), make_policy("ttft", "prefill")
+    for _ in range(3):
+        choice = make_policy("ttft", "prefill").choose(ctx([a, b, c], {"b": 38}))
+        assert choice.worker is b and choice.placed_s == dict(choice.terms)["prefill_s"] > 0
+        heard.placed_elsewhere([a, b, c], "b", choice.placed_s)
+    heard.placed_elsewhere([a, b], "z", 1.0)  # a worker not in the pool: nothing counts
+    assert set(heard._tally) == {"a", "b", "c"} and heard._tally["b"] > 0
+    assert deaf.choose(ctx([a, b, c], {"b": 38})).worker is b
+    assert heard.choose(ctx([a, b, c], {"b": 38})).worker is not b
+
+
 def _report(worker: WorkerState, busy_s: float, at: float) -> None:
     worker.step_rate.update(
         WorkerLoad(worker.worker_id, "prefill", 0, 0, 0, 100, 100, at,

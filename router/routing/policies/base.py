@@ -76,6 +76,9 @@ class Choice(NamedTuple):
     term_values: tuple[float, ...] = ()
     pull: PrefixPull | None = None
     """Blocks the chosen worker copies from a peer's cache (prefix migration), if any."""
+    placed_s: float = 0.0
+    """The work the policy counted against the worker for this choice (its balance tally),
+    which other router replicas add to theirs (`Policy.placed_elsewhere`)."""
 
     @property
     def terms(self) -> tuple[tuple[str, float], ...]:
@@ -101,6 +104,13 @@ class Policy(abc.ABC):
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:  # noqa: B027 - optional hook
         """The served model's KV size, known once a worker joined (for costs in time)."""
+
+    def placed_elsewhere(  # noqa: B027 - optional hook
+        self, workers: Sequence[WorkerState], worker_id: str, placed_s: float
+    ) -> None:
+        """Another router replica chose `worker_id` of the pool `workers` and counted
+        `placed_s` (its Choice's) against it: a policy that balances what it placed counts
+        the pool's decisions, not only its own."""
 
 
 def pool_load(worker: WorkerState, pool: str) -> tuple[int, int]:

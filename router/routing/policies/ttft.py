@@ -76,19 +76,21 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
        `balance_halflife` decisions). Only workers with  P_w <= (1 + balance_slack) * mean P
        are candidates, so no prefix, however popular, pins the pool to one worker, even
        while no queue has formed yet to push back (the "light then burst" pattern, or a
-       first block every prompt shares). With `balance_room` (off by default), as in
+       first block every prompt shares). With `balance_room` (the default), as in
        consistent hashing with bounded loads, the request's own work counts too: a worker
-       it would take over the bound (P_w + work_w >
-       (1 + balance_slack) * mean of the tallies with it; a worker with nothing placed
-       always has room for one) comes after every worker it fits, and among such workers
-       the least loaded after it wins, not the cheapest, so a
-       long prompt no worker has room for goes where it overshoots least. (Checked before
-       the placement only, a long prompt's whole work could land on a worker just under
-       the bound: in the simulator's Mooncake runs at 600 / 2000 blocks the largest max/mean
-       was 1.27 / 1.26, with it 1.16 / 1.16. Off by default because router replicas each
-       keep their own tallies, a quarter of the pool's with four: the same request is 4x
-       larger against them, overflows 4x as often, and the light-then-burst pattern's
-       replicas computed 8.6% more than one router; docs/performance.md, issue 20.)
+       it would take over the bound (P_w + work_w > (1 + balance_slack) * mean of the
+       tallies with it; a worker with nothing placed always has room for one) comes after
+       every worker it fits, and among such workers the least loaded after it wins, not the
+       cheapest, so a long prompt no worker has room for goes where it overshoots least.
+       (Checked before the placement only, a long prompt's whole work could land on a
+       worker just under the bound: in the simulator's Mooncake runs at 600 / 2000 blocks
+       the largest max/mean was 1.27 / 1.26, with it 1.16 / 1.16.)
+       Router replicas count each other's placements: each decision's work_w reaches the
+       other replicas with its load share (router.routing.load_share) and goes into their
+       P_w there (`placed_elsewhere`), a decay step included, so every replica bounds the
+       pool's placements. Each counting only its own, four replicas held a quarter of the
+       pool's tallies each: a request was 4x larger against them and overflowed 4x as
+       often (the light-then-burst pattern: +8.6% computed against one router).
        With `balance_measured` a candidate must also be within the same bound on the work
        it was measured to do: M_w, the engine seconds its reports add between decisions,
        decayed alike, plus t_w * L_w for what it has queued. P_w counts estimates made at
@@ -154,7 +156,7 @@ class TtftPrefill(Policy):
         balance_slack: float = 0.2,
         balance_halflife: float = 2000.0,
         balance_measured: bool = False,
-        balance_room: bool = False,
+        balance_room: bool = True,
         max_utilization: float = 0.95,
         turnover_exponent: float = 0.5,
         kv_bytes_per_token: float = 0.0,
@@ -290,20 +292,9 @@ class TtftPrefill(Policy):
         for j, (over, cost) in enumerate(costs):
             if over == best_key[0] and j != best_i:
                 runner_up = min(runner_up, cost)
-        decay = self._decay
-        measured = self._measured
-        for w in workers:
-            wid = w.worker_id
-            tally[wid] = tally.get(wid, 0.0) * decay
-            if wid in measured:
-                measured[wid] *= decay
         winner = workers[best_i]
-        tally[winner.worker_id] += best_terms[2]
-        if len(tally) > 2 * n:  # workers that left the pool
-            live = {w.worker_id for w in workers}
-            for table in (tally, measured, self._seen_busy):
-                for wid in [k for k in table if k not in live]:
-                    del table[wid]
+        placed = best_terms[2]
+        self._place(workers, winner.worker_id, placed)
         mean = sum(tallies) / n
         values = (
             best_cost,
@@ -318,9 +309,32 @@ class TtftPrefill(Policy):
         )
         if best_pull[0]:
             assert peer is not None
-            return Choice(winner, "ttft_pull", _TERMS, values, PrefixPull(peer, best_pull[0]))
+            pulled = PrefixPull(peer, best_pull[0])
+            return Choice(winner, "ttft_pull", _TERMS, values, pulled, placed)
         reason = "ttft" if cached.get(winner.worker_id, 0) else "ttft_no_hit"
-        return Choice(winner, reason, _TERMS, values)
+        return Choice(winner, reason, _TERMS, values, None, placed)
+
+    def placed_elsewhere(
+        self, workers: Sequence[WorkerState], worker_id: str, placed_s: float
+    ) -> None:
+        if any(w.worker_id == worker_id for w in workers):
+            self._place(workers, worker_id, placed_s)
+
+    def _place(self, workers: Sequence[WorkerState], worker_id: str, placed_s: float) -> None:
+        """One decision of the pool's, here or in another replica: every tally decays a
+        step, the chosen worker's takes the work placed on it."""
+        decay, tally, measured = self._decay, self._tally, self._measured
+        for w in workers:
+            wid = w.worker_id
+            tally[wid] = tally.get(wid, 0.0) * decay
+            if wid in measured:
+                measured[wid] *= decay
+        tally[worker_id] += placed_s
+        if len(tally) > 2 * len(workers):  # workers that left the pool
+            live = {w.worker_id for w in workers}
+            for table in (tally, measured, self._seen_busy):
+                for wid in [k for k in table if k not in live]:
+                    del table[wid]
 
     def _youth(self, ages: Mapping[str, float]) -> dict[str, float]:
         """(Ā / A_w) ** turnover_exponent per worker whose tail age is known (empty: all 1)."""
