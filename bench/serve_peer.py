@@ -47,6 +47,8 @@ BATON_CONFIGS = {
     "baton-unified": "--mode unified --prefill 0 --decode 1 --threads 2",
     # The same, its compute threads ahead of the front door's and the I/O (worker/threads.py).
     "baton-unified-nice": "--mode unified --prefill 0 --decode 1 --threads 2 --engine-nice -10",
+    # The same, its compute threads placed by the kernel (worker/cpu_claims.py says why not).
+    "baton-unified-unbound": "--mode unified --prefill 0 --decode 1 --threads 2 --no-cpu-bind",
     # One core per pool: the disaggregated shape on the same two cores.
     "baton-1p1d": "--mode disaggregated --prefill 1 --decode 1 --threads 1",
 }

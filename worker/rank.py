@@ -34,7 +34,7 @@ from engine.handover import Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, UnknownPeerError, create_transport
 from worker.records import WorkerInfo, WorkerSpec
-from worker.threads import pin_threads, raise_team_priority
+from worker.threads import bind_team, pin_threads, raise_team_priority
 
 
 def rank_transport_name(worker_id: str, tp_rank: int, tp_size: int) -> str:
@@ -70,6 +70,7 @@ class WorkerRank:
         )
         if self.engine.runner.device.type == "cpu":  # on the thread that steps the engine
             raise_team_priority(spec.engine_nice)  # after the transport's thread started
+            bind_team(spec.cpu_bind)
 
     def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
         """Reserve blocks (reusing this engine's cached prefix, which is not sent) and

@@ -22,6 +22,8 @@ class WorkerSpec:
     num_threads: int = 1
     engine_nice: int | None = None
     """Nice value of the engine's compute threads on CPU (worker/threads.py); None: Ray's."""
+    cpu_bind: bool = True
+    """Bind each compute thread to a CPU of its own on CPU (worker/cpu_claims.py)."""
     tp: int = 1
     """Tensor-parallel ranks (tp>1: rank actors in the placement group given to the
     worker, see ray_ranks.py)."""

@@ -1,5 +1,6 @@
 """How a worker's compute threads run on the machine's cores: a fixed, small number, so the
-workers of one machine share its cores instead of each spawning one thread per core; and, on
+workers of one machine share its cores instead of each spawning one thread per core; each
+bound to a CPU of its own (`bind_team`, unless `baton serve --no-cpu-bind`); and, on
 request (`baton serve --engine-nice`), ahead of the threads that only move bytes.
 
 Why ahead: every parallel region ends in a barrier, so a thread that preempts one compute
@@ -19,12 +20,14 @@ front door starved (a /metrics read timed out after 5 s)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
 import torch
 
 from engine import cpu_kernels
+from worker.cpu_claims import claim_cpus
 
 logger = logging.getLogger(__name__)
 
@@ -75,3 +78,32 @@ def raise_team_priority(nice: int | None) -> None:
                 pass
             except OSError as e:
                 logger.warning("worker thread %d keeps its priority: %s", tid, e)
+
+
+def bind_team(enabled: bool = True) -> list[int]:
+    """Bind each thread of the calling thread's OpenMP team to its own CPU, claimed among
+    this host's workers (worker/cpu_claims.py, which says why); returns the CPUs, in team
+    order (the caller's first), or [] where nothing was bound. Call it on the thread that
+    steps the engine, once its I/O threads exist: threads it starts later inherit its CPU.
+    A refusal (no claims file, a CPU the process may no longer use) leaves every thread
+    unbound, with a warning."""
+    if not enabled:
+        return []
+    team = cpu_kernels.load("thread_team")
+    if team is None:
+        logger.warning("engine threads left unbound: the thread_team kernel is unbuilt")
+        return []
+    tids = team.team_thread_ids()
+    allowed = os.sched_getaffinity(os.getpid())
+    try:
+        cpus = claim_cpus(len(tids))
+        for tid, cpu in zip(tids, cpus):
+            os.sched_setaffinity(tid, {cpu})
+    except OSError as e:
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, allowed)
+        logger.warning("engine threads left unbound: %s", e)
+        return []
+    logger.info("engine threads %s bound to CPUs %s", tids, cpus)
+    return cpus

@@ -66,6 +66,7 @@ def build_spec(args: argparse.Namespace, model_dir: Path):
         transport=args.transport,
         num_threads=args.threads,
         engine_nice=args.engine_nice,
+        cpu_bind=args.cpu_bind,
         tp=args.tp,
         device=device,
         redis_url=args.redis,

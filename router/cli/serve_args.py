@@ -159,6 +159,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "cores (worker/threads.py). Below 0 needs CAP_SYS_NICE. Default none: Ray's priority",
     )
     p.add_argument(
+        "--cpu-bind",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="bind each CPU worker's compute threads to a CPU each, the CPUs fewest of this "
+        "host's workers hold first (worker/cpu_claims.py; default on, --no-cpu-bind: the "
+        "kernel places them)",
+    )
+    p.add_argument(
         "--kv-cache-gb",
         type=float,
         default=None,

@@ -61,6 +61,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         transport=spec.transport,
         num_threads=spec.num_threads,
         engine_nice=spec.engine_nice,
+        cpu_bind=spec.cpu_bind,
         tp=tp,
         local_cluster=spec.local,
     )

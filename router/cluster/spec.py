@@ -21,6 +21,8 @@ class ClusterSpec:
     num_threads: int = 1
     engine_nice: int | None = None
     """Nice value of every CPU worker's compute threads (worker/threads.py); None: Ray's."""
+    cpu_bind: bool = True
+    """Every CPU worker binds each compute thread to a CPU of its own (worker/cpu_claims.py)."""
     tp: int = 1
     """Tensor-parallel size of every worker, unless the pool's own size below is given."""
     prefill_tp: int | None = None
