@@ -13,11 +13,9 @@ stream); Redis is local, so a cross-host deployment adds its network round trips
 from __future__ import annotations
 
 import argparse
-import shutil
-import tempfile
 import time
 
-from bench.router_sim import start_redis
+from bench.router_sim import redis_server
 from bench.sim_run import percentile
 from router.routing.index.redis_store import RedisStore
 
@@ -53,14 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--samples", type=int, default=400)
     args = p.parse_args(argv)
-    tmp = tempfile.mkdtemp()
-    proc, url = start_redis(tmp)
-    try:
+    with redis_server() as url:
         ms = measure(url, args.samples)
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     p50, p90, p99 = (percentile(ms, q) for q in (0.5, 0.9, 0.99))
     print(f"promise from replica A seen by replica B, {len(ms)} samples: p50 {p50:.2f} ms, "

@@ -40,12 +40,14 @@ p50 / p99 (queue wait + prefill). The oracle is one LRU cache pooling every work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.sim_misses import MissLedger
@@ -157,35 +159,47 @@ def run_workload(
         res[label]["misses"] = ledger.summary()
         add_ratios(res[label], oracle)
     if args.redis:
-        tmp = tempfile.mkdtemp()
-        proc, url = start_redis(tmp)
-        try:
-            ns = f"sim:{time.monotonic_ns()}"
-            name, policy_args = policy_config(
-                args.policies[0], profile, args.balance_slack, args.balance_measured,
-                args.policy_args,
+        name, policy_args = policy_config(
+            args.policies[0], profile, args.balance_slack, args.balance_measured,
+            args.policy_args,
+        )  # fmt: skip
+        key = f"{args.policies[0]}_4_replicas_redis"
+        with redis_server() as url:
+            res[key] = simulate_replicas(
+                trace, url, 4, name, policy_args, args.workers, capacity, block, profile,
+                args.prefix_promise_s, args.replica_sync_ms, args.late_binding,
             )  # fmt: skip
-            routers = make_routers(
-                name, args.workers, block, 4, url, ns, policy_args, args.prefix_promise_s
-            )
-            for r in routers:
-                r.store.sync(10)
-            key = f"{args.policies[0]}_4_replicas_redis"
-            res[key] = simulate(
-                trace, routers, args.workers, capacity, block, profile,
-                sync_ms=args.replica_sync_ms, late_binding=args.late_binding,
-            )  # fmt: skip
-            add_ratios(res[key], oracle)
-            for r in routers:
-                r.close()
-        finally:
-            proc.kill()
-            proc.wait(timeout=10)
-            shutil.rmtree(tmp, ignore_errors=True)
+        add_ratios(res[key], oracle)
     return res
 
 
-def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
+def simulate_replicas(
+    trace: list[TraceRequest], url: str, replicas: int, policy: str,
+    policy_args: dict[str, float | bool], workers: int, capacity: int, block: int,
+    profile: WorkerProfile, pending_ttl_s: float = DEFAULT_TTL_S,
+    sync_ms: float = REPLICA_SYNC_MS, late_binding: bool = False,
+) -> dict:  # fmt: skip
+    """`simulate` with `replicas` routers over the Redis at `url` (a namespace of their own),
+    taking arrivals in turn."""
+    ns = f"sim:{time.monotonic_ns()}"
+    routers = make_routers(policy, workers, block, replicas, url, ns, policy_args, pending_ttl_s)
+    try:
+        for r in routers:
+            r.store.sync(10)
+        return simulate(
+            trace, routers, workers, capacity, block, profile, sync_ms=sync_ms,
+            late_binding=late_binding,
+        )  # fmt: skip
+    finally:
+        for r in routers:
+            r.close()
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """A fresh `redis-server` on a free loopback port, no persistence; yields its URL and
+    ends it (by its PID) on the way out."""
+    workdir = tempfile.mkdtemp()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -194,8 +208,13 @@ def start_redis(workdir: str) -> tuple[subprocess.Popen, str]:
         [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", workdir],
         stdout=subprocess.DEVNULL,
     )
-    time.sleep(0.5)
-    return proc, f"redis://127.0.0.1:{port}/0"
+    try:
+        time.sleep(0.5)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

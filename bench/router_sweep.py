@@ -30,13 +30,17 @@ grid (11 loads x 3 capacities + 6 bursts) on one core; with replicas about 15 mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import shutil
-import tempfile
-import time
 from pathlib import Path
 
-from bench.router_sim import burst_trace, make_routers, policy_config, start_redis
+from bench.router_sim import (
+    burst_trace,
+    make_routers,
+    policy_config,
+    redis_server,
+    simulate_replicas,
+)
 from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
 from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
@@ -50,7 +54,8 @@ def run_one(
     trace: list, capacity: int, block: int, policy_args: dict, profile: WorkerProfile, late: bool,
     workers: int = 8, redis: tuple[str, int] | None = None,
 ) -> dict:  # fmt: skip
-    """One run; with `redis` (url, replicas), the same run again through that many replicas."""
+    """One run; with `redis` (url, replicas), the same run again through that many replicas
+    (promises and sync at bench.router_sim's defaults)."""
     oracle = pooled_lru_oracle(trace, capacity * workers, block)
     routers = make_routers("ttft", workers, block, policy_args=policy_args)
     res = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
@@ -62,36 +67,23 @@ def run_one(
     }
     if redis is not None:
         url, n = redis
-        ns = f"sweep:{time.monotonic_ns()}"
-        routers = make_routers("ttft", workers, block, n, url, ns, policy_args)
-        try:
-            for r in routers:
-                r.store.sync(10)
-            many = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
-        finally:
-            for r in routers:
-                r.close()
+        many = simulate_replicas(
+            trace, url, n, "ttft", policy_args, workers, capacity, block, profile,
+            late_binding=late,
+        )  # fmt: skip
         row["replicas_computed_over_one"] = many["computed_tokens"] / res["computed_tokens"]
     return row
 
 
 def sweep(args: argparse.Namespace) -> list[dict]:
-    if not args.replicas:
-        return _sweep(args, None)
-    tmp = tempfile.mkdtemp()
-    proc, url = start_redis(tmp)
-    try:
-        return _sweep(args, (url, args.replicas))
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with redis_server() if args.replicas else contextlib.nullcontext() as url:
+        return _sweep(args, (url, args.replicas) if url else None)
 
 
 def _sweep(args: argparse.Namespace, redis: tuple[str, int] | None) -> list[dict]:
     profile = WorkerProfile.load(resolve_trace(args.profile))
     _, policy_args = policy_config("ttft", profile)
-    policy_args.update(json.loads(args.policy_args))
+    policy_args.update(args.policy_args)
     rows: list[dict] = []
     n = args.workers
     if args.capacity:
@@ -144,7 +136,9 @@ def summary(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--policy-args", default="{}", help="JSON: the ttft policy's arguments")
+    p.add_argument(
+        "--policy-args", type=json.loads, default={}, help="JSON: the ttft policy's arguments"
+    )
     p.add_argument("--workers", type=int, default=8, help="prefill workers (the targets: 8)")
     p.add_argument("--capacity", type=int, nargs="*", default=[150, 600, 2000])
     p.add_argument("--loads", type=float, nargs="+",
@@ -175,7 +169,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     saved = {
-        "policy_args": json.loads(args.policy_args),
+        "policy_args": args.policy_args,
         "workers": args.workers,
         "replicas": args.replicas,
         "runs": rows,
