@@ -6,6 +6,7 @@
     python -m bench.router_sim --redis              # also 4 router replicas over Redis
                                                     # (--replica-sync-ms: their views' age)
     python -m bench.router_sim --late-binding       # route when a worker has room
+    python -m bench.router_sim --gate-max-skips 0   # every worker's queue first in, first out
     python -m bench.router_sim --balance-slack 0.15 # the ttft policy's bounded-load slack
     python -m bench.router_sim --balance-measured   # its bound on measured work too
     python -m bench.router_sim --policy-args '{"balance_room": false}'  # any ttft argument
@@ -103,8 +104,10 @@ def make_routers(
     ns: str = "",
     policy_args: dict[str, float | bool] | None = None,
     pending_ttl_s: float = DEFAULT_TTL_S,
+    gate_max_skips: int = RouterConfig.gate_max_skips,
 ) -> list[Router]:
-    """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens."""
+    """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens.
+    `gate_max_skips` is the simulated workers' queue order too (bench.sim_worker)."""
     routers = []
     for _ in range(replicas):
         store = None
@@ -117,6 +120,7 @@ def make_routers(
             prefill_policy_args=policy_args or {},
             disagg_min_uncached_tokens=0,
             pending_ttl_s=pending_ttl_s,
+            gate_max_skips=gate_max_skips,
         )
         router = Router(cfg, store=store)
         router.register_model("m", block_size=block_size)
@@ -149,8 +153,9 @@ def run_workload(
             label, profile, args.balance_slack, args.balance_measured, args.policy_args
         )
         routers = make_routers(
-            name, args.workers, block, policy_args=policy_args, pending_ttl_s=args.prefix_promise_s
-        )
+            name, args.workers, block, policy_args=policy_args,
+            pending_ttl_s=args.prefix_promise_s, gate_max_skips=args.gate_max_skips,
+        )  # fmt: skip
         ledger = MissLedger(capacity * args.workers)
         res[label] = simulate(
             trace, routers, args.workers, capacity, block, profile, ledger,
@@ -168,6 +173,7 @@ def run_workload(
             res[key] = simulate_replicas(
                 trace, url, 4, name, policy_args, args.workers, capacity, block, profile,
                 args.prefix_promise_s, args.replica_sync_ms, args.late_binding,
+                args.gate_max_skips,
             )  # fmt: skip
         add_ratios(res[key], oracle)
     return res
@@ -178,11 +184,14 @@ def simulate_replicas(
     policy_args: dict[str, float | bool], workers: int, capacity: int, block: int,
     profile: WorkerProfile, pending_ttl_s: float = DEFAULT_TTL_S,
     sync_ms: float = REPLICA_SYNC_MS, late_binding: bool = False,
+    gate_max_skips: int = RouterConfig.gate_max_skips,
 ) -> dict:  # fmt: skip
     """`simulate` with `replicas` routers over the Redis at `url` (a namespace of their own),
     taking arrivals in turn."""
     ns = f"sim:{time.monotonic_ns()}"
-    routers = make_routers(policy, workers, block, replicas, url, ns, policy_args, pending_ttl_s)
+    routers = make_routers(
+        policy, workers, block, replicas, url, ns, policy_args, pending_ttl_s, gate_max_skips
+    )
     try:
         for r in routers:
             r.store.sync(10)
@@ -262,6 +271,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="route each request when a worker has nothing waiting, not when it arrives",
     )  # fmt: skip
     p.add_argument(
+        "--gate-max-skips", type=int, default=RouterConfig.gate_max_skips,
+        help="times a queued request may be passed over by one with a longer cached prefix "
+        "(as baton serve's; 0: every worker's queue first in, first out)",
+    )  # fmt: skip
+    p.add_argument(
         "--balance-slack", type=float, default=None,
         help="the ttft policy's bounded-load slack (default: the policy's own, 0.2)",
     )  # fmt: skip
@@ -315,6 +329,7 @@ def main(argv: list[str] | None = None) -> dict:
         "balance_slack": args.balance_slack,
         "balance_measured": args.balance_measured,
         "policy_args": args.policy_args,
+        "gate_max_skips": args.gate_max_skips,
         "profile": profile.__dict__,
         "runs": runs,
     }

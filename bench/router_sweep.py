@@ -5,6 +5,8 @@
     python -m bench.router_sweep --loads 0.8 0.9 --capacity 600 --no-burst
     python -m bench.router_sweep --workers 16                      # a pool not tuned on
     python -m bench.router_sweep --replicas 4                      # and 4 Redis replicas
+    python -m bench.router_sweep --gate-max-skips 0                # queues first in, first out
+    python -m bench.router_sweep --clock-jitter 0.001              # one router against itself
 
 One run of the simulator (bench.router_sim) decides little: on the Mooncake trace at small
 caches a change of the clock by a few percent moves reuse / oracle by +-0.05, because which
@@ -20,10 +22,12 @@ the targets:
 
 With `--replicas N` every run is routed a second time by N router replicas over one Redis
 (bench.router_sim's `--redis`: a fresh `redis-server`, the replicas taking arrivals in turn),
-and the summary adds what they computed against the one router (issue 20: within 2%).
+and the summary adds what they computed against the one router (issue 20: within 2%). With
+`--clock-jitter F` the one router routes each run again on its trace's clock F faster: what
+two runs differ by when nothing else changes, the resolution any per-run ratio here has.
 
 Prints one line per run and a summary per workload (runs meeting both, mean and least reuse /
-oracle, mean and largest max/mean); JSON and the table to `--out`. About 15 s for the default
+oracle, mean and largest max/mean); JSON and the table to `--out`. About 40 s for the default
 grid (11 loads x 3 capacities + 6 bursts) on one core; with replicas about 15 minutes.
 """
 
@@ -45,6 +49,7 @@ from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
 from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from bench.workloads import DEFAULT_TRACE, read_jsonl, resolve_trace
+from router.routing.router import RouterConfig
 
 TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}
 """(least reuse / oracle, largest load max/mean) per workload: issue 20's targets."""
@@ -53,12 +58,20 @@ TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}
 def run_one(
     trace: list, capacity: int, block: int, policy_args: dict, profile: WorkerProfile, late: bool,
     workers: int = 8, redis: tuple[str, int] | None = None,
+    gate_max_skips: int = RouterConfig.gate_max_skips, twin: list | None = None,
 ) -> dict:  # fmt: skip
     """One run; with `redis` (url, replicas), the same run again through that many replicas
-    (promises and sync at bench.router_sim's defaults)."""
+    (promises and sync at bench.router_sim's defaults); with `twin` (the trace on a clock a
+    little faster), the one router again on it."""
+
+    def one_router(trace: list) -> dict:
+        routers = make_routers(
+            "ttft", workers, block, policy_args=policy_args, gate_max_skips=gate_max_skips
+        )
+        return simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
+
     oracle = pooled_lru_oracle(trace, capacity * workers, block)
-    routers = make_routers("ttft", workers, block, policy_args=policy_args)
-    res = simulate(trace, routers, workers, capacity, block, profile, late_binding=late)
+    res = one_router(trace)
     add_ratios(res, oracle)
     row = {
         "reuse_over_oracle": res["reuse_over_oracle"],
@@ -69,9 +82,13 @@ def run_one(
         url, n = redis
         many = simulate_replicas(
             trace, url, n, "ttft", policy_args, workers, capacity, block, profile,
-            late_binding=late,
+            late_binding=late, gate_max_skips=gate_max_skips,
         )  # fmt: skip
         row["replicas_computed_over_one"] = many["computed_tokens"] / res["computed_tokens"]
+    if twin is not None:
+        row["jitter_computed_over_one"] = (
+            one_router(twin)["computed_tokens"] / res["computed_tokens"]
+        )
     return row
 
 
@@ -85,18 +102,23 @@ def _sweep(args: argparse.Namespace, redis: tuple[str, int] | None) -> list[dict
     _, policy_args = policy_config("ttft", profile)
     policy_args.update(args.policy_args)
     rows: list[dict] = []
-    n = args.workers
+    n, skips, jitter = args.workers, args.gate_max_skips, args.clock_jitter
     if args.capacity:
         raw = read_jsonl(resolve_trace(args.trace), args.requests)
         for load in args.loads:
             trace = at_load(raw, profile, n, load, peak=True)
+            twin = at_load(raw, profile, n, load * (1 + jitter), peak=True) if jitter else None
             for cap in args.capacity:
-                res = run_one(trace, cap, 512, policy_args, profile, args.late_binding, n, redis)
+                res = run_one(
+                    trace, cap, 512, policy_args, profile, args.late_binding, n, redis, skips,
+                    twin,
+                )  # fmt: skip
                 rows.append({"workload": "mooncake", "blocks": cap, "load": load, **res})
     for late in () if args.no_burst else (False, True):
         for load in args.burst_loads:
             trace = burst_trace(profile, n, load)
-            res = run_one(trace, 200, 16, policy_args, profile, late, n, redis)
+            twin = burst_trace(profile, n, load * (1 + jitter)) if jitter else None
+            res = run_one(trace, 200, 16, policy_args, profile, late, n, redis, skips, twin)
             rows.append({"workload": "light_then_burst", "blocks": 200, "load": load,
                          "late_binding": late, **res})  # fmt: skip
     for row in rows:
@@ -105,13 +127,19 @@ def _sweep(args: argparse.Namespace, redis: tuple[str, int] | None) -> list[dict
     return rows
 
 
+RATIOS = {
+    "replicas_computed_over_one": "replicas / one, computed",
+    "jitter_computed_over_one": "one, clock faster / one, computed",
+}
+"""Per-run ratios a summary adds a column for (mean, range), where the runs have them."""
+
+
 def summary(rows: list[dict]) -> str:
-    replicas = "replicas_computed_over_one" in rows[0] if rows else False
+    extra = [key for key in RATIOS if rows and key in rows[0]]
     lines = [
         "| workload | blocks/worker | runs meeting both | reuse / oracle: mean, least "
-        "| load max/mean: mean, largest |"
-        + (" replicas / one, computed: mean, range |" if replicas else ""),
-        "| --- | ---: | ---: | --- | --- |" + (" --- |" if replicas else ""),
+        "| load max/mean: mean, largest |" + "".join(f" {RATIOS[k]}: mean, range |" for k in extra),
+        "| --- | ---: | ---: | --- | --- |" + " --- |" * len(extra),
     ]
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -125,12 +153,12 @@ def summary(rows: list[dict]) -> str:
             f"| {name} | {blocks} | {met} of {len(group)} | {sum(reuse) / len(reuse):.3f}, "
             f"{min(reuse):.3f} | {sum(spread) / len(spread):.3f}, {max(spread):.3f} |"
         )
-        if replicas:
-            ratio = [r["replicas_computed_over_one"] for r in group]
+        for key in extra:
+            ratio = [r[key] for r in group]
             line += f" {sum(ratio) / len(ratio):.3f}, {min(ratio):.3f}-{max(ratio):.3f} |"
         lines.append(line)
     met = sum(r["meets"] for r in rows)
-    lines.append(f"| all | | **{met} of {len(rows)}** | |" + (" | |" if replicas else " |"))
+    lines.append(f"| all | | **{met} of {len(rows)}** | |" + " |" * (1 + len(extra)))
     return "\n".join(lines)
 
 
@@ -146,7 +174,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--burst-loads", type=float, nargs="+", default=[0.8, 1.0, 1.2])
     p.add_argument("--no-burst", action="store_true", help="Mooncake only")
     p.add_argument("--replicas", type=int, default=0, help="also route through N Redis replicas")
+    p.add_argument(
+        "--clock-jitter", type=float, default=0.0, metavar="F",
+        help="also route each run by one router on its trace F faster (0.001: 0.1%%): how far "
+        "apart two runs land when nothing else changes",
+    )  # fmt: skip
     p.add_argument("--late-binding", action="store_true", help="Mooncake routed late too")
+    p.add_argument(
+        "--gate-max-skips", type=int, default=RouterConfig.gate_max_skips,
+        help="the workers' queue order, as baton serve's (0: first in, first out)",
+    )  # fmt: skip
     p.add_argument("--requests", type=int, default=4000)
     p.add_argument("--trace", default=str(DEFAULT_TRACE["mooncake"]))
     p.add_argument("--profile", default=str(DEFAULT_PROFILE))
@@ -159,10 +196,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = sweep(args)
     for r in rows:
         late = " late" if r.get("late_binding") else ""
-        many = r.get("replicas_computed_over_one")
+        ratios = "".join(f", {RATIOS[k]} {r[k]:.3f}" for k in RATIOS if k in r)
         print(f"{r['workload']}{late} {r['blocks']} blocks, load {r['load']}: reuse / oracle "
-              f"{r['reuse_over_oracle']:.3f}, max/mean {r['load_max_over_mean']:.3f}"
-              f"{'' if many is None else f', replicas computed {many:.3f}x'}"
+              f"{r['reuse_over_oracle']:.3f}, max/mean {r['load_max_over_mean']:.3f}{ratios}"
               f"{'' if r['meets'] else '  (misses)'}")  # fmt: skip
     text = summary(rows)
     print(text)
@@ -172,6 +208,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "policy_args": args.policy_args,
         "workers": args.workers,
         "replicas": args.replicas,
+        "gate_max_skips": args.gate_max_skips,
+        "clock_jitter": args.clock_jitter,
         "runs": rows,
     }
     out.write_text(json.dumps(saved, indent=1) + "\n")

@@ -141,6 +141,10 @@ EXPERIMENTS = {
                 ("cache_aware_late", "cache_aware --late-binding"),
                 # the bounded-load slack before the simulator's sweeps tightened it to 0.2
                 ("ttft_pull_slack025", "ttft --prefix-pull-gbps 2 --balance-slack 0.25"),
+                # the prefill gate first in, first out, before it let a longer cached prefix go
+                # first (router.cluster.prefill_gate)
+                ("ttft_pull_fifo", "ttft --prefix-pull-gbps 2 --gate-max-skips 0"),
+                ("cache_aware_fifo", "cache_aware --gate-max-skips 0"),
             )
         ],
         rates=[],  # the trace's own arrivals

@@ -125,6 +125,7 @@ def simulate(
     late_binding: bool = False,
 ) -> dict[str, Any]:
     workers = [SimWorker(f"p{i}", capacity, profile) for i in range(num_workers)]
+    max_skips = routers[0].config.gate_max_skips  # the front door's gate, as configured
     by_id = {w.worker_id: w for w in workers}
     tickets: dict[int, Ticket] = {}
     # what happens later, in time order (ties: in the order it was scheduled)
@@ -192,10 +193,11 @@ def simulate(
             else:
                 assert start is not None
                 w = workers[start[1]]
-                q = w.queue[0]
+                index = w.next_index(max_skips)
+                q = w.queue[index]
                 if misses is not None:
                     misses.observe(trace[q.n], w, workers, t0, q.pull_blocks)
-                s = w.start_next(block_size)
+                s = w.start_next(block_size, index)
                 if s.events is not None:
                     heapq.heappush(events, (t0, next(order), s.events))
                 heapq.heappush(done, (s.finish_ms, next(order), q.n))

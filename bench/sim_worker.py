@@ -17,17 +17,21 @@ once both the copy and the queue ahead are done.
     request k        |-------- wait --------|------- prefill_ms(uncached) ------|
                      |<------------------------ TTFT -------------------------->|
 
-A routed request waits in the worker's queue (`submit`) and touches the cache only when it
-starts (`start_next`), as Baton's engine looks a request's prefix up, allocates its blocks
-(evicting others) and names them in its prefix cache when it schedules it: so its hit is
-what the cache holds then, and its events (blocks stored and evicted) are reported at its
-start. A request queued behind it on the same worker hits those blocks; a peer copying them
-waits until they are computed (`ready_ms`). (The synchronous `serve` + `enqueue` do it all
-at arrival, for callers with no queue of their own.)
+A routed request waits in the worker's queue (`submit`: the front door's prefill gate) and
+touches the cache only when it starts (`start_next`), as Baton's engine looks a request's
+prefix up, allocates its blocks (evicting others) and names them in its prefix cache when it
+schedules it: so its hit is what the cache holds then, and its events (blocks stored and
+evicted) are reported at its start. A request queued behind it on the same worker hits
+those blocks; a peer copying them waits until they are computed (`ready_ms`). (The
+synchronous `serve` + `enqueue` do it all at arrival, for callers with no queue of their
+own.) Who starts next is the gate's choice (`next_index`, router.cluster.prefill_gate's
+`next_in_line`: a longer prefix in the cache than the head's goes first, the head once it
+has been passed over `max_skips` times).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict, deque
 from collections.abc import Container
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ import msgspec
 from bench.sim_profile import WorkerProfile
 from core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, WorkerLoad
 from core.step_stats import StepTotals, attention_pairs
+from router.cluster.prefill_gate import LOOKAHEAD, next_in_line
 
 
 @dataclass(slots=True)
@@ -63,6 +68,8 @@ class Queued:
     pull_blocks: int
     estimate: int
     """Tokens it will compute as the worker's cache stood at its arrival (load reports)."""
+    skips: int = 0
+    """Times a request queued after it started first."""
 
 
 @dataclass(slots=True)
@@ -136,11 +143,23 @@ class SimWorker:
         """When the first queued request starts (None: none is queued)."""
         return max(self.queue[0].arrival_ms, self.busy_until) if self.queue else None
 
-    def start_next(self, block_size: int) -> Started:
-        """Start the first queued request: its cache lookup, copy, evictions and prefill."""
+    def next_index(self, max_skips: int) -> int:
+        """Which queued request starts next (its place in the queue), as the gate picks."""
+        queue = self.queue
+        if len(queue) == 1 or queue[0].skips >= max_skips:
+            return 0
+        held = [prefix_length(q.hashes, self.cache) for q in itertools.islice(queue, LOOKAHEAD)]
+        return next_in_line(held, [True] * len(held), queue[0].skips, max_skips) or 0
+
+    def start_next(self, block_size: int, index: int = 0) -> Started:
+        """Start the queued request at `index` (`next_index`): its cache lookup, copy,
+        evictions and prefill."""
         start = self.next_start()
         assert start is not None
-        q = self.queue.popleft()
+        q = self.queue[index]
+        del self.queue[index]
+        for passed in itertools.islice(self.queue, index):
+            passed.skips += 1
         hit, pulled, events, available = self.serve(q.hashes, q.peer, q.pull_blocks)
         hit_tokens = min(hit * block_size, q.length)
         moved = min((hit + pulled) * block_size, q.length) - hit_tokens

@@ -122,6 +122,8 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         raise SystemExit("baton serve: --disagg-min-uncached-tokens must be >= 0")
     if args.prefix_promise_s < 0:
         raise SystemExit("baton serve: --prefix-promise-s must be >= 0")
+    if args.gate_max_skips < 0:
+        raise SystemExit("baton serve: --gate-max-skips must be >= 0")
     return RouterConfig(
         prefill_policy=args.policy,
         decode_policy=args.decode_policy,
@@ -129,6 +131,7 @@ def router_config(args: argparse.Namespace) -> RouterConfig:
         disagg_min_uncached_tokens=args.disagg_min_uncached_tokens,
         pending_ttl_s=args.prefix_promise_s,
         late_binding=args.late_binding,
+        gate_max_skips=args.gate_max_skips,
     )
 
 

@@ -8,6 +8,7 @@ import argparse
 from router.cli.autoscale_args import add_autoscale_arguments
 from router.frontdoor.limits import DoorLimits
 from router.routing.index.pending import DEFAULT_TTL_S
+from router.routing.router import RouterConfig
 
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 50051
@@ -89,6 +90,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="route a request when a prefill worker has room for it, not when it arrives: "
         "the decision sees the caches as they are when its prefill can start",
+    )
+    p.add_argument(
+        "--gate-max-skips",
+        type=int,
+        default=RouterConfig.gate_max_skips,
+        metavar="N",
+        help="a prefill worker's queue at the front door admits the request whose prefix the "
+        "worker caches longest; one passed over N times goes next (0: first in, first out)",
     )
     p.add_argument(
         "--redis",

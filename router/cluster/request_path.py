@@ -302,7 +302,7 @@ class _Attempt:
                     yield delta
                 return
             with self.path.waits[WorkerRole.PREFILL].waiting():
-                await self.path.gate.admit(ticket, self._left())
+                await self.path.gate.admit(ticket, self._left(), self.request.block_hashes)
             if ticket.decision.pull_from is not None:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()

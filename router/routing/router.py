@@ -77,6 +77,9 @@ class RouterConfig:
     late_binding: bool = False
     """Route a request when a prefill worker has room for it, not when it arrives (the
     front door's prefill gate, router.cluster.prefill_gate.PrefillGate.bind)."""
+    gate_max_skips: int = 16
+    """Times a request at a prefill worker's gate may be passed over by one whose prefix the
+    worker caches longer (router.cluster.prefill_gate.next_in_line; 0: first in, first out)."""
     tier_gbps: tuple[float, ...] = DEFAULT_TIER_GBPS
     """Copy-back bandwidth of the host and disk offload tiers (GB/s) a worker is assumed
     to have until it has measured its own (router.routing.restore_cost)."""
@@ -337,19 +340,9 @@ class Router:
                 degraded,
             )
         decision = RoutingDecision(
-            rid,
-            model,
-            p.worker_id if p is not None else None,
-            d.worker_id,
-            num_blocks,
-            tokens,
-            p_cached,
-            d_cached,
-            reason,
-            terms,
-            degraded,
-            pull,
-        )
+            rid, model, p.worker_id if p is not None else None, d.worker_id, num_blocks, tokens,
+            p_cached, d_cached, reason, terms, degraded, pull,
+        )  # fmt: skip
         return Ticket(decision, charge, loads, self._lock)
 
     def _terms(self, p_choice: Choice | None, d_choice: Choice) -> tuple[tuple[str, float], ...]:

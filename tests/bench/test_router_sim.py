@@ -111,6 +111,22 @@ def test_a_queued_request_finds_the_cache_as_it_is_when_it_starts() -> None:
     assert b.events is not None and a.events.seq < b.events.seq and w.next_start() is None
 
 
+def test_the_simulated_queue_starts_what_the_front_door_s_gate_would() -> None:
+    """A worker's queue is its prefill gate (router.cluster.prefill_gate): a request with a
+    longer prefix in the cache than the head's starts first, until the head has been passed
+    over max_skips times; with 0, first in, first out."""
+    w = SimWorker("p0", capacity=8, profile=PROFILE)
+    w.serve([1, 2, 3])
+    w.submit(Queued(0, 0.0, [5, 6], 32, None, 0, estimate=32))
+    w.submit(Queued(1, 0.0, [1, 2, 3, 4], 64, None, 0, estimate=16))
+    w.submit(Queued(2, 0.0, [1, 2, 3, 7], 64, None, 0, estimate=16))
+    assert (w.next_index(16), w.next_index(0)) == (1, 0)
+    s = w.start_next(16, w.next_index(16))
+    assert s.queued.n == 1 and s.hit_tokens == 48 and w.queue[0].skips == 1
+    assert (w.next_index(2), w.next_index(1)) == (1, 0)  # once passed over: its turn at 1
+    assert [q.n for q in w.queue] == [0, 2]
+
+
 def test_a_served_chain_loses_its_tail_first() -> None:
     """Like an engine freeing a finished request's blocks in reverse: a prompt longer than
     the cache keeps its prefix (the part a later prompt can hit), not its tail."""
@@ -244,7 +260,8 @@ def test_the_sweep_counts_the_runs_that_meet_issue_20_s_targets(tmp_path) -> Non
     out = tmp_path / "sweep.json"
     rows = router_sweep.main(
         ["--trace", str(trace_file), "--capacity", "30", "--loads", "0.9", "--burst-loads",
-         "1.0", "--policy-args", '{"balance_slack": 0.3}', "--out", str(out)]
+         "1.0", "--policy-args", '{"balance_slack": 0.3}', "--clock-jitter", "0.001",
+         "--out", str(out)]
     )  # fmt: skip
     assert [(r["workload"], r.get("late_binding")) for r in rows] == [
         ("mooncake", None), ("light_then_burst", False), ("light_then_burst", True)
@@ -256,4 +273,6 @@ def test_the_sweep_counts_the_runs_that_meet_issue_20_s_targets(tmp_path) -> Non
     saved = json.loads(out.read_text())
     assert saved["policy_args"] == {"balance_slack": 0.3} and len(saved["runs"]) == 3
     met = sum(r["meets"] for r in rows)
-    assert f"**{met} of 3**" in out.with_suffix(".md").read_text()
+    table = out.with_suffix(".md").read_text()
+    assert f"**{met} of 3**" in table and "clock faster / one" in table
+    assert all(r["jitter_computed_over_one"] > 0 for r in rows)

@@ -1,12 +1,14 @@
-"""The prefill admission queue: token-weighted, first in first out, every wait bounded; the
-slot belongs to the request's ticket and is freed exactly once."""
+"""The prefill admission queue: token-weighted, first in first out unless a waiter behind the
+head has a longer prefix in the worker's cache (within a bound), every wait bounded; the slot
+belongs to the request's ticket and is freed exactly once."""
 
 import asyncio
 
 import pytest
 
 from core.errors import WorkerFailedError
-from router.cluster.prefill_gate import PrefillGate
+from core.events import BlockStored, KVEventBatch
+from router.cluster.prefill_gate import PrefillGate, next_in_line
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
 
@@ -214,5 +216,98 @@ def test_late_binding_with_no_prefill_pool_routes_at_once():
         t = await gate.bind("m", lambda: router.route("m", block_hashes=[1], request_id="q"), 1)
         assert t.decision.prefill_on_decode
         t.close()
+
+    run(main())
+
+
+# -- who goes next: the longest cached prefix, within a bound --------------------------------
+
+
+def cached_gate(cap: int, max_skips: int = 16) -> PrefillGate:
+    """A gate over a router whose prefill worker p0 (model m0) caches the chain 11, 12, 13."""
+    router = Router(RouterConfig(disagg_min_uncached_tokens=0, gate_max_skips=max_skips))
+    router.add_worker("p0", "prefill", "m0")
+    router.add_worker("d0", "decode", "m0")
+    router.apply(KVEventBatch("p0", 0, [BlockStored(None, [11, 12, 13])], model="m0"))
+    return PrefillGate(router, cap)
+
+
+async def queue_up(gate: PrefillGate, prompts: dict[str, list[int]]) -> tuple[list, list[str]]:
+    """Each prompt (its chain of 16-token blocks) routed and waiting at p0's gate, in order;
+    returns the tasks and the list their admissions append to."""
+    order: list[str] = []
+
+    async def want(rid: str, chain: list[int]) -> None:
+        t = gate.router.route("m0", block_hashes=chain, num_prompt_tokens=16 * len(chain))
+        await gate.admit(t, 5, chain)
+        order.append(rid)
+
+    tasks = []
+    for rid, chain in prompts.items():
+        tasks.append(asyncio.create_task(want(rid, chain)))
+        await asyncio.sleep(0.01)
+    return tasks, order
+
+
+def test_next_in_line_passes_the_head_only_for_a_longer_cached_prefix():
+    assert next_in_line([0, 3, 1], [True, True, True], 0, 16) == 1
+    assert next_in_line([0, 3, 3], [True, True, True], 0, 16) == 1  # the earliest of equals
+    assert next_in_line([2, 2, 1], [True, True, True], 0, 16) == 0  # no longer: the head
+    assert next_in_line([0, 3, 5], [True, True, False], 0, 16) == 1  # 5 does not fit now
+    assert next_in_line([0, 0], [False, True], 0, 16) is None  # equal: it waits behind
+    assert next_in_line([0, 4], [False, True], 0, 16) == 1
+    assert next_in_line([0, 4], [True, True], 16, 16) == 0  # passed over enough
+    assert next_in_line([0, 4], [False, True], 16, 16) is None
+    assert next_in_line([0, 4], [True, True], 0, 0) == 0  # 0: first in, first out
+
+
+def admission_order(max_skips: int, prompts: dict[str, list[int]]) -> list[str]:
+    """The order in which the prompts, queued in this order behind a 90-token prefill at a
+    100-token gate, are admitted once it ends."""
+
+    async def main() -> list[str]:
+        gate = cached_gate(100, max_skips)
+        first = ticket(gate, "first", 90, "p0")
+        await gate.admit(first, 1)
+        tasks, order = await queue_up(gate, prompts)
+        assert order == [] and gate.num_waiting("p0") == len(prompts)
+        first.close()
+        await asyncio.gather(*tasks)
+        return order
+
+    return run(main())
+
+
+def test_the_worker_s_cached_prefix_goes_first():
+    prompts = {"cold": [21, 22], "warm": [11, 12, 13, 14], "lukewarm": [11, 31]}
+    assert admission_order(16, prompts) == ["warm", "lukewarm", "cold"]
+
+
+def test_a_waiter_passed_over_max_skips_times_goes_next():
+    prompts = {"cold": [21, 22], "warm": [11, 12, 13, 14], "warm2": [11, 12, 13, 15]}
+    assert admission_order(1, prompts) == ["warm", "cold", "warm2"]
+
+
+def test_max_skips_0_is_first_in_first_out():
+    prompts = {"cold": [21, 22], "warm": [11, 12, 13, 14]}
+    assert admission_order(0, prompts) == ["cold", "warm"]
+
+
+def test_a_longer_cached_prefix_that_fits_passes_a_head_that_does_not():
+    async def main():
+        gate = cached_gate(100)
+        a, b = ticket(gate, "a", 50, "p0"), ticket(gate, "b", 40, "p0")
+        await gate.admit(a, 1)
+        await gate.admit(b, 1)
+        # cold: 80 uncached tokens; warm: 4 blocks, 3 cached: 16 to compute
+        tasks, order = await queue_up(
+            gate, {"cold": [21, 22, 23, 24, 25], "warm": [11, 12, 13, 14]}
+        )
+        b.close()  # 50 admitted: cold (80) does not fit, warm (16) does
+        await asyncio.sleep(0.01)
+        assert order == ["warm"]
+        a.close()
+        await asyncio.gather(*tasks)
+        assert order == ["warm", "cold"]
 
     run(main())

@@ -63,6 +63,16 @@ def test_late_binding_is_a_router_switch() -> None:
     assert router_config(parse(["serve", "--late-binding"])).late_binding
 
 
+def test_the_gate_s_order_is_a_router_setting() -> None:
+    from router.cli.serve import router_config
+
+    parse = build_parser().parse_args
+    assert router_config(parse(["serve"])).gate_max_skips == 16
+    assert router_config(parse(["serve", "--gate-max-skips", "0"])).gate_max_skips == 0
+    with pytest.raises(SystemExit, match="--gate-max-skips"):
+        router_config(parse(["serve", "--gate-max-skips", "-1"]))
+
+
 def test_the_ttft_policys_flags_reach_it_and_no_other_policy() -> None:
     from router.cli.serve import router_config
 
