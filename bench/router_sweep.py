@@ -28,7 +28,7 @@ two runs differ by when nothing else changes, the resolution any per-run ratio h
 
 Prints one line per run and a summary per workload (runs meeting both, mean and least reuse /
 oracle, mean and largest max/mean); JSON and the table to `--out`. About 40 s for the default
-grid (11 loads x 3 capacities + 6 bursts) on one core; with replicas about 15 minutes.
+grid (11 loads x 3 capacities + 6 bursts) on one core; with replicas about 35 minutes.
 """
 
 from __future__ import annotations

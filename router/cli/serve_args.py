@@ -96,8 +96,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=RouterConfig.gate_max_skips,
         metavar="N",
-        help="a prefill worker's queue at the front door admits the request whose prefix the "
-        "worker caches longest; one passed over N times goes next (0: first in, first out)",
+        help="a prefill worker's queue at the front door lets a request whose prefix the worker "
+        "caches longer than the head's go first; one passed over N times goes next "
+        "(0: first in, first out)",
     )
     p.add_argument(
         "--redis",
