@@ -14,6 +14,10 @@
 - Prefill: bench.sim_worker.SimWorker (an LRU prefix cache of the worker's KV blocks in
   front of a FIFO server), from when the decode worker has reserved the prompt's blocks: at
   the end of the step it is running. The first token leaves with the prefill's last step.
+  (The front door's gate lets a waiter with a longer cached prefix go first,
+  router.cluster.prefill_gate; this model looks each prompt up in the cache when it arrives
+  and keeps arrival order, as bench.router_sim's queued workers do with
+  `--gate-max-skips 0`.)
 - Transfer: the prompt's KV (`kv_bytes_per_token`) at the profile's rate, plus its latency;
   free when the profile gives no rate.
 - Decode: bench.plan_decode.DecodeSim, continuous batching with prompt chunks mixed in. A
