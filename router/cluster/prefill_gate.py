@@ -98,7 +98,6 @@ class PrefillGate:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.router = router
         self.max_tokens = max_tokens
-        self.max_skips = max(0, router.config.gate_max_skips)
         self._queues: dict[str, deque[_Waiter]] = {}
         self._unrouted: dict[str, deque[_Unrouted]] = {}  # model -> requests not routed yet
         self.num_bound_late = 0
@@ -222,8 +221,8 @@ class PrefillGate:
         """`next_in_line` over the queue's first LOOKAHEAD waiters: the blocks of each one's
         chain the worker's KV events say it holds (0 while the index is degraded), looked up
         once per waiter in `known`."""
-        head = queue[0]
-        if head.skips >= self.max_skips or len(queue) == 1:
+        head, max_skips = queue[0], self.router.config.gate_max_skips
+        if head.skips >= max_skips or len(queue) == 1:  # no lookups: the head's turn
             return 0 if self._fits(worker_id, head.ticket) else None
         held: list[int] = []
         fits: list[bool] = []
@@ -233,7 +232,7 @@ class PrefillGate:
             if blocks is None:
                 blocks = known[waiter] = self._held(worker_id, waiter)
             held.append(blocks)
-        return next_in_line(held, fits, head.skips, self.max_skips)
+        return next_in_line(held, fits, head.skips, max_skips)
 
     def _held(self, worker_id: str, waiter: _Waiter) -> int:
         if not waiter.block_hashes:
