@@ -1,16 +1,21 @@
 """Bursty load against static and autoscaled pools (issue 23).
 
-    python -m bench.bursty                      # 3 configurations, ~4 minutes each
-    python -m bench.bursty --rate 1.5 --phase-s 45 --phases 6
+    python -m bench.bursty                      # 3 configurations, ~5 minutes each
+    python -m bench.bursty --rate 2 --phase-s 90 --phases 6
 
 The Azure conversation trace's prompt and output lengths (scaled to a CPU, as `baton bench
 --workload azure`), arriving in alternating low / high phases (`--burst` x apart, 8 by
 default) whose mean is `--rate`: Poisson within each phase. The same requests at the same
 times go to three servers, one at a time:
 
-  static-average  pools sized for the mean load (`--average-pools`, default 1P+1D)
-  static-peak     pools sized for the peak (`--peak-pools`, default 2P+2D)
+  static-average  pools sized for the mean load (`--average-pools`, default 0P+1D)
+  static-peak     pools sized for the peak (`--peak-pools`, default 0P+2D)
   autoscaled      the average pools with `--autoscale` between them and the peak pools
+
+The defaults fit this kind of machine (two cores): one thread a worker, bound to a core of
+its own (worker/cpu_claims.py), so a second worker is a second core, capacity that a third
+or fourth would not add; decode workers prefill their own prompts (no prefill pool), and
+the mean rate (2.5 req/s: 0.56 / 4.44) is under one worker's capacity and the peak over it.
 
 Per configuration: the share of requests that met both SLOs (TTFT and time per output
 token; `--ttft-slo`, `--itl-slo`), goodput (those per second), worker-seconds (the pools'
@@ -33,7 +38,7 @@ from typing import Any
 from bench import serve_workloads as wl
 from bench.serve_client import run_load, scrape_metrics
 from bench.serve_compare import LOGS, RESULTS, ensure_bench_model
-from bench.serve_metrics import SLO, scrape_by_label, summarize
+from bench.serve_metrics import SLO, RequestResult, scrape_by_label, summarize
 from bench.serve_run import DEFAULT_TRACE, served_model
 from bench.serve_server import ServerProcess
 
@@ -89,6 +94,19 @@ async def _sample_pools(url: str, samples: list[tuple[float, int]]) -> None:
         await asyncio.sleep(1.0)
 
 
+def met_by_phase(
+    results: list[RequestResult], slo: SLO, phases: int, phase_s: float
+) -> list[float | None]:
+    """Per phase, the share of the requests sent in it that met both SLOs (None: none sent;
+    a request sent after the last phase's end counts in it)."""
+    counts = [[0, 0] for _ in range(phases)]  # sent, met
+    for r in results:
+        phase = counts[min(phases - 1, int(r.sent_s // phase_s))]
+        phase[0] += 1
+        phase[1] += slo.met_by(r)
+    return [met / sent if sent else None for sent, met in counts]
+
+
 def worker_seconds(samples: list[tuple[float, int]], end_s: float) -> float:
     total = 0.0
     for (t, n), (t_next, _) in zip(samples, [*samples[1:], (end_s, 0)], strict=True):
@@ -127,12 +145,14 @@ async def run_config(
         "requests": len(requests),
         "met_slo": met,
         "met_slo_share": met / len(requests),
+        "met_slo_by_phase": met_by_phase(run.results, slo, args.phases, args.phase_s),
         "goodput_per_s": met / run.duration_s,
         "lost": lost,
         "duration_s": run.duration_s,
         "worker_seconds": ws,
         "mean_workers": ws / run.duration_s if run.duration_s else 0.0,
         "pool_samples": samples,
+        "requests_seen": [(r.sent_s, r.ttft_s, r.tpot_s, r.ok) for r in run.results],
         "summary": summary,
         "load_avg_1m": os.getloadavg()[0],
     }
@@ -143,15 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     pools = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731 - "P,D"
     p.add_argument("--model", default=None, help="default: the 20M bench model")
     p.add_argument("--trace", default=None, help="Azure conversation CSV (default: shared)")
-    p.add_argument("--rate", type=float, default=1.0, help="mean arrivals per second")
+    p.add_argument("--rate", type=float, default=2.5, help="mean arrivals per second")
     p.add_argument("--burst", type=float, default=8.0, help="high phase rate / low phase rate")
-    p.add_argument("--phase-s", type=float, default=40.0)
+    p.add_argument("--phase-s", type=float, default=60.0)
     p.add_argument("--phases", type=int, default=4)
     p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--ttft-slo", type=float, default=2.0)
     p.add_argument("--itl-slo", type=float, default=0.2, help="time per output token, s")
-    p.add_argument("--average-pools", type=pools, default=(1, 1), metavar="P,D")
-    p.add_argument("--peak-pools", type=pools, default=(2, 2), metavar="P,D")
+    p.add_argument("--average-pools", type=pools, default=(0, 1), metavar="P,D")
+    p.add_argument("--peak-pools", type=pools, default=(0, 2), metavar="P,D")
     p.add_argument("--configs", default="static-average,static-peak,autoscaled")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument("--token-low", type=int, default=10)
@@ -168,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         r = runs[name]
         print(f"{name}: met both SLOs {r['met_slo_share']:.1%}, goodput "
               f"{r['goodput_per_s']:.2f}/s, {r['worker_seconds']:.0f} worker-s "
-              f"(mean {r['mean_workers']:.2f}), lost {r['lost']}", flush=True)  # fmt: skip
+              f"(mean {r['mean_workers']:.2f}), lost {r['lost']}; met by phase "
+              + " / ".join(f"{m:.0%}" if m is not None else "-" for m in r["met_slo_by_phase"]),
+              flush=True)  # fmt: skip
         doc = {"args": {k: v for k, v in vars(args).items()}, "runs": runs}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -93,14 +93,22 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     """Prompt tokens whose KV it copied from a peer prefill worker's cache instead of
     computing them (prefix migration), since it started; not in the cached count."""
     oldest_wait_s: float = 0.0
-    """How long the oldest request in its engine's queue has waited (the autoscaler's early
-    signal: a queue grows before any latency shows it)."""
+    """How long the oldest request without its first token (queued, or its prompt still
+    running) has waited: the autoscaler's early signal, a wait grows before any TTFT shows it."""
+    max_num_seqs: int = 0
+    """Its engine's cap on running requests (0: not reported, as by older workers)."""
 
     @property
     def kv_usage(self) -> float:
         """Fraction of the KV blocks in use, 0..1."""
         total = self.num_total_blocks
         return 1.0 - self.num_free_blocks / total if total else 0.0
+
+    @property
+    def batch_usage(self) -> float:
+        """Fraction of its running-request slots in use, 0..1 (0 when the cap is unknown)."""
+        cap = self.max_num_seqs
+        return min(1.0, self.num_running / cap) if cap else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

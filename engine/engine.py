@@ -366,6 +366,7 @@ class LLMEngine:
 
     def load(self) -> WorkerLoad:
         waiting = list(self.scheduler.waiting)
+        oldest = self.scheduler.oldest_unanswered_arrival()
         return WorkerLoad(
             worker_id=self.worker_id,
             role=self.config.role,
@@ -378,7 +379,8 @@ class LLMEngine:
             num_prompt_tokens=self.kv.num_prompt_tokens,
             num_cached_prompt_tokens=self.kv.num_cached_prompt_tokens,
             steps=self._totals(),
-            oldest_wait_s=time.monotonic() - waiting[0].arrival_time if waiting else 0.0,
+            oldest_wait_s=0.0 if oldest is None else time.monotonic() - oldest,
+            max_num_seqs=self.config.max_num_seqs,
         )
 
     def _totals(self) -> StepTotals:

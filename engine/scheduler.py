@@ -192,3 +192,11 @@ class Scheduler:
             r.num_tokens - r.num_computed_tokens for r in self.running if not r.num_sampled_here
         )
         return running + sum(r.num_tokens - r.num_computed_tokens for r in self.waiting)
+
+    def oldest_unanswered_arrival(self) -> float | None:
+        """Arrival time of the oldest request without its first sample here: the head of
+        the queue, or a running one part-way through its prompt (a worker that prefills its
+        own prompts admits them up to its batch cap, so its queue forms only after TTFT has
+        grown). None when there is none."""
+        unanswered = [r.arrival_time for r in self.running if not r.num_sampled_here]
+        return min([*unanswered, *(r.arrival_time for r in list(self.waiting)[:1])], default=None)

@@ -34,6 +34,16 @@ def add_autoscale_arguments(p: argparse.ArgumentParser) -> None:
         "--scale-down-cooldown", type=float, default=60.0, metavar="S",
         help="seconds after a pool changed before it shrinks",
     )  # fmt: skip
+    g.add_argument(
+        "--scale-up-lead", type=float, default=10.0, metavar="S",
+        help="how long a new worker takes to serve: a decode pool whose running batch would "
+        "fill within it grows now",
+    )  # fmt: skip
+    g.add_argument(
+        "--scale-down-headroom", type=float, default=0.75, metavar="F",
+        help="shrink only if one worker fewer would run at most this share of the capacity "
+        "per worker the pool showed while saturated",
+    )  # fmt: skip
 
 
 def autoscale_config(args: argparse.Namespace) -> AutoscaleConfig | None:
@@ -48,6 +58,8 @@ def autoscale_config(args: argparse.Namespace) -> AutoscaleConfig | None:
             interval_s=args.autoscale_interval,
             up_cooldown_s=args.scale_up_cooldown,
             down_cooldown_s=args.scale_down_cooldown,
+            lead_s=args.scale_up_lead,
+            down_headroom=args.scale_down_headroom,
         )
     except ValueError as e:
         raise SystemExit(f"baton serve: {e}") from None

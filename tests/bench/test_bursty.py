@@ -37,3 +37,15 @@ def test_the_autoscaled_pools_range_from_the_average_to_the_peak() -> None:
     assert (flags["--min-prefill"], flags["--max-prefill"]) == ("1", "2")
     assert (flags["--min-decode"], flags["--max-decode"]) == ("1", "3")
     assert bursty.configs(args)["static-peak"][:4] == ["--prefill", "2", "--decode", "3"]
+
+
+def test_slo_attainment_is_counted_by_the_phase_a_request_was_sent_in() -> None:
+    from bench.serve_metrics import SLO, RequestResult
+
+    def sent(at: float, ttft: float) -> RequestResult:
+        return RequestResult(at, 10, ok=True, ttft_s=ttft, e2e_s=ttft + 0.1, num_output_tokens=2)
+
+    results = [sent(1, 0.5), sent(12, 0.5), sent(15, 3.0), sent(19, 0.1), sent(45, 9.0)]
+    slo = SLO(ttft_s=2.0, tpot_s=0.2)
+    # Phase 3 (20-30 s) sent nothing; the late one (45 s) counts in the last phase.
+    assert bursty.met_by_phase(results, slo, phases=4, phase_s=10.0) == [1.0, 2 / 3, None, 0.0]

@@ -353,10 +353,10 @@ def test_autoscale_values_reach_the_autoscaler() -> None:
     assert autoscale_config(args) is None  # off by default
     values = {"enabled": True, "ttftSlo": 1.5, "itlSlo": 0.1, "minPrefill": 1, "maxPrefill": 6,
               "minDecode": 2, "maxDecode": 5, "interval": 3, "scaleUpCooldown": 20,
-              "scaleDownCooldown": 120}  # fmt: skip
+              "scaleDownCooldown": 120, "scaleUpLead": 45, "scaleDownHeadroom": 0.6}  # fmt: skip
     args, _ = _head_serve(render({"serve": {"autoscale": values}}))
     assert autoscale_config(args) == AutoscaleConfig(
         ttft_slo_s=1.5, itl_slo_s=0.1, min_sizes={"prefill": 1, "decode": 2},
         max_sizes={"prefill": 6, "decode": 5}, interval_s=3, up_cooldown_s=20,
-        down_cooldown_s=120,
+        down_cooldown_s=120, lead_s=45, down_headroom=0.6,
     )  # fmt: skip

@@ -42,6 +42,26 @@ def test_the_reported_backlog_holds_a_chunked_prefill_until_its_last_chunk(tiny_
     assert engine.load().steps.prefill_pairs == pairs == 80 * 81 // 2
 
 
+def test_the_oldest_wait_holds_a_prompt_until_its_first_token(tiny_model_dir) -> None:
+    """A prompt admitted into the batch still waits for its first token while its chunks
+    run; a decoding request waits no more; the batch's slots are reported beside it."""
+    config = EngineConfig(num_kv_blocks=64, max_num_batched_tokens=32, max_num_seqs=4)
+    engine = LLMEngine(tiny_model_dir(), config)
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    engine.add_request("long", list(range(5, 85)), params)  # 80 tokens: three chunks
+    waits, running = [], []
+    while engine.has_unfinished():
+        engine.step()
+        load = engine.load()
+        waits.append(load.oldest_wait_s)
+        running.append((load.num_running, load.num_waiting, load.batch_usage))
+    # Running after chunks one and two (no token yet), then decoding.
+    assert waits[0] > 0 and waits[1] >= waits[0]
+    assert waits[2:] == [0.0] * (len(waits) - 2)
+    assert running[0] == (1, 0, 0.25)
+    assert engine.load().max_num_seqs == 4
+
+
 def test_the_serving_loop_counts_its_time_between_steps_apart(tiny_model_dir) -> None:
     import asyncio
     import time

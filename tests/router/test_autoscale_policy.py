@@ -51,6 +51,30 @@ def test_a_full_kv_cache_grows_the_decode_pool() -> None:
     assert targets(scaler, {"decode": full}, {"decode": 2}, 0) == {"decode": 3}
 
 
+def test_a_decode_batch_near_its_cap_grows_the_pool_before_anything_queues() -> None:
+    """A worker that prefills its own prompts admits each one until its batch is full: near
+    the cap, nothing queues yet and ITL is under target, but the next burst will queue."""
+    scaler = Autoscaler(CONFIG)
+    filling = PoolSignals(ready=1, batch_usage=0.94, itl_p90_s=0.08)
+    decision = scaler.decide({"decode": filling}, {"decode": 1}, 0)[0]
+    assert decision.target == 2 and decision.reason == "batch slots over target"
+    roomy = PoolSignals(ready=1, batch_usage=0.5, itl_p90_s=0.08)
+    assert targets(Autoscaler(CONFIG), {"decode": roomy}, {"decode": 1}, 0) == {"decode": 1}
+
+
+def test_a_filling_batch_grows_the_pool_a_start_up_ahead_of_the_cap() -> None:
+    """Half the slots in use, but filling at 4% of them a second: in `lead_s` (10 s) they
+    would be 90% used, past the 85% target: a worker starts now. The same batch emptying,
+    or filling slowly, asks for nothing."""
+    filling = PoolSignals(ready=1, batch_usage=0.5, batch_growth_per_s=0.04)
+    decision = Autoscaler(CONFIG).decide({"decode": filling}, {"decode": 1}, 0)[0]
+    assert decision.target == 2 and decision.reason == "batch slots over target"
+    assert decision.pressure == pytest.approx(0.9 / 0.85)
+    for growth in (-0.04, 0.02):
+        steady = PoolSignals(ready=1, batch_usage=0.5, batch_growth_per_s=growth)
+        assert targets(Autoscaler(CONFIG), {"decode": steady}, {"decode": 1}, 0) == {"decode": 1}
+
+
 def test_growth_stops_at_the_maximum_and_waits_out_the_cool_down() -> None:
     scaler = Autoscaler(CONFIG)
     hot = {"prefill": PoolSignals(ready=3, oldest_wait_s=10.0)}
@@ -146,3 +170,56 @@ def test_sizes_outside_the_bounds_are_brought_inside() -> None:
 def test_bad_settings_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         AutoscaleConfig(**kwargs)
+
+
+def _burst_then_calm(scaler: Autoscaler, work: float, start: float) -> list[int]:
+    """One worker over target carrying 1,000 tokens/s, scaled to two; then calm looks at
+    `work` tokens/s (the pool's total), one a second from `start`: the decode sizes asked."""
+    hot = {"decode": PoolSignals(ready=1, oldest_wait_s=1.5, tokens_per_s=1000.0)}
+    assert targets(scaler, hot, {"decode": 1}, 0) == {"decode": 2}
+    calm = {"decode": PoolSignals(ready=2, itl_p90_s=0.01, tokens_per_s=work)}
+    return [targets(scaler, calm, {"decode": 2}, start + t)["decode"] for t in range(6)]
+
+
+def test_a_pool_calm_because_it_is_large_keeps_its_workers() -> None:
+    """Two workers carrying 1.3 workers' worth of work read calm (no queue, ITL far under
+    target), but one worker alone was over target at 1,000 tokens/s: no drain mid-burst."""
+    scaler = Autoscaler(CONFIG)
+    assert _burst_then_calm(scaler, work=1300.0, start=100) == [2] * 6
+    decision = scaler.decide(
+        {"decode": PoolSignals(ready=2, tokens_per_s=1300.0)}, {"decode": 2}, 107
+    )[0]
+    assert decision.target == 2 and decision.reason == "calm, but 1 would carry 1.30 of capacity"
+    assert scaler.capacity.capacity("decode") == pytest.approx(1000.0)
+
+
+def test_a_pool_whose_work_fell_shrinks_after_its_calm_looks() -> None:
+    scaler = Autoscaler(CONFIG)
+    assert _burst_then_calm(scaler, work=300.0, start=100)[:3] == [2, 2, 1]
+
+
+def test_the_burst_s_work_does_not_hold_the_calm_that_follows_it() -> None:
+    """A calm spell that began in the burst (work the pool needs both workers for) goes on
+    into the quiet phase: only its last `calm_periods` looks decide, so the pool shrinks
+    once those are light."""
+    scaler = Autoscaler(CONFIG)
+    assert _burst_then_calm(scaler, work=1300.0, start=100) == [2] * 6
+    quiet = {"decode": PoolSignals(ready=2, itl_p90_s=0.01, tokens_per_s=200.0)}
+    assert [targets(scaler, quiet, {"decode": 2}, 110 + t)["decode"] for t in range(3)] == [
+        2,
+        2,
+        1,
+    ]
+
+
+def test_capacity_is_learnt_only_with_every_wanted_worker_ready() -> None:
+    """Over target while a worker is still starting (or missing) says less than a worker can
+    do: no capacity is learnt, and a calm pool shrinks by the pressure rule alone."""
+    scaler = Autoscaler(CONFIG)
+    short = {"decode": PoolSignals(ready=1, starting=1, oldest_wait_s=3.0, tokens_per_s=900.0)}
+    scaler.decide(short, {"decode": 2}, 0)
+    missing = {"decode": PoolSignals(ready=1, oldest_wait_s=3.0, tokens_per_s=900.0)}
+    scaler.decide(missing, {"decode": 2}, 1)
+    assert scaler.capacity.capacity("decode") is None
+    calm = {"decode": PoolSignals(ready=2, tokens_per_s=5000.0)}
+    assert [targets(scaler, calm, {"decode": 2}, 100 + t)["decode"] for t in range(3)] == [2, 2, 1]

@@ -50,9 +50,24 @@ def test_the_latency_window_forgets_old_samples() -> None:
 
 def test_busy_is_the_stepping_share_between_two_loads() -> None:
     collector = SignalCollector()
-    assert collector.busy(load("d-0", "decode", 10.0, stepped_s=1.0)) == 0.0  # first read
+    assert collector.rates(load("d-0", "decode", 10.0, stepped_s=1.0)) == (0.0, 0.0)  # first
     # 1.5 s of steps (attention is inside forward, not added) in 2 s of wall time.
-    assert collector.busy(load("d-0", "decode", 12.0, stepped_s=2.5)) == pytest.approx(0.75)
+    busy, _ = collector.rates(load("d-0", "decode", 12.0, stepped_s=2.5))
+    assert busy == pytest.approx(0.75)
+
+
+def test_work_is_prompt_tokens_and_decode_rows_a_second_summed_over_the_pool() -> None:
+    collector = SignalCollector()
+
+    def worked(worker_id: str, at: float, prefill: int, rows: int) -> WorkerLoad:
+        steps = StepTotals(prefill_tokens=prefill, decode_rows=rows)
+        return WorkerLoad(worker_id, "unified", 0, 0, 0, 100, 100, timestamp=at, steps=steps)
+
+    first = [("decode", worked("d-0", 10.0, 500, 40)), ("decode", worked("d-1", 10.0, 0, 0))]
+    assert collector.pools({"decode": 2}, {}, first)["decode"].tokens_per_s == 0.0
+    later = [("decode", worked("d-0", 12.0, 900, 240)), ("decode", worked("d-1", 12.0, 100, 0))]
+    # (400 + 200) / 2 s and 100 / 2 s
+    assert collector.pools({"decode": 2}, {}, later)["decode"].tokens_per_s == pytest.approx(350)
 
 
 def test_pool_signals_merge_worker_loads_and_fresh_door_reports() -> None:
@@ -74,6 +89,28 @@ def test_pool_signals_merge_worker_loads_and_fresh_door_reports() -> None:
     assert (d.ttft_p90_s, d.itl_p90_s) == (None, 0.05)
     assert d.kv_usage == pytest.approx(0.6)
     assert "old" not in collector.doors
+
+
+def test_the_batch_growth_is_the_slope_of_its_usage_over_the_last_looks(monkeypatch) -> None:
+    """Running requests 4, 8, 12 of a 40-slot cap at looks 1 s apart: 10% of the slots a
+    second; only the last `TREND_LOOKS` looks count."""
+    from router.cluster.autoscale import signals
+
+    assert signals.slope([]) == 0.0 and signals.slope([(1.0, 0.5), (1.0, 0.7)]) == 0.0
+    clock = [1000.0]
+    monkeypatch.setattr(signals.time, "time", lambda: clock[0])
+    collector = SignalCollector()
+    growth = []
+    for i, running in enumerate([*([0] * signals.TREND_LOOKS), 4, 8, 12]):
+        clock[0] = 1000.0 + i
+        busy = load("d-0", "unified", clock[0], num_running=running, max_num_seqs=40)
+        growth.append(collector.pools({"decode": 1}, {}, [("decode", busy)])["decode"])
+    assert growth[-1].batch_usage == pytest.approx(0.3)
+    assert growth[signals.TREND_LOOKS - 1].batch_growth_per_s == 0.0
+    # The last 8 looks: five at 0, then 0.1, 0.2, 0.3: least squares, not the last step.
+    expected = signals.slope([(t, y) for t, y in enumerate([0, 0, 0, 0, 0, 0.1, 0.2, 0.3])])
+    assert growth[-1].batch_growth_per_s == pytest.approx(expected)
+    assert 0.03 < expected < 0.1
 
 
 def test_a_door_report_reads_its_window_and_books() -> None:

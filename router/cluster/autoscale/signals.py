@@ -2,12 +2,17 @@
 front doors' reports (each door pushes its own: the queues only it holds, and the TTFT / ITL
 its clients saw).
 
-Busy share comes from the workers' step totals (core/step_stats.py): time spent stepping
-between two loads over the wall time between them, so it needs two reads of a worker.
+Busy share and work come from the workers' step totals (core/step_stats.py): time spent
+stepping, and prompt tokens plus decode rows, between two loads over the wall time between
+them, so they need two reads of a worker. The batch's growth is the slope of the pool's
+batch usage over its last `TREND_LOOKS` looks (least squares), what the policy's lead term
+extrapolates.
 """
 
 from __future__ import annotations
 
+import collections
+import collections.abc
 import contextlib
 import itertools
 import time
@@ -18,6 +23,21 @@ from typing import Any
 from core.events import WorkerLoad
 from core.roles import WorkerRole
 from router.cluster.autoscale.policy import PoolSignals
+
+TREND_LOOKS = 8
+
+
+def slope(points: collections.abc.Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of (t, y) points; 0 for fewer than two distinct times."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mean_t = sum(t for t, _ in points) / n
+    mean_y = sum(y for _, y in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return 0.0
+    return sum((t - mean_t) * (y - mean_y) for t, y in points) / var
 
 
 class WaitBook:
@@ -68,18 +88,24 @@ class SignalCollector:
         self.stale_after_s = stale_after_s
         self.doors: dict[str, DoorReport] = {}
         self._last: dict[str, WorkerLoad] = {}
+        self._batch: dict[str, collections.deque[tuple[float, float]]] = {}
 
     def add_door(self, report: DoorReport) -> None:
         self.doors[report.door_id] = report
 
-    def busy(self, load: WorkerLoad) -> float:
-        """Share of wall time the worker stepped since its previous load (0 on the first)."""
+    def rates(self, load: WorkerLoad) -> tuple[float, float]:
+        """Since the worker's previous load (0s on the first): the share of wall time it
+        stepped, and its tokens through the model (prompt tokens + decode rows) a second."""
         prev = self._last.get(load.worker_id)
         self._last[load.worker_id] = load
         if prev is None or load.timestamp <= prev.timestamp:
-            return 0.0
+            return 0.0, 0.0
+        wall = load.timestamp - prev.timestamp
         stepped = load.steps.busy_s() - prev.steps.busy_s()
-        return max(0.0, min(1.0, stepped / (load.timestamp - prev.timestamp)))
+        tokens = (load.steps.prefill_tokens + load.steps.decode_rows) - (
+            prev.steps.prefill_tokens + prev.steps.decode_rows
+        )
+        return max(0.0, min(1.0, stepped / wall)), max(0.0, tokens / wall)
 
     def pools(
         self,
@@ -99,7 +125,10 @@ class SignalCollector:
         out = {}
         for pool in sizes:
             mine = [load for role, load in loads if role == pool]
-            busy = [self.busy(load) for load in mine]
+            rates = [self.rates(load) for load in mine]
+            batch = sum(load.batch_usage for load in mine) / len(mine) if mine else 0.0
+            trend = self._batch.setdefault(pool, collections.deque(maxlen=TREND_LOOKS))
+            trend.append((now, batch))
             at_doors = [r.waiting.get(pool, (0, 0.0)) for r in self.doors.values()]
             out[pool] = PoolSignals(
                 ready=len(mine),
@@ -111,6 +140,9 @@ class SignalCollector:
                 ttft_p90_s=max(ttfts) if ttfts and pool != WorkerRole.DECODE else None,
                 itl_p90_s=max(itls) if itls and pool != WorkerRole.PREFILL else None,
                 kv_usage=sum(load.kv_usage for load in mine) / len(mine) if mine else 0.0,
-                busy=sum(busy) / len(busy) if busy else 0.0,
+                batch_usage=batch,
+                batch_growth_per_s=slope(trend),
+                busy=sum(b for b, _ in rates) / len(rates) if rates else 0.0,
+                tokens_per_s=sum(t for _, t in rates),
             )
         return out

@@ -303,6 +303,10 @@ in the RayCluster object.
 - {{ .scaleUpCooldown | quote }}
 - --scale-down-cooldown
 - {{ .scaleDownCooldown | quote }}
+- --scale-up-lead
+- {{ .scaleUpLead | quote }}
+- --scale-down-headroom
+- {{ .scaleDownHeadroom | quote }}
 {{- end }}
 {{- end }}
 - --admin-token
