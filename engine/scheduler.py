@@ -199,4 +199,6 @@ class Scheduler:
         own prompts admits them up to its batch cap, so its queue forms only after TTFT has
         grown). None when there is none."""
         unanswered = [r.arrival_time for r in self.running if not r.num_sampled_here]
-        return min([*unanswered, *(r.arrival_time for r in list(self.waiting)[:1])], default=None)
+        if self.waiting:
+            unanswered.append(self.waiting[0].arrival_time)
+        return min(unanswered, default=None)

@@ -38,7 +38,7 @@ at most one step per `up_cooldown_s`. Workers still starting count toward the si
 slow start is not answered with more starts.
 Scale down: pressure below `calm` for `calm_periods` evaluations in a row (none of them
 while the pool has workers starting), `down_cooldown_s` since the pool last changed, and
-one worker fewer able to carry the calm spell's work (capacity.py: at most `down_headroom`
+one worker fewer able to carry the last calm looks' work (capacity.py: at most `down_headroom`
 of the capacity per worker the pool showed while saturated) -> one worker fewer (the
 controller drains it: no request is lost), never under `min`. The gap between `calm` and
 1.0 is the hysteresis; the capacity check is what keeps a pool that is calm *because* it
