@@ -300,7 +300,9 @@ def decode_shared(
     out = torch.zeros(q.shape, dtype=torch.float32)
     lse = torch.full(q.shape[:2], float("-inf"))
     for rows, blocks in prefix.groups:
-        out[rows], lse[rows] = shared_attention(q[rows], kv_layer, blocks, scale)
+        # float32 from the AMX kernel, q's dtype from the flash path (a CPU without AMX)
+        group_out, lse[rows] = shared_attention(q[rows], kv_layer, blocks, scale)
+        out[rows] = group_out.to(out.dtype)
     return out, lse
 
 
