@@ -17,6 +17,9 @@ output token after the first, as `baton bench` reports TPOT) at p50 / p99 and th
 is within 1% of the best. How close a plan comes to a real run: `python -m
 bench.plan_validate` (docs/performance.md).
 
+CPU workers share their host's cores with the serving work: `--host-cpu` (bench/plan_host.py,
+measured by `python -m bench.host_cpu`) models that.
+
 Tensor parallelism: one profile per TP size (`--profile tp1.json --profile tp2.json`, each
 measured with that TP); a worker of TP t counts as t GPUs against `--workers`.
 """
@@ -29,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import serve_workloads as wl
-from bench.plan_sim import DecodeProfile, RequestOverhead, simulate_cluster, summarize
+from bench.plan_sim import (
+    DecodeProfile,
+    HostCPU,
+    RequestOverhead,
+    simulate_cluster,
+    summarize,
+)  # fmt: skip
 from bench.serve import _fill_defaults, add_workload_arguments
 from bench.serve_run import schedules
 from bench.sim_profile import WorkerProfile
@@ -81,11 +90,16 @@ def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]
         for tp, p, d in candidates(args, sorted(profiles)):
             prefill, decode = profiles[tp]
             workers: dict[str, dict[str, float]] = {}
+            host = None
+            if args.host_cpu:
+                cores, base, request_ms, token_ms, share, co_run = args.host_cpu
+                host = HostCPU(cores, base, request_ms, token_ms, share, co_run, args.threads)
             records = simulate_cluster(
                 trace, prefill, decode, p, d, policy=args.policy, block_size=BLOCK,
                 kv_blocks_per_worker=args.kv_blocks, max_seqs=args.max_num_seqs,
                 overhead=RequestOverhead(*args.request_overhead_ms),
                 disagg_min_uncached_tokens=args.disagg_min_uncached_tokens, workers_out=workers,
+                host=host,
             )  # fmt: skip
             s = summarize(records, args.ttft_slo * 1000, args.tpot_slo * 1000)
             runs.append({"rate": rate, "tp": tp, "prefill": p, "decode": d, **s})
@@ -136,6 +150,19 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "decode worker prefills and one through the prefill pool (python -m "
         "bench.request_overhead measures both on a running cluster); 0 0: none",
     )  # fmt: skip
+    p.add_argument(
+        "--host-cpu", type=float, nargs=6, default=None,
+        metavar=("CORES", "BASE", "REQUEST_MS", "TOKEN_MS", "SHARE", "CO_RUN"),
+        help="model the host's CPUs, shared by the engines and the serving work (bench/"
+        "plan_host.py): its cores, the serving CPU at idle (cores), per request and per "
+        "output token (ms), the share of it that runs on a stepping engine's core even "
+        "with a core free, and how much slower an engine steps for each other engine "
+        "stepping beside it; python -m bench.host_cpu --profile P measures the last five on "
+        "a running cluster. Default: the engines never wait for a core",
+    )  # fmt: skip
+    p.add_argument("--threads", type=int, default=1,
+                   help="compute threads per worker, as `baton serve --threads` "
+                   "(with --host-cpu)")  # fmt: skip
     p.add_argument("--out", default=None, help="JSON results")
     add_workload_arguments(p)
     return p

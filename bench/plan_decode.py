@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.plan_host import HostCPU
 from bench.sim_profile import WorkerProfile
 from bench.sim_worker import SimWorker, prefix_length
 from core.events import KVEventBatch, WorkerLoad
@@ -117,6 +119,19 @@ class DecodeSim:
         """Batches not yet taken by the router (`take_events`)."""
         self.busy_ms, self.num_steps, self.num_rows, self.num_prefill_tokens = 0.0, 0, 0, 0
         """Where its time went, as the engine's step totals count it."""
+        self.host: HostCPU | None = None
+        """The host's CPUs (bench/plan_host.py), when modelled: its steps stretch while
+        they are all taken, and its tokens are serving work on them."""
+        self.busy_elsewhere: Callable[[float], int] = lambda _at: 0
+        """How many other engines on its host are stepping at a moment (the cluster's)."""
+        self.stretch_at_first: dict[int, float] = {}
+        """Each request's host stretch when its first token left (its serving overhead's)."""
+
+    def stretch(self, at_ms: float) -> float:
+        """How much longer than profiled its work takes at `at_ms` (1 with no host model)."""
+        if self.host is None:
+            return 1.0
+        return self.host.stretch(at_ms, 1 + self.busy_elsewhere(at_ms))
 
     # -- what the router sees ----------------------------------------------------------
     def cached_blocks(self, hashes: list[int]) -> int:
@@ -190,7 +205,7 @@ class DecodeSim:
                 take = min(r.prefill_left, budget)
                 chunks.append((r, take))
                 budget -= take
-        took = self.step_ms(rows, chunks)
+        took = self.step_ms(rows, chunks) * self.stretch(self.clock)
         self.clock += took
         self.busy_ms += took
         self.num_steps += 1
@@ -201,12 +216,21 @@ class DecodeSim:
             r.last_token_ms, r.context, r.left = self.clock, r.context + 1, r.left - 1
             if r.left <= 0:
                 self._finish(r)
+        first = 0
         for r, take in chunks:
             r.context, r.prefill_left = r.context + take, r.prefill_left - take
             if r.prefill_left == 0:
-                self.first_token_ms[r.index] = r.last_token_ms = self.clock
+                first += 1
+                self._first_token(r)
                 if r.left <= 0:
                     self._finish(r)
+        if self.host is not None:
+            self.host.tokens(self.clock, len(rows) + first)
+
+    def _first_token(self, r: _Seq) -> None:
+        self.first_token_ms[r.index] = r.last_token_ms = self.clock
+        if self.host is not None:
+            self.stretch_at_first[r.index] = self.stretch(self.clock)
 
     def step_ms(self, rows: list[_Seq], chunks: list[tuple[_Seq, int]]) -> float:
         """The module docstring's step time."""
@@ -242,7 +266,9 @@ class DecodeSim:
             if r.prefill_left == 0:  # its KV came over: it joins between two steps, and
                 # the engine thread publishes its first token (the prefill's) then
                 # (decode_worker.worker `admit`): that is when the client sees it
-                self.first_token_ms[r.index] = r.last_token_ms = self.clock
+                self._first_token(r)
+                if self.host is not None:
+                    self.host.tokens(self.clock, 1)
                 if r.left <= 0:
                     self.finished[r.index] = []
                     continue

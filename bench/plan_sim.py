@@ -35,9 +35,14 @@ Serving overhead (`RequestOverhead`): what a served request spends outside the e
 steps before its first token -- the door, the calls between front door and workers, the
 output stream back -- measured on a live server at idle (bench/request_overhead.py), one
 figure for a request its decode worker prefills and one for a request that goes through the
-prefill pool (reserve, prefill, admit: more calls). Added to each TTFT as a constant: it
-moves no work, so it does not change the queues (under load the same calls take longer
-on contended CPUs; that is not modelled).
+prefill pool (reserve, prefill, admit: more calls). Added to each TTFT: it moves no work,
+so it does not change the queues.
+
+The host's CPUs (`host`, bench/plan_host.py), when given: every step of every worker, and a
+first token's serving overhead, stretch by what the host's cores are doing then (the other
+engines stepping, the serving work the recent requests and tokens ask for), and every token
+a decode worker emits, and every arrival, is serving work on those cores. Without it the
+engines never wait for a core.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.plan_decode import DecodeProfile, DecodeSim
+from bench.plan_host import HostCPU
 from bench.sim_profile import WorkerProfile
 from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
@@ -54,7 +60,9 @@ from bench.workloads import TraceRequest
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
 
-__all__ = ["DecodeProfile", "DecodeSim", "RequestOverhead", "simulate_cluster", "summarize"]
+__all__ = [
+    "DecodeProfile", "DecodeSim", "HostCPU", "RequestOverhead", "simulate_cluster", "summarize",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -84,6 +92,7 @@ def simulate_cluster(
     overhead: RequestOverhead = RequestOverhead(),
     disagg_min_uncached_tokens: int = 0,
     workers_out: dict[str, dict[str, float]] | None = None,
+    host: HostCPU | None = None,
 ) -> list[dict[str, Any]]:
     """Per request (in trace order): ttft_ms, itl_ms (None for one output token), e2e_ms,
     and on_decode (prefilled by its decode worker). `workers_out`, when given, gets each
@@ -104,6 +113,16 @@ def simulate_cluster(
     }
     for d in decoders.values():
         router.add_worker(d.worker_id, "decode", "m")
+
+    def busy(at_ms: float, but: object = None) -> int:
+        """Engines stepping at `at_ms`, `but` one."""
+        return sum(1 for w in workers if w is not but and w.busy_until > at_ms) + sum(
+            1 for d in decoders.values() if d is not but and d.running
+        )
+
+    for d in decoders.values():
+        d.host = host
+        d.busy_elsewhere = lambda at, d=d: busy(at, d)
     prefilling: list[tuple[float, int, Ticket]] = []  # on prefill workers: (finish, n, ticket)
     on_decode: list[tuple[int, Ticket, DecodeSim]] = []  # prefills on their decode worker
     handoffs: list[tuple[float, int, str, int, int]] = []
@@ -133,6 +152,8 @@ def simulate_cluster(
     for n, r in enumerate(trace):
         now = float(r["timestamp"])
         advance(now)
+        if host is not None:
+            host.request(now)
         if n % _REPORT_EVERY == 0:
             for w in workers:
                 router.report_load(w.load(now))
@@ -158,14 +179,18 @@ def simulate_cluster(
         # The decode worker reserves the blocks on its engine thread, between two of its steps
         # (worker/base.py `reserve`); the prefill is sent once that reply is back.
         reserved_at = max(now, d.clock)
-        done = w.enqueue(reserved_at, length, length - cached)
+        # the host as it is when the prompt is queued: a prefill worker's FIFO is priced at
+        # enqueue, not stepped, so a job that starts later keeps the stretch of its arrival
+        stretch = 1.0 if host is None else host.stretch(now, 1 + busy(now, w))
+        done = w.enqueue(reserved_at, length, length - cached, stretch=stretch)
         heapq.heappush(prefilling, (done, n, ticket))
         sent = max(0, length - d_hit * block_size)  # blocks the decode worker holds stay
         kv_at = done + (prefill.transfer_ms(sent) if prefill.can_transfer else 0.0)
         if output > 1:
             heapq.heappush(handoffs, (kv_at, n, d.worker_id, length, output))
         else:  # the prefill worker's reply ends it: the decode worker drops its reservation
-            out[-1].update(ttft_ms=done + overhead.disagg_ms - now, itl_ms=None)
+            extra = overhead.disagg_ms * (1.0 if host is None else host.stretch(done, busy(done)))
+            out[-1].update(ttft_ms=done + extra - now, itl_ms=None)
             out[-1]["e2e_ms"] = out[-1]["ttft_ms"]
     advance(float("inf"))
     for _, ticket, _ in prefilling:
@@ -185,6 +210,7 @@ def simulate_cluster(
         for index, first in d.first_token_ms.items():
             rec = out[index]
             extra = overhead.local_ms if rec["on_decode"] else overhead.disagg_ms
+            extra *= d.stretch_at_first.get(index, 1.0)
             rec["ttft_ms"] = first + extra - rec["arrival_ms"]
         for index, gaps in d.finished.items():
             rec = out[index]

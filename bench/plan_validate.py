@@ -33,8 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import host_cpu, request_overhead
 from bench import plan as baton_plan
-from bench import request_overhead
 from bench import serve as baton_bench
 from bench import serve_workloads as wl
 from bench.serve_compare import LOGS, RESULTS, _warm_up, ensure_bench_model
@@ -90,14 +90,30 @@ async def served(
         return summary, results
 
 
-async def overhead(model_dir: Path, serve: list[str], disagg_min_uncached_tokens: int) -> dict:
-    """The serving overhead on a first token (bench/request_overhead.py) on a fresh server
-    of the same configuration, at idle: what `baton plan --request-overhead-ms` takes."""
+async def overhead(
+    model_dir: Path, serve: list[str], disagg_min_uncached_tokens: int, prof: Path
+) -> tuple[dict, dict]:
+    """On a fresh server of the same configuration: the serving overhead on a first token at
+    idle (bench/request_overhead.py: `baton plan --request-overhead-ms`), then the serving
+    work's CPU beside the engines (bench/host_cpu.py: `baton plan --host-cpu`)."""
     with ServerProcess([*serve, "--model", str(model_dir)], LOGS / "plan_overhead.log") as server:
-        return await request_overhead.measure(
+        first = await request_overhead.measure(
             server.url, local_tokens=max(16, disagg_min_uncached_tokens // 4),
             disagg_tokens=2 * max(disagg_min_uncached_tokens, 64),
         )  # fmt: skip
+        cpu = await host_cpu.measure(
+            server.url, prompt_tokens=max(16, disagg_min_uncached_tokens // 8), profile=prof,
+            prefill_tokens=2 * max(disagg_min_uncached_tokens, 64),
+        )  # fmt: skip
+        return first, cpu
+
+
+def without(flags: list[str], drop: list[str]) -> list[str]:
+    """`flags` less the run of them that is `drop` (a flag and its values)."""
+    for i in range(len(flags) - len(drop) + 1):
+        if flags[i : i + len(drop)] == drop:
+            return flags[:i] + flags[i + len(drop) :]
+    return list(flags)
 
 
 def planned(profile_path: Path, pools: list[str], flags: list[str]) -> dict[str, Any]:
@@ -140,11 +156,14 @@ def compare(measured: list[dict[str, Any]], predicted: dict[str, Any]) -> dict[s
             out["measured_range_ms"][key] = [min(values), max(values)]
             out["predicted_ms"][key] = p
             out["predicted_over_measured"][key] = round(p / m, 2) if m else None
-            out.setdefault("per_run_predicted_over_measured", {})[key] = [
-                round(run["predicted_ms"][f"{plan_key}_{q}_ms"] / (run[bench_key][q] * 1000), 2)
-                for run in measured
-                if "predicted_ms" in run
-            ]
+            for name_out, field in (("per_run_predicted_over_measured", "predicted_ms"),
+                                    ("per_run_without_host_over_measured",
+                                     "predicted_ms_without_host")):  # fmt: skip
+                out.setdefault(name_out, {})[key] = [
+                    round(run[field][f"{plan_key}_{q}_ms"] / (run[bench_key][q] * 1000), 2)
+                    for run in measured
+                    if field in run
+                ]
     return out
 
 
@@ -190,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="one more `baton serve` argument (repeat it; e.g. --serve-arg=--engine-nice"
                    " --serve-arg=-10)")  # fmt: skip
+    p.add_argument("--no-host-model", action="store_true",
+                   help="plan without `--host-cpu` (the engines never wait for a "
+                   "core)")  # fmt: skip
     p.add_argument("--out", default=str(RESULTS / "plan_validation.json"))
     args = p.parse_args(argv)
     model_dir = ensure_bench_model(args.model)
@@ -204,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
               "--disagg-min-uncached-tokens", str(args.disagg_min_uncached_tokens)]  # fmt: skip
     serve = [*pools, *common, "--threads", str(args.threads), "--kv-cache-gb",
              str(args.kv_cache_gb), *args.serve_arg]  # fmt: skip
-    over = asyncio.run(overhead(model_dir, serve, args.disagg_min_uncached_tokens))
+    over, cpu = asyncio.run(overhead(model_dir, serve, args.disagg_min_uncached_tokens, prof))
     print(f"request overhead: local {over['local_ms']:.1f} ms, through the prefill pool "
-          f"{over['disagg_ms']:.1f} ms", flush=True)  # fmt: skip
+          f"{over['disagg_ms']:.1f} ms; serving CPU {cpu['base_cores']:.3f} cores at idle, "
+          f"{cpu['request_ms']:.2f} ms a request, {cpu['token_ms']:.3f} ms a token, "
+          f"{cpu['engine_share']:.2f} of it on the engine's core, an engine beside another "
+          f"{1 + cpu['co_run']:.2f}x slower", flush=True)  # fmt: skip
     measured_overhead = [f"{over['local_ms']:.1f}", f"{over['disagg_ms']:.1f}"]
-    plan_flags = [*pools, *common, "--kv-blocks", str(blocks),
+    plan_flags = [*pools, *common, "--kv-blocks", str(blocks), "--threads", str(args.threads),
                   "--request-overhead-ms", *measured_overhead]  # fmt: skip
+    host_flags = host_cpu.plan_flags(cpu)
+    if not args.no_host_model:
+        plan_flags += host_flags
     runs: dict[str, dict[str, Any]] = {}
     for name in args.workloads.split(","):
         flags = WORKLOADS[name]
@@ -220,10 +248,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.reprofile or i == 0:
                 predicted = planned(prof, plan_flags, flags)
                 records, workers = predicted.pop("records"), predicted.pop("workers")
+                # the same plan with the host's cores left out: what the host model changes
+                unhosted = planned(prof, without(plan_flags, host_flags), flags)
             summary, results = asyncio.run(served(model_dir, serve, flags, f"{name}-{i}"))
             summary["requests"] = per_request(results, records)
             summary["predicted_workers"] = workers
             summary["predicted_ms"] = {k: v for k, v in predicted.items() if k.endswith("_ms")}
+            summary["predicted_ms_without_host"] = {
+                k: v for k, v in unhosted.items() if k.endswith("_ms")
+            }
             measured.append(summary)
             predictions.append(predicted)
         predicted = {k: statistics.median(p[k] for p in predictions) for k in predictions[0]
@@ -240,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             "workloads": {k: " ".join(v) for k, v in WORKLOADS.items()},
         },
         "request_overhead": over,
+        "host_cpu": cpu,
         "cpus": os.cpu_count(),
         "runs": runs,
     }

@@ -221,12 +221,14 @@ class SimWorker:
         uncached: int,
         transferred: int = 0,
         available_ms: float = 0.0,
+        stretch: float = 1.0,
     ) -> float:
         """Queue a prefill of `uncached` tokens arriving at `now_ms`, `transferred` of the
         others copied from a peer first (from `available_ms` at the earliest); returns its
-        finish."""
+        finish. `stretch`: how much slower than profiled its steps run (a host whose cores
+        are all taken, bench/plan_host.py)."""
         context = prompt_tokens - uncached
-        service = self.profile.prefill_ms(uncached, context)
+        service = self.profile.prefill_ms(uncached, context) * stretch
         attention = self.profile.attention_ms(uncached, context)
         pairs = attention_pairs(uncached, context)
         ready = now_ms
