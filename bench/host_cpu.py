@@ -1,7 +1,7 @@
 """The serving work's CPU on a running cluster, beside its engines: what `baton plan
---host-cpu CORES BASE REQUEST_MS TOKEN_MS` takes (bench/plan_host.py).
+--host-cpu CORES BASE REQUEST_MS TOKEN_MS SHARE CO_RUN` takes (bench/plan_host.py).
 
-    python -m bench.host_cpu --url http://127.0.0.1:8000
+    python -m bench.host_cpu --url http://127.0.0.1:8000 --profile worker_profile.json
 
 Run on the host that serves (it reads the host's /proc/stat), nothing else running there; the
 client's own CPU counts, as it does when a benchmark's client shares the host. Three phases,
@@ -21,9 +21,11 @@ and one engine steps with a core free beside it. Given the worker's `baton profi
 profile prices them (1.21x here), though a core was free, because part of the serving work
 ran on the engine's core; SHARE is the part that did (bench/plan_host.py). Last, where
 the cluster has a prefill pool, the same long prompts prefilled alone and then beside a
-decoding engine, in alternating rounds, give CO_RUN: how much slower an engine steps with
-another stepping on the other cores (the prefill pool's median seconds a prompt; measured
-here 1.3-1.7x, of which the serving work's share explains little).
+decoding engine (rows on `context_tokens` of cached context each: the memory a loaded decode
+reads), in alternating rounds, give CO_RUN: how much slower an engine steps with another
+stepping on the other cores (the prefill pool's median seconds a prompt; measured here
+1.18-1.44x beyond what the serving work's share explains). Each figure moves from one probe
+to the next on a shared VM (docs/performance.md, "`baton plan` with the host's cores").
 """
 
 from __future__ import annotations
@@ -206,7 +208,7 @@ async def _beside(
 async def measure(
     url: str, requests: int = 96, tokens: int = 64, prompt_tokens: int = 32,
     concurrency: int = 8, idle_s: float = 10.0, seed: int = 0, profile: str | Path | None = None,
-    prefill_tokens: int = 512, prefills: int = 4, rounds: int = 3,
+    prefill_tokens: int = 512, prefills: int = 4, rounds: int = 3, context_tokens: int = 1024,
 ) -> dict[str, Any]:  # fmt: skip
     """The serving costs (`solve`), SHARE when the workers' `profile` is given, CO_RUN where
     the cluster has a prefill pool (`rounds` of `prefills` prompts of `prefill_tokens`, long
@@ -224,11 +226,16 @@ async def measure(
     phases["requests"] = await _phase(url, model, prompts(requests), 1, concurrency)
     phases["tokens"] = await _phase(url, model, prompts(requests // 2), tokens, concurrency)
     phases["idle_after"] = await _phase(url, model, [], 0, 0, idle_s=idle_s / 2)
+    # the decoding engine beside the prefills reads contexts as long as a loaded one's:
+    # prompts its cache holds (sent once first, through the prefill pool), so each stream
+    # prefills one block and decodes on `context_tokens`
+    contexts = prompts(concurrency // 2 or 1, context_tokens)
+    await _phase(url, model, contexts, 2, 1)
     alone, beside = [], []
     for _ in range(rounds):
         alone.append(await _phase(url, model, prompts(prefills, prefill_tokens), 2, 1))
         beside.append(await _beside(
-            url, model, prompts(prefills, prefill_tokens), prompts(16), tokens, concurrency
+            url, model, prompts(prefills, prefill_tokens), contexts, tokens, concurrency
         ))  # fmt: skip
     phases["prefill_alone"], phases["prefill_beside"] = alone, beside
     out: dict[str, Any] = {**solve(phases), "engine_share": 0.0, "phases": phases}

@@ -30,6 +30,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_PORT_TAKEN = "address already in use"
+"""What the server logs when its HTTP or gRPC port is taken (uvicorn, grpc)."""
+
+
+class PortTaken(RuntimeError):
+    pass
+
+
 class ServerProcess:
     """A `baton serve` subprocess on free 127.0.0.1 ports; a context manager."""
 
@@ -54,7 +62,19 @@ class ServerProcess:
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
-    def start(self) -> ServerProcess:
+    def start(self, tries: int = 3) -> ServerProcess:
+        """Start it and wait for /health; a port taken between `free_port` and the server's
+        bind (Ray's own processes take ports as they start) is retried on fresh ports."""
+        for attempt in range(tries):
+            try:
+                return self._start()
+            except PortTaken:
+                if attempt == tries - 1:
+                    raise
+                self.port, self.grpc_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")  # noqa: SIM115 - the child owns it until stop()
         self.proc = subprocess.Popen(
@@ -84,6 +104,8 @@ class ServerProcess:
                     return
             except httpx.HTTPError:
                 pass
+            if _PORT_TAKEN in _tail(self.log_path, 200):
+                raise PortTaken(f"a port of {self.url} was taken before the server bound it")
             time.sleep(0.5)
         raise TimeoutError(f"server not healthy after {self.start_timeout_s:.0f} s; "
                            f"see {self.log_path}")  # fmt: skip
