@@ -15,7 +15,7 @@ import secrets
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.config import EngineConfig
 from router.cli.autoscale_args import autoscale_config
@@ -200,7 +200,7 @@ async def _serve(args: argparse.Namespace) -> int:
         tool_call_parser=tool_call_parser,
         limits=controls,
     )
-    http_task = asyncio.create_task(server.serve())
+    http_task = asyncio.create_task(_serve_http(server))
     while not server.started and not http_task.done():
         await asyncio.sleep(0.05)
     if http_task.done():
@@ -229,6 +229,16 @@ async def _serve(args: argparse.Namespace) -> int:
     await grpc_server.stop()
     await cluster.close(kill_workers=args.address is None)
     return 0
+
+
+async def _serve_http(server: Any) -> None:
+    """uvicorn's `serve`, except that a port it cannot bind ends the task instead of the
+    event loop: uvicorn calls sys.exit from inside it, which would leave the loop before the
+    cluster is closed, and the process up on the cluster's threads."""
+    try:
+        await server.serve()
+    except SystemExit:
+        logger.error("the HTTP server stopped (its log line above says why)")
 
 
 def serve(args: argparse.Namespace) -> int:
