@@ -9,23 +9,26 @@ engines and serving work want more cores than the host has, the serving threads 
 woken often, favoured by the kernel's scheduler) take their share from the engines, whose
 steps stretch by
 
-    stretch = E / (E - lost)      lost = s * B + max(0, (1 - s) * B - (C - E))
+    stretch = E / (E - lost) * (1 + co_run * others)
+    lost    = s * B + max(0, (1 - s) * B - (C - E))
 
-for E busy engine threads, B cores of serving demand and C cores. Not all of that work finds
-the free cores: a share s of it runs on the stepping engines' cores even while another core
-is idle (the threads an engine wakes -- its worker's output stream, its event loop -- are
-woken on the waker's core, and move only when the kernel balances). Measured here with one
-engine stepping and a core free: served decode steps 1.21x the profile beside 0.31 cores of
-serving work, s = 0.56. A first token's serving overhead, measured at idle, stretches by the
-same factor (its calls wait for the same cores). On the earlier validation runs
-(docs/performance.md, "`baton plan` against a real run"): time per output token 1.0-1.1x the
-profile with few requests in flight, 1.25-1.36x with 10-20, where the output stream's tokens
-are most of the serving demand.
+for E busy engine threads, B cores of serving demand, C cores, and `others` the engine
+threads stepping on the other cores (two engines stepping together slow each other through
+the caches and memory they share: 1.18-1.44x measured here, bench/host_cpu.py). Not all of
+the serving work finds the free cores: a share s of it runs on the stepping engines' cores
+even while another core is idle (the threads an engine wakes -- its worker's output stream,
+its event loop -- are woken on the waker's core, and move only when the kernel balances).
+Measured here with one engine stepping and a core free: served decode steps 1.21x the
+profile beside 0.31 cores of serving work, s = 0.56. A first token's serving overhead,
+measured at idle, stretches by the same factor (its calls wait for the same cores). On the
+earlier validation runs (docs/performance.md, "`baton plan` against a real run"): time per
+output token 1.0-1.1x the profile with few requests in flight, 1.25-1.36x with 10-20, where
+the output stream's tokens are most of the serving demand.
 
 B is the serving CPU the workload asked for over the last `window_ms`: a base (Ray's and the
 door's own loops) plus a cost per request and per output token, each measured on a live
-server by bench/host_cpu.py, as is s (`baton plan --host-cpu CORES BASE REQUEST_MS TOKEN_MS
-SHARE`).
+server by bench/host_cpu.py, as are s and co_run (`baton plan --host-cpu CORES BASE
+REQUEST_MS TOKEN_MS SHARE CO_RUN`).
 
 A GPU worker's engine thread is one core of its host: the same model applies with the
 host's cores (`--host-cpu`), the kernel launches being its steps' CPU.
