@@ -46,6 +46,7 @@ _KERNELS = (
     "int8_vnni",
     "bf16_gemv",
     "bf16_amx",
+    "bf16_fma",
     "paged_decode_amx",
     "shared_attention_amx",
     "thread_team",
@@ -53,6 +54,7 @@ _KERNELS = (
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     "bf16_gemv": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
+    "bf16_fma": ("avx512", ("avx512f", "avx512bw", "avx512vl")),
     "bf16_amx": (
         "amxbf16",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
@@ -115,7 +117,8 @@ def _clear_stale_lock(build_dir: Path) -> None:
 
 
 @functools.cache
-def _cpu_flags() -> frozenset[str]:
+def cpu_flags() -> frozenset[str]:
+    """This CPU's flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
@@ -126,13 +129,13 @@ def _isa_flags(name: str) -> tuple[str, list[str]] | None:
     """Vector ISA flags for kernel `name` on this CPU (part of the build's name, so a
     machine without AVX2 never loads a build that needs it); None when the kernel needs an
     ISA this CPU lacks."""
-    cpu_flags = _cpu_flags()
+    flags = cpu_flags()
     isa, wanted = _NEEDS.get(name) or _PREFERS.get(name) or ("", ())
-    if wanted and all(flag in cpu_flags for flag in wanted):
+    if wanted and all(flag in flags for flag in wanted):
         return isa, [*(_compiler_flag(flag) for flag in wanted), "-mavx2", "-mfma"]
     if name in _NEEDS:
         return None
-    if "avx2" in cpu_flags and "fma" in cpu_flags:
+    if "avx2" in flags and "fma" in flags:
         return "avx2", ["-mavx2", "-mfma"]
     return "generic", []
 

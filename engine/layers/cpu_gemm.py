@@ -19,7 +19,12 @@ layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
 bfloat16 (on CPUs with AVX-512 BF16): a few rows our engine/cpu_kernels/bf16_gemv.cpp; on
 CPUs with AMX, `BF16_AMX_MIN_ROWS` to `BF16_AMX_MAX_ROWS` rows our
 engine/cpu_kernels/bf16_amx.cpp (the weight as AMX's A operand, read in place); the rest
-torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights per call). The
+torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights per call).
+Without AMX, where a probe at start finds `vdpbf16ps` slow against float32 FMAs (0.47-0.51 of
+their FLOPs on a Xeon whose hypervisor hides AMX), every row count past bf16_gemv's goes to
+engine/cpu_kernels/bf16_fma.cpp (bf16 weights widened to float32 in registers): the 125M
+preset's MLP shapes there, GFLOPS ours / oneDNN's, one thread 90 / 65 at 64 rows, 91 / 70 at
+336, 87-97 / 73-74 at 2,048; two threads 188 / 139, 178 / 144, 174-197 / 144-148. The
 125M preset's linear layers on an AMX Xeon, 2 threads, ms (one run; this machine's runs move
 ~15% between minutes, so the crossings are approximate):
 
@@ -46,6 +51,7 @@ the kernel's epilogue (`silu_mul_linear`).
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -56,12 +62,17 @@ from torch import nn
 
 from engine import cpu_kernels
 
+logger = logging.getLogger(__name__)
+
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
 BF16_MAX_ROWS = 7
 """bf16_gemv up to here where the AMX kernel cannot take the shape (or the CPU has no AMX)."""
 BF16_AMX_MIN_ROWS = 3
 BF16_AMX_MAX_ROWS = 1280
+DPBF16_OVER_FMA_FOR_FMA = 0.65
+"""bf16_fma takes bf16 linears (past bf16_gemv's rows, any number) where `vdpbf16ps` gives
+less than this share of the float32 FMAs' FLOPs."""
 
 
 @functools.cache
@@ -83,6 +94,22 @@ def _amx_kernel() -> Any | None:
     return cpu_kernels.load_available("bf16_amx")
 
 
+@functools.cache
+def _fma_kernel() -> Any | None:
+    """bf16_fma on a CPU without AMX whose float32 FMAs outrun its `vdpbf16ps` (or that has
+    no AVX-512 BF16 at all), else None. Ours ran 90-97 GFLOPS a core against oneDNN's 70-74
+    where `vdpbf16ps` gave 0.51 of the FMAs' FLOPs, so oneDNN, whose speed follows that
+    instruction's, would draw level near 0.65."""
+    if os.environ.get("BATON_BF16_FMA", "1") == "0" or _amx_kernel() is not None:
+        return None
+    fma = cpu_kernels.load_available("bf16_fma")
+    if fma is None or "avx512_bf16" not in cpu_kernels.cpu_flags():
+        return fma
+    ratio = fma.dpbf16_over_fma()
+    logger.info("vdpbf16ps gives %.2f of float32 FMAs' FLOPs on this CPU", ratio)
+    return fma if ratio < DPBF16_OVER_FMA_FOR_FMA else None
+
+
 def _tiled(weight: torch.Tensor) -> Any | None:
     """The AMX kernel where this CPU has it and it can tile `weight` [N, K], else None."""
     amx = _amx_kernel()
@@ -100,11 +127,13 @@ def kernel_for(rows: int, weight: torch.Tensor) -> Kernel | None:
     per call; engine/cpu_forward.py asks once a step."""
     if weight.dtype == torch.bfloat16:
         amx, gemv = _tiled(weight), _bf16_kernel()
-        if rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1):
-            return None if gemv is None else gemv.bf16_linear
-        if amx is not None and rows <= BF16_AMX_MAX_ROWS:
-            return amx.bf16_amx_linear
-        return None
+        few = rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1)
+        if few and gemv is not None:
+            return gemv.bf16_linear
+        if amx is not None:
+            return amx.bf16_amx_linear if not few and rows <= BF16_AMX_MAX_ROWS else None
+        fma = _fma_kernel()
+        return fma.bf16_fma_linear if fma is not None and weight.shape[1] % 32 == 0 else None
     skinny = _kernel()
     if skinny is None or weight.dtype != torch.float32:
         return None
@@ -139,7 +168,7 @@ def enabled(device: torch.device, dtype: torch.dtype) -> bool:
     if device.type != "cpu" or os.environ.get("BATON_CPU_GEMM", "1") == "0":
         return False
     if dtype == torch.bfloat16:
-        return _bf16_kernel() is not None
+        return _bf16_kernel() is not None or _fma_kernel() is not None
     return dtype == torch.float32 and _kernel() is not None
 
 
