@@ -22,23 +22,32 @@ CPU backend does not.
 
 Where it pays, on the AMX Xeon in bfloat16 (one layer, 64 decode rows over 1,024 shared +
 ~40 own positions): 2.17 -> 0.96 ms against the paged kernel alone, in float32 2.98 -> 2.70.
-A decode group must pay its fixed cost (`FLASH_RULE`, `AMX_RULE`); prompt chunks need
+A decode group must pay its fixed cost (`FLASH_RULE`, `TILED_RULE`); prompt chunks need
 `MIN_CHUNKS` on `MIN_SHARED_TOKENS`. Elsewhere the plain paths run.
 
 On AMX (bfloat16 cache and queries) the shared part is our kernel
-(engine/cpu_kernels/shared_attention_amx.cpp): the shared blocks read in place, no gather,
+(engine/cpu_kernels/shared_attention.cpp): the shared blocks read in place, no gather,
 and a decode group's result merged into the rows' own attention inside the kernel, so groups
 of a few rows pay too (a tenant's rows on its system prompt); a whole decode layer, 64 rows
 over 1,024 shared positions: 0.89 ms against the paged kernel's 1.79, four groups of 8 rows:
 0.76 against 1.24. Prompt chunks do not cascade there: the same kernel attends each chunk's
 whole context causally from the cache, faster than the shared part and the own parts apart
 (engine/attention/cpu_paged.py).
+
+Without AMX, where the CPU has a fast AVX-512 BF16 `vdpbf16ps`, the same kernel runs its
+tile products on that instruction (`tiled_kernel`): on an AMD EPYC (Zen 5, 2 threads), one
+layer, bf16, 12 / 4 heads of 64 over 1,024 shared positions, 0.33 ms against the gather and
+flash path's 1.55 at 64 rows, 0.065 / 0.35 at 8, 21 / 77 at 4,096 (torch's flash attention
+reaches MKL's float32 AVX2 kernels there).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -64,18 +73,22 @@ positions) below 12,288 reads. One layer, bf16, 12 / 4 heads of 64: cascade agai
 paged kernel alone at 1,024 shared positions 0.26 / 0.16 ms (4 rows), 0.30 / 0.28 (8), 0.42
 / 0.55 (16), 0.84 / 2.28 (64); at 256 positions break-even near 28 rows (0.29 / 0.33 at
 32)."""
-AMX_RULE = DecodeRule(min_rows=3, min_shared_tokens=512, min_shared_reads=4_096)
-"""The AMX kernel (no copy, merged in place): one decode layer, bf16, 12 / 4 heads of 64,
+TILED_RULE = DecodeRule(min_rows=3, min_shared_tokens=512, min_shared_reads=4_096)
+"""Our kernel (no copy, merged in place; measured on AMX, kept for its AVX-512 BF16 build,
+whose fixed costs are the same): one decode layer, bf16, 12 / 4 heads of 64,
 cache cold, groups of r rows with 64 positions each of their own, cascade / paged kernel
 alone: at 2,048 shared positions 1.33 (r = 2), 0.92 (3), 0.72 (4), 0.46 (16); at 1,024: 1.30,
 1.04, 0.95, 0.64 (16), 0.50 (64); at 512: 1.40 (2), 1.21 (4), 1.04 (6), 0.88 (8), 0.85 (16);
 at 256: 1.72 (2), 1.24 (6), 1.09 (16), 0.89 (64)."""
-AMX_MAX_QUERIES = 1024
-"""More decode rows than this in one group: the gather and flash attention (see amx_kernel).
+TILED_MAX_QUERIES = 1024
+"""More decode rows than this in one group: the gather and flash attention (see tiled_kernel).
 The kernel is ahead of it at 2,048 and 4,096 rows over 1,024 shared positions (6.4 / 12.7 ms
 against 9.5 / 17.6, one layer, bf16, 12 / 4 heads of 64), behind at 4,096 over 4,096 (83
 against 71: each work item walks every position, and that many no longer stay in cache);
 a step seldom has this many decode rows (`max_num_seqs`)."""
+DPBF16_OVER_FMA = 0.65
+"""`kernel_module`'s bar for the AVX-512 BF16 build (engine/layers/cpu_gemm.py's for its
+bf16 linears: below it float32 FMAs outrun the instruction)."""
 MIN_CHUNKS = 2
 """Fewer prompt chunks on one prefix than this: each chunk alone."""
 MIN_SHARED_TOKENS = 128
@@ -106,14 +119,14 @@ class SharedChunks:
     chunks: tuple[PrefillChunk, ...]
 
 
-def shared_prefix(meta: AttentionMetadata, amx: bool = False) -> SharedPrefix | None:
+def shared_prefix(meta: AttentionMetadata, tiled: bool = False) -> SharedPrefix | None:
     """The step's decode rows grouped by their first block, each group with the leading full
     blocks its rows have in common, found once a step (every layer has the same tables);
-    only groups where cascade pays (by the AMX kernel's rule where `amx`, every layer's
+    only groups where cascade pays (by our kernel's rule where `tiled`, every layer's
     kernel being the same), None if there is none."""
     state = meta.backend_state
     if "cascade_decode" not in state:
-        state["cascade_decode"] = _find_decode(meta, AMX_RULE if amx else FLASH_RULE)
+        state["cascade_decode"] = _find_decode(meta, TILED_RULE if tiled else FLASH_RULE)
     return state["cascade_decode"]
 
 
@@ -179,9 +192,9 @@ def _common_blocks(tables: torch.Tensor) -> int:
 def shared_attention(
     q: torch.Tensor, kv_layer: torch.Tensor, blocks: torch.Tensor, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [N, Hq, D] over the shared blocks -> (out [N, Hq, D], lse [N, Hq]): on AMX where it
-    runs (out float32), else by a gather and flash attention (out in q's dtype)."""
-    kernel = amx_kernel(q, kv_layer)
+    """q [N, Hq, D] over the shared blocks -> (out [N, Hq, D], lse [N, Hq]): by our kernel
+    where it runs (out float32), else by a gather and flash attention (out in q's dtype)."""
+    kernel = tiled_kernel(q, kv_layer)
     if kernel is not None:
         out = torch.empty(q.shape, dtype=torch.float32)
         lse = torch.empty(q.shape[:2], dtype=torch.float32)
@@ -200,20 +213,36 @@ def shared_attention(
     return out, lse.view(hk, rows, group).permute(1, 0, 2).reshape(rows, hq)
 
 
-def amx_kernel(
+def tiled_kernel(
     q: torch.Tensor, kv_layer: torch.Tensor, rows: int | None = None
 ) -> Callable[..., None] | None:
-    """engine/cpu_kernels/shared_attention_amx.cpp for these shapes, or None: bfloat16 queries
-    and cache, block size a multiple of 16, head size of 32 up to 256, no more than
-    `AMX_MAX_QUERIES` rows (q's, unless `rows` says how many). The CPU backend also runs
-    prompt chunks on its module, causally (engine/attention/cpu_paged.py)."""
+    """engine/cpu_kernels/shared_attention.cpp (`kernel_module`) for these shapes, or None:
+    bfloat16 queries and cache, block size a multiple of 16, head size of 32 up to 256, no
+    more than `TILED_MAX_QUERIES` rows (q's, unless `rows` says how many). The CPU backend
+    also runs prompt chunks on its module, causally (engine/attention/cpu_paged.py)."""
     bs, d = kv_layer.shape[2], q.shape[2]
     if not (q.dtype == kv_layer.dtype == torch.bfloat16 and kv_layer.is_contiguous()):
         return None
-    if bs % 16 or d % 32 or d > 256 or (q.shape[0] if rows is None else rows) > AMX_MAX_QUERIES:
+    if bs % 16 or d % 32 or d > 256 or (q.shape[0] if rows is None else rows) > TILED_MAX_QUERIES:
         return None
-    module = cpu_kernels.load_available("shared_attention_amx")
+    module = kernel_module()
     return None if module is None else module.shared_attention_bf16
+
+
+@functools.cache
+def kernel_module() -> Any | None:
+    """The build of shared_attention.cpp this CPU runs: on AMX where it has it, else on
+    AVX-512 BF16 where `vdpbf16ps` is not slow (at least `DPBF16_OVER_FMA` of the float32
+    FMAs' FLOPs; only a CPU where it was 1.85 has measured this build against the flash
+    path), else None (the gather and flash path). BATON_SHARED_ATTENTION_DOT=0 keeps a CPU
+    without AMX on the flash path."""
+    amx = cpu_kernels.load_available("shared_attention_amx")
+    if amx is not None or os.environ.get("BATON_SHARED_ATTENTION_DOT", "1") == "0":
+        return amx
+    ratio = cpu_kernels.dpbf16_over_fma()
+    if ratio is None or ratio < DPBF16_OVER_FMA:
+        return None
+    return cpu_kernels.load_available("shared_attention_dot")
 
 
 def chunk_group_into(
@@ -315,7 +344,7 @@ def merge_groups_into(
     shared part is merged in place by the kernel (no copies: the Python-side merge, a dozen
     small ops a layer, cost more than a small group's attention), else computed apart and
     merged here."""
-    kernel = amx_kernel(q, kv_layer)
+    kernel = tiled_kernel(q, kv_layer)
     if kernel is not None:
         q = q.contiguous()
         for rows, blocks in prefix.groups:

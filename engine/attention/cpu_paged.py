@@ -3,10 +3,11 @@
 from the paged cache; an int8
 cache (engine/kv_cache/quant.py) has its own kernels (`kv_int8.cpp`): decode that widens
 the int8 values in registers instead of dequantizing a copy, and a one-pass quantizing write.
-On CPUs with AMX a bfloat16 model's decode scores are tile products (`paged_decode_amx.cpp`),
-rows that share cached blocks attend them once together (engine/attention/cascade.py), and
-prompt chunks attend their context and themselves causally straight from the cache
-(`shared_attention_amx.cpp`).
+On CPUs with AMX a bfloat16 model's decode scores are tile products (`paged_decode_amx.cpp`);
+there, and on CPUs with a fast AVX-512 BF16 (the same kernel's other build), rows that share
+cached blocks attend them once together (engine/attention/cascade.py), and prompt chunks
+attend their context and themselves causally straight from the cache
+(`shared_attention.cpp`).
 
 Why our own kernel: on CPU the torch path must gather every sequence's blocks into a padded
 copy before attention (reading the cache twice and writing it once per layer per step);
@@ -51,8 +52,8 @@ class CPUPagedAttention(TorchPagedAttention):
         q = q.contiguous()
         prefix = None
         if kv_layer.dtype in _PLAIN:
-            amx = cascade.amx_kernel(q, kv_layer) is not None
-            prefix = cascade.shared_prefix(meta, amx=amx)
+            tiled = cascade.tiled_kernel(q, kv_layer) is not None
+            prefix = cascade.shared_prefix(meta, tiled=tiled)
         if prefix is None:
             kernel(q, kv_layer, meta.decode_block_tables, meta.decode_seq_lens, scale, out)
             return
@@ -72,8 +73,8 @@ class CPUPagedAttention(TorchPagedAttention):
         if kernel is None or q.dtype not in _PLAIN or not kv_layer.is_contiguous():
             return None
         if kv_layer.dtype in _PLAIN:
-            amx = cascade.amx_kernel(q, kv_layer) is not None
-            if cascade.shared_prefix(meta, amx=amx) is not None:
+            tiled = cascade.tiled_kernel(q, kv_layer) is not None
+            if cascade.shared_prefix(meta, tiled=tiled) is not None:
                 return None
         return kernel
 
@@ -94,15 +95,17 @@ class CPUPagedAttention(TorchPagedAttention):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        """On AMX every chunk attends its cached context and itself straight from the cache
-        (its K / V are written first), causally, all of a step's chunks in one call: no
-        gather, no mask, no merge. One layer, bf16, 12 / 4 heads of 64, against what ran
-        before: 32 chunks of 64 tokens on one 1,024-token cached prefix (cascade: the shared
-        part once, each chunk's own part by torch's flash attention, merged) 14.2 -> 6.4-6.9 ms;
-        a 1,088-token prompt without context (torch's causal flash attention over its own K /
-        V) 4.3 -> 2.1 ms, 256 tokens 0.37 -> 0.14. Elsewhere (float32, int8 / fp8 caches, no
-        AMX) chunks on one cached prefix share it by cascade and the rest go one by one."""
-        kernel = _amx_prefill(q, kv)
+        """On our tiled kernel (AMX, or a fast AVX-512 BF16) every chunk attends its cached
+        context and itself straight from the cache (its K / V are written first), causally,
+        all of a step's chunks in one call: no gather, no mask, no merge. One layer, bf16, 12 /
+        4 heads of 64, against what ran before: 32 chunks of 64 tokens on one 1,024-token
+        cached prefix (cascade: the shared part once, each chunk's own part by torch's flash
+        attention, merged) 14.2 -> 6.4-6.9 ms on the AMX Xeon, 44.2 -> 11.2 on the AVX-512 BF16
+        build (an AMD EPYC, Zen 5); a 1,088-token prompt without context (torch's causal flash
+        attention over its own K / V) 4.3 -> 2.1 ms, 16.3 -> 3.0 on the EPYC; 256 tokens 0.37
+        -> 0.14, 1.35 -> 0.20. Elsewhere (float32, int8 / fp8 caches, no tiled kernel) chunks
+        on one cached prefix share it by cascade and the rest go one by one."""
+        kernel = _tiled_prefill(q, kv)
         if kernel is not None and out.dtype == q.dtype and out.is_contiguous():
             kernel(q.contiguous(), kv, *_chunk_tables(meta), scale, out)
             return
@@ -158,13 +161,14 @@ def _amx_kernel() -> Any | None:
     return None if module is None else module.paged_decode_bf16
 
 
-def _amx_prefill(q: Tensor, kv_layer: Tensor) -> Callable[..., None] | None:
-    """Prompt chunks' causal attention on AMX (engine/cpu_kernels/shared_attention_amx.cpp):
-    (q, kv, block_tables, query_starts, query_lens, seq_lens, scale, out) -> None, for the
-    shapes the shared-prefix kernel takes (any number of query rows); None elsewhere."""
-    if cascade.amx_kernel(q, kv_layer, rows=1) is None:
+def _tiled_prefill(q: Tensor, kv_layer: Tensor) -> Callable[..., None] | None:
+    """Prompt chunks' causal attention on our tiled kernel (engine/cpu_kernels/
+    shared_attention.cpp, cascade.kernel_module): (q, kv, block_tables, query_starts,
+    query_lens, seq_lens, scale, out) -> None, for the shapes the shared-prefix kernel takes
+    (any number of query rows); None elsewhere."""
+    if cascade.tiled_kernel(q, kv_layer, rows=1) is None:
         return None
-    module = cpu_kernels.load_available("shared_attention_amx")
+    module = cascade.kernel_module()
     return None if module is None else module.prefill_bf16
 
 

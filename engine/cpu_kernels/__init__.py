@@ -49,8 +49,12 @@ _KERNELS = (
     "bf16_fma",
     "paged_decode_amx",
     "shared_attention_amx",
+    "shared_attention_dot",
     "thread_team",
 )
+_SOURCES = {"shared_attention_amx": "shared_attention", "shared_attention_dot": "shared_attention"}
+"""Kernels built from another kernel's source for another ISA (the source picks its path by
+the build's flags); the rest are `<name>.cpp`."""
 _NEEDS = {
     "int8_vnni": ("avx512vnni", ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     "bf16_gemv": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
@@ -67,6 +71,7 @@ _NEEDS = {
         "amxbf16",
         ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"),
     ),
+    "shared_attention_dot": ("avx512bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")),
 }
 """Kernels written for one vector ISA only: its name and the /proc/cpuinfo flags it needs
 (the others are built for the best of AVX2 or plain C++ this CPU has)."""
@@ -149,12 +154,13 @@ def _compiler_flag(cpu_flag: str) -> str:
 
 @functools.cache
 def load(name: str) -> Any | None:
-    """The compiled module of `<name>.cpp`, or None if it cannot be built here."""
+    """The compiled module of kernel `name` (`<name>.cpp` unless `_SOURCES` names another),
+    or None if it cannot be built here."""
     try:
         import torch  # noqa: F401  (the module links against libtorch: load it first)
         from torch.utils.cpp_extension import load as build
 
-        source = _DIR / f"{name}.cpp"
+        source = _DIR / f"{_SOURCES.get(name, name)}.cpp"
         digest = hashlib.sha256(source.read_bytes())
         for header in _HEADERS:
             digest.update((_DIR / header).read_bytes())
@@ -191,6 +197,20 @@ def load_available(name: str) -> Any | None:
     (`available`): None where it cannot be built here or was built without it."""
     module = load(name)
     return module if module is not None and module.available else None
+
+
+@functools.cache
+def dpbf16_over_fma() -> float | None:
+    """How many float32 FLOPs a second this CPU's `vdpbf16ps` gives against its float32 FMAs
+    (bf16_fma.cpp's probe, run once a process: 0.47-0.51 on a Xeon whose hypervisor hides
+    AMX, 1.85 on an AMD EPYC Zen 5), or None where the CPU lacks AVX-512 BF16 or the probe
+    cannot be built. It picks the kernels for bfloat16 products without AMX."""
+    module = load_available("bf16_fma")
+    if module is None or "avx512_bf16" not in cpu_flags():
+        return None
+    ratio = float(module.dpbf16_over_fma())
+    logger.info("vdpbf16ps gives %.2f of float32 FMAs' FLOPs on this CPU", ratio)
+    return ratio
 
 
 def load_all() -> bool:

@@ -16,7 +16,8 @@ layers' weights streamed, 2 threads) it took 36/66/134/208/280 ms against MKL's
 64/101/172/227/278 ms at 32/64/128/192/256 rows and fell behind at 512 (578 vs 481): so up to
 192 rows there, which covers mid-sized decode batches and prompt chunks.
 
-bfloat16 (on CPUs with AVX-512 BF16): a few rows our engine/cpu_kernels/bf16_gemv.cpp; on
+bfloat16 (on CPUs with AVX-512 BF16): a few rows our engine/cpu_kernels/bf16_gemv.cpp (to 40
+where `vdpbf16ps` is fast and there is no AMX, as on an AMD EPYC Zen 5); on
 CPUs with AMX, `BF16_AMX_MIN_ROWS` to `BF16_AMX_MAX_ROWS` rows our
 engine/cpu_kernels/bf16_amx.cpp (the weight as AMX's A operand, read in place); the rest
 torch's bf16 linear (oneDNN, AMX where the CPU has it, reordering the weights per call).
@@ -51,7 +52,6 @@ the kernel's epilogue (`silu_mul_linear`).
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -62,12 +62,13 @@ from torch import nn
 
 from engine import cpu_kernels
 
-logger = logging.getLogger(__name__)
-
 SKINNY_MAX_ROWS_AVX512 = 64
 SKINNY_MAX_ROWS_AVX2 = 192
 BF16_MAX_ROWS = 7
 """bf16_gemv up to here where the AMX kernel cannot take the shape (or the CPU has no AMX)."""
+BF16_MAX_ROWS_FAST_DOT = 40
+"""bf16_gemv up to here on a CPU without AMX whose `vdpbf16ps` is fast (see
+`bf16_gemv_max_rows`)."""
 BF16_AMX_MIN_ROWS = 3
 BF16_AMX_MAX_ROWS = 1280
 DPBF16_OVER_FMA_FOR_FMA = 0.65
@@ -103,11 +104,23 @@ def _fma_kernel() -> Any | None:
     if os.environ.get("BATON_BF16_FMA", "1") == "0" or _amx_kernel() is not None:
         return None
     fma = cpu_kernels.load_available("bf16_fma")
-    if fma is None or "avx512_bf16" not in cpu_kernels.cpu_flags():
-        return fma
-    ratio = fma.dpbf16_over_fma()
-    logger.info("vdpbf16ps gives %.2f of float32 FMAs' FLOPs on this CPU", ratio)
-    return fma if ratio < DPBF16_OVER_FMA_FOR_FMA else None
+    ratio = cpu_kernels.dpbf16_over_fma()
+    return fma if ratio is None or ratio < DPBF16_OVER_FMA_FOR_FMA else None
+
+
+@functools.cache
+def bf16_gemv_max_rows() -> int:
+    """The most rows bf16_gemv takes where AMX does not: `BF16_MAX_ROWS_FAST_DOT` where
+    `vdpbf16ps` gives at least `DPBF16_OVER_FMA_FOR_FMA` of the FMAs' FLOPs, else
+    `BF16_MAX_ROWS`. On an AMD EPYC (Zen 5, 1.85; 2 threads) the 125M preset's 12 layers took
+    ms, bf16_gemv / oneDNN: 3.9 / 7.2 at 8 rows, 5.4 / 8.4 at 16, 7.1 / 9.6 at 24, 9.3 / 11.0
+    at 32, 11.4 / 12.4 at 40, 13.3 / 13.3 at 48, 17.3 / 15.8 at 64 (the LM head level at 48
+    too); a 6 x 4 register tile over panels of x, as bf16_fma's, on `vdpbf16ps` was behind
+    bf16_gemv throughout and behind oneDNN past 32, so it was not kept."""
+    ratio = cpu_kernels.dpbf16_over_fma()
+    if _amx_kernel() is not None or ratio is None or ratio < DPBF16_OVER_FMA_FOR_FMA:
+        return BF16_MAX_ROWS
+    return BF16_MAX_ROWS_FAST_DOT
 
 
 def _tiled(weight: torch.Tensor) -> Any | None:
@@ -127,7 +140,7 @@ def kernel_for(rows: int, weight: torch.Tensor) -> Kernel | None:
     per call; engine/cpu_forward.py asks once a step."""
     if weight.dtype == torch.bfloat16:
         amx, gemv = _tiled(weight), _bf16_kernel()
-        few = rows < (BF16_AMX_MIN_ROWS if amx is not None else BF16_MAX_ROWS + 1)
+        few = rows < (BF16_AMX_MIN_ROWS if amx is not None else bf16_gemv_max_rows() + 1)
         if few and gemv is not None:
             return gemv.bf16_linear
         if amx is not None:

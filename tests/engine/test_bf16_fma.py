@@ -80,7 +80,7 @@ def test_dispatch_follows_the_probe_and_the_switch(monkeypatch) -> None:
     the probe says its FMAs win (or the CPU has no AVX-512 BF16); BATON_BF16_FMA=0 keeps
     them on torch's linear."""
     w = torch.randn(64, 96).bfloat16()
-    rows = cpu_gemm.BF16_MAX_ROWS + 1
+    rows = cpu_gemm.bf16_gemv_max_rows() + 1
     cpu_gemm._fma_kernel.cache_clear()
     try:
         chosen = cpu_gemm._fma_kernel()

@@ -29,7 +29,7 @@ def small_groups_pay(monkeypatch) -> None:
     """The shapes here are small: every group of 4 rows that shares 128 positions is cascaded,
     on either path (the cost rules have their own test)."""
     monkeypatch.setattr(cascade, "FLASH_RULE", EVERY_GROUP)
-    monkeypatch.setattr(cascade, "AMX_RULE", EVERY_GROUP)
+    monkeypatch.setattr(cascade, "TILED_RULE", EVERY_GROUP)
 
 
 def shared_tables(
@@ -86,7 +86,7 @@ def test_not_where_it_would_not_pay(rows: int, shared_blocks: int, why: str) -> 
 
 def test_a_group_too_small_for_its_fixed_cost_is_not_cascaded(monkeypatch) -> None:
     monkeypatch.setattr(cascade, "FLASH_RULE", cascade.DecodeRule(4, 128, 12 * 1024))
-    monkeypatch.setattr(cascade, "AMX_RULE", cascade.DecodeRule(3, 512, 4096))
+    monkeypatch.setattr(cascade, "TILED_RULE", cascade.DecodeRule(3, 512, 4096))
     gen = torch.Generator().manual_seed(4)
     cases = [  # rows, shared blocks, cascaded by the flash path's rule, by the AMX kernel's
         (11, 64, False, True), (12, 64, True, True), (47, 16, False, False), (2, 128, False, False),
@@ -96,7 +96,7 @@ def test_a_group_too_small_for_its_fixed_cost_is_not_cascaded(monkeypatch) -> No
         tables, _ = shared_tables(rows, shared_blocks, 2, gen)
         lens = torch.full((rows,), shared_blocks * 16 + 9)
         for rule, cascaded in ((False, flash), (True, amx)):
-            found = cascade.shared_prefix(meta_for(tables, lens, 16), amx=rule)
+            found = cascade.shared_prefix(meta_for(tables, lens, 16), tiled=rule)
             assert (found is not None) == cascaded, (rows, shared_blocks, rule)
 
 

@@ -120,7 +120,7 @@ def test_rows_on_a_shared_prefix_take_the_cascade_path(
     monkeypatch.setattr(cascade, "merge_groups_into", lambda *a: merged.append(1) or real(*a))
     rng = random.Random(5)
     vocab = engine.model_config.vocab_size
-    # Enough rows x shared positions for either rule (cascade.FLASH_RULE, AMX_RULE).
+    # Enough rows x shared positions for either rule (cascade.FLASH_RULE, TILED_RULE).
     system = [rng.randrange(3, vocab) for _ in range(800)]
     prompts = [system + [rng.randrange(3, vocab) for _ in range(1 + 2 * n)] for n in range(16)]
     generate(engine, prompts)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine import cpu_kernels
 from engine.layers import cpu_gemm
 
 pytestmark = pytest.mark.skipif(
@@ -70,13 +71,31 @@ def test_bf16_kernel_sums_exact_bf16_products_in_float32(
 @needs_bf16
 def test_bf16_dispatch_takes_the_kernel_for_few_rows_only() -> None:
     w = torch.randn(12, 40).bfloat16()
-    for rows in (1, cpu_gemm.BF16_MAX_ROWS, cpu_gemm.BF16_MAX_ROWS + 1):
+    most = cpu_gemm.bf16_gemv_max_rows()
+    for rows in (1, most, most + 1):
         x = torch.randn(1, rows, 40).bfloat16()
         got = cpu_gemm.linear(x, w, None)
         assert got.shape == (1, rows, 12) and got.dtype == torch.bfloat16
         want = F.linear(x.float(), w.float())
         torch.testing.assert_close(got.float(), want, rtol=2**-7, atol=1e-3)
     assert cpu_gemm.enabled(torch.device("cpu"), torch.bfloat16)
+    if cpu_gemm._amx_kernel() is None:
+        gemv = cpu_gemm._bf16_kernel().bf16_linear
+        assert cpu_gemm.kernel_for(most, w) == gemv and cpu_gemm.kernel_for(most + 1, w) != gemv
+
+
+@needs_bf16
+def test_bf16_gemv_takes_more_rows_where_the_dot_instruction_is_fast() -> None:
+    """Without AMX, bf16_gemv's reach follows the probe of `vdpbf16ps` against FMAs (only a
+    clear verdict is checked: the probe is timed)."""
+    most = cpu_gemm.bf16_gemv_max_rows()
+    ratio = cpu_kernels.dpbf16_over_fma()
+    if cpu_gemm._amx_kernel() is not None or ratio is None:
+        assert most == cpu_gemm.BF16_MAX_ROWS
+    elif ratio > cpu_gemm.DPBF16_OVER_FMA_FOR_FMA * 1.25:
+        assert most == cpu_gemm.BF16_MAX_ROWS_FAST_DOT
+    elif ratio < cpu_gemm.DPBF16_OVER_FMA_FOR_FMA * 0.8:
+        assert most == cpu_gemm.BF16_MAX_ROWS
 
 
 needs_amx = pytest.mark.skipif(

@@ -1,6 +1,9 @@
-// Attention of many queries over runs of cache blocks, on AMX, for a bfloat16 cache and
-// queries: the shared part of cascade attention (engine/attention/cascade.py), and a step's
-// prompt chunks over their cached context and themselves (engine/attention/cpu_paged.py).
+// Attention of many queries over runs of cache blocks, on AMX or, on CPUs without it, on
+// AVX-512 BF16, for a bfloat16 cache and queries: the shared part of cascade attention
+// (engine/attention/cascade.py), and a step's prompt chunks over their cached context and
+// themselves (engine/attention/cpu_paged.py). Built twice (engine/cpu_kernels/__init__.py):
+// shared_attention_amx where the CPU has AMX, shared_attention_dot where it has AVX-512 BF16;
+// the walk is one, the tile products two (AmxTiles, DotTiles).
 //
 //   shared_attention_bf16(q [B, Hq, D] bf16, kv [num_blocks, 2, bs, Hk, D] bf16,
 //                         blocks [P] int64, scale, out [B, Hq, D] f32, lse [B, Hq] f32,
@@ -55,6 +58,14 @@
 // float32, as in the paged kernel; the probabilities meet V in bfloat16, as in flash
 // attention over bfloat16 (their sum stays float32).
 //
+// Without AMX (DotTiles) each tile product is 256 `vdpbf16ps`, one per A row and B row, A's
+// pair of values broadcast from memory, C's 16 rows in registers: the same layouts, exact
+// products summed in float32 (in their own order). Why: torch's CPU flash attention runs its
+// products through MKL, which on an AMD EPYC (Zen 5, AVX-512 BF16) takes bfloat16 through its
+// float32 AVX2 kernels; there cascade's shared part and the prompt chunks' attention were 42%
+// of shared-prefix decoding's samples (bench.engine's (c)), and this build runs them 4-5x
+// faster (engine/attention/cascade.py, cpu_paged.py).
+//
 // Needs: block size a multiple of 16, head size a multiple of 32 up to 256 (the caller sends
 // other shapes to the gather and flash attention path).
 #include <torch/extension.h>
@@ -63,6 +74,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -70,7 +82,8 @@
 #include "f32_lanes.h"
 #include "no_gil.h"
 
-#ifdef BATON_AMX
+#if defined(BATON_AMX) || (defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__))
+#define BATON_SHARED_ATTENTION 1
 namespace {
 
 using bf16 = c10::BFloat16;
@@ -78,9 +91,6 @@ using amx::kDepth;  // bfloat16 values in a tile row: D per score product, posit
 using amx::kRows;   // a tile's rows: positions of S, D of O^T
 using V16 = lanes::F32x16;
 
-// Tiles (the intrinsics take literal numbers): 0 scores (C), 1 keys / V^T (A), 2 queries (B) /
-// V^T (A), 3 probabilities (B), 4 .. 7 the output (C; with D > 64, 4 V^T and 5 a product).
-constexpr int kTiles = 8;
 constexpr int64_t kMaxHead = 256;
 constexpr int64_t kUnit = 2 * kRows;  // positions a V product takes: two sub-tiles of S
 
@@ -182,10 +192,9 @@ inline __m512 exp2_softmax(__m512 x) {
 // A query's reference max (base 2) moves only when a score passes it by more than this (its
 // probabilities then reach 2^11 = 2,048 at most: float32 sums and bfloat16 products hold
 // that exactly as well as values under 1). So after the first few units the output is seldom
-// rescaled, and with D <= 64 it stays in tiles the whole walk (FlashAttention-4's rule).
+// rescaled (FlashAttention-4's rule).
 constexpr float kSlack = 11.f;
 constexpr float kHidden = -1e30f;  // a masked score: finite, so 2^(x - ref) is 0, never NaN
-constexpr int64_t kOutTilesMax = 4;  // tiles 4 .. 7: O^T's 16-row slices of D <= 64
 
 // A thread's V^T of the head its items walk: units packed as its first item of the head reaches
 // them (interleaved with that walk, as the cache is read anyway), reused by its next items of
@@ -204,52 +213,151 @@ struct Scratch {
   alignas(64) float acc[kMaxHead * kRows];  // O^T, D x 16 queries
 };
 
-// Tiles 4 .. 3 + n (n = D / 16 <= 4) hold O^T across units; the intrinsics take literal
-// tile numbers, so each use is spelled out.
-inline void out_tiles_zero(int64_t n) {
-  _tile_zero(4);
-  _tile_zero(5);
-  if (n > 2) {
-    _tile_zero(6);
-    _tile_zero(7);
-  }
-}
+#ifdef BATON_AMX
+// The tile products on AMX. Tiles (the intrinsics take literal numbers): 0 scores (C), 1
+// keys / V^T (A), 2 queries (B) / V^T (A), 3 probabilities (B), 4 .. 7 the output (C; with
+// D > 64, 4 V^T and 5 a product). With D <= 64 O^T stays in tiles 4 .. 7 the whole walk,
+// stored only to be rescaled.
+struct AmxTiles {
+  static constexpr const char* kName = "AMX";
+  static constexpr int64_t kOutTilesMax = 4;  // tiles 4 .. 7: O^T's 16-row slices of D <= 64
 
-inline void out_tiles_store(float* acc, int64_t n) {
-  constexpr int64_t slice = kRows * kRows, stride = kRows * sizeof(float);
-  _tile_stored(4, acc, stride);
-  _tile_stored(5, acc + slice, stride);
-  if (n > 2) {
-    _tile_stored(6, acc + 2 * slice, stride);
-    _tile_stored(7, acc + 3 * slice, stride);
-  }
-}
+  static bool request() { return amx::request(); }
 
-inline void out_tiles_load(const float* acc, int64_t n) {
-  constexpr int64_t slice = kRows * kRows, stride = kRows * sizeof(float);
-  _tile_loadd(4, acc, stride);
-  _tile_loadd(5, acc + slice, stride);
-  if (n > 2) {
-    _tile_loadd(6, acc + 2 * slice, stride);
-    _tile_loadd(7, acc + 3 * slice, stride);
-  }
-}
+  // The tile configuration, held by a thread while it runs items.
+  struct Thread {
+    Thread() {
+      amx::TileConfig config;
+      for (int t = 0; t < 8; ++t) config.set(t, kRows, 64);
+      _tile_loadconfig(&config);
+    }
+    ~Thread() { _tile_release(); }
+  };
 
-// O^T tiles += V^T (a slice of D at a time, alternating tiles 1 and 2 so a load overlaps the
-// previous product) x P (tile 3).
-inline void out_tiles_accumulate(const bf16* values_t, int64_t n) {
-  constexpr int64_t slice = kRows * kUnit, stride = kUnit * sizeof(bf16);
-  _tile_loadd(1, values_t, stride);
-  _tile_dpbf16ps(4, 1, 3);
-  _tile_loadd(2, values_t + slice, stride);
-  _tile_dpbf16ps(5, 2, 3);
-  if (n > 2) {
-    _tile_loadd(1, values_t + 2 * slice, stride);
-    _tile_dpbf16ps(6, 1, 3);
-    _tile_loadd(2, values_t + 3 * slice, stride);
-    _tile_dpbf16ps(7, 2, 3);
+  // S [16 positions x 16 queries] = 16 keys (token_stride apart) x the packed queries, D deep.
+  static void scores(const bf16* keys, int64_t token_stride, const bf16* queries, int64_t D, float* out) {
+    _tile_zero(0);
+    for (int64_t k = 0; k < D / kDepth; ++k) {
+      _tile_loadd(1, keys + k * kDepth, token_stride * static_cast<int64_t>(sizeof(bf16)));
+      _tile_loadd(2, queries + k * kRows * kDepth, 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, out, 64);
   }
-}
+
+  static void out_zero(float* acc, int64_t D) {
+    if (!in_tiles(D)) return std::fill(acc, acc + D * kRows, 0.f);
+    _tile_zero(4);
+    _tile_zero(5);
+    if (D / kRows > 2) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+  }
+
+  // O^T into acc (before a rescale, and at the end of the walk) and back.
+  static void out_to_memory(float* acc, int64_t D) {
+    if (!in_tiles(D)) return;
+    constexpr int64_t slice = kRows * kRows, stride = kRows * sizeof(float);
+    _tile_stored(4, acc, stride);
+    _tile_stored(5, acc + slice, stride);
+    if (D / kRows > 2) {
+      _tile_stored(6, acc + 2 * slice, stride);
+      _tile_stored(7, acc + 3 * slice, stride);
+    }
+  }
+
+  static void out_from_memory(const float* acc, int64_t D) {
+    if (!in_tiles(D)) return;
+    constexpr int64_t slice = kRows * kRows, stride = kRows * sizeof(float);
+    _tile_loadd(4, acc, stride);
+    _tile_loadd(5, acc + slice, stride);
+    if (D / kRows > 2) {
+      _tile_loadd(6, acc + 2 * slice, stride);
+      _tile_loadd(7, acc + 3 * slice, stride);
+    }
+  }
+
+  // O^T += V^T (a slice of D at a time) x P; in tiles, alternating tiles 1 and 2 so a load
+  // overlaps the previous product, or through `partial` into acc.
+  static void out_accumulate(float* acc, const bf16* values_t, const bf16* probs, int64_t D, float* partial) {
+    constexpr int64_t slice = kRows * kUnit, stride = kUnit * sizeof(bf16);
+    _tile_loadd(3, probs, 64);
+    if (in_tiles(D)) {
+      _tile_loadd(1, values_t, stride);
+      _tile_dpbf16ps(4, 1, 3);
+      _tile_loadd(2, values_t + slice, stride);
+      _tile_dpbf16ps(5, 2, 3);
+      if (D / kRows > 2) {
+        _tile_loadd(1, values_t + 2 * slice, stride);
+        _tile_dpbf16ps(6, 1, 3);
+        _tile_loadd(2, values_t + 3 * slice, stride);
+        _tile_dpbf16ps(7, 2, 3);
+      }
+      return;
+    }
+    for (int64_t dc = 0; dc < D / kRows; ++dc) {
+      _tile_zero(5);
+      _tile_loadd(4, values_t + dc * slice, stride);
+      _tile_dpbf16ps(5, 4, 3);
+      _tile_stored(5, partial, 64);
+      float* a = acc + dc * kRows * kRows;
+      for (int64_t r = 0; r < kRows; ++r)
+        V16::store(a + r * kRows, V16::add(V16::load(a + r * kRows), V16::load(partial + r * kRows)));
+    }
+  }
+
+ private:
+  static bool in_tiles(int64_t D) { return D / kRows <= kOutTilesMax; }
+};
+using Tiles = AmxTiles;
+#else
+// The tile products on AVX-512 BF16, in AMX's layouts: C [16 x 16 float32] += A [16 rows of
+// 32 bfloat16] x B [16 rows of 16 pairs], C's rows in registers, A's pair r, p broadcast
+// against B's row p: 256 `vdpbf16ps` a product. O^T lives in acc the whole walk (64
+// registers for D = 64 would not fit), read and written once a slice and unit.
+struct DotTiles {
+  static constexpr const char* kName = "AVX-512 BF16";
+
+  static bool request() { return true; }
+  struct Thread {};
+
+  static void scores(const bf16* keys, int64_t token_stride, const bf16* queries, int64_t D, float* out) {
+    __m512 c[kRows];
+    for (int64_t r = 0; r < kRows; ++r) c[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < D / kDepth; ++k) product(c, keys + k * kDepth, token_stride, queries + k * kRows * kDepth);
+    for (int64_t r = 0; r < kRows; ++r) V16::store(out + r * kRows, c[r]);
+  }
+
+  static void out_zero(float* acc, int64_t D) { std::fill(acc, acc + D * kRows, 0.f); }
+  static void out_to_memory(float*, int64_t) {}
+  static void out_from_memory(const float*, int64_t) {}
+
+  static void out_accumulate(float* acc, const bf16* values_t, const bf16* probs, int64_t D, float*) {
+    for (int64_t dc = 0; dc < D / kRows; ++dc) {
+      float* a = acc + dc * kRows * kRows;
+      __m512 c[kRows];
+      for (int64_t r = 0; r < kRows; ++r) c[r] = V16::load(a + r * kRows);
+      product(c, values_t + dc * kRows * kUnit, kUnit, probs);
+      for (int64_t r = 0; r < kRows; ++r) V16::store(a + r * kRows, c[r]);
+    }
+  }
+
+ private:
+  // c += A x B, A's rows a_stride values apart, B's rows 32 values apart.
+  static inline void product(__m512 (&c)[kRows], const bf16* a, int64_t a_stride, const bf16* b) {
+    for (int64_t p = 0; p < kRows; ++p) {
+      const __m512bh row = (__m512bh)_mm512_loadu_si512(b + p * kDepth);
+      for (int64_t r = 0; r < kRows; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, a + r * a_stride + 2 * p, sizeof(pair));
+        c[r] = _mm512_dpbf16_ps(c[r], (__m512bh)_mm512_set1_epi32(pair), row);
+      }
+    }
+  }
+};
+using Tiles = DotTiles;
+#endif
 
 // O^T's rows (D of them, 16 query lanes) *= alpha.
 inline void scale_rows(float* acc, int64_t D, __m512 alpha) {
@@ -261,9 +369,7 @@ inline void scale_rows(float* acc, int64_t D, __m512 alpha) {
 // reference max, P (bfloat16) and the product with V^T.
 void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t col0, int64_t cols,
             float scale, Scratch& w, ValuesT& vt) {
-  const int64_t D = s.D, row_bytes = s.tok_stride * static_cast<int64_t>(sizeof(bf16));
-  const int64_t slices = D / kRows;
-  const bool in_tiles = slices <= kOutTilesMax;  // else O^T accumulates in w.acc
+  const int64_t D = s.D, slices = D / kRows;
   pack_queries(q, s, h, col0, cols, w.queries);
   // Causal: each query's last position in a lane (the lanes past `cols` attend everything
   // the others do, so they never hold back the walk's end).
@@ -282,10 +388,7 @@ void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t c
     nearest = *std::min_element(last, last + kRows) + 1;
   }
   const __m512i last_lanes = _mm512_load_si512(last);
-  if (in_tiles)
-    out_tiles_zero(slices);
-  else
-    std::fill(w.acc, w.acc + D * kRows, 0.f);
+  Tiles::out_zero(w.acc, D);
   // Scores in base 2: 2^(s * scale * log2 e - ref) is e^(s * scale - ref * ln 2).
   const __m512 vscale = V16::set1(scale * 1.44269504088896341f);
   __m512 ref = V16::set1(kHidden), sum = V16::zero();
@@ -296,13 +399,7 @@ void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t c
     for (int64_t u = 0; u < here; ++u) {
       const int64_t first = (t0 + u) * kRows;
       const bf16* keys = position(kv, s, first, h);
-      _tile_zero(0);
-      for (int64_t k = 0; k < D / kDepth; ++k) {
-        _tile_loadd(1, keys + k * kDepth, row_bytes);
-        _tile_loadd(2, w.queries + k * kRows * kDepth, 64);
-        _tile_dpbf16ps(0, 1, 2);
-      }
-      _tile_stored(0, w.scores[u], 64);
+      Tiles::scores(keys, s.tok_stride, w.queries, D, w.scores[u]);
       if (first + kRows > nearest) {
         // Positions past a query's last: hidden (a blend, so NaN read past the sequence goes too).
         const __m512 hidden = V16::set1(kHidden);
@@ -320,9 +417,9 @@ void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t c
       ref = raised;
       sum = V16::mul(sum, alpha);
       if (t0 > 0) {
-        if (in_tiles) out_tiles_store(w.acc, slices);  // O^T leaves its tiles only to be rescaled
+        Tiles::out_to_memory(w.acc, D);
         scale_rows(w.acc, D, alpha);
-        if (in_tiles) out_tiles_load(w.acc, slices);
+        Tiles::out_from_memory(w.acc, D);
       }
     }
     // P, B of the output's product: row r holds positions 2r and 2r + 1 of every query.
@@ -343,25 +440,12 @@ void attend(const bf16* q, const bf16* kv, const Layout& s, int64_t h, int64_t c
         _mm512_store_si512(rows + r / 2 * kDepth, _mm512_permutexvar_epi16(pairs, both));
       }
     }
-    _tile_loadd(3, w.probs, 64);
     bf16* unit_t = vt.data + (t0 / 2) * D * kUnit;
     if (vt.walk != &s || vt.head != h) vt = ValuesT{vt.data, &s, h, 0};
     if (t0 / 2 == vt.packed) pack_values_t(kv, s, h, vt.packed++, unit_t);
-    if (in_tiles) {
-      out_tiles_accumulate(unit_t, slices);
-      continue;
-    }
-    for (int64_t dc = 0; dc < slices; ++dc) {
-      _tile_zero(5);
-      _tile_loadd(4, unit_t + dc * kRows * kUnit, kUnit * sizeof(bf16));
-      _tile_dpbf16ps(5, 4, 3);
-      _tile_stored(5, w.partial, 64);
-      float* acc = w.acc + dc * kRows * kRows;
-      for (int64_t r = 0; r < kRows; ++r)
-        V16::store(acc + r * kRows, V16::add(V16::load(acc + r * kRows), V16::load(w.partial + r * kRows)));
-    }
+    Tiles::out_accumulate(w.acc, unit_t, w.probs, D, w.partial);
   }
-  if (in_tiles) out_tiles_store(w.acc, slices);
+  Tiles::out_to_memory(w.acc, D);
   alignas(64) float m[kRows], l[kRows];
   V16::store(m, ref);
   V16::store(l, sum);
@@ -434,9 +518,7 @@ void run_items(const bf16* q, const bf16* kv, const std::vector<Layout>& walks, 
   int64_t longest = 0;
   for (const Layout& s : walks) longest = std::max(longest, (s.walk + kUnit - 1) / kUnit);
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-    amx::TileConfig config;
-    for (int t = 0; t < kTiles; ++t) config.set(t, kRows, 64);
-    _tile_loadconfig(&config);
+    const Tiles::Thread tiles;
     auto scratch = std::make_unique<Scratch>();
     thread_local std::vector<bf16> values_t;  // kept across calls: no allocation a layer
     values_t.resize(std::max<size_t>(values_t.size(), longest * walks.front().D * kUnit));
@@ -450,7 +532,6 @@ void run_items(const bf16* q, const bf16* kv, const std::vector<Layout>& walks, 
         attend(q, kv, *it.walk, it.head, it.col0, it.cols, scale, *scratch, vt);
       }
     }
-    _tile_release();
   });
 }
 
@@ -461,15 +542,15 @@ namespace {
 // q and the cache as the kernel reads them -> a Layout with the shapes filled in.
 Layout cache_layout(const torch::Tensor& q, const torch::Tensor& kv, const char* what) {
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && kv.scalar_type() == torch::kBFloat16, what,
-              " (AMX): bfloat16 queries and cache expected, got ", q.scalar_type(), " and ", kv.scalar_type());
+              " (", Tiles::kName, "): bfloat16 queries and cache expected, got ", q.scalar_type(), " and ", kv.scalar_type());
   TORCH_CHECK(q.dim() == 3 && kv.dim() == 5 && q.is_contiguous() && kv.is_contiguous(), what,
-              " (AMX): contiguous q [N, Hq, D] and kv [num_blocks, 2, bs, Hk, D] expected");
+              " (", Tiles::kName, "): contiguous q [N, Hq, D] and kv [num_blocks, 2, bs, Hk, D] expected");
   const int64_t Hq = q.size(1), D = q.size(2), bs = kv.size(2), Hk = kv.size(3);
-  TORCH_CHECK(kv.size(4) == D && Hq % Hk == 0, what, " (AMX): head shape mismatch");
+  TORCH_CHECK(kv.size(4) == D && Hq % Hk == 0, what, " (", Tiles::kName, "): head shape mismatch");
   TORCH_CHECK(bs % kRows == 0 && D % kDepth == 0 && D <= kMaxHead, what,
-              " (AMX): block size a multiple of 16 and head size a multiple of 32 up to 256 expected, got ",
+              " (", Tiles::kName, "): block size a multiple of 16 and head size a multiple of 32 up to 256 expected, got ",
               bs, " and ", D);
-  TORCH_CHECK(amx::request(), what, " (AMX): the kernel refused AMX's tile state");
+  TORCH_CHECK(Tiles::request(), what, " (", Tiles::kName, "): the kernel refused AMX's tile state");
   Layout s{};
   s.Hq = Hq, s.Hk = Hk, s.G = Hq / Hk, s.D = D, s.bs = bs;
   s.tok_stride = Hk * D, s.blk_stride = 2 * bs * Hk * D, s.v_offset = bs * Hk * D;
@@ -479,7 +560,7 @@ Layout cache_layout(const torch::Tensor& q, const torch::Tensor& kv, const char*
 
 void check_blocks(const int64_t* ids, int64_t n, int64_t num_blocks, const char* what) {
   for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, what, " (AMX): block id ", ids[i], " outside the cache");
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_blocks, what, " (", Tiles::kName, "): block id ", ids[i], " outside the cache");
 }
 
 }  // namespace
@@ -491,31 +572,31 @@ void shared_attention_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor bloc
   const int64_t B = q.size(0);
   TORCH_CHECK(blocks.scalar_type() == torch::kInt64 && blocks.dim() == 1 && blocks.numel() >= 1 &&
                   blocks.is_contiguous(),
-              "shared attention (AMX): one or more int64 block ids expected");
+              "shared attention (", Tiles::kName, "): one or more int64 block ids expected");
   TORCH_CHECK(out.scalar_type() == torch::kFloat32 && out.is_contiguous() && out.sizes() == q.sizes() &&
                   lse.scalar_type() == torch::kFloat32 && lse.is_contiguous() && lse.numel() == B * s.Hq,
-              "shared attention (AMX): float32 out [B, Hq, D] and lse [B, Hq] expected");
+              "shared attention (", Tiles::kName, "): float32 out [B, Hq, D] and lse [B, Hq] expected");
   int64_t N = B;
   if (rows.has_value() && rows->defined()) {
     TORCH_CHECK(rows->scalar_type() == torch::kInt64 && rows->dim() == 1 && rows->is_contiguous(),
-                "shared attention (AMX): rows must be int64 [n], contiguous");
+                "shared attention (", Tiles::kName, "): rows must be int64 [n], contiguous");
     s.rows = rows->data_ptr<int64_t>();
     N = rows->numel();
     std::vector<bool> seen(B);
     for (int64_t i = 0; i < N; ++i) {
       TORCH_CHECK(s.rows[i] >= 0 && s.rows[i] < B && !seen[s.rows[i]],
-                  "shared attention (AMX): rows must be distinct rows of q");
+                  "shared attention (", Tiles::kName, "): rows must be distinct rows of q");
       seen[s.rows[i]] = true;
     }
   }
   if (last.has_value() && last->defined()) {
     TORCH_CHECK(last->scalar_type() == torch::kInt64 && last->dim() == 1 && last->numel() == N &&
                     last->is_contiguous(),
-                "shared attention (AMX): last must be int64 [n], one position per row, contiguous");
+                "shared attention (", Tiles::kName, "): last must be int64 [n], one position per row, contiguous");
     s.last = last->data_ptr<int64_t>();
     for (int64_t i = 0; i < N; ++i)
       TORCH_CHECK(s.last[i] >= 0 && s.last[i] < blocks.numel() * s.bs,
-                  "shared attention (AMX): a last position outside the blocks: ", s.last[i]);
+                  "shared attention (", Tiles::kName, "): a last position outside the blocks: ", s.last[i]);
   }
   s.blocks = blocks.data_ptr<int64_t>();
   check_blocks(s.blocks, blocks.numel(), kv.size(0), "shared attention");
@@ -533,22 +614,22 @@ void prefill_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
   const int64_t T = q.size(0), C = query_starts.numel();
   for (const torch::Tensor* t : {&block_tables, &query_starts, &query_lens, &seq_lens})
     TORCH_CHECK(t->scalar_type() == torch::kInt64 && t->is_contiguous(),
-                "prefill attention (AMX): int64 contiguous block tables, starts and lengths expected");
+                "prefill attention (", Tiles::kName, "): int64 contiguous block tables, starts and lengths expected");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == C && query_lens.numel() == C &&
                   seq_lens.numel() == C,
-              "prefill attention (AMX): block_tables [C, M], query_starts, query_lens, seq_lens [C] expected");
+              "prefill attention (", Tiles::kName, "): block_tables [C, M], query_starts, query_lens, seq_lens [C] expected");
   TORCH_CHECK(out.scalar_type() == torch::kBFloat16 && out.is_contiguous() && out.sizes() == q.sizes(),
-              "prefill attention (AMX): bfloat16 out shaped as q expected");
+              "prefill attention (", Tiles::kName, "): bfloat16 out shaped as q expected");
   const int64_t M = block_tables.size(1);
   const int64_t *tables = block_tables.data_ptr<int64_t>(), *starts = query_starts.data_ptr<int64_t>();
   const int64_t *lens = query_lens.data_ptr<int64_t>(), *seqs = seq_lens.data_ptr<int64_t>();
   std::vector<Layout> walks;
   for (int64_t c = 0; c < C; ++c) {
     TORCH_CHECK(lens[c] >= 1 && lens[c] <= seqs[c] && starts[c] >= 0 && starts[c] + lens[c] <= T,
-                "prefill attention (AMX): chunk ", c, " has rows ", starts[c], " + ", lens[c],
+                "prefill attention (", Tiles::kName, "): chunk ", c, " has rows ", starts[c], " + ", lens[c],
                 " of ", T, " and context ", seqs[c]);
     const int64_t used = (seqs[c] + shape.bs - 1) / shape.bs;
-    TORCH_CHECK(used <= M, "prefill attention (AMX): chunk ", c, " needs ", used, " blocks, its table has ", M);
+    TORCH_CHECK(used <= M, "prefill attention (", Tiles::kName, "): chunk ", c, " needs ", used, " blocks, its table has ", M);
     Layout s = shape;
     s.blocks = tables + c * M;
     check_blocks(s.blocks, used, kv.size(0), "prefill attention");
@@ -563,25 +644,25 @@ void prefill_bf16(torch::Tensor q, torch::Tensor kv, torch::Tensor block_tables,
 void shared_attention_bf16(torch::Tensor, torch::Tensor, torch::Tensor, double, torch::Tensor,
                            torch::Tensor, c10::optional<torch::Tensor>, bool,
                            c10::optional<torch::Tensor>) {
-  TORCH_CHECK(false, "shared attention (AMX): built without AMX");
+  TORCH_CHECK(false, "shared attention (AMX / AVX-512 BF16): built without either");
 }
 void prefill_bf16(torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor,
                   torch::Tensor, double, torch::Tensor) {
-  TORCH_CHECK(false, "prefill attention (AMX): built without AMX");
+  TORCH_CHECK(false, "prefill attention (AMX / AVX-512 BF16): built without either");
 }
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("shared_attention_bf16", &shared_attention_bf16,
-        "attention of many queries over shared cache blocks, bfloat16, on AMX (CPU)", py::arg("q"),
+        "attention of many queries over shared cache blocks, bfloat16, on AMX or AVX-512 BF16 (CPU)", py::arg("q"),
         py::arg("kv"), py::arg("blocks"), py::arg("scale"), py::arg("out"), py::arg("lse"),
         py::arg("rows") = py::none(), py::arg("merge") = false, py::arg("last") = py::none(),
         NoGil());
   m.def("prefill_bf16", &prefill_bf16,
-        "prompt chunks' causal attention over their cached context and themselves, bfloat16, on AMX (CPU)",
+        "prompt chunks' causal attention over their cached context and themselves, bfloat16, on AMX or AVX-512 BF16 (CPU)",
         py::arg("q"), py::arg("kv"), py::arg("block_tables"), py::arg("query_starts"), py::arg("query_lens"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("out"), NoGil());
-#ifdef BATON_AMX
+#ifdef BATON_SHARED_ATTENTION
   m.attr("available") = true;
 #else
   m.attr("available") = false;

@@ -1,6 +1,7 @@
-"""The AMX kernel of cascade attention's shared part (engine/cpu_kernels/shared_attention_amx.cpp):
-queries over shared cache blocks read in place, against float64 softmax attention; a decode
-group's result merged into its rows' own attention; and the engine through it."""
+"""Our kernel of cascade attention's shared part (engine/cpu_kernels/shared_attention.cpp), each
+build this CPU has (AMX; AVX-512 BF16): queries over shared cache blocks read in place,
+against float64 softmax attention; a decode group's result merged into its rows' own
+attention; prompt chunks' causal attention; and the engine through the build it runs."""
 
 from __future__ import annotations
 
@@ -10,8 +11,22 @@ import torch
 from engine import cpu_kernels
 from engine.attention import cascade
 
-KERNEL = cpu_kernels.load_available("shared_attention_amx")
-pytestmark = pytest.mark.skipif(KERNEL is None, reason="no AMX (or no C++ toolchain) here")
+BUILDS = {
+    name: module
+    for name in ("shared_attention_amx", "shared_attention_dot")
+    if (module := cpu_kernels.load_available(name)) is not None
+}
+pytestmark = pytest.mark.skipif(not BUILDS, reason="no AMX or AVX-512 BF16 (or no toolchain)")
+ENGINE_RUNS_IT = pytest.mark.skipif(
+    cascade.kernel_module() is None, reason="the engine keeps this CPU on the flash path"
+)
+
+
+@pytest.fixture(params=sorted(BUILDS))
+def kernel(request):  # type: ignore[no-untyped-def]
+    return BUILDS[request.param]
+
+
 OUT_TOL = {"rtol": 0, "atol": 3e-3}
 """The probabilities meet V in bfloat16 (values here ~N(0, 1)); the log-sum-exps stay float32."""
 
@@ -45,12 +60,12 @@ def cache_and_blocks(
         (7, 6, 1, 256, 16, 3),  # the largest head
     ],
 )
-def test_matches_softmax_attention_over_the_blocks(rows, hq, hk, d, bs, shared) -> None:
+def test_matches_softmax_attention_over_the_blocks(kernel, rows, hq, hk, d, bs, shared) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + d + shared)
     kv, blocks = cache_and_blocks(80, bs, hk, d, shared, gen)
     q = torch.randn(rows, hq, d, generator=gen).bfloat16()
     out, lse = torch.full((rows, hq, d), float("nan")), torch.full((rows, hq), float("nan"))
-    KERNEL.shared_attention_bf16(q, kv, blocks, d**-0.5, out, lse)
+    kernel.shared_attention_bf16(q, kv, blocks, d**-0.5, out, lse)
     keys, values = kv[blocks, 0].flatten(0, 1), kv[blocks, 1].flatten(0, 1)
     want, want_lse = reference(q, keys, values, d**-0.5)
     torch.testing.assert_close(out.double(), want, **OUT_TOL)
@@ -58,7 +73,7 @@ def test_matches_softmax_attention_over_the_blocks(rows, hq, hk, d, bs, shared) 
 
 
 @pytest.mark.parametrize("d", [64, 128])  # the output in tiles / in memory
-def test_scores_rising_along_the_walk_rescale_the_output_mid_walk(d: int) -> None:
+def test_scores_rising_along_the_walk_rescale_the_output_mid_walk(kernel, d: int) -> None:
     """Each block's keys larger than the last: every query's max keeps passing its reference
     by more than the slack, so the output is rescaled unit after unit."""
     gen = torch.Generator().manual_seed(d)
@@ -68,7 +83,7 @@ def test_scores_rising_along_the_walk_rescale_the_output_mid_walk(d: int) -> Non
     kv = kv.bfloat16()
     q = torch.randn(6, 6, d, generator=gen).bfloat16()
     out, lse = torch.empty(6, 6, d), torch.empty(6, 6)
-    KERNEL.shared_attention_bf16(q, kv, blocks, d**-0.5, out, lse)
+    kernel.shared_attention_bf16(q, kv, blocks, d**-0.5, out, lse)
     keys, values = kv[blocks, 0].flatten(0, 1), kv[blocks, 1].flatten(0, 1)
     want, want_lse = reference(q, keys, values, d**-0.5)
     scores = torch.einsum("nhd,shd->nhs", q.double(), keys.double().repeat_interleave(3, 1))
@@ -80,7 +95,7 @@ def test_scores_rising_along_the_walk_rescale_the_output_mid_walk(d: int) -> Non
     torch.testing.assert_close(lse.double(), want_lse, rtol=1e-6, atol=1e-4)
 
 
-def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others() -> None:
+def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others(kernel) -> None:
     """Rows 1, 4 and 5 of 7 share 40 blocks; each row's out / lse hold its attention over
     its own positions (12 + row of them): after the call, the group's rows hold attention over
     shared + own, every other row is untouched, bit for bit."""
@@ -95,7 +110,7 @@ def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others() -> N
     lse = torch.cat([s for _, s in parts]).float()
     before_out, before_lse = out.clone(), lse.clone()
     group = torch.tensor([1, 4, 5])
-    KERNEL.shared_attention_bf16(q, kv, blocks, 0.125, out, lse, group, True)
+    kernel.shared_attention_bf16(q, kv, blocks, 0.125, out, lse, group, True)
     shared_k, shared_v = kv[blocks, 0].flatten(0, 1), kv[blocks, 1].flatten(0, 1)
     for n in range(7):
         if n in group.tolist():
@@ -107,21 +122,21 @@ def test_a_group_merges_into_its_rows_own_attention_and_leaves_the_others() -> N
             assert torch.equal(out[n], before_out[n]) and torch.equal(lse[n], before_lse[n])
 
 
-def test_an_empty_group_leaves_every_row_as_it_was() -> None:
+def test_an_empty_group_leaves_every_row_as_it_was(kernel) -> None:
     kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
     q = torch.randn(3, 12, 64).bfloat16()
     out, lse = torch.randn(3, 12, 64), torch.randn(3, 12)
     before = out.clone(), lse.clone()
     none = torch.zeros(0, dtype=torch.long)
-    KERNEL.shared_attention_bf16(q, kv, torch.tensor([1]), 0.125, out, lse, none, True, none)
+    kernel.shared_attention_bf16(q, kv, torch.tensor([1]), 0.125, out, lse, none, True, none)
     assert torch.equal(out, before[0]) and torch.equal(lse, before[1])
 
 
-def test_bad_arguments_are_refused_with_a_reason() -> None:
+def test_bad_arguments_are_refused_with_a_reason(kernel) -> None:
     kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
     q = torch.randn(3, 12, 64).bfloat16()
     out, lse = torch.empty(3, 12, 64), torch.empty(3, 12)
-    call = KERNEL.shared_attention_bf16
+    call = kernel.shared_attention_bf16
     with pytest.raises(RuntimeError, match="bfloat16 queries and cache"):
         call(q.float(), kv, torch.tensor([1]), 0.125, out, lse)
     with pytest.raises(RuntimeError, match="outside the cache"):
@@ -141,6 +156,7 @@ def test_bad_arguments_are_refused_with_a_reason() -> None:
         call(q, kv, torch.tensor([1]), 0.125, out.bfloat16(), lse)
 
 
+@ENGINE_RUNS_IT
 def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypatch) -> None:
     """A bfloat16 engine (heads of 32) decoding 6 continuations of one 200-token prompt: the
     decode steps attend the shared prompt through this kernel, and the log-prob each step gives
@@ -148,7 +164,7 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
     from core.sampling import SamplingParams
     from engine.llm import LLM
 
-    monkeypatch.setattr(cascade, "AMX_RULE", cascade.DecodeRule(4, 128, 0))
+    monkeypatch.setattr(cascade, "TILED_RULE", cascade.DecodeRule(4, 128, 0))
     merged = []
     real = cascade.merge_groups_into
     monkeypatch.setattr(
@@ -160,7 +176,7 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
     prompts = [system + [300 + 7 * i + j for j in range(3 + i)] for i in range(6)]
     params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=0)
     outs = llm.generate(prompts, params)
-    assert 6 in merged, "no decode step merged the shared prompt on AMX"
+    assert 6 in merged, "no decode step merged the shared prompt on our kernel"
     scored = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     for prompt, out in zip(prompts, outs, strict=True):
         decoded = [lp.logprob for lp in out.logprobs]
@@ -169,6 +185,7 @@ def test_decode_uses_it_and_scores_as_the_prefill_does(tiny_model_dir, monkeypat
         torch.testing.assert_close(torch.tensor(decoded), torch.tensor(prefilled), atol=0.1, rtol=0)
 
 
+@ENGINE_RUNS_IT
 @pytest.mark.parametrize("cached", [0, 7, 1031])
 def test_a_step_s_prompt_chunks_attend_their_context_causally_in_one_call(cached: int) -> None:
     """Three chunks of one step (after two decode rows): 40 new tokens after `cached`
@@ -205,14 +222,14 @@ def test_a_step_s_prompt_chunks_attend_their_context_causally_in_one_call(cached
     q = torch.randn(start, hq, d, generator=gen).bfloat16()
     got, want = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
     calls = []
-    real = cpu_paged._amx_prefill
+    real = cpu_paged._tiled_prefill
 
     def spy(*a):  # type: ignore[no-untyped-def]
         kernel = real(*a)
         return lambda *args: calls.append(args[4].tolist()) or kernel(*args)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_paged, "_amx_prefill", spy)
+        mp.setattr(cpu_paged, "_tiled_prefill", spy)
         get_backend("cpu").prefill_into(got, q, k, v, kv, meta, 0.125)
     assert calls == [[40, 1, 33]]  # the query lengths: every chunk, one call
     get_backend("torch").prefill_into(want, q, k, v, kv, meta, 0.125)
@@ -221,12 +238,12 @@ def test_a_step_s_prompt_chunks_attend_their_context_causally_in_one_call(cached
     torch.testing.assert_close(got[2:].float(), want[2:].float(), rtol=1.6e-2, atol=1e-2)
 
 
-def test_the_prefill_kernel_refuses_bad_chunks_with_a_reason() -> None:
+def test_the_prefill_kernel_refuses_bad_chunks_with_a_reason(kernel) -> None:
     kv = torch.randn(10, 2, 16, 4, 64).bfloat16()
     q = torch.randn(8, 12, 64).bfloat16()
     out = torch.empty_like(q)
     tables, one = torch.tensor([[1, 2]]), torch.tensor([0])
-    call = KERNEL.prefill_bf16
+    call = kernel.prefill_bf16
     with pytest.raises(RuntimeError, match="has rows 0 \\+ 9 of 8"):
         call(q, kv, tables, one, torch.tensor([9]), torch.tensor([20]), 0.125, out)
     with pytest.raises(RuntimeError, match="needs 3 blocks, its table has 2"):
