@@ -41,9 +41,9 @@ from bench.plan_sim import (
 )  # fmt: skip
 from bench.serve import _fill_defaults, add_workload_arguments
 from bench.serve_run import schedules
-from bench.sim_profile import WorkerProfile
 from bench.workloads import TraceRequest
 from core.hashing import hash_prompt_blocks, model_root_hash
+from core.perf import WorkerProfile
 
 BLOCK = 16
 

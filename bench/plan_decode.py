@@ -33,36 +33,14 @@ then a second request for the same prefix does not find it here.
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from bench.plan_host import HostCPU
-from bench.sim_profile import WorkerProfile
 from bench.sim_worker import SimWorker, prefix_length
 from core.events import KVEventBatch, WorkerLoad
-from engine.perf_profile import decode_terms
-
-
-@dataclass(frozen=True)
-class DecodeProfile:
-    step_ms: float
-    row_ms: float
-    ctx_ms: float
-    """Per row per thousand tokens of context."""
-
-    @classmethod
-    def load(cls, path: str | Path) -> DecodeProfile:
-        raw = json.loads(Path(path).read_text()).get("decode")
-        if not raw:
-            raise ValueError(f"{path}: no decode fit (measure it with `baton profile`)")
-        return cls(raw["decode_step_ms"], raw["decode_row_ms"], raw["decode_ctx_ms"])
-
-    def step(self, batch: int, mean_context: float) -> float:
-        terms = decode_terms(batch, mean_context)  # the fit `baton profile` made
-        return sum(c * x for c, x in zip((self.step_ms, self.row_ms, self.ctx_ms), terms))
+from core.perf import DecodeProfile, WorkerProfile
 
 
 @dataclass

@@ -51,12 +51,12 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from bench.plan_decode import DecodeProfile, DecodeSim
+from bench.plan_decode import DecodeSim
 from bench.plan_host import HostCPU
-from bench.sim_profile import WorkerProfile
 from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
 from bench.workloads import TraceRequest
+from core.perf import DecodeProfile, WorkerProfile
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
 

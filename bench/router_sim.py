@@ -52,7 +52,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.sim_misses import MissLedger
-from bench.sim_profile import DEFAULT_PROFILE, WorkerProfile
+from bench.sim_profile import DEFAULT_PROFILE
 from bench.sim_report import add_ratios, misses_table, table
 from bench.sim_run import REPLICA_SYNC_MS, at_load, pooled_lru_oracle, simulate
 from bench.workloads import (
@@ -64,6 +64,7 @@ from bench.workloads import (
     resolve_trace,
     shared_prefix,
 )
+from core.perf import WorkerProfile
 from router.routing.index.pending import DEFAULT_TTL_S
 from router.routing.router import Router, RouterConfig
 

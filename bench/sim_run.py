@@ -37,10 +37,10 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from bench.sim_misses import MissLedger
-from bench.sim_profile import WorkerProfile
 from bench.sim_worker import Queued, SimWorker, prefix_length, store_chain
 from bench.workloads import TraceRequest
 from core.events import KVEventBatch
+from core.perf import WorkerProfile
 from router.routing.router import Router
 from router.routing.ticket import Ticket
 

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from bench.sim_profile import WorkerProfile
 from core.events import BlockRemoved, BlockStored, KVEvent, KVEventBatch, WorkerLoad
-from core.step_stats import StepTotals, attention_pairs
+from core.perf import WorkerProfile, attention_pairs
+from core.step_stats import StepTotals
 from router.cluster.prefill_gate import LOOKAHEAD, next_in_line
 
 

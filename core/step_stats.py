@@ -15,12 +15,6 @@ PHASES = ("schedule", "forward", "attention", "sample", "output", "between")
 """The `*_s` fields, in step order (attention is inside forward; between is not a step's)."""
 
 
-def attention_pairs(new: int, context: int) -> int:
-    """Query-key pairs of a prompt chunk's attention: its `new` tokens over the `context`
-    computed before them and over each other (causal)."""
-    return new * context + new * (new + 1) // 2
-
-
 class StepTotals(msgspec.Struct):
     steps: int = 0
     decode_rows: int = 0
@@ -28,7 +22,7 @@ class StepTotals(msgspec.Struct):
     prefill_tokens: int = 0
     """Tokens of prompt chunks (prefill work)."""
     prefill_pairs: int = 0
-    """Their attention's size, `attention_pairs` summed over the chunks (the part of a
+    """Their attention's size, `core.perf.attention_pairs` summed over the chunks (the part of a
     prefill that grows with its context: the router splits `attention_s` by it,
     router.routing.step_rate)."""
     schedule_s: float = 0.0

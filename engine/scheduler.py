@@ -29,7 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
-from core.step_stats import StepTotals, attention_pairs
+from core.perf import attention_pairs
+from core.step_stats import StepTotals
 from engine.kv_cache.manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.spec import Speculator

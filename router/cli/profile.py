@@ -4,7 +4,7 @@
     baton profile --model /ckpt --device cuda --dtype bfloat16 --out gpu.json
 
 Prefill time against prompt length (with and without a cached prefix) and decode step time
-against batch size and context, each fitted (engine/perf_profile.py), with the samples
+against batch size and context, each fitted to the performance model (core/perf), with the samples
 behind the fits. The KV transfer rate between hosts is not something one machine can
 measure alone: give it (`--transfer-gbps`, `--transfer-latency-ms`, from
 `bench/kv_transfer.py` run between two of your hosts) and the profile records it with its
@@ -44,6 +44,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    from core.perf.fit import fit_decode
     from engine import perf_profile as pp
     from engine.engine import LLMEngine
 
@@ -80,7 +81,7 @@ def run_profile(args: argparse.Namespace) -> int:
         "tp": 1,  # the engine in this process (tensor parallelism is not profiled yet)
         "chunk_tokens": args.chunk_tokens,
         **{k: round(v, 6) for k, v in prefill_fit.items()},
-        "decode": {k: round(v, 6) for k, v in pp.fit_decode(decode).items()},
+        "decode": {k: round(v, 6) for k, v in fit_decode(decode).items()},
         "kv_bytes_per_token": engine.runner.kv_layout.block_bytes_all_layers // config.block_size,
         # 0: not given (the router simulator then never moves a prefix between workers).
         "transfer_gbps": args.transfer_gbps or 0.0,

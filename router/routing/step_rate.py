@@ -20,8 +20,9 @@ go backwards: the new report becomes the baseline and the old estimate stays.
 is a tier's restore time until the worker restored from it). `s_per_pair` stays 0 where the
 engine does not time attention (GPUs: StepTotals.attention_s); a prefill's time is then
 linear in its tokens, at `s_per_token`. Where it is timed, a prefill of U tokens after C
-costs s_per_token_linear * U + s_per_pair * (U * C + U * (U + 1) / 2): long prompts' attention
-grows with their context, which one rate per token averages away.
+costs s_per_token_linear * U + s_per_pair * U * (C + U / 2) (the performance model, core.perf,
+with these rates as its coefficients): long prompts' attention grows with their context,
+which one rate per token averages away.
 """
 
 from __future__ import annotations

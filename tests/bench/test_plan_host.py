@@ -11,8 +11,8 @@ from bench import host_cpu
 from bench import plan as baton_plan
 from bench import plan_validate as pv
 from bench.plan_host import HostCPU
-from bench.plan_sim import DecodeProfile, RequestOverhead, simulate_cluster
-from bench.sim_profile import WorkerProfile
+from bench.plan_sim import RequestOverhead, simulate_cluster
+from core.perf import DecodeProfile, WorkerProfile
 
 PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0.0)
 DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)

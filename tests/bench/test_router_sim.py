@@ -11,7 +11,6 @@ import pytest
 
 from bench import router_sim, sim_run
 from bench.sim_misses import MissLedger
-from bench.sim_profile import WorkerProfile
 from bench.sim_run import at_load
 from bench.sim_worker import Queued, SimWorker
 from bench.workloads import (
@@ -23,6 +22,7 @@ from bench.workloads import (
     traces_dir,
     write_jsonl,
 )
+from core.perf import WorkerProfile
 
 PROFILE = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=0.0)
 
@@ -84,8 +84,8 @@ def test_sim_worker_reports_its_attention_as_an_engine_times_it() -> None:
     profile = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=2.0)
     w = SimWorker("p0", capacity=64, profile=profile)
     finish = w.enqueue(0.0, 300, 100)  # 100 new tokens after 200 cached
-    attention_ms = 2.0 * 100 * (200 + 100 / 2) / 1000
-    assert finish == 10 + 100 + attention_ms
+    attention_ms = 2.0 * 100 * (200 + 100 / 2) / 1000  # per thousand of its area
+    assert finish == pytest.approx(10 + 100 + attention_ms)
     steps = w.load(finish).steps
     assert steps.prefill_pairs == 100 * 200 + 100 * 101 // 2
     assert steps.attention_s == pytest.approx(attention_ms / 1000)

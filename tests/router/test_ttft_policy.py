@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.step_stats import StepTotals
 from router.routing.policies import RouteContext, make_policy
@@ -83,13 +85,14 @@ def test_calibrated_speed_steers_away_from_a_slow_worker() -> None:
 
 def test_a_hit_does_not_save_the_new_tokens_attention_over_it() -> None:
     """With attention timed, a prefill after a cached prefix still attends over it: the
-    estimate counts U * C + U * (U + 1) / 2 pairs, so a long hit saves less than its tokens."""
+    estimate counts the attention's area U * (C + U / 2) (core.perf), so a long hit saves less
+    than its tokens."""
     w = ws("a")
     w.step_rate.s_per_token = 3e-3
     w.step_rate.s_per_token_linear, w.step_rate.s_per_pair = 1e-3, 1e-6
     policy = make_policy("ttft", "prefill", step_s=0.0)
     terms = dict(policy.choose(ctx([w], {"a": 30})).terms)  # 160 new tokens after 480
-    assert terms["prefill_s"] == 160 * 1e-3 + 1e-6 * (160 * 480 + 160 * 161 / 2)
+    assert terms["prefill_s"] == pytest.approx(160 * 1e-3 + 1e-6 * 160 * (480 + 160 / 2))
     w.step_rate.s_per_pair = 0.0  # not timed (a GPU): one rate per token
     terms = dict(policy.choose(ctx([w], {"a": 30})).terms)
     assert terms["prefill_s"] == 160 * 3e-3

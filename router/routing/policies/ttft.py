@@ -24,7 +24,7 @@ Algorithm (the code below follows it step by step). For each prefill worker w:
          (ctx.restore_s, router.routing.restore_cost): such a hit saves t_w*B per block
          less its copy, not t_w*B
 
-    1. work_w     = s + l_w * U_w + a_w * (U_w * C_w + U_w * (U_w + 1) / 2) + R_w
+    1. work_w     = s + l_w * U_w + a_w * U_w * (C_w + U_w / 2) + R_w     (core.perf)
                                                            the prefill itself: a hit saves
                                                            its own tokens, not the new
                                                            ones' attention over them
@@ -114,8 +114,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from core.perf import PrefillCost
+from core.perf.model import KILO, TransferCost
 from core.roles import WorkerRole
-from core.step_stats import attention_pairs
 from router.routing.decision import PrefixPull
 from router.routing.policies.base import Choice, Policy, RouteContext, register
 from router.routing.worker_state import WorkerState
@@ -141,7 +142,7 @@ _TERMS = (
 class TtftPrefill(Policy):
     name = "ttft"
     formula = (
-        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + l_w*U_w + a_w*pairs(U_w, C_w) + R_w "
+        "cost_w = t_w*L_w [+ X_w: pull c*-c_w blocks] + (s + l_w*U_w + a_w*area(U_w, C_w) + R_w "
         "+ k_p*h_w*E_w*B*t_w*(A/A_w)^x) / (1 - rho) over workers with P_w <= (1+slack)*mean P "
         "[and M_w + t_w*L_w <= (1+slack)*mean]"
     )
@@ -175,10 +176,10 @@ class TtftPrefill(Policy):
             raise ValueError("kv_bytes_per_token, transfer_gbps, transfer_latency_s must be >= 0")
         self.max_utilization = max_utilization
         self.transfer_gbps = transfer_gbps
-        self.transfer_s_per_token = 0.0
-        """Seconds to copy one token's KV between prefill workers; 0: no migration."""
-        self.set_kv_bytes_per_token(kv_bytes_per_token)
         self.transfer_latency_s = transfer_latency_s
+        self.transfer = TransferCost(transfer_latency_s, 0.0)
+        """Seconds to copy KV between prefill workers (per token 0: no migration)."""
+        self.set_kv_bytes_per_token(kv_bytes_per_token)
         self.s_per_token = s_per_token
         self.step_s = step_s
         self.pressure_weight = pressure_weight
@@ -215,8 +216,7 @@ class TtftPrefill(Policy):
         return [1 if load > bound else 0 for load in loads]
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:
-        gbps = self.transfer_gbps
-        self.transfer_s_per_token = num_bytes / (gbps * 1e9) if num_bytes and gbps else 0.0
+        self.transfer = TransferCost.at_rate(num_bytes, self.transfer_gbps, self.transfer_latency_s)
 
     def choose(self, ctx: RouteContext) -> Choice:
         workers = ctx.workers
@@ -228,8 +228,7 @@ class TtftPrefill(Policy):
         kp, step_s = self.pressure_weight, self.step_s
         tally = self._tally
         tallies = [tally.get(w.worker_id, 0.0) for w in workers]
-        peer, top = self._holder(ctx) if self.transfer_s_per_token else (None, 0)
-        x_block = self.transfer_s_per_token * block
+        peer, top = self._holder(ctx) if self.transfer.per_token else (None, 0)
         top_uncached = max(0, tokens - top * block)
         total = sum(tallies)
         room = 1.0 + self.balance_slack
@@ -251,7 +250,8 @@ class TtftPrefill(Policy):
             c_w = cached.get(w.worker_id, 0)
             uncached = max(0, tokens - c_w * block)
             restore = restore_s.get(w.worker_id, 0.0) if restore_s else 0.0
-            work = step_s + _compute_s(lin, a, uncached, tokens) + restore
+            prefill = PrefillCost(step_s, lin, a * KILO)  # core.perf: one step, no chunks
+            work = prefill(uncached, tokens - uncached) + restore
             wait = t * w.queued_prefill_tokens
             evict = 0
             if w.total_blocks > 0:
@@ -262,8 +262,8 @@ class TtftPrefill(Policy):
             cost = wait + (work + pressure) * inflate
             pull, transfer = 0, 0.0
             if top > c_w:  # a peer holds more of the prompt: copying it may beat computing
-                x = self.transfer_latency_s + (top - c_w) * x_block
-                work_pull = step_s + _compute_s(lin, a, top_uncached, tokens) + restore
+                x = self.transfer((top - c_w) * block)
+                work_pull = prefill(top_uncached, tokens - top_uncached) + restore
                 cost_pull = wait + x + (work_pull + pressure) * inflate
                 if cost_pull < cost:
                     cost, work, uncached = cost_pull, work_pull, top_uncached
@@ -360,11 +360,3 @@ class TtftPrefill(Policy):
             if w is not None and hit > 0 and (hit, -w.queued_prefill_tokens) > best:
                 best, holder = (hit, -w.queued_prefill_tokens), worker_id
         return holder, best[0]
-
-
-def _compute_s(per_token: float, per_pair: float, uncached: int, tokens: int) -> float:
-    """Seconds to compute the last `uncached` of a prompt's `tokens`: per token, plus per
-    query-key pair of their attention (over the positions before them and each other)."""
-    if not per_pair:
-        return per_token * uncached
-    return per_token * uncached + per_pair * attention_pairs(uncached, tokens - uncached)
