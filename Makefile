@@ -28,12 +28,13 @@ demo: install
 	$(PYTHON) -m router.cli demo --model $(MODEL_DIR)
 
 test: install
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider
 
-# On a CUDA machine (with a CUDA torch and triton installed); everything skips without one.
-# Its own run: the CPU kernel tests switch the Triton interpreter on for the whole process.
+# On a CUDA machine (with a CUDA torch and triton installed): every test marked gpu, wherever
+# it lives; everything skips without one. Its own run: the CPU kernel tests switch the Triton
+# interpreter on for the whole process.
 test-gpu:
-	$(PYTHON) -m pytest -q -rs -p no:cacheprovider -m gpu tests/gpu
+	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider -m gpu tests
 
 bench-kernels:
 	$(PYTHON) -m bench.kernels
