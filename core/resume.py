@@ -1,5 +1,5 @@
-"""What a request carries when it moves to another worker mid-stream (issue 19: a resumed
-stream is byte-identical to one that never moved).
+"""What a request carries when it moves to another worker mid-stream (a resumed stream is
+byte-identical to one that never moved).
 
 A worker that dies takes the request's engine state with it: the detokenizer's held-back
 bytes of an incomplete UTF-8 character, the stop checker's window of recent text, the

@@ -4,9 +4,9 @@ engine/cuda_graphs.py.
 A decode step runs nine kernels a layer, each a few tens of microseconds at decode sizes;
 between them the modules' Python (module calls, each layer's checks of dtypes, strides and
 environment flags, which GEMM kernel takes how many rows, the attention backend's choices)
-ran on one core while the other waited in OpenMP's barrier. Measured on (b)'s decode step
-(16 rows, the 125M preset, bfloat16, 2 threads): the same kernels called from one flat loop
-take 4-10 ms of 36-48 less (docs/performance.md, issue 17's fourteenth look).
+runs on one core while the other waits in OpenMP's barrier. On a decode step of 16 rows (the
+125M preset, bfloat16, 2 threads) the same kernels called from one flat loop take 4-10 ms of
+36-48 less.
 
 `CPUForward` resolves those choices once when the model loads (which kernels, which
 weights) and once a step (which GEMM kernel for the step's row count, how decode rows
@@ -25,7 +25,6 @@ bisect a mismatch).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core import env
 from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import CPUPagedAttention
 from engine.device import cpu_fused_ops
@@ -83,7 +83,7 @@ class CPUForward:
     def build(cls, model: nn.Module, kv_cache: torch.Tensor) -> CPUForward | None:
         """A flat forward of `model` over `kv_cache`, or None where some part of the model has
         no plain kernel path here (see the module's docstring)."""
-        if os.environ.get("BATON_CPU_FORWARD", "1") == "0" or kv_cache.device.type != "cpu":
+        if not env.CPU_FORWARD.get() or kv_cache.device.type != "cpu":
             return None
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)

@@ -16,9 +16,9 @@ and needs a system package; these two calls, at engine start, remove what the pr
 The price is the heap's high-water mark held for reuse: the peak of one step's activations.
 
 Not covered: a served worker steps its engine on a thread of its own, whose per-thread arena
-these thresholds do not keep (~4,700-6,300 faults a step there); one arena for the process
-did not hold in processes whose threads already had theirs (docs/performance.md, issue 17's
-fifteenth look).
+these thresholds do not keep (~4,700-6,300 faults a step there). One arena for the process
+(M_ARENA_MAX) does not help: in a process whose other threads already hold arenas (a Ray
+worker, the test suite) the engine's thread can still be handed one of theirs.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Many requests' outputs to one asyncio consumer, one batch per engine step.
 
 A worker serves the requests of a few front doors. Handing each output to a stream of its own
-costs an event-loop wake-up and a Ray message per token per request: measured in a unified
-worker at 2 req/s on two cores, those threads took ~18% of a core from the engine's compute
-threads (issue 17). A channel collects one step's outputs for every request of one consumer
-and hands them over as one list: one wake-up and one message per step, however many requests
-are running.
+costs an event-loop wake-up and a Ray message per token per request: in a unified worker at
+2 req/s on two cores, those threads take ~18% of a core from the engine's compute threads. A
+channel collects one step's outputs for every request of one consumer and hands them over as
+one list: one wake-up and one message per step, however many requests are running.
 """
 
 from __future__ import annotations

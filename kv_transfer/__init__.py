@@ -10,11 +10,18 @@ Module map
     transport.py   DriverTransport: the one Transport, an I/O thread over a Driver
     protocol.py    TransferProtocol: the request tables and the protocol state machine,
                    owned by the transport and run on its I/O thread
+    requests.py    per-request records of the protocol (a reservation, a send), one per
+                   request and role, owned by the I/O thread
+    sending.py     the sender's half of the protocol: offering layers (after their device
+                   event), acknowledgements, finishing or failing a send
     holds.py       a failed send's source blocks, held while the receiver may read them
     settling.py    failed requests' results, held until the backend released their ops
     driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
                    host: peers map each other's memfd cache), local_driver.py
-    registry.py    backend registry, auto-selection, create_transport()
+    paired.py      PairedTransport: one transport per backend, the backend chosen per peer
+    host.py        which processes share a host (boot id, pid and network namespaces)
+    env.py         UCX settings for machines without a GPU, applied before UCX starts
+    registry.py    backend registry, create_transport() (`auto`: a PairedTransport)
 
 Setup. Each worker registers its ONE cache tensor
 `kv[num_layers, num_blocks, 2, block_size, num_kv_heads, head_dim]` once
@@ -67,11 +74,13 @@ complete a posted receive; a dead sender cannot. A dead peer with ucx is detecte
 deadline; with shm a dead receiver at the sender's next message (broken pipe), a dead
 sender at the deadline.
 
-Backends and when to use which: `nixl` (auto's first choice) and `ucx` work across nodes
-and, with NIXL, for VRAM. `shm` is for prefill and decode workers on one host with their
-caches in host memory: UCX reaches a peer's memory there only through the kernel (cma,
-5-9 GB/s measured), a mapped memcpy runs at memory speed. It is never picked by `auto`
-(whether peers share a host is known only at connect); choose it with `backend="shm"`.
+Backends and when to use which: `nixl` and `ucx` work across nodes and, with NIXL, for
+VRAM. `shm` is for prefill and decode workers on one host with their caches in host memory:
+UCX reaches a peer's memory there only through the kernel (cma, 5-9 GB/s measured), a mapped
+memcpy runs at memory speed. `auto` (the default) registers the cache with `shm` (CPU caches)
+and the first network backend that works here (nixl, else ucx), and picks per peer at
+connect: `shm` for a peer on this host, the network backend for the others (paired.py). A
+named backend is used for every peer; `local` moves KV within one process only (tests).
 """
 
 from kv_transfer.api import (

@@ -1,7 +1,9 @@
 """Registry of transport backends and the one factory, `create_transport`.
 
-`auto` prefers `nixl` (zero-copy READs, peer-failure detection, VRAM), then `ucx`, and falls
-back to `local` (same-process peers only); the choice and the reason are logged.
+`auto` starts one transport per usable backend and picks per peer (kv_transfer.paired):
+`shm` for a peer on this host (CPU caches), else the first network backend that works here,
+`nixl` (zero-copy READs, peer-failure detection, VRAM) before `ucx`. What was started and why
+a backend is unavailable are logged. `local` (same-process peers only) is used only by name.
 """
 
 from __future__ import annotations

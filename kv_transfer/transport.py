@@ -13,12 +13,12 @@ device event, or any request where the driver's messages wake no fd: NIXL, UCX) 
 expiry (at most 1 s). Idle, the nap doubles from 5 ms up to 100 ms for a polled backend
 (nothing a peer sends to an idle transport needs a quick answer: a transfer starts with a
 local command) and to 1 s for one with fds. Neither may take the GIL from the engine
-hundreds of times a second: idle, this thread had ~10% of a unified worker's samples (issue
-17); waiting on a peer, a decode worker's shm transport that held reservations through a
-prefill worker's queue woke ~500 times a second, and on two cores every wake-up preempts an
-engine thread (the prefill worker's ~300 times a second under load, its steps 1.4-1.5x the
-profile's). A queued command writes the wake pipe whenever the I/O thread naps longer than
-~0.2 ms.
+hundreds of times a second: polling while idle, this thread takes ~10% of a unified worker's
+samples; polling while it waits on a peer (a decode worker's shm transport holding
+reservations through a prefill worker's queue) it wakes ~500 times a second, and on two cores
+every wake-up preempts an engine thread (the prefill worker's steps ran 1.4-1.5x the
+profile's under load that way). A queued command writes the wake pipe whenever the I/O thread
+naps longer than ~0.2 ms.
 """
 
 from __future__ import annotations

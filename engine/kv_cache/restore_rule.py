@@ -11,8 +11,8 @@ speed, and a host tier over PCIe. So at start-up each worker measures both, once
 
 and keeps the tiers, host first, while restore_s[t] < recompute_s; a tier that loses is not
 attached, nor any below it (a block reaches the disk tier only through the host tier). With
-no host tier left, swap preemption falls back to recompute too: that is the issue's "swap
-chosen over recompute when cheaper". The chunk is prefilled from position 0, the cheapest a
+no host tier left, swap preemption falls back to recompute too: swap is chosen over recompute
+only where it is cheaper. The chunk is prefilled from position 0, the cheapest a
 block's recompute gets (later blocks also attend to more context), so the rule leans towards
 recomputing; the disk tier is read back just after being written (the page cache), as a
 recently spilled block is, so a block read from the device itself costs more than measured.

@@ -18,8 +18,8 @@ arrives but when some prefill worker of its model has room (nobody waiting at it
 its admitted and gated tokens under the cap), first in, first out across the pool. The
 routing decision then sees the caches as they are when the prefill can start: a prefix it
 routes for is not evicted while the request waits, and it is not sent to a holder whose
-queue will have churned the prefix out by its turn (docs/performance.md, issue 20). The
-request still passes its worker's gate after routing (the policy may pick a busy holder).
+queue will have churned the prefix out by its turn. The request still passes its worker's
+gate after routing (the policy may pick a busy holder).
 
 Who goes next at a worker's gate: the first in line, unless a waiter behind it has a longer
 prefix of its prompt in that worker's cache (its KV events in the router's index;
@@ -27,10 +27,10 @@ prefix of its prompt in that worker's cache (its KV events in the router's index
 them while the prefix is still there instead of after the queue ahead has churned it out
 (SGLang's scheduler orders its waiting queue by longest prefix match the same way). A waiter
 passed over `RouterConfig.gate_max_skips` times goes next when it fits, so none waits
-forever; 0 is first in, first out. On issue 20's simulated sweep (bench.router_sweep, where
-each simulated worker's queue is this gate) the runs meeting the targets went from 34 to 39
-of 39 with 4, 8 or 16 skips; the burst pattern's reuse rose with the bound, Mooncake's did
-not move (docs/performance.md, "The gate admits the longest cached prefix first").
+forever; 0 is first in, first out. On the simulated routing sweep (bench.router_sweep, where
+each simulated worker's queue is this gate) 39 of 39 runs meet the reuse and balance targets
+with 4, 8 or 16 skips against 34 first in, first out; the burst pattern's reuse rises with
+the bound, Mooncake's does not move (docs/performance.md, "Routing").
 
 A request is always admitted when nothing is in flight, however long its prompt. Written
 here rather than with `asyncio.Semaphore` because admission is weighted by tokens and its
@@ -67,7 +67,7 @@ class _Unrouted:
 
 
 _RECHECK_S = 0.5
-"""How often an unrouted request looks for room itself (a worker that joined wakes no one)."""
+"""How often an unrouted request checks for room itself (a worker that joined wakes no one)."""
 
 LOOKAHEAD = 64
 """Waiters compared at one admission: the queue's first (bounds the index lookups a release

@@ -20,7 +20,7 @@ run at once: Little's law); at the cap the queue, and TTFT, grow without bound (
 the bursty benchmark: one worker kept up for ~25 s of a burst, then its batch filled and
 TTFT passed 4 s within 5 s). So the term looks ahead: the slots in use `lead_s` from now
 (the time a new worker takes to serve) at the rate they have been filling (`growth`, the
-slope of batch usage over the last looks, signals.py; a shrinking batch is not projected),
+slope of batch usage over the last evaluations, signals.py; a shrinking batch is not projected),
 and a pool whose batch will be full before a worker started now could help grows now.
 
 Busy is no decode signal: a decode worker steps without pause while it has any request,
@@ -111,7 +111,7 @@ class PoolSignals:
     batch_usage: float = 0.0
     """Mean share of the workers' running-request slots in use, 0..1."""
     batch_growth_per_s: float = 0.0
-    """How fast that share has grown over the last looks (negative: emptying)."""
+    """How fast that share has grown over the last evaluations (negative: emptying)."""
     busy: float = 0.0
     """Mean share of wall time the pool's workers spent stepping, 0..1."""
     tokens_per_s: float = 0.0

@@ -62,7 +62,7 @@ function renderPools(state) {
       () => scale(pool.name, pool.desired_size + 1)));
     box.appendChild(title);
     if (pool.autoscale) {
-      // The autoscaler's latest look at this pool: its verdict and what it read.
+      // The autoscaler's most recent evaluation of this pool: its verdict and what it read.
       const a = pool.autoscale;
       const line = document.createElement("p");
       line.className = "muted autoscale";
