@@ -25,7 +25,6 @@ bisect a mismatch).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core import env
 from engine.attention.backend import AttentionMetadata
 from engine.attention.cpu_paged import CPUPagedAttention
 from engine.device import cpu_fused_ops
@@ -83,7 +83,7 @@ class CPUForward:
     def build(cls, model: nn.Module, kv_cache: torch.Tensor) -> CPUForward | None:
         """A flat forward of `model` over `kv_cache`, or None where some part of the model has
         no plain kernel path here (see the module's docstring)."""
-        if os.environ.get("BATON_CPU_FORWARD", "1") == "0" or kv_cache.device.type != "cpu":
+        if not env.CPU_FORWARD.get() or kv_cache.device.type != "cpu":
             return None
         inner = getattr(model, "model", None)
         layers = getattr(inner, "layers", None)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
+
+from core import env
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -26,7 +27,7 @@ def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> tor
 
 
 def resolve_attention_backend(name: str, device: torch.device) -> str:
-    forced = os.environ.get("BATON_ATTENTION")
+    forced = env.ATTENTION.get()
     if forced:
         return forced
     if name == "auto":
@@ -65,7 +66,7 @@ def cpu_fused_ops(x: torch.Tensor):  # -> the compiled module or None
     worker a TPOT p50 / p99 of 47-57 / 78-80 ms with them and 52-59 / 98-107 ms without."""
     if x.is_cuda or x.dtype not in _FUSED_DTYPES or x.dim() != 2 or not x.is_contiguous():
         return None
-    if os.environ.get("BATON_CPU_FUSED", "1") == "0":
+    if not env.CPU_FUSED.get():
         return None
     from engine import cpu_kernels
 
@@ -75,4 +76,4 @@ def cpu_fused_ops(x: torch.Tensor):  # -> the compiled module or None
 def use_fused_kernels(x: torch.Tensor) -> bool:
     """Layers run their Triton kernel (norm, rotary) on CUDA tensors when triton is there;
     BATON_FUSED_KERNELS=0 keeps the plain-torch ops (e.g. to bisect a GPU mismatch)."""
-    return x.is_cuda and has_triton() and os.environ.get("BATON_FUSED_KERNELS", "1") != "0"
+    return x.is_cuda and has_triton() and env.FUSED_KERNELS.get()

@@ -44,13 +44,13 @@ reaches MKL's float32 AVX2 kernels there).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from core import env
 from engine import cpu_kernels
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.torch_paged import gather_blocks
@@ -237,7 +237,7 @@ def kernel_module() -> Any | None:
     path), else None (the gather and flash path). BATON_SHARED_ATTENTION_DOT=0 keeps a CPU
     without AMX on the flash path."""
     amx = cpu_kernels.load_available("shared_attention_amx")
-    if amx is not None or os.environ.get("BATON_SHARED_ATTENTION_DOT", "1") == "0":
+    if amx is not None or not env.SHARED_ATTENTION_DOT.get():
         return amx
     ratio = cpu_kernels.dpbf16_over_fma()
     if ratio is None or ratio < DPBF16_OVER_FMA:

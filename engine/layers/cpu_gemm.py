@@ -52,7 +52,6 @@ the kernel's epilogue (`silu_mul_linear`).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core import env
 from engine import cpu_kernels
 
 SKINNY_MAX_ROWS_AVX512 = 64
@@ -101,7 +101,7 @@ def _fma_kernel() -> Any | None:
     no AVX-512 BF16 at all), else None. Ours ran 90-97 GFLOPS a core against oneDNN's 70-74
     where `vdpbf16ps` gave 0.51 of the FMAs' FLOPs, so oneDNN, whose speed follows that
     instruction's, would draw level near 0.65."""
-    if os.environ.get("BATON_BF16_FMA", "1") == "0" or _amx_kernel() is not None:
+    if not env.BF16_FMA.get() or _amx_kernel() is not None:
         return None
     fma = cpu_kernels.load_available("bf16_fma")
     ratio = cpu_kernels.dpbf16_over_fma()
@@ -178,7 +178,7 @@ def silu_mul_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | Non
 
 
 def enabled(device: torch.device, dtype: torch.dtype) -> bool:
-    if device.type != "cpu" or os.environ.get("BATON_CPU_GEMM", "1") == "0":
+    if device.type != "cpu" or not env.CPU_GEMM.get():
         return False
     if dtype == torch.bfloat16:
         return _bf16_kernel() is not None or _fma_kernel() is not None

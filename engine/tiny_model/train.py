@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from core import env
 from engine.tiny_model.make import make_tiny_model
 from engine.tiny_model.weights import parameter_shapes, write_json, write_safetensors
 
@@ -207,7 +208,7 @@ def _row(ids: torch.Tensor, start: int, index: int) -> torch.Tensor:
 
 def cache_root() -> Path:
     default = Path.home() / ".cache" / "baton" / "trained"
-    return Path(os.environ.get("BATON_TRAINED_CACHE", default))
+    return Path(env.TRAINED_CACHE.get() or default)
 
 
 def trained_checkpoint(

@@ -10,13 +10,13 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import secrets
 import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core import env
 from core.config import EngineConfig
 from router.cli.autoscale_args import autoscale_config
 from router.cli.model_dir import resolve_model
@@ -30,9 +30,9 @@ logger = logging.getLogger("baton.serve")
 
 def _env_fallbacks(args: argparse.Namespace) -> None:
     """Secrets may come from the environment (Kubernetes Secrets), not the command line."""
-    args.admin_token = args.admin_token or os.environ.get("BATON_ADMIN_TOKEN") or None
-    args.api_key = args.api_key or os.environ.get("BATON_API_KEY") or None
-    args.redis = args.redis or os.environ.get("BATON_REDIS_URL") or None
+    args.admin_token = args.admin_token or env.ADMIN_TOKEN.get()
+    args.api_key = args.api_key or env.API_KEY.get()
+    args.redis = args.redis or env.REDIS_URL.get()
 
 
 def build_spec(args: argparse.Namespace, model_dir: Path):

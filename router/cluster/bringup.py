@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from core import env
 from core.roles import WorkerRole
 from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
@@ -51,7 +52,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        node_ip = os.environ.get("BATON_NODE_IP") or None
+        node_ip = env.NODE_IP.get()
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=True, _node_ip_address=node_ip)
         return
     # Logical CPUs, not cores: workers pin their own threads; this only bounds how many
