@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import serve_workloads as wl
-from bench.serve_client import run_load, scrape_metrics
-from bench.serve_compare import LOGS, RESULTS, ensure_bench_model
-from bench.serve_metrics import SLO, RequestResult, scrape_by_label, summarize
-from bench.serve_run import DEFAULT_TRACE, served_model
-from bench.serve_server import ServerProcess
+from loadgen import workloads as wl
+from loadgen.client import run_load, scrape_metrics
+from loadgen.compare import LOGS, RESULTS, ensure_bench_model
+from loadgen.metrics import SLO, RequestResult, scrape_by_label, summarize
+from loadgen.run import DEFAULT_TRACE, served_model
+from loadgen.server import ServerProcess
 
 _SERVE = ["--threads", "1", "--max-num-seqs", "32"]
 

@@ -43,11 +43,11 @@ from typing import Any
 import httpx
 
 from bench.plan_host import HostCPU
-from bench.serve_client import scrape_metrics, stream_completion
-from bench.serve_metrics import RequestResult
-from bench.serve_run import served_model, step_totals
-from bench.serve_workloads import BenchRequest
 from core.perf import DecodeProfile, WorkerProfile
+from loadgen.client import scrape_metrics, stream_completion
+from loadgen.metrics import RequestResult
+from loadgen.run import served_model, step_totals
+from loadgen.workloads import BenchRequest
 
 _BUSY = (0, 1, 2, 5, 6)
 """/proc/stat's cpu line: user, nice, system, irq, softirq (idle, iowait and steal are not

@@ -13,7 +13,7 @@ own). Two parts:
    TTFT the transfer adds when sent layer by layer.
 2. P/D serving, 1 prefill + 1 decode worker: on two hosts against on one host (the same
    Ray cluster shape, a front door on a third), the long-prompt mix at a few rates with
-   bench/serve.py's client: TTFT, TPOT, throughput and the KV transfer's share of TTFT.
+   loadgen/cli.py's client: TTFT, TPOT, throughput and the KV transfer's share of TTFT.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def kv_part(quick: bool) -> dict[str, Any]:
 
 def serve_layout(layout: str, model_dir: Path, rates: list[float], num_requests: int) -> dict:
     """1 prefill + 1 decode worker on two hosts (h2, h3) or on one (h2), a front door on the
-    head (h1); bench/serve.py's client from the head."""
+    head (h1); loadgen/cli.py's client from the head."""
     with Bed(num_hosts=3, subnet=2 if layout == "two hosts" else 3) as bed:
         bed.start_ray(1, num_cpus=1, resources={})
         if layout == "two hosts":
@@ -110,18 +110,18 @@ def serve_layout(layout: str, model_dir: Path, rates: list[float], num_requests:
         bed.wait_http(1, 8000)
         out = bed.root / "serve.json"
         done = bed.run(1, [
-            sys.executable, "-m", "bench.serve", "--url", url, "--workload", "long_mix",
+            sys.executable, "-m", "loadgen", "--url", url, "--workload", "long_mix",
             "--rate", *map(str, rates), "--num-requests", str(num_requests),
             "--duration", "40", "--no-progress", "--out", str(out),
         ], timeout_s=1800)  # fmt: skip
         print(done.stdout[-3000:], flush=True)
         if done.returncode != 0:
-            raise RuntimeError(f"bench.serve failed in the bed:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"baton bench failed in the bed:\n{done.stderr[-3000:]}")
         return json.loads(out.read_text())
 
 
 def serve_part(quick: bool) -> dict[str, Any]:
-    from bench.serve_compare import ensure_bench_model
+    from loadgen.compare import ensure_bench_model
 
     model_dir = ensure_bench_model(None)
     rates = list(SERVE_RATES[:1] if quick else SERVE_RATES)

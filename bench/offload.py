@@ -35,10 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.workloads import DEFAULT_TRACE, read_jsonl
 from core.sampling import SamplingParams
 from engine.kv_cache.offload import KVOffload
 from engine.llm import LLM
+from loadgen.traces import DEFAULT_TRACE, read_jsonl
 
 RESULTS = Path(__file__).parent / "results"
 MODEL = Path(tempfile.gettempdir()) / "baton-bench-offload-model"

@@ -7,7 +7,7 @@
     # one configuration, to compare with a real run of `baton bench` (same workload flags)
     baton plan --profile cpu.json --prefill 1 --decode 1 --workload shared_prefix --rate 2
 
-The workload flags are `baton bench`'s (bench/serve.py add_workload_arguments): a plan
+The workload flags are `baton bench`'s (loadgen/cli.py add_workload_arguments): a plan
 replays exactly the requests that benchmark would send, through a discrete-event model of
 the cluster (bench/plan_sim.py: Baton's router and policies, prefix caches, FIFO prefill,
 KV transfer, continuous-batching decode with the short prompts it prefills itself mixed in)
@@ -31,7 +31,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import serve_workloads as wl
 from bench.plan_sim import (
     DecodeProfile,
     HostCPU,
@@ -39,11 +38,12 @@ from bench.plan_sim import (
     simulate_cluster,
     summarize,
 )  # fmt: skip
-from bench.serve import _fill_defaults, add_workload_arguments
-from bench.serve_run import schedules
-from bench.workloads import TraceRequest
 from core.hashing import hash_prompt_blocks, model_root_hash
 from core.perf import WorkerProfile
+from loadgen import workloads as wl
+from loadgen.cli import _fill_defaults, add_workload_arguments
+from loadgen.run import schedules
+from loadgen.traces import TraceRequest
 
 BLOCK = 16
 

@@ -55,8 +55,8 @@ from bench.plan_decode import DecodeSim
 from bench.plan_host import HostCPU
 from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
-from bench.workloads import TraceRequest
 from core.perf import DecodeProfile, WorkerProfile
+from loadgen.traces import TraceRequest
 from router.routing.router import Router, RouterConfig
 from router.routing.ticket import Ticket
 

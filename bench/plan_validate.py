@@ -35,12 +35,12 @@ from typing import Any
 
 from bench import host_cpu, request_overhead
 from bench import plan as baton_plan
-from bench import serve as baton_bench
-from bench import serve_workloads as wl
-from bench.serve_compare import LOGS, RESULTS, _warm_up, ensure_bench_model
-from bench.serve_metrics import RequestResult
-from bench.serve_run import measure, schedules, served_model
-from bench.serve_server import ServerProcess
+from loadgen import cli as baton_bench
+from loadgen import workloads as wl
+from loadgen.compare import LOGS, RESULTS, _warm_up, ensure_bench_model
+from loadgen.metrics import RequestResult
+from loadgen.run import measure, schedules, served_model
+from loadgen.server import ServerProcess
 
 WORKLOADS = {
     "azure": ["--workload", "azure", "--time-scale", "2", "--num-requests", "150",

@@ -34,10 +34,10 @@ from typing import Any
 
 import httpx
 
-from bench.serve_client import BenchRequest, run_load
-from bench.serve_metrics import SLO, summarize
-from bench.serve_run import served_model
-from bench.serve_workloads import TokenSpace, shared_prefix, with_poisson_arrivals
+from loadgen.client import BenchRequest, run_load
+from loadgen.metrics import SLO, summarize
+from loadgen.run import served_model
+from loadgen.workloads import TokenSpace, shared_prefix, with_poisson_arrivals
 from tests.multinode.bed import Bed, can_make_namespaces
 
 ADMIN_TOKEN = "bench-replicas"
@@ -184,7 +184,7 @@ def main() -> None:
     why = can_make_namespaces()
     if why is not None:
         raise SystemExit(f"bench.replicas: {why}")
-    from bench.serve_compare import ensure_bench_model
+    from loadgen.compare import ensure_bench_model
 
     if args.quick:
         args.num_requests = 24

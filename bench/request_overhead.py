@@ -28,10 +28,10 @@ from typing import Any
 
 import httpx
 
-from bench.serve_client import scrape_metrics, stream_completion
-from bench.serve_metrics import RequestResult
-from bench.serve_run import served_model, step_totals
-from bench.serve_workloads import BenchRequest
+from loadgen.client import scrape_metrics, stream_completion
+from loadgen.metrics import RequestResult
+from loadgen.run import served_model, step_totals
+from loadgen.workloads import BenchRequest
 
 
 def overhead_ms(ttft_s: float, before: str, after: str, prefill_pool: bool) -> float:

@@ -13,7 +13,7 @@
     python -m bench.router_sim --load 0.9 --peak    # the busiest tenth of the trace 90% busy
 
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
-see bench.workloads.traces_dir, or given by --trace) at each `--capacity` (blocks per
+see loadgen.traces.traces_dir, or given by --trace) at each `--capacity` (blocks per
 worker), and the generated `shared_prefix`, `multi_turn` and `light_then_burst` (16-token
 blocks) at `--small-capacity`. Workers are bench.sim_worker: an LRU cache in front of a FIFO
 queue whose service times come from a measured profile (bench.sim_profile; --profile).
@@ -55,7 +55,8 @@ from bench.sim_misses import MissLedger
 from bench.sim_profile import DEFAULT_PROFILE
 from bench.sim_report import add_ratios, misses_table, table
 from bench.sim_run import REPLICA_SYNC_MS, at_load, pooled_lru_oracle, simulate
-from bench.workloads import (
+from core.perf import WorkerProfile
+from loadgen.traces import (
     DEFAULT_TRACE,
     TraceRequest,
     light_then_burst,
@@ -64,7 +65,6 @@ from bench.workloads import (
     resolve_trace,
     shared_prefix,
 )
-from core.perf import WorkerProfile
 from router.routing.index.pending import DEFAULT_TTL_S
 from router.routing.router import Router, RouterConfig
 

@@ -48,8 +48,8 @@ from bench.router_sim import (
 from bench.sim_profile import DEFAULT_PROFILE
 from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
-from bench.workloads import DEFAULT_TRACE, read_jsonl, resolve_trace
 from core.perf import WorkerProfile
+from loadgen.traces import DEFAULT_TRACE, read_jsonl, resolve_trace
 from router.routing.router import RouterConfig
 
 TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from bench.sim_worker import SimWorker, prefix_length, store_chain
-from bench.workloads import TraceRequest
+from loadgen.traces import TraceRequest
 
 
 @dataclass

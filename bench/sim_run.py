@@ -38,9 +38,9 @@ from typing import Any
 
 from bench.sim_misses import MissLedger
 from bench.sim_worker import Queued, SimWorker, prefix_length, store_chain
-from bench.workloads import TraceRequest
 from core.events import KVEventBatch
 from core.perf import WorkerProfile
+from loadgen.traces import TraceRequest
 from router.routing.router import Router
 from router.routing.ticket import Ticket
 

@@ -40,7 +40,7 @@ def test_the_autoscaled_pools_range_from_the_average_to_the_peak() -> None:
 
 
 def test_slo_attainment_is_counted_by_the_phase_a_request_was_sent_in() -> None:
-    from bench.serve_metrics import SLO, RequestResult
+    from loadgen.metrics import SLO, RequestResult
 
     def sent(at: float, ttft: float) -> RequestResult:
         return RequestResult(at, 10, ok=True, ttft_s=ttft, e2e_s=ttft + 0.1, num_output_tokens=2)

@@ -10,9 +10,9 @@ import pytest
 
 from bench import plan as baton_plan
 from bench import request_overhead
-from bench import serve_workloads as wl
 from bench.plan_sim import DecodeSim, RequestOverhead, simulate_cluster, summarize
 from core.perf import DecodeProfile, WorkerProfile
+from loadgen import workloads as wl
 
 PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0.0)
 DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench import plan_validate as pv
-from bench.serve_run import step_totals
+from loadgen.run import step_totals
 
 
 def exposition(forward: float, between: float, steps: int, rows: int) -> str:

@@ -13,7 +13,8 @@ from bench import router_sim, sim_run
 from bench.sim_misses import MissLedger
 from bench.sim_run import at_load
 from bench.sim_worker import Queued, SimWorker
-from bench.workloads import (
+from core.perf import WorkerProfile
+from loadgen.traces import (
     DEFAULT_TRACE,
     REPO,
     light_then_burst,
@@ -22,7 +23,6 @@ from bench.workloads import (
     traces_dir,
     write_jsonl,
 )
-from core.perf import WorkerProfile
 
 PROFILE = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=0.0)
 
@@ -37,7 +37,7 @@ def test_traces_resolve_beside_the_checkout_never_a_fixed_path(monkeypatch, tmp_
     assert traces_dir() == tmp_path
     # relative paths: the working directory first, then the repo root
     monkeypatch.chdir(tmp_path)
-    assert resolve_trace("bench/workloads.py") == REPO / "bench" / "workloads.py"
+    assert resolve_trace("loadgen/traces.py") == REPO / "loadgen" / "traces.py"
     (tmp_path / "t.jsonl").write_text("")
     assert resolve_trace("t.jsonl") == Path("t.jsonl")
     assert resolve_trace("../shared/x.jsonl") == (REPO.parent / "shared" / "x.jsonl").resolve()

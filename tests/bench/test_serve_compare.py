@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bench.serve_client import _error_message
-from bench.serve_compare import EXPERIMENTS, sustains, verdict
+from loadgen.client import _error_message
+from loadgen.compare import EXPERIMENTS, sustains, verdict
 
 
 def _summary(rate: float, ttft_p50: float, tpot_p99: float, goodput: float,
@@ -58,7 +58,7 @@ def test_error_messages_are_one_clean_line() -> None:
 
 
 def test_configs_picks_an_experiments_configurations_by_name() -> None:
-    from bench.serve_compare import chosen_configs
+    from loadgen.compare import chosen_configs
 
     exp = EXPERIMENTS["mooncake"]
     assert chosen_configs(exp, None) == list(exp.configs)

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import serve_workloads as wl
-from bench.serve import build_arg_parser, run_from_args
-from bench.serve_client import run_load, scrape_metrics
-from bench.serve_run import served_model
 from core.config import EngineConfig
+from loadgen import workloads as wl
+from loadgen.cli import build_arg_parser, run_from_args
+from loadgen.client import run_load, scrape_metrics
+from loadgen.run import served_model
 from router.frontdoor.http.app import create_app
 from tests.support.grpc_server import GRPCServerThread
 from tests.support.http_server import HTTPServerThread

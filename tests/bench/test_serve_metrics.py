@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.serve_metrics import (
+from loadgen.metrics import (
     SLO,
     RequestResult,
     percentile,

@@ -1,10 +1,10 @@
-"""The peer comparison's verdict (bench/serve_peer.py) on synthetic summaries."""
+"""The peer comparison's verdict (loadgen/peer.py) on synthetic summaries."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.serve_peer import VllmServer, verdict
+from loadgen.peer import VllmServer, verdict
 
 
 def _run(rate: float, done: float, tpot_mean: float, ttft_p99: float, ok: int = 60) -> dict:

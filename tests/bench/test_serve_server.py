@@ -1,4 +1,4 @@
-"""The benchmark's server process (bench/serve_server.py): a port taken before the server
+"""The benchmark's server process (loadgen/server.py): a port taken before the server
 binds it is retried on fresh ports, not waited on until the start-up timeout."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bench.serve_server import PortTaken, ServerProcess
+from loadgen.server import PortTaken, ServerProcess
 
 
 class _Taken(ServerProcess):

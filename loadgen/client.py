@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from bench.serve_metrics import RequestResult
-from bench.serve_workloads import BenchRequest
+from loadgen.metrics import RequestResult
+from loadgen.workloads import BenchRequest
 
 DEADLINE_ERROR = "cancelled at the benchmark deadline"
 

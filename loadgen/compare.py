@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import serve_workloads as wl
-from bench.serve_plot import plot_experiment
-from bench.serve_run import HEADER, format_row, measure, schedules, served_model
-from bench.serve_server import ServerProcess
+from loadgen import workloads as wl
+from loadgen.plot import plot_experiment
+from loadgen.run import HEADER, format_row, measure, schedules, served_model
+from loadgen.server import ServerProcess
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path("bench/results")
+"""Relative to the working directory: a checkout's results folder."""
 LOGS = Path("/tmp/baton-bench-logs")
 BENCH_MODEL = Path("/tmp/baton-bench-model-20m")
 # ~20M parameters: a 1k-token prefill takes ~1 s on one CPU thread, long enough for prefill
@@ -59,7 +60,7 @@ class Experiment:
     name: str
     title: str
     workload: dict[str, Any]
-    """bench.serve argument values for this experiment's workload."""
+    """loadgen.cli argument values for this experiment's workload."""
     configs: list[Config]
     rates: list[float]
     num_requests: int

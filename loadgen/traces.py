@@ -4,9 +4,9 @@ A trace is a list of requests in the Mooncake JSONL format:
     {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [int, ...]}
 `hash_ids` name prefix-chained blocks of `block_size` tokens: equal ids = reusable KV.
 
-    python -m bench.workloads shared_prefix --out /tmp/sp.jsonl
-    python -m bench.workloads multi_turn --out /tmp/mt.jsonl
-    python -m bench.workloads light_then_burst --out /tmp/ltb.jsonl
+    python -m loadgen.traces shared_prefix --out /tmp/sp.jsonl
+    python -m loadgen.traces multi_turn --out /tmp/mt.jsonl
+    python -m loadgen.traces light_then_burst --out /tmp/ltb.jsonl
 """
 
 from __future__ import annotations

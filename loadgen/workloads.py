@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import workloads as traces
+from loadgen import traces
 
 
 @dataclass(frozen=True)
@@ -258,7 +258,7 @@ def multi_turn(
     block_size: int = 16,
     seed: int = 0,
 ) -> list[BenchRequest]:
-    """Chat sessions (bench.workloads.multi_turn): each turn's prompt is the previous
+    """Chat sessions (loadgen.traces.multi_turn): each turn's prompt is the previous
     prompt + a stand-in answer + a new message, with the trace's own (think-time) arrivals.
     The stand-in answer is fixed tokens, not the model's reply, so the load stays open-loop."""
     rows = traces.multi_turn(

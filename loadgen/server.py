@@ -6,7 +6,7 @@ raylet and worker processes it spawns join that group. Stopping sends SIGTERM to
 (it shuts its cluster down cleanly), and only if that times out SIGKILLs the group it leads,
 which holds nothing but processes this benchmark started.
 
-`python -m bench.serve_server <serve flags>` runs `baton serve <serve flags>`.
+`python -m loadgen.server <serve flags>` runs `baton serve <serve flags>`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "bench.serve_server", *self.serve_args,
+        return [sys.executable, "-m", "loadgen.server", *self.serve_args,
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--grpc-port", str(self.grpc_port)]  # fmt: skip
 

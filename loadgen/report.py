@@ -1,6 +1,6 @@
 """Markdown tables from `baton bench --compare` results (what docs/performance.md shows).
 
-python -m bench.serve_report bench/results/serve_pd.json bench/results/serve_policy.json
+python -m loadgen.report bench/results/serve_pd.json bench/results/serve_policy.json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One measured run of `baton bench`: the workload's requests and their schedule, the load
 against one server with /metrics scraped around it, and the table row that reports it.
-Shared by a single-server run (bench/serve.py) and a comparison (bench/serve_compare.py)."""
+Shared by a single-server run (loadgen/cli.py) and a comparison (loadgen/compare.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
-from bench import serve_workloads as wl
-from bench.serve_client import run_load, scrape_metrics
-from bench.serve_metrics import (
+from loadgen import workloads as wl
+from loadgen.client import run_load, scrape_metrics
+from loadgen.metrics import (
     SLO,
     RequestResult,
     scrape_by_label,
@@ -21,7 +21,7 @@ from bench.serve_metrics import (
     scrape_sum,
     summarize,
 )
-from bench.workloads import DEFAULT_TRACE
+from loadgen.traces import DEFAULT_TRACE
 
 WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
              "azure")  # fmt: skip

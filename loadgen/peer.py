@@ -1,7 +1,7 @@
 """`baton bench --compare peer`: `baton serve` against `vllm serve`, same checkpoint, same
 client, same cores, in one run.
 
-    python -m bench.serve --compare peer --vllm-python /path/to/venv/bin/python \\
+    python -m loadgen.cli --compare peer --vllm-python /path/to/venv/bin/python \\
         --workload fixed --input-len 256 --output-len 64 --rate 1 2 4 6
 
 Each server is started in turn (vLLM first, then every Baton configuration), warmed up,
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import serve_workloads as wl
-from bench.serve_compare import LOGS, RESULTS, Config, _warm_up, ensure_bench_model
-from bench.serve_run import HEADER, format_row, measure, schedules, served_model
-from bench.serve_server import ServerProcess
+from loadgen import workloads as wl
+from loadgen.compare import LOGS, RESULTS, Config, _warm_up, ensure_bench_model
+from loadgen.run import HEADER, format_row, measure, schedules, served_model
+from loadgen.server import ServerProcess
 
 _VLLM_SHIM = """
 import importlib.metadata as md, sys
