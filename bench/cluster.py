@@ -53,7 +53,7 @@ def workload(
 async def run_config(model_dir: str, mode: str, requests: list, threads: int) -> dict:
     from router.cluster.bringup import start_cluster
     from router.cluster.spec import ClusterSpec
-    from router.routing.router import RouterConfig
+    from router.routing.route import RouterConfig
 
     spec = ClusterSpec(
         model_dir=model_dir,

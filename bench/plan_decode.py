@@ -3,7 +3,7 @@ a measured profile, with the prompts it prefills itself mixed into its steps.
 
 A request joins either with its KV already computed (it came from a prefill worker) or with
 prompt tokens left to compute here (conditional disaggregation: the router sends prompts
-whose uncached part on this worker is short, router.routing.router step 4). Each step spends
+whose uncached part on this worker is short, router.routing.route step 4). Each step spends
 a token budget the way the engine's scheduler does (engine/scheduler.py): one token for every
 decoding request first, then the rest of the budget to prompt chunks in arrival order. A
 step takes

@@ -57,7 +57,7 @@ from bench.sim_run import percentile
 from bench.sim_worker import SimWorker
 from core.perf import DecodeProfile, WorkerProfile
 from loadgen.traces import TraceRequest
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.ticket import Ticket
 
 __all__ = [

@@ -44,7 +44,7 @@ TOKENS_PER_PROMPT = CHAIN * 16
 
 def build(num_workers: int, num_blocks: int, rng: random.Random) -> tuple[Any, list, dict]:
     from core.events import BlockStored, KVEventBatch
-    from router.routing.router import Router, RouterConfig
+    from router.routing.route import Router, RouterConfig
 
     router = Router(RouterConfig(disagg_min_uncached_tokens=0))
     for w in range(num_workers):

@@ -66,7 +66,7 @@ from loadgen.traces import (
     shared_prefix,
 )
 from router.routing.index.pending import DEFAULT_TTL_S
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 
 POLICIES = ("ttft", "ttft_no_pull", "cache_aware", "least_loaded", "round_robin")
 """Rows of the table. `ttft` pulls prefixes from peers when the profile gives a transfer rate;

@@ -50,7 +50,7 @@ from bench.sim_report import add_ratios
 from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from core.perf import WorkerProfile
 from loadgen.traces import DEFAULT_TRACE, read_jsonl, resolve_trace
-from router.routing.router import RouterConfig
+from router.routing.route import RouterConfig
 
 TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}
 """(least reuse / oracle, largest load max/mean) per workload: issue 20's targets."""

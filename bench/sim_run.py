@@ -41,7 +41,7 @@ from bench.sim_worker import Queued, SimWorker, prefix_length, store_chain
 from core.events import KVEventBatch
 from core.perf import WorkerProfile
 from loadgen.traces import TraceRequest
-from router.routing.router import Router
+from router.routing.route import Router
 from router.routing.ticket import Ticket
 
 REPLICA_SYNC_MS = 20.0

@@ -30,7 +30,7 @@ RESULTS = Path(__file__).parent / "results"
 async def soak(args: argparse.Namespace, model_dir: Path) -> dict:
     from router.cluster.bringup import start_cluster
     from router.cluster.spec import ClusterSpec
-    from router.routing.router import RouterConfig
+    from router.routing.route import RouterConfig
 
     spec = ClusterSpec(
         model_dir=str(model_dir),

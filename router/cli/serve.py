@@ -23,7 +23,7 @@ from router.cli.model_dir import resolve_model
 from router.cli.serve_args import door_limits
 
 if TYPE_CHECKING:
-    from router.routing.router import RouterConfig
+    from router.routing.route import RouterConfig
 
 logger = logging.getLogger("baton.serve")
 
@@ -116,7 +116,7 @@ def _policy_args(args: argparse.Namespace) -> dict[str, float | bool]:
 
 
 def router_config(args: argparse.Namespace) -> RouterConfig:
-    from router.routing.router import RouterConfig
+    from router.routing.route import RouterConfig
 
     if args.disagg_min_uncached_tokens < 0:
         raise SystemExit("baton serve: --disagg-min-uncached-tokens must be >= 0")

@@ -17,7 +17,7 @@ from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
 from router.frontdoor.metrics import Metrics
 from router.routing.index import make_store
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 
 if TYPE_CHECKING:  # it imports ray, which must not happen before init_ray sets its env
     from router.cluster.request_path import RequestPath

@@ -24,7 +24,7 @@ from core.errors import WorkerFailedError
 from core.events import WorkerLoad
 from core.roles import WorkerRole
 from router.cluster.deadlines import CONTROL_CALL_S, bounded
-from router.routing.router import Router
+from router.routing.route import Router
 from worker.records import WorkerInfo, WorkerReport
 
 logger = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import WorkerFailedError
-from router.routing.router import Router
+from router.routing.route import Router
 from router.routing.ticket import Ticket
 
 

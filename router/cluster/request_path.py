@@ -54,7 +54,7 @@ from router.cluster.prefix_pull import pull_prefix
 from router.cluster.worker_channel import Queue, WorkerChannel
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
-from router.routing.router import NoWorkerError, Router
+from router.routing.route import NoWorkerError, Router
 from router.routing.ticket import Ticket
 
 logger = logging.getLogger(__name__)

@@ -5,6 +5,6 @@ asyncio. Imports `core` only, so it runs and is tested without torch.
 """
 
 from router.routing.decision import RoutingDecision
-from router.routing.router import NoWorkerError, Router, RouterConfig
+from router.routing.route import NoWorkerError, Router, RouterConfig
 
 __all__ = ["NoWorkerError", "Router", "RouterConfig", "RoutingDecision"]

@@ -17,7 +17,7 @@ BEFORE_INIT_RAY = (
     "router.frontdoor.grpc.server",
     "router.frontdoor.http.app",
     "router.frontdoor.metrics",
-    "router.routing.router",
+    "router.routing.route",
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 from core.config import EngineConfig
 from router.cluster.bringup import Cluster, init_ray, start_cluster
 from router.cluster.spec import ClusterSpec
-from router.routing.router import RouterConfig
+from router.routing.route import RouterConfig
 
 MAX_TOKENS = 10
 

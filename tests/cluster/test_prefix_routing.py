@@ -13,7 +13,7 @@ from core.sampling import SamplingParams
 from router.routing.decision import PrefixPull
 from router.routing.policies import base as policies_base
 from router.routing.policies.base import Choice, Policy, RouteContext
-from router.routing.router import RouterConfig
+from router.routing.route import RouterConfig
 from router.routing.worker_state import WorkerState
 from tests import oracle
 from tests.cluster.conftest import MAX_TOKENS, always_disaggregate, make_spec

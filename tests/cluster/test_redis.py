@@ -9,7 +9,7 @@ import ray
 from core.sampling import SamplingParams
 from router.cluster.controller import Controller
 from router.routing.index import make_store
-from router.routing.router import Router
+from router.routing.route import Router
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect, prompts, wait_until_cached
 from tests.router.conftest import redis_server  # noqa: F401 - the session fixture

@@ -12,7 +12,7 @@ from core.step_stats import StepTotals
 from router.routing.index.redis_store import RedisStore
 from router.routing.load import LoadTracker
 from router.routing.load_share import LoadShare, Stage
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.worker_state import prefill_load
 from tests.router.test_redis_store import wait_until
 

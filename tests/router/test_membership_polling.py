@@ -13,7 +13,7 @@ from core.events import KVEventBatch, WorkerLoad
 from core.roles import WorkerRole
 from router.cluster import membership as membership_module
 from router.cluster.membership import Membership
-from router.routing.router import Router
+from router.routing.route import Router
 from tests.router.membership_fakes import Call, Member
 from worker.records import WorkerInfo, WorkerReport
 

@@ -11,7 +11,7 @@ from core.events import BlockRemoved, BlockStored, KVEventBatch, WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
 from router.routing.index.pending import PendingBlocks
 from router.routing.index.redis_store import RedisStore
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 
 TOKENS = list(range(160))  # 10 blocks of 16
 HASHES = hash_prompt_blocks(TOKENS, 16, model_root_hash("m", 16))

@@ -9,7 +9,7 @@ import pytest
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
 from router.routing.policies import RouteContext, make_policy, policy_names
-from router.routing.router import NoWorkerError, Router, RouterConfig
+from router.routing.route import NoWorkerError, Router, RouterConfig
 from router.routing.worker_state import WorkerState
 
 TOKENS = list(range(640))  # 40 blocks of 16

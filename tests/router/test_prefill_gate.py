@@ -9,7 +9,7 @@ import pytest
 from core.errors import WorkerFailedError
 from core.events import BlockStored, KVEventBatch
 from router.cluster.prefill_gate import PrefillGate, next_in_line
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.ticket import Ticket
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from router.routing.decision import PrefixPull
 from router.routing.policies import RouteContext, make_policy
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.worker_state import WorkerState
 
 B = 16

@@ -12,7 +12,7 @@ import pytest
 from core.events import AllBlocksCleared, BlockRemoved, BlockStored, BlockTiered, KVEventBatch
 from core.hashing import hash_prompt_blocks, model_root_hash
 from router.routing.index.redis_store import RedisStore
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 
 TOKENS = list(range(160))  # 10 blocks of 16
 HASHES = hash_prompt_blocks(TOKENS, 16, model_root_hash("m", 16))

@@ -9,7 +9,7 @@ import pytest
 from core.events import BlockStored, BlockTiered, KVEventBatch, WorkerLoad
 from core.step_stats import StepTotals
 from router.routing.restore_cost import RestoreCost
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.worker_state import WorkerState
 
 B = 16

@@ -10,7 +10,7 @@ import pytest
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.step_stats import StepTotals
 from router.routing.policies import RouteContext, make_policy
-from router.routing.router import Router, RouterConfig
+from router.routing.route import Router, RouterConfig
 from router.routing.worker_state import WorkerState
 
 B = 16
@@ -211,7 +211,7 @@ def test_router_feeds_block_counts_and_calibration(caplog) -> None:
         load = WorkerLoad("p1", "prefill", 0, 0, 0, 100, 100, at, steps=steps)
         router.report_load(load)
         steps = StepTotals(steps=20 * scale, prefill_tokens=2000 * scale, forward_s=3.0 * scale)
-    with caplog.at_level(logging.DEBUG, logger="router.routing.router"):
+    with caplog.at_level(logging.DEBUG, logger="router.routing.route"):
         ticket = router.route("m", block_hashes=list(range(1, 41)), num_prompt_tokens=40 * B)
     assert ticket.decision.prefill_worker_id == "p1"
     assert "cost_w = t_w*L_w" in caplog.text and "prefill_wait_s" in caplog.text
