@@ -25,8 +25,9 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     """Share of the device's total memory this worker may fill with weights, activations
     and KV cache when the KV size is not given (CUDA only; vLLM's default)."""
-    max_num_seqs: int = 64
-    """Cap on running sequences."""
+    max_num_seqs: int = 128
+    """Cap on running sequences (`vllm serve`'s on CPU): past saturation a larger batch reads
+    the weights once for more tokens."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step: chunked prefill splits prompts to fit it."""
     max_model_len: int | None = None
@@ -64,6 +65,8 @@ class EngineConfig:
     num_threads: int | None = None
     """torch intra-op threads on CPU; None leaves torch's default."""
     tp_size: int = 1
+    """Tensor-parallel ranks of this engine. A cluster's TP size is ClusterSpec.tp (per pool:
+    `tp_of`); each worker sets its engine's from its own spec."""
     cuda_graphs: bool = True
     """Replay decode steps from CUDA graphs captured at start-up (CUDA devices with the
     Triton backend only; never on CPU). False runs every step eagerly (vLLM's

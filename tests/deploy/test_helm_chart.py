@@ -346,7 +346,7 @@ def test_limits_values_reach_the_door_limits() -> None:
 
 
 def test_autoscale_values_reach_the_autoscaler() -> None:
-    from router.cli.autoscale_args import autoscale_config
+    from router.cli.serve_args import autoscale_config
     from router.cluster.autoscale.policy import AutoscaleConfig
 
     args, _ = _head_serve(render({}))

@@ -1,0 +1,23 @@
+"""The transfer group: how KV blocks move between workers (kv_transfer/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from router.cli.config.knob import default_of, knob
+from router.cluster.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    TITLE: ClassVar[str] = "transfer"
+    ABOUT: ClassVar[str] = "how KV blocks move from prefill to decode workers"
+
+    transport: str = knob(
+        default_of(ClusterSpec, "transport"),
+        "KV transport: nixl, ucx, shm (workers on one host), local, or auto (per peer: shm "
+        "for a peer on this host, else the first network backend that works here, nixl "
+        "before ucx)",
+        metavar="NAME",
+    )
