@@ -1,5 +1,5 @@
 """The serving work's CPU on a running cluster, beside its engines: what `baton plan
---host-cpu CORES BASE REQUEST_MS TOKEN_MS SHARE CO_RUN` takes (bench/plan_host.py).
+--host-cpu CORES BASE REQUEST_MS TOKEN_MS SHARE CO_RUN` takes (planner/sim/host.py).
 
     python -m bench.host_cpu --url http://127.0.0.1:8000 --profile worker_profile.json
 
@@ -19,7 +19,7 @@ Prompts are short enough for the decode worker to prefill them, so the prefill p
 and one engine steps with a core free beside it. Given the worker's `baton profile`
 (`--profile`), the tokens phase also gives SHARE: its decode steps took longer than the
 profile prices them (1.21x here), though a core was free, because part of the serving work
-ran on the engine's core; SHARE is the part that did (bench/plan_host.py). Last, where
+ran on the engine's core; SHARE is the part that did (planner/sim/host.py). Last, where
 the cluster has a prefill pool, the same long prompts prefilled alone and then beside a
 decoding engine (rows on `context_tokens` of cached context each: the memory a loaded decode
 reads), in alternating rounds, give CO_RUN: how much slower an engine steps with another
@@ -42,12 +42,12 @@ from typing import Any
 
 import httpx
 
-from bench.plan_host import HostCPU
 from core.perf import DecodeProfile, WorkerProfile
 from loadgen.client import scrape_metrics, stream_completion
 from loadgen.metrics import RequestResult
 from loadgen.run import served_model, step_totals
 from loadgen.workloads import BenchRequest
+from planner.sim.host import HostCPU
 
 _BUSY = (0, 1, 2, 5, 6)
 """/proc/stat's cpu line: user, nice, system, irq, softirq (idle, iowait and steal are not

@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from bench import host_cpu, request_overhead
-from bench import plan as baton_plan
 from loadgen import cli as baton_bench
 from loadgen import workloads as wl
 from loadgen.compare import LOGS, RESULTS, _warm_up, ensure_bench_model
 from loadgen.metrics import RequestResult
 from loadgen.run import measure, schedules, served_model
 from loadgen.server import ServerProcess
+from planner import plan as baton_plan
 
 WORKLOADS = {
     "azure": ["--workload", "azure", "--time-scale", "2", "--num-requests", "150",
@@ -80,7 +80,7 @@ async def served(
     args = baton_bench.build_arg_parser(argparse.ArgumentParser()).parse_args(
         ["--url", "http://unused", "--no-progress", *flags]
     )
-    baton_bench._fill_defaults(args)
+    baton_bench.fill_workload_defaults(args)
     ((rate, timed),) = schedules(args, wl.TokenSpace(*args.token_range))
     with ServerProcess([*serve, "--model", str(model_dir)], LOGS / f"plan_{name}.log") as server:
         model = await served_model(server.url)

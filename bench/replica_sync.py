@@ -16,7 +16,7 @@ import argparse
 import time
 
 from bench.router_sim import redis_server
-from bench.sim_run import percentile
+from planner.sim.prefill_pool import percentile
 from router.routing.index.redis_store import RedisStore
 
 

@@ -15,11 +15,11 @@
 Workloads: the Mooncake FAST'25 synthetic trace (512-token blocks; found beside the checkout,
 see loadgen.traces.traces_dir, or given by --trace) at each `--capacity` (blocks per
 worker), and the generated `shared_prefix`, `multi_turn` and `light_then_burst` (16-token
-blocks) at `--small-capacity`. Workers are bench.sim_worker: an LRU cache in front of a FIFO
+blocks) at `--small-capacity`. Workers are planner.sim.prefill: an LRU cache in front of a FIFO
 queue whose service times come from a measured profile (bench.sim_profile; --profile).
 
 Clock: traces are replayed at `--load` (computing every prompt in full would keep the pool
-that busy; bench.sim_run.at_load), so the queueing regime does not depend on which device
+that busy; planner.sim.prefill_pool.at_load), so the queueing regime does not depend on which device
 the profile was measured on. The load is the whole trace's average, or with `--peak` its
 busiest tenth's: Mooncake's prompts grow along the trace, its last tenth brings 1.87x the
 average work a second, so at `--load 0.8` the pool is overloaded through its second half.
@@ -51,10 +51,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.sim_misses import MissLedger
 from bench.sim_profile import DEFAULT_PROFILE
 from bench.sim_report import add_ratios, misses_table, table
-from bench.sim_run import REPLICA_SYNC_MS, at_load, pooled_lru_oracle, simulate
 from core.perf import WorkerProfile
 from loadgen.traces import (
     DEFAULT_TRACE,
@@ -65,6 +63,8 @@ from loadgen.traces import (
     resolve_trace,
     shared_prefix,
 )
+from planner.sim.misses import MissLedger
+from planner.sim.prefill_pool import REPLICA_SYNC_MS, at_load, pooled_lru_oracle, simulate
 from router.routing.index.pending import DEFAULT_TTL_S
 from router.routing.route import Router, RouterConfig
 
@@ -108,7 +108,7 @@ def make_routers(
     gate_max_skips: int = RouterConfig.gate_max_skips,
 ) -> list[Router]:
     """Routers that know the trace's block size: a hit of k blocks is k * block_size tokens.
-    `gate_max_skips` is the simulated workers' queue order too (bench.sim_worker)."""
+    `gate_max_skips` is the simulated workers' queue order too (planner.sim.prefill)."""
     routers = []
     for _ in range(replicas):
         store = None

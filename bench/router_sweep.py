@@ -47,9 +47,9 @@ from bench.router_sim import (
 )
 from bench.sim_profile import DEFAULT_PROFILE
 from bench.sim_report import add_ratios
-from bench.sim_run import at_load, pooled_lru_oracle, simulate
 from core.perf import WorkerProfile
 from loadgen.traces import DEFAULT_TRACE, read_jsonl, resolve_trace
+from planner.sim.prefill_pool import at_load, pooled_lru_oracle, simulate
 from router.routing.route import RouterConfig
 
 TARGETS = {"mooncake": (0.9, 1.2), "light_then_burst": (0.9, 1.3)}

@@ -51,7 +51,7 @@ def table(runs: dict) -> str:
 
 
 def misses_table(runs: dict) -> str:
-    """Where each policy's prompt blocks went (bench.sim_misses), shares of all blocks."""
+    """Where each policy's prompt blocks went (planner.sim.misses), shares of all blocks."""
     keys = MISS_KEYS
     lines = [
         "| workload | policy | " + " | ".join(k.replace("_", " ") for k in keys) + " |",

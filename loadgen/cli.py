@@ -33,7 +33,7 @@ def _rates(text: str) -> float:
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    """What to send and when: shared by `baton bench` and `baton plan` (bench/plan.py), so a
+    """What to send and when: shared by `baton bench` and `baton plan` (planner/plan.py), so a
     plan replays exactly the requests a benchmark sends."""
     p.add_argument("--workload", choices=WORKLOADS, default="long_mix")
     p.add_argument("--trace", default=None, help="trace file (mooncake JSONL / Azure CSV)")
@@ -149,7 +149,8 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _fill_defaults(args: argparse.Namespace) -> None:
+def fill_workload_defaults(args: argparse.Namespace) -> None:
+    """The defaults `baton bench` and `baton plan` share where a flag was left out."""
     args.num_requests = args.num_requests or 200
     args.duration = args.duration or 120.0
     args.ttft_slo = args.ttft_slo or 2.0
@@ -157,7 +158,7 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 
 
 async def _bench_url(args: argparse.Namespace) -> dict[str, Any]:
-    _fill_defaults(args)
+    fill_workload_defaults(args)
     space = wl.TokenSpace(*args.token_range)
     model = await served_model(args.url, args.api_key)
     print(HEADER)

@@ -3,8 +3,8 @@
 Subcommands import their heavy dependencies (torch, the engine) lazily, so `baton --help`
 is instant and the router package stays torch-free. Packages installed beside Baton may add
 subcommands through the `baton.commands` entry point group (a function that takes the
-subparsers); `baton bench` comes that way from the benchmark package, which the router
-never imports.
+subparsers): `baton profile` and `baton plan` come that way from planner/, `baton bench`
+from loadgen/, which the router never imports.
 """
 
 from __future__ import annotations
@@ -45,12 +45,6 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(args)
 
 
-def _run_profile(args: argparse.Namespace) -> int:
-    from router.cli.profile import run_profile
-
-    return run_profile(args)
-
-
 def _add_plugins(sub: argparse._SubParsersAction) -> None:
     for entry in entry_points(group=PLUGIN_GROUP):
         try:
@@ -86,11 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="start the cluster and its front doors")
     add_serve_arguments(serve)
     serve.set_defaults(func=_run_serve)
-    from router.cli.profile import add_profile_arguments
-
-    profile = sub.add_parser("profile", help="measure a worker's engine here; a JSON profile")
-    add_profile_arguments(profile)
-    profile.set_defaults(func=_run_profile)
     _add_plugins(sub)
     return parser
 

@@ -9,10 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import router_sim, sim_run
-from bench.sim_misses import MissLedger
-from bench.sim_run import at_load
-from bench.sim_worker import Queued, SimWorker
+from bench import router_sim
 from core.perf import WorkerProfile
 from loadgen.traces import (
     DEFAULT_TRACE,
@@ -23,6 +20,10 @@ from loadgen.traces import (
     traces_dir,
     write_jsonl,
 )
+from planner.sim import prefill_pool as sim_run
+from planner.sim.misses import MissLedger
+from planner.sim.prefill import Queued, SimWorker
+from planner.sim.prefill_pool import at_load
 
 PROFILE = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=256, attn_ms=0.0)
 

@@ -4,10 +4,10 @@ apart from its cache hits and from computed tokens, and the run reports all thre
 from __future__ import annotations
 
 from bench import router_sim
-from bench.sim_run import simulate
-from bench.sim_worker import SimWorker
 from core.perf import WorkerProfile
 from loadgen.traces import TraceRequest
+from planner.sim.prefill import SimWorker
+from planner.sim.prefill_pool import simulate
 
 # 1 ms per token computed; 1,000 bytes per token at 1 GB/s: 1 us per token copied
 PROFILE = WorkerProfile(

@@ -3,12 +3,12 @@
 Per request, in arrival order (`simulate`):
   1. prefills finished by now tell the router (Ticket.prefill_done, then close);
   2. every `report_every` requests each worker sends the load report a real one would
-     (bench.sim_worker: queued tokens, capacity, step totals, prompt / cached tokens);
+     (planner.sim.prefill: queued tokens, capacity, step totals, prompt / cached tokens);
   3. the router picks a prefill worker (one decode worker exists so decisions are complete;
      conditional disaggregation is off: every prompt is prefilled in the prefill pool);
   4. the request waits in that worker's FIFO queue; when it starts, the worker's cache
      answers with its longest prefix, copies the blocks the decision pulls from a peer (as
-     far as the peer still holds them), stores the rest and evicts LRU (bench.sim_worker);
+     far as the peer still holds them), stores the rest and evicts LRU (planner.sim.prefill);
   5. the worker's KV events reach the router through the replica that owns the worker when
      the request starts (an engine names a request's blocks in its cache when it schedules
      it). Until then the router knows them only as its decision's promise
@@ -36,11 +36,11 @@ import math
 from collections import OrderedDict, deque
 from typing import Any
 
-from bench.sim_misses import MissLedger
-from bench.sim_worker import Queued, SimWorker, prefix_length, store_chain
 from core.events import KVEventBatch
 from core.perf import WorkerProfile
 from loadgen.traces import TraceRequest
+from planner.sim.misses import MissLedger
+from planner.sim.prefill import Queued, SimWorker, prefix_length, store_chain
 from router.routing.route import Router
 from router.routing.ticket import Ticket
 

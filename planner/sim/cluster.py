@@ -11,7 +11,7 @@
   real one does, conditional disaggregation included: a prompt whose part the chosen decode
   worker does not hold is shorter than `disagg_min_uncached_tokens` (256 in `baton serve`)
   is prefilled by that decode worker, inside its steps.
-- Prefill: bench.sim_worker.SimWorker (an LRU prefix cache of the worker's KV blocks in
+- Prefill: planner.sim.prefill.SimWorker (an LRU prefix cache of the worker's KV blocks in
   front of a FIFO server), from when the decode worker has reserved the prompt's blocks: at
   the end of the step it is running. The first token leaves with the prefill's last step.
   (The front door's gate lets a waiter with a longer cached prefix go first,
@@ -20,7 +20,7 @@
   `--gate-max-skips 0`.)
 - Transfer: the prompt's KV (`kv_bytes_per_token`) at the profile's rate, plus its latency;
   free when the profile gives no rate.
-- Decode: bench.plan_decode.DecodeSim, continuous batching with prompt chunks mixed in. A
+- Decode: planner.sim.decode.DecodeSim, continuous batching with prompt chunks mixed in. A
   request whose KV arrived joins at the next step boundary if the worker has a free
   sequence slot and KV room for its whole length (else it waits, first in first out).
 
@@ -38,7 +38,7 @@ figure for a request its decode worker prefills and one for a request that goes 
 prefill pool (reserve, prefill, admit: more calls). Added to each TTFT: it moves no work,
 so it does not change the queues.
 
-The host's CPUs (`host`, bench/plan_host.py), when given: every step of every worker, and a
+The host's CPUs (`host`, planner/sim/host.py), when given: every step of every worker, and a
 first token's serving overhead, stretch by what the host's cores are doing then (the other
 engines stepping, the serving work the recent requests and tokens ask for), and every token
 a decode worker emits, and every arrival, is serving work on those cores. Without it the
@@ -51,12 +51,12 @@ import heapq
 from dataclasses import dataclass
 from typing import Any
 
-from bench.plan_decode import DecodeSim
-from bench.plan_host import HostCPU
-from bench.sim_run import percentile
-from bench.sim_worker import SimWorker
 from core.perf import DecodeProfile, WorkerProfile
 from loadgen.traces import TraceRequest
+from planner.sim.decode import DecodeSim
+from planner.sim.host import HostCPU
+from planner.sim.prefill import SimWorker
+from planner.sim.prefill_pool import percentile
 from router.routing.route import Router, RouterConfig
 from router.routing.ticket import Ticket
 

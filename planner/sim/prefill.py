@@ -226,7 +226,7 @@ class SimWorker:
         """Queue a prefill of `uncached` tokens arriving at `now_ms`, `transferred` of the
         others copied from a peer first (from `available_ms` at the earliest); returns its
         finish. `stretch`: how much slower than profiled its steps run (a host whose cores
-        are all taken, bench/plan_host.py)."""
+        are all taken, planner/sim/host.py)."""
         context = prompt_tokens - uncached
         service = self.profile.prefill_ms(uncached, context) * stretch
         attention = self.profile.attention_ms(uncached, context)

@@ -1,4 +1,4 @@
-"""The host's CPUs in `baton plan`'s model (bench/plan_sim.py): the serving work beside the
+"""The host's CPUs in `baton plan`'s model (planner/sim/cluster.py): the serving work beside the
 engines, and what it costs them when the cores are all taken.
 
 A CPU worker's engine holds its cores while it steps. Everything else a served request costs

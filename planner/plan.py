@@ -9,7 +9,7 @@
 
 The workload flags are `baton bench`'s (loadgen/cli.py add_workload_arguments): a plan
 replays exactly the requests that benchmark would send, through a discrete-event model of
-the cluster (bench/plan_sim.py: Baton's router and policies, prefix caches, FIFO prefill,
+the cluster (planner/sim/cluster.py: Baton's router and policies, prefix caches, FIFO prefill,
 KV transfer, continuous-batching decode with the short prompts it prefills itself mixed in)
 timed by the profile. It prints, per configuration, the expected TTFT and ITL (mean time per
 output token after the first, as `baton bench` reports TPOT) at p50 / p99 and the goodput
@@ -17,7 +17,7 @@ output token after the first, as `baton bench` reports TPOT) at p50 / p99 and th
 is within 1% of the best. How close a plan comes to a real run: `python -m
 bench.plan_validate` (docs/performance.md).
 
-CPU workers share their host's cores with the serving work: `--host-cpu` (bench/plan_host.py,
+CPU workers share their host's cores with the serving work: `--host-cpu` (planner/sim/host.py,
 measured by `python -m bench.host_cpu`) models that.
 
 Tensor parallelism: one profile per TP size (`--profile tp1.json --profile tp2.json`, each
@@ -31,19 +31,19 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.plan_sim import (
+from core.hashing import hash_prompt_blocks, model_root_hash
+from core.perf import WorkerProfile
+from loadgen import workloads as wl
+from loadgen.cli import add_workload_arguments, fill_workload_defaults
+from loadgen.run import schedules
+from loadgen.traces import TraceRequest
+from planner.sim.cluster import (
     DecodeProfile,
     HostCPU,
     RequestOverhead,
     simulate_cluster,
     summarize,
 )  # fmt: skip
-from core.hashing import hash_prompt_blocks, model_root_hash
-from core.perf import WorkerProfile
-from loadgen import workloads as wl
-from loadgen.cli import _fill_defaults, add_workload_arguments
-from loadgen.run import schedules
-from loadgen.traces import TraceRequest
 
 BLOCK = 16
 
@@ -77,9 +77,9 @@ def candidates(args: argparse.Namespace, tps: list[int]) -> list[tuple[int, int,
 
 def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]:
     """Every candidate simulated (`runs`) and the `pick`; with `keep_records`, each run also
-    holds its per-request records (bench.plan_sim), in the order the benchmark sends them,
+    holds its per-request records (planner.sim.cluster), in the order the benchmark sends them,
     and its workers' busy time (`workers`)."""
-    _fill_defaults(args)
+    fill_workload_defaults(args)
     profiles = {}
     for path in args.profile:
         raw = json.loads(Path(path).read_text())

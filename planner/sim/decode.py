@@ -1,4 +1,4 @@
-"""One simulated decode worker for `baton plan` (bench/plan_sim.py): continuous batching on
+"""One simulated decode worker for `baton plan` (planner/sim/cluster.py): continuous batching on
 a measured profile, with the prompts it prefills itself mixed into its steps.
 
 A request joins either with its KV already computed (it came from a prefill worker) or with
@@ -37,10 +37,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.plan_host import HostCPU
-from bench.sim_worker import SimWorker, prefix_length
 from core.events import KVEventBatch, WorkerLoad
 from core.perf import DecodeProfile, WorkerProfile
+from planner.sim.host import HostCPU
+from planner.sim.prefill import SimWorker, prefix_length
 
 
 @dataclass
@@ -98,7 +98,7 @@ class DecodeSim:
         self.busy_ms, self.num_steps, self.num_rows, self.num_prefill_tokens = 0.0, 0, 0, 0
         """Where its time went, as the engine's step totals count it."""
         self.host: HostCPU | None = None
-        """The host's CPUs (bench/plan_host.py), when modelled: its steps stretch while
+        """The host's CPUs (planner/sim/host.py), when modelled: its steps stretch while
         they are all taken, and its tokens are serving work on them."""
         self.busy_elsewhere: Callable[[float], int] = lambda _at: 0
         """How many other engines on its host are stepping at a moment (the cluster's)."""

@@ -45,8 +45,8 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_profile(args: argparse.Namespace) -> int:
     from core.perf.fit import fit_decode
-    from engine import perf_profile as pp
     from engine.engine import LLMEngine
+    from planner import measure as pp
 
     # Room for the largest decode shape without preempting: each row's context and every
     # token it asks for, and a few spare.
@@ -106,3 +106,20 @@ def run_profile(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(profile, indent=1) + "\n")
     print(json.dumps({k: v for k, v in profile.items() if k != "samples"}, indent=1))
     return 0
+
+
+def register_command(sub: argparse._SubParsersAction) -> None:
+    """`baton profile`: registered through the `baton.commands` entry point (pyproject.toml)."""
+    p = sub.add_parser("profile", help="measure a worker's engine here; a JSON profile")
+    add_profile_arguments(p)
+    p.set_defaults(func=run_profile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="baton profile", description=__doc__)
+    add_profile_arguments(parser)
+    return run_profile(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Where a routing policy's misses come from, block by block, against the pooled-LRU oracle.
 
-For each request, just before the chosen worker w serves it (bench.sim_run.simulate calls
+For each request, just before the chosen worker w serves it (planner.sim.prefill_pool.simulate calls
 `observe`), with the prompt's chain of n blocks:
 
     h   blocks w holds as a prefix (its hit)          a   the longest prefix any worker holds
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from bench.sim_worker import SimWorker, prefix_length, store_chain
 from loadgen.traces import TraceRequest
+from planner.sim.prefill import SimWorker, prefix_length, store_chain
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""`baton plan`'s cluster model (bench/plan_sim.py) on traces whose answers are known by hand,
-and the plan it picks (bench/plan.py)."""
+"""`baton plan`'s cluster model (planner/sim/cluster.py) on traces whose answers are known by hand,
+and the plan it picks (planner/plan.py)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ import json
 
 import pytest
 
-from bench import plan as baton_plan
-from bench import request_overhead
-from bench.plan_sim import DecodeSim, RequestOverhead, simulate_cluster, summarize
 from core.perf import DecodeProfile, WorkerProfile
 from loadgen import workloads as wl
+from planner import plan as baton_plan
+from planner.sim.cluster import DecodeSim, RequestOverhead, simulate_cluster, summarize
 
 PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0.0)
 DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)
@@ -89,19 +88,6 @@ def test_a_prefill_starts_once_its_decode_worker_has_reserved_between_two_steps(
                             disagg_min_uncached_tokens=256)  # fmt: skip
     assert a["on_decode"] and not b["on_decode"]
     assert b["ttft_ms"] == pytest.approx(662 - 1)
-
-
-def test_request_overhead_is_ttft_less_the_engine_time_of_the_first_token() -> None:
-    def scrape(prefill_s: float, decode_s: float) -> str:
-        return "\n".join(
-            f'baton:worker_step_seconds_total{{worker="{w}",phase="forward"}} {v}'
-            for w, v in (("prefill-0", prefill_s), ("decode-1", decode_s))
-        )
-
-    before, after = scrape(1.0, 2.0), scrape(1.2, 2.03)
-    # through the prefill pool: the decode worker's step after the admission is not counted
-    assert request_overhead.overhead_ms(0.25, before, after, True) == pytest.approx(50.0)
-    assert request_overhead.overhead_ms(0.25, before, after, False) == pytest.approx(20.0)
 
 
 def test_the_decode_worker_prefills_only_what_it_does_not_hold() -> None:

@@ -1,4 +1,4 @@
-"""`baton profile`'s measurements and fits (engine/perf_profile.py, router/cli/profile.py)."""
+"""`baton profile`'s measurements and fits (planner/measure.py, planner/profile.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from core.perf.fit import Sample
-from engine import perf_profile as pp
+from planner import measure as pp
 
 
 def test_a_prefill_fit_without_a_per_token_cost_is_measured_again(monkeypatch) -> None:
