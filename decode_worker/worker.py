@@ -17,11 +17,10 @@ from typing import Any
 
 from core.errors import WorkerFailedError
 from core.request import EngineRequest, TokenLogprob
-from core.roles import WorkerRole
 from decode_worker.rank import DecodeRank
 from engine.output_channel import Item
 from worker.base import WorkerBase
-from worker.group import EngineGroup
+from worker.group import RankGroup
 from worker.outlets import Outlets
 from worker.records import WorkerSpec
 
@@ -29,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 
 class DecodeWorker(WorkerBase):
-    engine_role = WorkerRole.UNIFIED
     rank_class = DecodeRank
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
@@ -48,10 +46,10 @@ class DecodeWorker(WorkerBase):
         as the item ("", WorkerReport): its load and the KV events after those the channel
         has had (the first report: after `after_seq`, the caller's last). A front door reading
         the stream then needs no `report` call while steps run: polled 20 times a second,
-        those calls cost the engine ~4.6% of its rate past saturation (docs/performance.md,
-        issue 17's seventeenth look). The report is asked of the engine thread after a batch
-        goes out and rides the next one, so no batch waits for it; while the worker does not
-        step for this channel, none comes (the door polls it)."""
+        those calls cost the engine ~4.6% of its rate past saturation. The report is asked of
+        the engine thread after a batch goes out and rides the next one, so no batch waits
+        for it; while the worker does not step for this channel, none comes (the door polls
+        it)."""
         outlet = self._outlets.get(channel_id)
         outlet.cursor = max(outlet.cursor, after_seq)
         loop = asyncio.get_running_loop()
@@ -89,7 +87,7 @@ class DecodeWorker(WorkerBase):
         """Stop routing the request's outputs, watching its deadline, expecting its KV."""
         self._outlets.forget(request_id)
         self.engine.close_stream(request_id)
-        self._arrivals.pop(request_id, None)
+        super()._forget(request_id)
 
     def _abort_soon(self, request_id: str) -> None:
         """Abort without waiting (from the channel's stream, which must not block)."""
@@ -110,8 +108,8 @@ class DecodeWorker(WorkerBase):
         await self._kv_arrived(request_id, timeout_s)
         self._open(request_id, timeout_s, channel_id)
 
-        def admit(g: EngineGroup) -> None:
-            out = g.call_all("admit_transferred", request_id, first_token, logprob)
+        def admit(g: RankGroup) -> None:
+            out = g.all(DecodeRank.admit, request_id, first_token, logprob)
             self.engine.publish([(request_id, out)])  # on the engine thread: before any step's
 
         try:
@@ -120,17 +118,13 @@ class DecodeWorker(WorkerBase):
             self._forget(request_id)
             raise WorkerFailedError(str(e)) from e
 
-    async def abort(self, request_id: str) -> bool:
-        self._forget(request_id)
-        return await super().abort(request_id)
-
     async def generate(self, request: EngineRequest, timeout_s: float, channel_id: str) -> None:
         """Prefill and decode here (unified mode; conditional disaggregation); the deltas go
         to channel `channel_id`."""
         self._check_admitting()
         self._open(request.request_id, timeout_s, channel_id)
         try:
-            await self.engine.call(lambda g: g.call_all("enqueue", request))
+            await self.engine.call(lambda g: g.all(DecodeRank.enqueue, request))
         except BaseException:
             # Cancelled or timed out while the engine thread enqueues it, the request is
             # queued anyway: abort it after (commands run in order; a refused one is a no-op).

@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from core.config import EngineConfig
-from core.roles import WorkerRole
 from engine.attention.backend import AttentionMetadata, DecodeWorkspace
 from engine.kv_cache.manager import cdiv
 
@@ -108,8 +107,8 @@ def choose_capturer(
     """What records this engine's decode graphs, or None to run every step eagerly: the
     given capturer, else CUDA graphs on a CUDA device with the Triton backend (the torch
     backend gathers every column of the fixed-width block table, all of max_model_len,
-    each step). None when `config.cuda_graphs` is off or the engine prefills only."""
-    if not config.cuda_graphs or config.role == WorkerRole.PREFILL:
+    each step). None when `config.cuda_graphs` is off (a prefill worker's engine)."""
+    if not config.cuda_graphs:
         return None
     if given is not None:
         return given

@@ -1,17 +1,16 @@
 """The engine step: schedule, run, process outputs, collect.
 
-One `LLMEngine` serves one role:
-
-- `unified`: whole requests, prefill and decode.
-- `prefill`: runs a prompt, samples the first token, then parks the request with its blocks
-  held (`take_prefilled`) until the KV has been handed over and `release` is called.
-- `decode`: `reserve` blocks for a prompt whose KV another engine will write (reusing its own
-  prefix-cache hit, which is not sent again), then `admit_transferred` with the first token
-  once the KV has landed; from there it decodes like unified.
+An engine runs whole requests, prefill and decode, and knows no roles. Where KV crosses its
+boundary it holds requests outside the schedule (engine/held.py): `reserve` blocks for a
+prompt whose KV another engine computes (reusing its own prefix-cache hit, which is not
+sent again), then `admit` it with its first token once the KV has landed (or `cache_landed`,
+a prefix copied from a peer); and, when its KV connector asks (engine/kv_connector.py: the
+prefill worker's), park a request after its first token until `release`, while its KV is
+handed over.
 
 A request that moved from another worker (`EngineRequest.resume`) starts with its resumed
-output tokens (`engine.resume`): in every role its "prompt KV" is prompt + resumed tokens,
-and its "first token" is the first one sampled here.
+output tokens (`engine.resume`): its "prompt KV" is prompt + resumed tokens, and its "first
+token" is the first one sampled here.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from core.errors import InvalidRequestError
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
-from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from core.step_stats import StepTotals
 from engine.config import ModelConfig
@@ -36,7 +34,7 @@ from engine.cuda_graphs import GraphCapturer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
 from engine.grammar.cache import GrammarCache
-from engine.handover import PrefillResult, Reservation
+from engine.held import HeldRequests, NoCapacityError, Reservation
 from engine.host_heap import keep_freed_memory
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.restore_rule import attach_offload
@@ -54,9 +52,7 @@ from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-
-class NoCapacityError(RuntimeError):
-    """The KV cache cannot hold this request now (a retryable condition)."""
+__all__ = ["LLMEngine", "NoCapacityError", "Reservation"]
 
 
 class LLMEngine:
@@ -99,16 +95,14 @@ class LLMEngine:
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}
-        self._prefilled: list[PrefillResult] = []
-        self._held: dict[str, Request] = {}
+        self.held = HeldRequests(self.kv)
         self.kv_events = KVEventFeed(worker_id, self.model_config.model_id)
         self.step_totals = StepTotals()
         self.kv_connector: KVConnector | None = None
-        """Set by a prefill worker to ship each finished layer's KV (see kv_connector.py)."""
+        """Set by a worker whose KV leaves this engine (see kv_connector.py)."""
         logger.info(
-            "engine %s: role=%s, %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
+            "engine %s: %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
             worker_id,
-            config.role,
             num_blocks,
             config.block_size,
             self.max_model_len,
@@ -144,7 +138,7 @@ class LLMEngine:
 
     def _new_request(self, request: EngineRequest, arrival_time: float | None) -> Request:
         request_id, token_ids, params = request.request_id, request.prompt_token_ids, request.params
-        if request_id in self.requests or request_id in self._held:
+        if request_id in self.requests or request_id in self.held:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes))
         if arrival_time is not None:
@@ -165,7 +159,9 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request anywhere in its life and free its blocks."""
-        req = self.requests.pop(request_id, None) or self._held.pop(request_id, None)
+        if self.kv_connector is not None:
+            self.kv_connector.forget(request_id)
+        req = self.requests.pop(request_id, None) or self.held.pop(request_id)
         if req is None:
             return False
         if req.status != RequestStatus.FINISHED:
@@ -180,11 +176,11 @@ class LLMEngine:
 
     def num_in_flight(self) -> int:
         """Requests that still hold blocks here: scheduled, or parked / reserved."""
-        return self.scheduler.num_unfinished + len(self._held)
+        return self.scheduler.num_unfinished + len(self.held)
 
     def is_held(self, request_id: str) -> bool:
-        """Parked (prefilled, until `release`) or reserved (until `admit_transferred`)."""
-        return request_id in self._held
+        """Parked (prefilled, until `release`) or reserved (until its KV lands)."""
+        return request_id in self.held
 
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
@@ -239,12 +235,21 @@ class LLMEngine:
         new_text = detok.text[req.num_sent_chars : visible]
         req.num_sent_chars = max(req.num_sent_chars, visible)
         new_logprobs = None if req.params.logprobs is None else [s.logprob]
-        if self.config.role == WorkerRole.PREFILL and req.num_sampled_here == 1:
-            return self._park_prefilled(req, s, decision.finished, new_text, new_logprobs)
-        if decision.finished:
+        out = self._delta(req, s.token_id, new_text, new_logprobs, decision.finished)
+        connector = self.kv_connector
+        if (
+            req.num_sampled_here == 1
+            and connector is not None
+            and connector.request_prefilled(req, s.token_id, s.logprob, out)
+        ):
+            # Parked even when the first token ended it: a transfer may still read its KV.
+            self.scheduler.running.remove(req)
+            self.requests.pop(req.request_id, None)
+            self.held.park(req)
+        elif decision.finished:
             self.scheduler.finish(req)
             self.requests.pop(req.request_id, None)
-        return self._delta(req, s.token_id, new_text, new_logprobs)
+        return out
 
     def _delta(
         self,
@@ -252,7 +257,7 @@ class LLMEngine:
         token_id: int,
         new_text: str,
         new_logprobs: list[TokenLogprob | None] | None,
-        finished: bool | None = None,
+        finished: bool,
     ) -> OutputDelta:
         spec = req.spec_stats
         return OutputDelta(
@@ -261,7 +266,7 @@ class LLMEngine:
             new_text=new_text,
             new_logprobs=new_logprobs,  # type: ignore[arg-type]
             prompt_logprobs=req.take_prompt_logprobs(),
-            finished=req.status == RequestStatus.FINISHED if finished is None else finished,
+            finished=finished,
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,
             num_cached_tokens=max(req.num_cached_tokens, 0),
@@ -270,90 +275,37 @@ class LLMEngine:
             timings=req.timings,
         )
 
-    # -- prefill role --------------------------------------------------------------------
-    def _park_prefilled(
-        self,
-        req: Request,
-        s: SampledToken,
-        finished: bool,
-        new_text: str,
-        new_logprobs: list[TokenLogprob | None] | None,
-    ) -> OutputDelta:
-        """Take the request out of the batch but keep its blocks until `release`: a
-        transfer may still be reading them (even when the first token ended the request)."""
-        out = self._delta(req, s.token_id, new_text, new_logprobs, finished)
-        self.scheduler.running.remove(req)
-        req.status = RequestStatus.FINISHED
-        self.requests.pop(req.request_id, None)
-        self._held[req.request_id] = req
-        block_ids, num_cached = self.kv.block_ids(req.request_id), max(req.num_cached_tokens, 0)
-        backlog = (req.arrival_step, self.step_totals.steps, req.num_tokens - 1)
-        self._prefilled.append(PrefillResult(
-            req.request_id, s.token_id, s.logprob, block_ids, req.num_prompt_tokens, num_cached,
-            out, backlog,
-        ))  # fmt: skip
-        return out
-
-    def take_prefilled(self) -> list[PrefillResult]:
-        results, self._prefilled = self._prefilled, []
-        return results
-
-    def release(self, request_id: str, evict_first: bool = False) -> None:
-        """Prefill role: the KV of a parked request has been handed over; free its blocks
-        (they stay in the prefix cache; with `evict_first`, as its first victims: a prefix
-        a peer pulled lives on in the peer's cache)."""
-        req = self._held.pop(request_id, None)
-        if req is not None:
-            self.kv.free(req, evict_first)
-
-    # -- receiving KV (decode role; a prefill worker pulling a prefix) -------------------
+    # -- KV across the boundary (engine/held.py) --------------------------------------
     def reserve(self, request: EngineRequest) -> Reservation:
         """Reserve blocks for a prompt whose KV another engine computes. Blocks this engine
         already caches for the prompt's prefix are reused and need not be sent."""
-        req = self._new_request(request, None)
-        hits = self.kv.get_computed_blocks(req)
-        num_hit_tokens = len(hits) * self.kv.block_size
-        if not self.kv.allocate_slots(req, req.num_tokens - num_hit_tokens, hits):
-            raise NoCapacityError(
-                f"no room for {req.num_tokens} prompt tokens "
-                f"({self.kv.pool.num_free_blocks} free blocks)"
-            )
-        req.num_computed_tokens = num_hit_tokens
-        req.num_cached_tokens = min(num_hit_tokens, req.num_prompt_tokens)
-        self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
-        req.status = RequestStatus.WAITING_FOR_KV
-        self._held[request.request_id] = req
-        return Reservation(
-            request.request_id, self.kv.block_ids(request.request_id), num_hit_tokens
-        )
+        return self.held.reserve(self._new_request(request, None))
 
-    def admit_transferred(
+    def admit(
         self, request_id: str, first_token: int, logprob: TokenLogprob | None = None
     ) -> OutputDelta:
-        """The reserved blocks now hold the prompt's KV: join the running batch."""
-        req = self._landed(request_id)
+        """The reserved blocks now hold the prompt's KV: join the running batch with the
+        first token (sampled where the prompt was computed)."""
+        req = self.held.land(request_id)
         req.timings.first_scheduled = req.timings.first_scheduled or time.monotonic()
         self.requests[request_id] = req
-        self.scheduler.admit_transferred(req)
+        self.scheduler.admit_landed(req)
         return self._process(SampledToken(req, first_token, logprob))
 
-    def _landed(self, request_id: str) -> Request:
-        """The reservation whose KV has landed, taken off hold, its blocks named."""
-        req = self._held.pop(request_id, None)
-        if req is None or req.status != RequestStatus.WAITING_FOR_KV:
-            raise KeyError(f"no reservation waiting for KV under request id {request_id!r}")
-        req.num_computed_tokens = req.num_tokens
-        self.kv.cache_computed_blocks(req)
-        return req
-
-    def cache_transferred(self, request_id: str) -> int:
-        """The reserved blocks now hold a prefix copied from a peer (prefix migration):
-        name them in the prefix cache and free them, so the prompt that follows hits them.
-        Returns the number of blocks cached."""
-        req = self._landed(request_id)
+    def cache_landed(self, request_id: str) -> int:
+        """The reserved blocks now hold a prefix copied from a peer: name them in the prefix
+        cache and free them, so the prompt that follows hits them. Returns the number of
+        blocks cached."""
+        req = self.held.land(request_id)
         num_blocks = len(self.kv.block_ids(request_id))
         self.kv.free(req)
         return num_blocks
+
+    def release(self, request_id: str, evict_first: bool = False) -> None:
+        """A parked request's KV has been handed over: free its blocks (they stay in the
+        prefix cache; with `evict_first`, as its first victims: a prefix a peer pulled lives
+        on in the peer's cache)."""
+        self.held.release(request_id, evict_first)
 
     # -- reporting -----------------------------------------------------------------------
     def take_kv_events(self) -> KVEventBatch | None:

@@ -1,5 +1,22 @@
-"""The seam between the engine and whatever ships KV off the worker (the prefill worker's
-transport). The engine calls it around each step; it never imports a network library.
+"""The seam between the engine and whatever moves KV off the worker: a connector with a
+scheduler side and a layer side (vLLM v1's split). The engine calls it at fixed points of its
+step and knows nothing of roles, transports or networks.
+
+    scheduler side   request_prefilled(req, first_token, logprob, delta) -> bool
+                         after the first token a request samples here: True parks it (out
+                         of the batch, its blocks held until `LLMEngine.release`) so its KV
+                         can be handed over; False lets it decode on here
+                     forget(request_id)
+                         the request left the engine (aborted): drop what is kept for it
+    layer side       begin_step(completing) -> LayerHook | None
+                         before a step's forward, with the requests whose prompt KV the step
+                         completes: the hook fires as each layer is written
+                     end_step()
+                         after the step's outputs were processed
+
+Receiving needs no hook inside the step: the transport writes a reservation's blocks
+(engine/held.py) while it waits outside the schedule, and the worker admits it once every
+layer landed.
 """
 
 from __future__ import annotations
@@ -10,6 +27,7 @@ from typing import Protocol
 import torch
 
 from core.device_event import DeviceEvent
+from core.request import OutputDelta, TokenLogprob
 from engine.request import Request
 
 LayerHook = Callable[[int, DeviceEvent | None], None]
@@ -28,6 +46,16 @@ def layer_written(device: torch.device) -> DeviceEvent | None:
 
 
 class KVConnector(Protocol):
+    # -- scheduler side ------------------------------------------------------------------
+    def request_prefilled(
+        self, req: Request, first_token: int, logprob: TokenLogprob | None, delta: OutputDelta
+    ) -> bool:
+        """`req` sampled its first token here (reported in `delta`): True parks it."""
+
+    def forget(self, request_id: str) -> None:
+        """`request_id` was aborted: nothing more happens to it here."""
+
+    # -- layer side ----------------------------------------------------------------------
     def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
         """Called before a step's forward pass with the requests whose prompt KV will be
         complete after it, and their block ids. Returns a hook called with each layer

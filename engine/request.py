@@ -34,7 +34,8 @@ class Request:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.monotonic)
     arrival_step: int = 0
-    """Steps its engine had run when it arrived (see engine.handover.PrefillResult.backlog)."""
+    """Steps its engine had run when it arrived (a prefilled prompt's backlog: see
+    prefill_worker.connector.PrefillResult.backlog)."""
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0

@@ -17,9 +17,9 @@ Each step spends a token budget (`max_num_batched_tokens`):
 A request whose tokens are all computed after this step gets a sampled token; a request that
 got only part of its prompt (a chunk) does not. With speculation on, a running request about
 to decode may ask for 1 + k tokens instead: its drafts (engine/spec/speculator.py). A
-decode-role request whose prompt KV is in flight is not in these queues at all: the engine
-holds it until the KV lands, then `admit_transferred` puts it straight into the running
-batch.
+request whose prompt KV is in flight from another engine is not in these queues at all: the
+engine holds it until the KV lands (engine/held.py), then `admit_landed` puts it straight
+into the running batch.
 """
 
 from __future__ import annotations
@@ -176,9 +176,9 @@ class Scheduler:
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
 
-    def admit_transferred(self, req: Request) -> None:
-        """Decode role: `req`'s prompt KV has landed in its reserved blocks; it joins the
-        running batch on the next step with its first token to compute."""
+    def admit_landed(self, req: Request) -> None:
+        """`req`'s prompt KV has landed in its reserved blocks (computed by another engine);
+        it joins the running batch on the next step with its first token to compute."""
         req.status = RequestStatus.RUNNING
         self.running.append(req)
 

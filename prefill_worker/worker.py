@@ -2,9 +2,9 @@
 
 `prefill()` tells every rank the prompt and its destination (decode worker, reserved block
 ids, blocks to skip). In the step that completes the prompt, each rank's KV connector
-(`prefill_worker.rank.PrefillRank.begin_step`) sends that rank's heads of each layer to the
-matching rank of the decode worker the moment the model finishes the layer, so the
-transfer overlaps the remaining layers. The first token goes back to the caller; the
+(prefill_worker/connector.py) sends that rank's heads of each layer to the matching rank of
+the decode worker the moment the model finishes the layer, so the transfer overlaps the
+remaining layers. The first token goes back to the caller; the
 blocks stay held until every rank's transfer finished (acknowledged or failed), then
 return to this worker's prefix cache, on all ranks at once.
 
@@ -13,25 +13,25 @@ from a peer prefill worker that caches it, instead of computing it: `reserve()` 
 the decode worker), the peer's `prefill()` of the prefix sends its KV here, then
 `import_prefix()` names the blocks in this worker's prefix cache for the prompt to hit.
 The peer's copy, once sent, is the first its cache evicts (`hand_over`): the prefix moves
-rather than doubles, unless a request of the peer's own hits it first (docs/performance.md,
-issue 20: two copies of every pulled prefix cost the pool the reuse of what they evicted).
+rather than doubles, unless a request of the peer's own hits it first (two copies of every
+pulled prefix cost the pool the reuse of what they evicted).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from core.config import EngineConfig
 from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta, TokenLogprob
-from core.roles import WorkerRole
-from engine.handover import PrefillResult
 from kv_transfer import Role
-from prefill_worker.rank import Destination, PrefillRank
+from prefill_worker.connector import Destination, PrefillResult
+from prefill_worker.rank import PrefillRank
 from worker.base import WorkerBase
-from worker.group import EngineGroup
+from worker.group import RankGroup
 from worker.records import WorkerSpec
 from worker.tracker import Outcome
 
@@ -58,7 +58,6 @@ class _Waiter:
 
 
 class PrefillWorker(WorkerBase):
-    engine_role = WorkerRole.PREFILL
     rank_class = PrefillRank
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
@@ -67,6 +66,13 @@ class PrefillWorker(WorkerBase):
         """request id -> the caller waiting for its first token."""
         self.hand_overs: set[str] = set()
         """Prefixes sent to a peer that pulls them: released as the first to evict."""
+
+    @classmethod
+    def engine_config(cls, spec: WorkerSpec) -> EngineConfig:
+        """A prefill worker's engine samples first tokens only: no speculation, no decode
+        graphs."""
+        config = super().engine_config(spec)
+        return replace(config, speculative=None, speculative_model=None, cuda_graphs=False)
 
     async def prefill(
         self,
@@ -86,8 +92,8 @@ class PrefillWorker(WorkerBase):
         waiter = _Waiter(loop.create_future(), loop)
         dest = Destination(peer, list(dst_block_ids), skip_blocks, timeout_s)
 
-        def start(g: EngineGroup) -> None:
-            g.call_all("add_prefill", request, dest)
+        def start(g: RankGroup) -> None:
+            g.all(PrefillRank.add_prefill, request, dest)
             self.tracker.add(request_id, Role.SEND)
 
         self.waiters[request_id] = waiter
@@ -119,7 +125,7 @@ class PrefillWorker(WorkerBase):
         this worker's prefix cache on every rank. Returns the blocks now cached."""
         await self._kv_arrived(request_id, timeout_s)
         try:
-            return await self.engine.call(lambda g: g.call_all("cache_transferred", request_id))
+            return await self.engine.call(lambda g: g.all(PrefillRank.import_prefix, request_id))
         except KeyError as e:  # aborted meanwhile
             raise WorkerFailedError(str(e)) from e
 
@@ -127,7 +133,7 @@ class PrefillWorker(WorkerBase):
         """Engine thread: hand first tokens to waiting callers, then (base class) collect
         finished transfers, which release the blocks."""
         if self.waiters:
-            for result in self.group.call_all("take_prefilled"):
+            for result in self.group.all(PrefillRank.take_prefilled):
                 waiter = self.waiters.pop(result.request_id, None)
                 if waiter is None:  # nobody waits: released when its transfer ends
                     continue
@@ -140,12 +146,12 @@ class PrefillWorker(WorkerBase):
             request_id = outcome.request_id
             evict_first = request_id in self.hand_overs
             self.hand_overs.discard(request_id)
-            self.group.call_all("release", request_id, evict_first)
+            self.group.all(PrefillRank.release, request_id, evict_first)
 
-    async def abort(self, request_id: str) -> bool:
+    def _forget(self, request_id: str) -> None:
         self.waiters.pop(request_id, None)
         self.hand_overs.discard(request_id)
-        return await super().abort(request_id)
+        super()._forget(request_id)
 
 
 def _resolve(future: asyncio.Future, value: object) -> None:

@@ -4,8 +4,9 @@ transport per rank, and the reports the router reads (KV events, load).
 At tp=1 the one rank (`rank_class`, a `worker.rank.WorkerRank`) lives in this actor; at
 tp>1 the ranks are actors of the worker's placement group (`worker.ray_ranks`) driven in
 lockstep by `engine.tp.TPEngine`. The worker never touches an engine directly: every call
-runs on the engine thread through `EngineGroup` (see group.py), so the code below is the
-same for both. Transfers are tracked per rank and aggregated (tracker.py).
+runs on the engine thread through its `RankGroup` (see group.py), naming a method of the
+rank class, so the code below is the same for both. Transfers are tracked per rank and
+aggregated (tracker.py).
 
 Plain Python: the controller wraps the role classes (`prefill_worker.worker.PrefillWorker`,
 `decode_worker.worker.DecodeWorker`) with `ray.remote` when it starts them (Ray appears only
@@ -29,13 +30,11 @@ from core.config import EngineConfig
 from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
-from core.roles import WorkerRole
 from engine.async_engine import AsyncEngine
-from engine.engine import NoCapacityError
-from engine.handover import Reservation
+from engine.engine import NoCapacityError, Reservation
 from kv_transfer import Role
 from worker.event_log import EventLog
-from worker.group import EngineGroup, LocalGroup, decode_group_metadata, encode_group_metadata
+from worker.group import LocalGroup, RankGroup, decode_group_metadata, encode_group_metadata
 from worker.rank import WorkerRank
 from worker.records import WorkerInfo, WorkerReport, WorkerSpec
 from worker.threads import pin_threads
@@ -46,8 +45,6 @@ _DESCRIBE_TIMEOUT_S = 60.0
 
 
 class WorkerBase:
-    engine_role: ClassVar[WorkerRole]
-    """The role its engine runs in (a decode worker's engine is unified: it may prefill)."""
     rank_class: ClassVar[type[WorkerRank]]
 
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
@@ -58,14 +55,14 @@ class WorkerBase:
         self.spec = spec
         self.worker_id = spec.worker_id
         start = time.monotonic()
-        config = replace(spec.engine, role=self.engine_role, tp_size=spec.tp)
+        config = self.engine_config(spec)
         # Built on the engine thread, which steps it (faster on CPU: see AsyncEngine).
         self.engine = AsyncEngine(lambda: self._start_ranks(spec, config, placement))  # type: ignore[arg-type,return-value]
-        self.group: EngineGroup = self.engine.engine  # type: ignore[assignment]
+        self.group: RankGroup = self.engine.engine  # type: ignore[assignment]
 
-        def describe(g: EngineGroup) -> WorkerInfo:
-            metadata = encode_group_metadata(spec.worker_id, g.call_each("kv_metadata"))
-            return g.call_first("describe", metadata, os.getpid())
+        def describe(g: RankGroup) -> WorkerInfo:
+            metadata = encode_group_metadata(spec.worker_id, g.each(WorkerRank.kv_metadata))
+            return g.first(WorkerRank.describe, metadata, os.getpid())
 
         self._info: WorkerInfo = self.engine.submit(describe).result(_DESCRIBE_TIMEOUT_S)
         self.tracker = TransferTracker(spec.tp)
@@ -77,7 +74,12 @@ class WorkerBase:
         logger.info("worker %s (%s, tp=%d) ready in %.1f s", spec.worker_id, spec.role, spec.tp,
                     time.monotonic() - start)  # fmt: skip
 
-    def _start_ranks(self, spec: WorkerSpec, config: EngineConfig, placement: Any) -> EngineGroup:
+    @classmethod
+    def engine_config(cls, spec: WorkerSpec) -> EngineConfig:
+        """The engine's configuration on this kind of worker."""
+        return replace(spec.engine, tp_size=spec.tp)
+
+    def _start_ranks(self, spec: WorkerSpec, config: EngineConfig, placement: Any) -> RankGroup:
         rank = functools.partial(self.rank_class, spec, config)
         if spec.tp == 1:
             return LocalGroup(rank())  # the fast path: no extra process
@@ -99,9 +101,9 @@ class WorkerBase:
         if not self.tracker.pending:
             return
         g = self.group
-        cancel, done = self.tracker.feed(g.call_each("kv_poll"))
+        cancel, done = self.tracker.feed(g.each(WorkerRank.kv_poll))
         for request_id in cancel:  # one rank failed: stop the others quickly
-            g.call_each("kv_cancel", request_id)
+            g.each(WorkerRank.kv_cancel, request_id)
         for outcome in done:
             self._on_transfer_done(outcome)
             self.tracker.resolve(outcome)
@@ -112,7 +114,7 @@ class WorkerBase:
             logger.warning("%s: transfer of %s failed: %s", self.worker_id, outcome.request_id,
                            outcome.error)  # fmt: skip
         if outcome.role is Role.RECV and (outcome.error is not None or outcome.abandoned):
-            self.group.call_all("abort", outcome.request_id)  # frees the reservation
+            self.group.all(WorkerRank.abort, outcome.request_id)  # frees the reservation
 
     # -- actor methods shared by both kinds --------------------------------------------------
     def info(self) -> WorkerInfo:
@@ -121,17 +123,17 @@ class WorkerBase:
     async def connect(self, peer_metadata: bytes) -> str:
         """Connect each rank to the matching rank of a peer worker (same TP size only)."""
         meta = decode_group_metadata(peer_metadata, self.worker_id, self.spec.tp)
-        await self.engine.call(lambda g: g.call_each("kv_add_peer", meta.ranks))
+        await self.engine.call(lambda g: g.each(WorkerRank.kv_add_peer, meta.ranks))
         return meta.worker_id
 
     async def disconnect(self, peer: str) -> None:
-        await self.engine.call(lambda g: g.call_each("kv_remove_peer", peer))
+        await self.engine.call(lambda g: g.each(WorkerRank.kv_remove_peer, peer))
 
     async def report(self, after_seq: int = -1) -> WorkerReport:
         """The KV-event batches after `after_seq` (every front door reads all of them: see
         event_log.py; a snapshot when they are no longer kept) and the load."""
 
-        def report(g: EngineGroup) -> WorkerReport:
+        def report(g: RankGroup) -> WorkerReport:
             load = self._take_load(g)
             batches = self.events.since(after_seq)
             if batches is None:
@@ -145,24 +147,24 @@ class WorkerBase:
         front doors)."""
         return await self.engine.call(self._take_load)
 
-    def _take_load(self, g: EngineGroup) -> WorkerLoad:
-        """Engine thread: the load now, with the serving loop's time between steps; the KV
-        events since the last read go to the log."""
-        events, load = g.call_all("report_state")
+    def _take_load(self, g: RankGroup) -> WorkerLoad:
+        """Engine thread: the load now, with this worker's role and the serving loop's time
+        between steps; the KV events since the last read go to the log."""
+        events, load = g.all(WorkerRank.report_state)
         if events is not None:
             self.events.append(events)
         steps = msgspec.structs.replace(load.steps, between_s=self.engine.between_s)
-        return msgspec.structs.replace(load, steps=steps)
+        return msgspec.structs.replace(load, role=str(self.spec.role), steps=steps)
 
     async def snapshot(self) -> KVEventBatch:
         """Everything cached here, as one batch that replaces a reader's view."""
         return await self.engine.call(self._snapshot)
 
-    def _snapshot(self, g: EngineGroup) -> KVEventBatch:
-        events = g.call_all("report_state")[0]  # before the snapshot: its seq comes after
+    def _snapshot(self, g: RankGroup) -> KVEventBatch:
+        events = g.all(WorkerRank.report_state)[0]  # before the snapshot: its seq comes after
         if events is not None:
             self.events.append(events)
-        snapshot = g.call_all("kv_snapshot")
+        snapshot = g.all(WorkerRank.kv_snapshot)
         self.events.append(snapshot)  # every reader's sequence stays without gaps
         return snapshot
 
@@ -174,8 +176,8 @@ class WorkerBase:
         self._check_admitting()
         request_id = request.request_id
 
-        def reserve(g: EngineGroup) -> Reservation:
-            res = g.call_all("reserve", request, timeout_s, sender)
+        def reserve(g: RankGroup) -> Reservation:
+            res = g.all(WorkerRank.reserve, request, timeout_s, sender)
             self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
             return res
 
@@ -201,20 +203,26 @@ class WorkerBase:
             raise WorkerFailedError(f"KV transfer for {request_id} failed: {error}")
 
     async def abort(self, request_id: str) -> bool:
-        self._arrivals.pop(request_id, None)
+        """The one way a request leaves this worker early: what the actor keeps for it goes
+        (`_forget`), then, on the engine thread, its blocks or its transfer (`_abort`)."""
+        self._forget(request_id)
         return await self.engine.call(lambda g: self._abort(g, request_id))
 
-    def _abort(self, g: EngineGroup, request_id: str) -> bool:
+    def _forget(self, request_id: str) -> None:
+        """Drop what this actor keeps for the request (each role adds what it keeps)."""
+        self._arrivals.pop(request_id, None)
+
+    def _abort(self, g: RankGroup, request_id: str) -> bool:
         """Engine thread: free the request's blocks, or, while its KV transfer may still
         write them (a reservation) or be reading them (a prefilled prompt), cancel the
         transfer and leave the freeing to its outcome (`_on_transfer_done`): a block freed
         earlier could be given to another request and then overwritten by a late pull, or
         overwritten itself while a reader still copies it."""
-        if g.call_first("is_parked", request_id) and self.tracker.abandon(request_id):
-            g.call_each("kv_cancel", request_id)
+        if g.first(WorkerRank.is_parked, request_id) and self.tracker.abandon(request_id):
+            g.each(WorkerRank.kv_cancel, request_id)
             return True
         self.tracker.discard(request_id)
-        return g.abort(request_id)
+        return g.all(WorkerRank.abort, request_id)
 
     def rank_actors(self) -> list[Any]:
         """The Ray actors of this worker's ranks (none at tp=1), for operators and tests."""
@@ -234,11 +242,11 @@ class WorkerBase:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            left = await self.engine.call(lambda g: g.call_first("num_in_flight"))
+            left = await self.engine.call(lambda g: g.first(WorkerRank.num_in_flight))
             if left == 0:
                 return 0
             await asyncio.sleep(0.05)
-        return await self.engine.call(lambda g: g.call_first("num_in_flight"))
+        return await self.engine.call(lambda g: g.first(WorkerRank.num_in_flight))
 
     def shutdown(self) -> None:
         self.engine.stop()

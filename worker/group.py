@@ -1,13 +1,22 @@
 """The ranks of one worker as the worker actor drives them, and its handshake bytes.
 
-`EngineGroup` is what `AsyncEngine` steps and the worker calls on its engine thread:
+`RankGroup` is what `AsyncEngine` steps and the worker calls on its engine thread:
 `LocalGroup` at tp=1 (the one rank lives in the actor: plain method calls, no extra
 process), `engine.tp.TPEngine` at tp>1 (every call goes to the rank actors in lockstep).
+Calls name a method of the rank class, not a string, so a reader (or a type checker) follows
+them into the rank:
+
+    group.all(WorkerRank.reserve, request, timeout_s, sender)   every rank, rank 0's result
+    group.first(WorkerRank.num_in_flight)                         rank 0 alone (a read)
+    group.each(WorkerRank.kv_poll)                                every rank, every result
+
+Only `engine.tp` turns the method into its name, to cross into a rank's process.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import msgspec
 
@@ -15,20 +24,29 @@ from core.request import OutputDelta
 from worker.rank import WorkerRank
 
 GROUP_METADATA_VERSION = 1
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-class EngineGroup(Protocol):
-    """call_all: every rank in lockstep, rank 0's result; call_first: rank 0 alone;
-    call_each: every rank, every result (per-rank state such as transports)."""
-
+class RankGroup(Protocol):
     broken: str | None
 
-    def call_all(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
-    def call_first(self, name: str, *args: Any, **kwargs: Any) -> Any: ...
-    def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+    def all(self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`method` on every rank in lockstep (state changes); rank 0's result."""
+
+    def first(
+        self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """`method` on rank 0 alone (a read of state every rank shares)."""
+
+    def each(
+        self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> list[T]:
+        """`method` on every rank; every rank's result, in rank order (per-rank state such as
+        each rank's transport)."""
+
     def step(self) -> list[OutputDelta]: ...
     def has_unfinished(self) -> bool: ...
-    def abort(self, request_id: str) -> bool: ...
     def shutdown(self) -> None: ...
 
 
@@ -40,22 +58,21 @@ class LocalGroup:
     def __init__(self, rank: WorkerRank) -> None:
         self.rank = rank
 
-    def call_all(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.rank, name)(*args, **kwargs)
+    def all(self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(self.rank, *args, **kwargs)
 
-    call_first = call_all
+    first = all
 
-    def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return [self.call_all(name, *args, **kwargs)]
+    def each(
+        self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> list[T]:
+        return [method(self.rank, *args, **kwargs)]
 
     def step(self) -> list[OutputDelta]:
-        return self.rank.engine.step()
+        return self.rank.step()
 
     def has_unfinished(self) -> bool:
-        return self.rank.engine.has_unfinished()
-
-    def abort(self, request_id: str) -> bool:
-        return self.rank.abort(request_id)
+        return self.rank.has_unfinished()
 
     def shutdown(self) -> None:
         self.rank.close()

@@ -14,23 +14,24 @@ the schedulers run in lockstep. Nothing here changes engine state on its own: a 
 transport failure is only reported, and the worker aborts or releases on all ranks at once
 (a rank freeing blocks on its own would make the schedulers diverge).
 
-This is the part both roles share, reservations included (a decode worker receives prompts,
-a prefill worker prefixes migrated from a peer); `prefill_worker.rank` adds the per-layer KV
-connector.
+This is the part both roles share, receiving included (a decode worker receives prompts, a
+prefill worker prefixes migrated from a peer): `reserve` blocks and `expect` their KV on the
+transport. The role packages add their side: `prefill_worker.rank` the connector that sends
+each written layer, `decode_worker.rank` admitting a prompt whose KV landed. The worker calls
+these methods by reference through its `worker.group.RankGroup`; nothing reaches the engine
+by name.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from core.config import EngineConfig
 from core.errors import WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
-from core.request import EngineRequest
+from core.request import EngineRequest, OutputDelta
 from engine import cpu_kernels
-from engine.engine import LLMEngine
-from engine.handover import Reservation
+from engine.engine import LLMEngine, Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, UnknownPeerError, create_transport
 from worker.records import WorkerInfo, WorkerSpec
@@ -43,8 +44,7 @@ def rank_transport_name(worker_id: str, tp_rank: int, tp_size: int) -> str:
 
 
 class WorkerRank:
-    """Engine calls the worker does not wrap fall through to the `LLMEngine` (step, abort
-    ...); the `kv_*` methods reach this rank's transport."""
+    """The engine calls the worker makes, and the `kv_*` methods of this rank's transport."""
 
     def __init__(self, spec: WorkerSpec, config: EngineConfig, tp: TPGroup = SINGLE) -> None:
         if spec.transport == "local":
@@ -89,10 +89,24 @@ class WorkerRank:
             raise
         return res
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "engine":  # not built yet: no recursion
-            raise AttributeError(name)
-        return getattr(self.engine, name)
+    # -- the engine ---------------------------------------------------------------------
+    def step(self) -> list[OutputDelta]:
+        return self.engine.step()
+
+    def has_unfinished(self) -> bool:
+        return self.engine.has_unfinished()
+
+    def num_in_flight(self) -> int:
+        return self.engine.num_in_flight()
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel the request's transfer on this rank and drop it from the engine (its
+        connector forgets it too): the one way a request leaves a rank early."""
+        self.transport.cancel(request_id)
+        return self.engine.abort(request_id)
+
+    def check_invariants(self) -> None:
+        self.engine.check_invariants()
 
     # -- facts and reports -------------------------------------------------------------
     def describe(self, transport_metadata: bytes, pid: int) -> WorkerInfo:
@@ -116,6 +130,9 @@ class WorkerRank:
 
     def report_state(self) -> tuple[KVEventBatch | None, WorkerLoad]:
         return self.engine.take_kv_events(), self.engine.load()
+
+    def kv_snapshot(self) -> KVEventBatch:
+        return self.engine.kv_snapshot()
 
     # -- peers ---------------------------------------------------------------------------
     def kv_metadata(self) -> bytes:
@@ -144,10 +161,6 @@ class WorkerRank:
 
     def kv_cancel(self, request_id: str) -> None:
         self.transport.cancel(request_id)
-
-    def abort(self, request_id: str) -> bool:
-        self.transport.cancel(request_id)
-        return self.engine.abort(request_id)
 
     def close(self) -> None:
         self.transport.close()

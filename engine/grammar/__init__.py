@@ -19,7 +19,7 @@ A constrained request's life, in every role:
 
 In the disaggregated path the prefill engine samples the first token under the mask; the
 decode engine's matcher replays resumed tokens at `reserve` and takes the first token at
-`admit_transferred` (step 3), so both engines walk the same automaton.
+`admit` (step 3), so both engines walk the same automaton.
 
 xgrammar takes seconds to import (it loads transformers), so only the modules that need it
 import it (`compile.py`, `matcher.py`), and only once a constrained request arrives.

@@ -173,12 +173,11 @@ class Speculator:
 
 
 def speculator_for(config: Any, max_model_len: int, runner: Any) -> Speculator | None:
-    """The engine's speculator (`EngineConfig.speculative`); none for a prefill-role engine,
-    which samples only first tokens. The draft method loads `config.speculative_model` on
-    the runner's device, in its dtype, through its attention backend."""
-    from core.roles import WorkerRole
-
-    if config.speculative is None or config.role == WorkerRole.PREFILL:
+    """The engine's speculator (`EngineConfig.speculative`; a prefill worker's engine, which
+    samples only first tokens, runs without). The draft method loads
+    `config.speculative_model` on the runner's device, in its dtype, through its attention
+    backend."""
+    if config.speculative is None:
         return None
     draft = None
     if config.speculative == "draft":

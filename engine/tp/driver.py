@@ -1,13 +1,18 @@
 """Running one engine over `tp_size` tensor-parallel ranks inside a node (SPMD).
 
 Every rank is its own process holding a full `LLMEngine` built with its `TPGroup` (its
-shard of every layer, its KV heads of the cache). The driver sends each engine call to all
-ranks at once; as the scheduler, block manager and sampler are deterministic and the LM head
-all-gathers full logits, every rank makes the same decisions and the collectives inside the
-forward pass line up. Rank 0's result is returned; the others reply only "done".
+shard of every layer, its KV heads of the cache), or a worker's rank around one. The driver
+sends each call to all ranks at once; as the scheduler, block manager and sampler are
+deterministic and the LM head all-gathers full logits, every rank makes the same decisions
+and the collectives inside the forward pass line up. Rank 0's result is returned; the others
+reply only "done".
 
-    driver (TPEngine) --call(name, args)--> rank 0 .. rank N-1  (LLMEngine + TPGroup)
-                      <--rank 0's result---        \\____ all-reduce / all-gather ____/
+    driver (TPEngine) --call(method, args)--> rank 0 .. rank N-1  (LLMEngine + TPGroup)
+                      <---rank 0's result----        \\____ all-reduce / all-gather ____/
+
+A call names a method of the rank's class (`all(LLMEngine.step)`, `all(WorkerRank.reserve,
+...)`); here, and only here, it becomes the method's name, to cross into the rank's process,
+where `ranks.serve_call` runs that method of the rank's target.
 
 A rank is reached through a `RankHandle`, so the Ray worker can swap the local processes
 started here for actors in one placement group and keep everything else.
@@ -17,18 +22,21 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from core.config import EngineConfig
 from core.request import OutputDelta, RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
 from engine.config import ModelConfig
+from engine.engine import LLMEngine
 from engine.tp.ranks import ProcessRank, RankHandle, Reply, free_port
 
 _REPLY_SLICE_S = 0.05
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def check_tp_size(model: ModelConfig, size: int) -> None:
@@ -116,17 +124,22 @@ class TPEngine:
         return [ProcessRank(ctx, rank, rank_args) for rank in range(size)]
 
     # -- calls ---------------------------------------------------------------------------
-    def call_all(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Run `LLMEngine.<name>` on every rank in lockstep; returns rank 0's result."""
-        return self._call(self.ranks, name, args, kwargs, want_result=True)
+    def all(self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run `method` on every rank in lockstep; returns rank 0's result."""
+        return self._call(self.ranks, method.__name__, args, kwargs, want_result=True)
 
-    def call_first(self, name: str, *args: Any, **kwargs: Any) -> Any:
+    def first(
+        self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
         """A read-only call, on rank 0 alone."""
-        return self._call(self.ranks[:1], name, args, kwargs, want_result=True)
+        return self._call(self.ranks[:1], method.__name__, args, kwargs, want_result=True)
 
-    def call_each(self, name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Run `<name>` on every rank; every rank's result, in rank order. For per-rank
+    def each(
+        self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
+    ) -> list[T]:
+        """Run `method` on every rank; every rank's result, in rank order. For per-rank
         state outside the lockstep engine (each rank's KV transport)."""
+        name = method.__name__
         return self._call(self.ranks, name, args, kwargs, want_result=True, every=True)
 
     @property
@@ -181,23 +194,24 @@ class TPEngine:
                         ) from None
         return [replies[i] for i in range(len(ranks))]
 
-    # -- the LLMEngine surface -----------------------------------------------------------
+    # -- the LLMEngine surface (a worker's rank serves the same names) --------------------
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
     ) -> None:
-        self._call(self.ranks, "add_request", (request_id, prompt, params), {}, False)
+        name = LLMEngine.add_request.__name__
+        self._call(self.ranks, name, (request_id, prompt, params), {}, want_result=False)
 
     def step(self) -> list[OutputDelta]:
-        return self.call_all("step")
+        return self.all(LLMEngine.step)
 
     def abort(self, request_id: str) -> bool:
-        return self.call_all("abort", request_id)
+        return self.all(LLMEngine.abort, request_id)
 
     def has_unfinished(self) -> bool:
-        return self.call_first("has_unfinished")
+        return self.first(LLMEngine.has_unfinished)
 
     def check_invariants(self) -> None:
-        self.call_all("check_invariants")
+        self.all(LLMEngine.check_invariants)
 
     def generate(
         self, prompts: Sequence[list[int]], params: SamplingParams | None = None

@@ -123,10 +123,12 @@ def build_rank(start: RankStart, device_index: int | None = None) -> Any:
 
 
 def serve_call(target: Any, name: str, args: tuple, kwargs: dict, want_result: bool) -> Reply:
-    """Run one driver call on this rank's target; a non-callable attribute is read."""
+    """Run one driver call on this rank's target: the public method `name` of its class (the
+    driver named it by the method, driver.py)."""
     try:
-        value = getattr(target, name)
-        result = value(*args, **kwargs) if callable(value) else value
+        if name.startswith("_") or not callable(getattr(type(target), name, None)):
+            raise AttributeError(f"{type(target).__name__} has no rank method {name!r}")
+        result = getattr(target, name)(*args, **kwargs)
         return ("ok", result if want_result else None)
     except Exception as e:
         return ("error", portable_error(e))

@@ -179,7 +179,7 @@ class LoadTracker:
     def prefill_done(self, charge: Charge, backlog: tuple[int, int, int] | None = None) -> bool:
         """The prefill finished (or will not happen). True if admitted tokens were freed.
         `backlog`: (arrived, ended, tokens), the engine steps between which the worker's
-        reports counted `tokens` of it (engine.handover.PrefillResult.backlog)."""
+        reports counted `tokens` of it (prefill_worker.connector.PrefillResult.backlog)."""
         stage = charge.stage
         if stage >= Stage.PREFILLED:
             return False

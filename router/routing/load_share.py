@@ -60,7 +60,7 @@ class LoadShare(msgspec.Struct, array_like=True, frozen=True):
     """The sender's wall clock (seconds) when the charge reached `stage`."""
     backlog: tuple[int, int, int] | None = None
     """With PREFILLED: the engine steps between which the worker's reports counted it
-    (engine.handover.PrefillResult.backlog), which every replica's ledger corrects by."""
+    (prefill_worker.connector.PrefillResult.backlog), which every replica's ledger corrects by."""
     placed_s: float = 0.0
     """With GATED: the work the sender's prefill policy counted against the worker
     (policies.base.Choice.placed_s), which the receivers' policies count too."""

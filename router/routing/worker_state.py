@@ -41,7 +41,7 @@ class WorkerState:
     """Engine steps the worker had run when it took its last report."""
     prefilled: list[tuple[int, int, int]] = field(default_factory=list)
     """(arrived, ended, tokens) of prefills that ended after its last report's step: a
-    report still on its way may count them (engine.handover.PrefillResult.backlog)."""
+    report still on its way may count them (prefill_worker.connector.PrefillResult.backlog)."""
     gated_prefill_tokens: int = 0
     admitted_prefill_tokens: int = 0
     pending_prefill_tokens: int = 0

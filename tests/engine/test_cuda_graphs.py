@@ -57,7 +57,6 @@ def test_who_captures() -> None:
     assert choose_capturer(EngineConfig(), cpu, "cpu") is None
     assert choose_capturer(EngineConfig(), cpu, "cpu", given) is given
     assert choose_capturer(EngineConfig(cuda_graphs=False), cpu, "cpu", given) is None
-    assert choose_capturer(EngineConfig(role="prefill"), cpu, "cpu", given) is None
     # The torch backend would gather all of max_model_len per row: eager on CUDA too.
     assert choose_capturer(EngineConfig(), cuda, "torch") is None
 

@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from core.request import RequestOutput
 from core.sampling import SamplingParams
@@ -16,6 +15,7 @@ from engine import LLM
 from engine.completion import run_to_completion
 from engine.engine import LLMEngine
 from tests import oracle
+from tests.support.handoff import ParkingConnector, copy_kv
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 MAX_TOKENS = 12
@@ -93,7 +93,10 @@ def test_preemption(tiny_model_dir, arch: str) -> None:
 def hand_off(
     prefill: LLMEngine, decode: LLMEngine, prompts: list[list[int]]
 ) -> dict[str, list[int]]:
-    """Prefill role -> in-process KV copy -> decode role, for a batch of prompts."""
+    """Prefill (its connector parks every prompt) -> in-process KV copy -> decode, for a
+    batch of prompts."""
+    connector = prefill.kv_connector
+    assert isinstance(connector, ParkingConnector)
     bs = prefill.config.block_size
     reservations = {}
     for i, p in enumerate(prompts):
@@ -104,7 +107,7 @@ def hand_off(
     admitted: dict[str, RequestOutput] = {}
     while prefill.has_unfinished():
         prefill.step()
-        for res in prefill.take_prefilled():
+        for res in connector.take():
             r = reservations[res.request_id]
             if res.output.finished:  # the first token already ended it
                 decode.abort(res.request_id)
@@ -112,11 +115,9 @@ def hand_off(
                 results[res.request_id] = res.output.new_token_ids
                 continue
             skip = r.num_cached_tokens // bs  # blocks the decode engine already holds
-            src = torch.tensor(res.block_ids[skip:])
-            dst = torch.tensor(r.block_ids[skip:])
-            decode.runner.kv_cache[:, dst] = prefill.runner.kv_cache[:, src]
+            copy_kv(prefill, decode, res.block_ids[skip:], r.block_ids[skip:])
             prefill.release(res.request_id)
-            first = decode.admit_transferred(res.request_id, res.first_token, res.logprob)
+            first = decode.admit(res.request_id, res.first_token, res.logprob)
             admitted[res.request_id] = RequestOutput(res.request_id, []).add(first)
     for rid, out in run_to_completion(decode, {}).items():
         admitted[rid].token_ids += out.token_ids
@@ -130,8 +131,9 @@ def test_prefill_handoff_decode_equals_unified(tiny_model_dir, arch: str) -> Non
     model_dir = tiny_model_dir(arch)
     from core.config import EngineConfig
 
-    prefill = LLMEngine(model_dir, EngineConfig(role="prefill", num_kv_blocks=256))
-    decode = LLMEngine(model_dir, EngineConfig(role="decode", num_kv_blocks=256), worker_id="d")
+    prefill = LLMEngine(model_dir, EngineConfig(num_kv_blocks=256))
+    ParkingConnector(prefill)
+    decode = LLMEngine(model_dir, EngineConfig(num_kv_blocks=256), worker_id="d")
     prompts = make_prompts(prefill.model_config.vocab_size)
     got = hand_off(prefill, decode, prompts)
     for i, p in enumerate(prompts):

@@ -15,7 +15,6 @@ import pickle
 from dataclasses import replace
 
 import pytest
-import torch
 
 from core.config import EngineConfig
 from core.errors import InvalidRequestError
@@ -23,6 +22,7 @@ from core.request import EngineRequest, OutputDelta
 from core.resume import ResumeState
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
+from tests.support.handoff import ParkingConnector, run_disaggregated
 
 PROMPT = [10 + (7 * i) % 500 for i in range(20)]
 _ids = itertools.count()
@@ -157,33 +157,13 @@ def test_seeded_sampling_across_the_move(engines, k: int) -> None:
     assert_same_stream(moved(engines, params, k), reference)
 
 
-def run_disaggregated(prefill: LLMEngine, decode: LLMEngine, request: EngineRequest) -> list:
-    """The deltas of `request` prefilled on a prefill-role engine, its KV copied in process
-    into a decode-role engine's reserved blocks, decoded there (as tests/engine/test_parity)."""
-    reservation = decode.reserve(request)
-    prefill.enqueue(request)
-    while not (results := prefill.take_prefilled()):
-        prefill.step()
-    (result,) = results
-    skip = reservation.num_cached_tokens // prefill.config.block_size
-    src, dst = torch.tensor(result.block_ids[skip:]), torch.tensor(reservation.block_ids[skip:])
-    decode.runner.kv_cache[:, dst] = prefill.runner.kv_cache[:, src]
-    prefill.release(request.request_id)
-    deltas = [decode.admit_transferred(request.request_id, result.first_token, result.logprob)]
-    while decode.has_unfinished():
-        deltas += decode.step()
-    for engine in (prefill, decode):
-        engine.check_invariants()
-        assert engine.kv.pool.num_used_blocks == 0
-    return deltas
-
-
 def test_move_to_a_prefill_and_a_decode_worker(engines, tiny_model_dir) -> None:
     """A request that moves to a disaggregated pair: the prefill engine computes the KV of
     prompt + resumed tokens and samples the next one, the decode engine goes on from there."""
     model_dir = tiny_model_dir("llama")
-    prefill = LLMEngine(model_dir, EngineConfig(role="prefill", num_kv_blocks=64, num_threads=1))
-    decode = LLMEngine(model_dir, EngineConfig(role="decode", num_kv_blocks=64, num_threads=1))
+    prefill = LLMEngine(model_dir, EngineConfig(num_kv_blocks=64, num_threads=1))
+    ParkingConnector(prefill)
+    decode = LLMEngine(model_dir, EngineConfig(num_kv_blocks=64, num_threads=1))
     params = SamplingParams(
         max_tokens=24, temperature=1.0, seed=5, presence_penalty=-1.0, ignore_eos=True
     )

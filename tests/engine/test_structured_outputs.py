@@ -28,7 +28,7 @@ from core.resume import ResumeState
 from core.sampling import SamplingParams
 from core.structured import StructuredKind, StructuredOutput
 from engine.engine import LLMEngine
-from tests.engine.test_resume import run_disaggregated
+from tests.support.handoff import ParkingConnector, run_disaggregated
 from tests.support.json_schemas import random_schema
 
 PROMPT = [10 + (7 * i) % 500 for i in range(12)]
@@ -296,8 +296,9 @@ def test_compiled_grammars_are_cached(model_dir) -> None:
 
 @pytest.fixture(scope="module")
 def pair(model_dir) -> tuple[LLMEngine, LLMEngine]:
-    prefill = LLMEngine(model_dir, EngineConfig(role="prefill", num_kv_blocks=64, num_threads=1))
-    decode = LLMEngine(model_dir, EngineConfig(role="decode", num_kv_blocks=64, num_threads=1))
+    prefill = LLMEngine(model_dir, EngineConfig(num_kv_blocks=64, num_threads=1))
+    ParkingConnector(prefill)
+    decode = LLMEngine(model_dir, EngineConfig(num_kv_blocks=64, num_threads=1))
     return prefill, decode
 
 
