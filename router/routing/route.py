@@ -92,6 +92,27 @@ class _ModelSpec:
     extra: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """One request as a decision sees it: the prompt's size and what the index says each
+    worker holds of it, all read before the decision takes the lock."""
+
+    model: str
+    block_size: int
+    num_blocks: int
+    num_tokens: int
+    num_output_tokens: int
+    request_id: str | None
+    prefixes: Prefixes
+    """Each worker's reported and cached (promises included) prefix and its offloaded part."""
+    degraded: bool
+    """The index did not answer: no worker holds anything as far as we know."""
+    held_blocks: Mapping[str, int]
+    """Blocks each worker's cache holds, for a policy that wants them (else empty)."""
+    tail_age_s: Mapping[str, float]
+    """The age of each worker's LRU tail where known, with `held_blocks`."""
+
+
 class Router:
     def __init__(
         self,
@@ -224,24 +245,16 @@ class Router:
         # 2. cached prefix per worker (None: degraded store, route by load alone)
         prefixes = self.store.longest_prefixes(model, hashes)
         degraded = prefixes is None
-        reported, cached, offloaded = prefixes if prefixes is not None else _DEGRADED
         views = None
         if self._prefill.wants_block_counts and not degraded:
             views = self.store.cache_views(model)
+        held, ages = views or _NO_VIEWS
+        lookup = Lookup(
+            model, spec.block_size, len(hashes), tokens, num_output_tokens, request_id,
+            prefixes if prefixes is not None else _DEGRADED, degraded, held, ages,
+        )  # fmt: skip
         with self._lock:
-            ticket = self._decide(
-                model,
-                spec,
-                len(hashes),
-                tokens,
-                cached,
-                num_output_tokens,
-                request_id,
-                degraded,
-                views or _NO_VIEWS,
-                reported,
-                offloaded,
-            )
+            ticket = self._decide(lookup)
         # 6. what the prefilling worker will store
         decision, cfg = ticket.decision, self.config
         have = decision.cached_blocks
@@ -257,22 +270,12 @@ class Router:
             )
         return ticket
 
-    def _decide(
-        self,
-        model: str,
-        spec: _ModelSpec,
-        num_blocks: int,
-        tokens: int,
-        cached: Mapping[str, int],
-        num_output_tokens: int,
-        request_id: str | None,
-        degraded: bool,
-        views: tuple[Mapping[str, int], Mapping[str, float]] = _NO_VIEWS,
-        reported: Mapping[str, int] = _NO_HITS,
-        offloaded: Mapping[str, Sequence[int]] = _DEGRADED.offloaded,
-    ) -> Ticket:
+    def _decide(self, lookup: Lookup) -> Ticket:
         cfg = self.config
-        block = spec.block_size
+        model, block = lookup.model, lookup.block_size
+        num_blocks, tokens = lookup.num_blocks, lookup.num_tokens
+        num_output_tokens, degraded = lookup.num_output_tokens, lookup.degraded
+        reported, cached, offloaded = lookup.prefixes
         loads = self._loads
         # 3. decode worker
         decode_pool = loads.pool(model, WorkerRole.DECODE)
@@ -306,10 +309,10 @@ class Router:
                     block,
                     num_output_tokens,
                     prefill_pool,
-                    views[0],
+                    lookup.held_blocks,
                     reported,
                     restore,
-                    views[1],
+                    lookup.tail_age_s,
                 )
             )
             reason = p_choice.reason
@@ -317,7 +320,9 @@ class Router:
         p_cached = cached.get(p.worker_id, 0) if p is not None else 0
         pull = p_choice.pull if p_choice is not None else None
         # 5. accounting (blocks pulled from a peer are not computed: not charged either)
-        rid = request_id if request_id is not None else f"route-{next(self._ids)}"
+        rid = lookup.request_id
+        if rid is None:
+            rid = f"route-{next(self._ids)}"
         p_reused = p_cached + (pull.num_blocks if pull is not None else 0)
         prefill_tokens = max(0, tokens - p_reused * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
