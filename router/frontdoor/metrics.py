@@ -167,7 +167,7 @@ class Metrics:
         )  # fmt: skip
         self.autoscale_pressure = Gauge(
             "baton:autoscale_pressure",
-            "A pool's distance to its SLO budget at the autoscaler's latest look (1: at it).",
+            "A pool's distance to its SLO budget at the autoscaler's last evaluation (1: at it).",
             ["pool"], registry=r,
         )  # fmt: skip
         self.router_decisions = Counter(
