@@ -15,12 +15,13 @@ import argparse
 import csv
 import itertools
 import json
-import os
 import random
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TypedDict
+
+from core import env as baton_env
 
 REPO = Path(__file__).resolve().parents[1]
 """The checkout this file is in (a worktree, a clone, an installed copy's source tree)."""
@@ -30,9 +31,9 @@ def traces_dir() -> Path:
     """The public traces (their provenance: PROVENANCE.md in that folder): $BATON_TRACES if set,
     else `shared/traces` beside the checkout (../shared/traces from the repo root), else
     inside it. Never an absolute path of one machine."""
-    env = os.environ.get("BATON_TRACES")
-    if env:
-        return Path(env)
+    given = baton_env.TRACES.get()
+    if given:
+        return Path(given)
     candidates = [REPO.parent / "shared" / "traces", REPO / "shared" / "traces"]
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
