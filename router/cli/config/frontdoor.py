@@ -56,7 +56,7 @@ class FrontDoorOptions:
     )
     reasoning_parser: str | None = knob(
         None,
-        "split <think>...</think> into reasoning_content: deepseek_r1 (the template opens the "
+        "split `<think>...</think>` into reasoning_content: deepseek_r1 (the template opens the "
         "block) or qwen3 (the reply does)",
         choices=("deepseek_r1", "qwen3"),
         default_doc="off",
