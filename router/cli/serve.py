@@ -33,6 +33,8 @@ def build_spec(args: argparse.Namespace, model_dir: Path | str) -> ClusterSpec:
 
 
 def cluster_spec(config: ServeConfig, model_dir: Path | str) -> ClusterSpec:
+    """`config`'s cluster on the checkpoint in `model_dir`, with what only this host can
+    resolve: the device (auto: cuda where torch sees one) and the draft checkpoint's folder."""
     device = config.engine.device
     draft = config.engine.speculative_model
     if draft is not None:

@@ -24,7 +24,8 @@ class ClusterSpec:
     cpu_bind: bool = True
     """Every CPU worker binds each compute thread to a CPU of its own (worker/cpu_claims.py)."""
     tp: int = 1
-    """Tensor-parallel size of every worker, unless the pool's own size below is given."""
+    """Tensor-parallel size of every worker, unless the pool's own size below is given: the
+    one place a cluster's TP size is set (each worker's engine takes its own from it)."""
     prefill_tp: int | None = None
     decode_tp: int | None = None
     """Per-pool TP sizes; they must be equal (KV moves from prefill rank r to decode rank r)."""
