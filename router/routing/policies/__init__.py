@@ -1,6 +1,7 @@
-"""Routing policies: an interface, a per-pool registry, and the built-in policies."""
+"""Routing policies: an interface, a per-pool registry, the pieces a policy is configured
+from (filters, scorers, pickers) and the named configurations."""
 
-from router.routing.policies import cache_aware, decode, simple, ttft  # noqa: F401  (register)
+from router.routing.policies import configurations, ttft  # noqa: F401  (register)
 from router.routing.policies.base import (
     POOLS,
     Choice,
@@ -11,13 +12,24 @@ from router.routing.policies.base import (
     pool_load,
     register,
 )
+from router.routing.policies.pipeline import Configuration, Pipeline, Use
+from router.routing.policies.plugin import Candidates, Cost, Filter, Picker, Scorer, plugin
 
 __all__ = [
     "POOLS",
+    "Candidates",
     "Choice",
+    "Configuration",
+    "Cost",
+    "Filter",
+    "Picker",
+    "Pipeline",
     "Policy",
     "RouteContext",
+    "Scorer",
+    "Use",
     "make_policy",
+    "plugin",
     "policy_names",
     "pool_load",
     "register",

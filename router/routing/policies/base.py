@@ -12,7 +12,9 @@ how many blocks each worker's cache holds (filled only for a policy that sets
 `wants_block_counts`: it costs a pass over the workers). A policy must not
 mutate `ctx` or the WorkerStates; the Router owns the accounting. Policies are looked up by
 name in a per-pool registry, so `round_robin`, `least_loaded` and `random` work for both pools and
-`cache_aware` means the prefill formula or the decode formula depending on the pool.
+`cache_aware` means the prefill formula or the decode formula depending on the pool. The
+built-in ones are configurations of filters, weighted scorers and a picker
+(configurations.py, from the pieces of plugin.py).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from core.roles import WorkerRole
 from router.routing.decision import PrefixPull
@@ -88,8 +90,8 @@ class Choice(NamedTuple):
 class Policy(abc.ABC):
     """Chooses one worker of a pool for a request."""
 
-    name: ClassVar[str]
-    formula: ClassVar[str] = ""
+    name: str
+    formula: str = ""
     """The cost formula, printed in the Router's debug log line beside the terms."""
     wants_block_counts: ClassVar[bool] = False
     """True: the Router fills `RouteContext.held_blocks` for this policy."""
@@ -120,27 +122,31 @@ def pool_load(worker: WorkerState, pool: str) -> tuple[int, int]:
     return (worker.running, -worker.free_blocks)
 
 
-_REGISTRY: dict[tuple[str, str], Callable[..., Policy]] = {}
+PolicyFactory = Callable[..., Policy]
+"""Builds a policy: `factory(pool, **kwargs)` (a Policy class or a configuration's builder)."""
+_F = TypeVar("_F", bound=PolicyFactory)
+_REGISTRY: dict[tuple[str, str], PolicyFactory] = {}
 
 
-def register(name: str, pools: Sequence[str] = POOLS) -> Callable[[type[Policy]], type[Policy]]:
-    """Class decorator: make `name` selectable for the given pools."""
+def register(name: str, pools: Sequence[str] = POOLS) -> Callable[[_F], _F]:
+    """Decorator: make `name` selectable for the given pools, built by the decorated factory."""
 
-    def deco(cls: type[Policy]) -> type[Policy]:
+    def deco(factory: _F) -> _F:
         for pool in pools:
-            _REGISTRY[(pool, name)] = cls
-        return cls
+            _REGISTRY[(pool, name)] = factory
+        return factory
 
     return deco
 
 
 def make_policy(name: str, pool: str, **kwargs: Any) -> Policy:
+    """The policy registered as `name` for `pool`, built with `kwargs`."""
     try:
-        cls = _REGISTRY[(pool, name)]
+        factory = _REGISTRY[(pool, name)]
     except KeyError:
         names = sorted(n for p, n in _REGISTRY if p == pool)
         raise ValueError(f"unknown {pool} policy {name!r}; choose from {names}") from None
-    return cls(pool, **kwargs)
+    return factory(pool, **kwargs)
 
 
 def policy_names(pool: str) -> list[str]:
