@@ -39,8 +39,9 @@ from loadgen import workloads as wl
 from loadgen.client import run_load, scrape_metrics
 from loadgen.compare import LOGS, RESULTS, ensure_bench_model
 from loadgen.metrics import SLO, RequestResult, scrape_by_label, summarize
-from loadgen.run import DEFAULT_TRACE, served_model
+from loadgen.run import served_model
 from loadgen.server import ServerProcess
+from loadgen.traces import DEFAULT_TRACE, TraceRequest
 
 _SERVE = ["--threads", "1", "--max-num-seqs", "32"]
 
@@ -61,12 +62,12 @@ def bursty_arrivals(
     return times
 
 
-def workload(args: argparse.Namespace, space: wl.TokenSpace) -> list[wl.BenchRequest]:
+def workload(args: argparse.Namespace, space: wl.TokenSpace) -> list[TraceRequest]:
     times = bursty_arrivals(args.phases, args.rate, args.burst, args.phase_s, args.seed)
     trace = wl.azure_trace(args.trace or DEFAULT_TRACE["azure"], space, limit=len(times),
                            max_output=args.max_output, seed=args.seed)  # fmt: skip
     pairs = zip(times, trace, strict=True)
-    return [wl.BenchRequest(t, r.prompt_token_ids, r.max_tokens) for t, r in pairs]
+    return [TraceRequest.of_prompt(t, r.prompt_token_ids, r.output_length) for t, r in pairs]
 
 
 def configs(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -115,7 +116,7 @@ def worker_seconds(samples: list[tuple[float, int]], end_s: float) -> float:
 
 
 async def run_config(
-    name: str, serve_args: list[str], model_dir: Path, requests: list[wl.BenchRequest],
+    name: str, serve_args: list[str], model_dir: Path, requests: list[TraceRequest],
     args: argparse.Namespace,
 ) -> dict[str, Any]:  # fmt: skip
     log = LOGS / f"bursty_{name}.log"

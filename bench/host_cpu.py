@@ -46,7 +46,7 @@ from core.perf import DecodeProfile, WorkerProfile
 from loadgen.client import scrape_metrics, stream_completion
 from loadgen.metrics import RequestResult
 from loadgen.run import served_model, step_totals
-from loadgen.workloads import BenchRequest
+from loadgen.traces import TraceRequest
 from planner.sim.host import HostCPU
 
 _BUSY = (0, 1, 2, 5, 6)
@@ -125,7 +125,7 @@ async def _phase(
             while queue:
                 prompt = queue.pop()
                 result = RequestResult(0.0, len(prompt))
-                request = BenchRequest(0.0, prompt, max_tokens)
+                request = TraceRequest.of_prompt(0.0, prompt, max_tokens)
                 first = await scrape_metrics(url) if concurrency == 1 else None
                 await stream_completion(client, model, request, result)
                 if not result.ok:
@@ -189,7 +189,7 @@ async def _beside(
                 while not stop.is_set():
                     prompt = next(pool)
                     await stream_completion(
-                        client, model, BenchRequest(0.0, prompt, tokens),
+                        client, model, TraceRequest.of_prompt(0.0, prompt, tokens),
                         RequestResult(0.0, len(prompt)),
                     )  # fmt: skip
 

@@ -66,7 +66,7 @@ def trace_prompts(n: int, vocab: int) -> tuple[list[list[int]], int]:
         return blocks[hash_id]
 
     prompts = [
-        [t for h in r["hash_ids"] for t in block(h)] + [1]  # + 1: the last block can hit too
+        [t for h in r.hash_ids for t in block(h)] + [1]  # + 1: the last block can hit too
         for r in read_jsonl(DEFAULT_TRACE["mooncake"], limit=n)
     ]
     return prompts, len(blocks)

@@ -38,7 +38,8 @@ from loadgen import cli as baton_bench
 from loadgen import workloads as wl
 from loadgen.compare import LOGS, RESULTS, _warm_up, ensure_bench_model
 from loadgen.metrics import RequestResult
-from loadgen.run import measure, schedules, served_model
+from loadgen.run import measure, served_model
+from loadgen.schedule import fill_workload_defaults, schedules
 from loadgen.server import ServerProcess
 from planner import plan as baton_plan
 
@@ -80,7 +81,7 @@ async def served(
     args = baton_bench.build_arg_parser(argparse.ArgumentParser()).parse_args(
         ["--url", "http://unused", "--no-progress", *flags]
     )
-    baton_bench.fill_workload_defaults(args)
+    fill_workload_defaults(args)
     ((rate, timed),) = schedules(args, wl.TokenSpace(*args.token_range))
     with ServerProcess([*serve, "--model", str(model_dir)], LOGS / f"plan_{name}.log") as server:
         model = await served_model(server.url)

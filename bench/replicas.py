@@ -34,9 +34,10 @@ from typing import Any
 
 import httpx
 
-from loadgen.client import BenchRequest, run_load
+from loadgen.client import run_load
 from loadgen.metrics import SLO, summarize
 from loadgen.run import served_model
+from loadgen.traces import TraceRequest
 from loadgen.workloads import TokenSpace, shared_prefix, with_poisson_arrivals
 from tests.multinode.bed import Bed, can_make_namespaces
 
@@ -46,7 +47,7 @@ WORKERS_HOST, REPLICA_HOSTS = 2, (3, 4, 5)
 NUM_PREFILL = 4
 
 
-def workload(num_requests: int, rate: float, vocab: int) -> list[BenchRequest]:
+def workload(num_requests: int, rate: float, vocab: int) -> list[TraceRequest]:
     requests = shared_prefix(
         num_requests, TokenSpace(high=vocab), num_tenants=8, system_tokens=512,
         user_tokens=256, output_len=16, seed=1,

@@ -31,7 +31,7 @@ import httpx
 from loadgen.client import scrape_metrics, stream_completion
 from loadgen.metrics import RequestResult
 from loadgen.run import served_model, step_totals
-from loadgen.workloads import BenchRequest
+from loadgen.traces import TraceRequest
 
 
 def overhead_ms(ttft_s: float, before: str, after: str, prefill_pool: bool) -> float:
@@ -60,7 +60,7 @@ async def measure(
                 before = await scrape_metrics(url)
                 result = RequestResult(0.0, length)
                 await stream_completion(
-                    client, model, BenchRequest(0.0, prompt, max_tokens), result
+                    client, model, TraceRequest.of_prompt(0.0, prompt, max_tokens), result
                 )
                 after = await scrape_metrics(url)
                 if not result.ok or result.ttft_s is None or before is None or after is None:

@@ -22,83 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import workloads as wl
-from loadgen.run import HEADER, WORKLOADS, format_row, measure, schedules, served_model
-
-
-def _rates(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"a request rate must be > 0, got {text}")
-    return value
-
-
-def add_workload_arguments(p: argparse.ArgumentParser) -> None:
-    """What to send and when: shared by `baton bench` and `baton plan` (planner/plan.py), so a
-    plan replays exactly the requests a benchmark sends."""
-    p.add_argument("--workload", choices=WORKLOADS, default="long_mix")
-    p.add_argument("--trace", default=None, help="trace file (mooncake JSONL / Azure CSV)")
-    p.add_argument(
-        "--rate",
-        type=_rates,
-        nargs="+",
-        default=None,
-        help="Poisson request rates (req/s) to sweep; none: the trace's own timing",
-    )
-    p.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="trace-timed arrivals: multiply the trace's gaps by this",
-    )
-    p.add_argument("--num-requests", type=int, default=None, help="requests per rate")
-    p.add_argument(
-        "--duration",
-        type=float,
-        default=None,
-        help="seconds during which requests are sent, per rate",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=60.0,
-        help="seconds after --duration before in-flight requests are cancelled",
-    )
-    p.add_argument(
-        "--input-len",
-        type=int,
-        default=128,
-        help="prompt tokens (shared_prefix: the unique user part)",
-    )
-    p.add_argument("--output-len", type=int, default=64, help="output tokens")
-    p.add_argument("--spread", type=float, default=0.5, help="distributed: +- fraction")
-    p.add_argument("--system-len", type=int, default=1024, help="shared_prefix: tokens")
-    p.add_argument("--tenants", type=int, default=8, help="shared_prefix: system prompts")
-    p.add_argument("--long-fraction", type=float, default=0.15, help="long_mix: long share")
-    p.add_argument(
-        "--length-scale",
-        type=float,
-        default=None,
-        help="traces: prompt length factor (mooncake 1/32, azure 0.25)",
-    )
-    p.add_argument("--output-scale", type=float, default=0.5, help="azure: output length factor")
-    p.add_argument("--max-output", type=int, default=128, help="traces: cap on output tokens")
-    p.add_argument("--ttft-slo", type=float, default=None, help="goodput TTFT target, s")
-    p.add_argument("--tpot-slo", type=float, default=None, help="goodput TPOT target, s")
-    p.add_argument(
-        "--token-range",
-        type=int,
-        nargs=2,
-        default=(16, 1000),
-        metavar=("LOW", "HIGH"),
-        help="prompt token ids are drawn from [LOW, HIGH)",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--prefix-seed",
-        type=int,
-        default=0,
-        help="shared_prefix: the tenants' system prompts (kept across rates)",
-    )
+from loadgen.run import HEADER, format_row, measure, served_model
+from loadgen.schedule import add_workload_arguments, fill_workload_defaults, schedules
 
 
 def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -147,14 +72,6 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="PNG plot (default beside --out)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
-
-
-def fill_workload_defaults(args: argparse.Namespace) -> None:
-    """The defaults `baton bench` and `baton plan` share where a flag was left out."""
-    args.num_requests = args.num_requests or 200
-    args.duration = args.duration or 120.0
-    args.ttft_slo = args.ttft_slo or 2.0
-    args.tpot_slo = args.tpot_slo or 0.1
 
 
 async def _bench_url(args: argparse.Namespace) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import httpx
 from tqdm import tqdm
 
 from loadgen.metrics import RequestResult
-from loadgen.workloads import BenchRequest
+from loadgen.workloads import TraceRequest
 
 DEADLINE_ERROR = "cancelled at the benchmark deadline"
 
@@ -39,14 +39,14 @@ class LoadRun:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, model: str, req: BenchRequest, result: RequestResult
+    client: httpx.AsyncClient, model: str, req: TraceRequest, result: RequestResult
 ) -> None:
     """POST one streaming /v1/completions and fill `result` (never raises for a failed
     request: the failure is the result)."""
     body = {
         "model": model,
         "prompt": req.prompt_token_ids,
-        "max_tokens": req.max_tokens,
+        "max_tokens": req.output_length,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0.0,
@@ -92,14 +92,14 @@ async def stream_completion(
         result.ok = True
 
 
-async def stream_grpc(stub: Any, req: BenchRequest, result: RequestResult) -> None:
+async def stream_grpc(stub: Any, req: TraceRequest, result: RequestResult) -> None:
     """The same over gRPC `GenerateService.Generate` (a message per batch of new tokens)."""
     import grpc
 
     from router.frontdoor.grpc.client import build_request
 
     msg = build_request(
-        req.prompt_token_ids, max_tokens=req.max_tokens, temperature=0.0, ignore_eos=True
+        req.prompt_token_ids, max_tokens=req.output_length, temperature=0.0, ignore_eos=True
     )
     start = time.perf_counter()
     last: float | None = None
@@ -139,7 +139,7 @@ def _error_message(text: str) -> str:
 async def run_load(
     base_url: str,
     model: str,
-    requests: Sequence[BenchRequest],
+    requests: Sequence[TraceRequest],
     *,
     max_duration_s: float = 120.0,
     drain_timeout_s: float = 60.0,
@@ -170,7 +170,7 @@ async def run_load(
         stub = await _grpc_stub(stack, grpc_target) if grpc_target else None
         start = time.perf_counter()
 
-        async def one(req: BenchRequest, res: RequestResult) -> None:
+        async def one(req: TraceRequest, res: RequestResult) -> None:
             try:
                 if stub is not None:
                     await stream_grpc(stub, req, res)

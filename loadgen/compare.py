@@ -30,8 +30,10 @@ from typing import Any
 
 from loadgen import workloads as wl
 from loadgen.plot import plot_experiment
-from loadgen.run import HEADER, format_row, measure, schedules, served_model
+from loadgen.run import HEADER, format_row, measure, served_model
+from loadgen.schedule import schedules
 from loadgen.server import ServerProcess
+from loadgen.traces import TraceRequest
 
 RESULTS = Path("bench/results")
 """Relative to the working directory: a checkout's results folder."""
@@ -186,7 +188,7 @@ async def _warm_tenants(
     prefixes = wl.tenant_prefixes(space, args.tenants, args.system_len, args.prefix_seed)
     rng = random.Random(-1)
     reqs = [
-        wl.BenchRequest(i * 1.0, p + [space.low + rng.randrange(space.high - space.low)
+        TraceRequest.of_prompt(i * 1.0, p + [space.low + rng.randrange(space.high - space.low)
                                       for _ in range(args.input_len)], 1)
         for i, p in enumerate(prefixes)
     ]  # fmt: skip

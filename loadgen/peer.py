@@ -30,7 +30,8 @@ from typing import Any
 
 from loadgen import workloads as wl
 from loadgen.compare import LOGS, RESULTS, Config, _warm_up, ensure_bench_model
-from loadgen.run import HEADER, format_row, measure, schedules, served_model
+from loadgen.run import HEADER, format_row, measure, served_model
+from loadgen.schedule import schedules
 from loadgen.server import ServerProcess
 
 _VLLM_SHIM = """

@@ -11,7 +11,6 @@ from typing import Any
 
 import httpx
 
-from loadgen import workloads as wl
 from loadgen.client import run_load, scrape_metrics
 from loadgen.metrics import (
     SLO,
@@ -21,10 +20,8 @@ from loadgen.metrics import (
     scrape_sum,
     summarize,
 )
-from loadgen.traces import DEFAULT_TRACE
+from loadgen.traces import TraceRequest
 
-WORKLOADS = ("fixed", "distributed", "shared_prefix", "multi_turn", "long_mix", "mooncake",
-             "azure")  # fmt: skip
 KV_SECONDS = "baton:kv_transfer_seconds_sum"
 STEP_TOKENS = "baton:worker_step_tokens_total"
 PULLED_TOKENS = "baton:prefix_pulled_tokens_total"
@@ -33,62 +30,8 @@ STEPS = "baton:worker_steps_total"
 STEP_SECONDS = "baton:worker_step_seconds_total"
 
 
-def build_workload(args: argparse.Namespace, space: wl.TokenSpace) -> list[wl.BenchRequest]:
-    """The workload's requests; arrival_s is the trace's own time (0 for synthetic ones)."""
-    n, seed = args.num_requests, args.seed
-    match args.workload:
-        case "fixed":
-            return wl.fixed_lengths(n, args.input_len, args.output_len, space, seed)
-        case "distributed":
-            return wl.distributed_lengths(
-                n, args.input_len, args.output_len, space, args.spread, seed
-            )
-        case "shared_prefix":
-            return wl.shared_prefix(
-                n, space, num_tenants=args.tenants, system_tokens=args.system_len,
-                user_tokens=args.input_len, output_len=args.output_len, seed=seed,
-                prefix_seed=args.prefix_seed,
-            )  # fmt: skip
-        case "multi_turn":
-            return wl.multi_turn(max(1, n // 4), space, max_output=args.output_len,
-                                 seed=seed)[:n]  # fmt: skip
-        case "long_mix":
-            return wl.long_prompt_mix(n, space, long_fraction=args.long_fraction, seed=seed)
-        case "mooncake":
-            return wl.mooncake_trace(
-                args.trace or DEFAULT_TRACE["mooncake"], space, limit=n,
-                length_scale=args.length_scale or 1 / 32, max_output=args.max_output, seed=seed,
-            )  # fmt: skip
-        case "azure":
-            return wl.azure_trace(
-                args.trace or DEFAULT_TRACE["azure"], space, limit=n,
-                length_scale=args.length_scale or 0.25, output_scale=args.output_scale,
-                max_output=args.max_output, seed=seed,
-            )  # fmt: skip
-    raise ValueError(f"unknown workload {args.workload!r}; choose from {', '.join(WORKLOADS)}")
-
-
-def schedules(
-    args: argparse.Namespace, space: wl.TokenSpace
-) -> list[tuple[float, list[wl.BenchRequest]]]:
-    """(offered rate, timed requests) per run: Poisson at each of `args.rate`, or the
-    trace's own arrivals scaled by `args.time_scale` (its rate is then what it offers).
-    Each rate gets its own prompts (another seed, same shape): a run must not find the
-    previous run's prompts in the prefix caches."""
-    if not args.rate:
-        timed = wl.retime(build_workload(args, space), args.time_scale)
-        span = timed[-1].arrival_s if timed else 0.0
-        return [(len(timed) / span if span > 0 else 0.0, timed)]
-    runs = []
-    for i, rate in enumerate(args.rate):
-        seed = args.seed + 1000 * i
-        requests = build_workload(argparse.Namespace(**{**vars(args), "seed": seed}), space)
-        runs.append((rate, wl.with_poisson_arrivals(requests, rate, seed)))
-    return runs
-
-
 async def measure(
-    base_url: str, model: str, rate: float, requests: Sequence[wl.BenchRequest],
+    base_url: str, model: str, rate: float, requests: Sequence[TraceRequest],
     args: argparse.Namespace, label: str = "", results: list[RequestResult] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """One run at one rate: scrape /metrics, send the load, scrape again, summarise; the

@@ -1,4 +1,5 @@
-"""Trace generators and readers for the router benchmarks.
+"""A workload as trace rows: its one request type, the trace readers and writers, and the
+synthetic trace generators of the routing benchmarks.
 
 A trace is a list of requests in the Mooncake JSONL format:
     {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [int, ...]}
@@ -16,10 +17,11 @@ import csv
 import itertools
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TypedDict
+from typing import Any
 
 from core import env as baton_env
 
@@ -54,11 +56,49 @@ DEFAULT_TRACE = {
 }
 
 
-class TraceRequest(TypedDict):
-    timestamp: int
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a workload, as the simulators and the load generator both read it: when
+    it arrives, how long its prompt and its output are, which prefix blocks its prompt is
+    made of, and, once a load generator has drawn them (loadgen.workloads), its prompt's
+    token ids."""
+
+    arrival_ms: float
+    """From the start of the trace (Mooncake's `timestamp`)."""
     input_length: int
+    """Prompt tokens."""
     output_length: int
-    hash_ids: list[int]
+    """Output tokens asked for (`max_tokens`)."""
+    hash_ids: Sequence[int] = ()
+    """The prompt's blocks, prefix-chained: two requests share their first k ids exactly when
+    they share their first k blocks. Empty where the workload says nothing of prefixes."""
+    prompt_token_ids: list[int] | None = None
+    """The prompt itself; None in a trace no load generator has drawn tokens for yet."""
+
+    @property
+    def arrival_s(self) -> float:
+        return self.arrival_ms / 1000
+
+    @classmethod
+    def of_prompt(
+        cls, arrival_s: float, prompt_token_ids: list[int], output_length: int
+    ) -> TraceRequest:
+        """A request given by its tokens (no prefix blocks named), arriving at `arrival_s`."""
+        return cls(arrival_s * 1000, len(prompt_token_ids), output_length, (), prompt_token_ids)
+
+    @classmethod
+    def from_json(cls, row: dict[str, Any]) -> TraceRequest:
+        """A Mooncake-format row."""
+        return cls(row["timestamp"], row["input_length"], row["output_length"], row["hash_ids"])
+
+    def to_json(self) -> dict[str, Any]:
+        """The Mooncake-format row (the prompt's tokens are not part of it)."""
+        return {
+            "timestamp": self.arrival_ms,
+            "input_length": self.input_length,
+            "output_length": self.output_length,
+            "hash_ids": list(self.hash_ids),
+        }
 
 
 def shared_prefix(
@@ -87,7 +127,7 @@ def shared_prefix(
         tail = rng.randint(0, block_size - 1)
         out.append(
             TraceRequest(
-                timestamp=int(t),
+                arrival_ms=int(t),
                 input_length=len(hashes) * block_size + tail,
                 output_length=rng.randint(16, 256),
                 hash_ids=hashes,
@@ -124,7 +164,7 @@ def multi_turn(
             out_len = rng.randint(32, 256)
             out.append(
                 TraceRequest(
-                    timestamp=int(t),
+                    arrival_ms=int(t),
                     input_length=len(chain) * block_size,
                     output_length=out_len,
                     hash_ids=list(chain),
@@ -132,7 +172,7 @@ def multi_turn(
             )
             chain = chain + [next(ids) for _ in range(out_len // block_size)]  # the answer
             t += rng.expovariate(1 / think_time_s) * 1000
-    out.sort(key=lambda r: r["timestamp"])
+    out.sort(key=lambda r: r.arrival_ms)
     return out
 
 
@@ -177,7 +217,7 @@ def light_then_burst(
         hashes = systems[prompt] + [next(ids) for _ in range(rng.randint(*user_blocks))]
         out.append(
             TraceRequest(
-                timestamp=int(t),
+                arrival_ms=int(t),
                 input_length=len(hashes) * block_size + rng.randint(0, block_size - 1),
                 output_length=rng.randint(16, 256),
                 hash_ids=hashes,
@@ -192,7 +232,7 @@ def read_jsonl(path: str | Path, limit: int | None = None) -> list[TraceRequest]
     for r in rows:
         if not {"timestamp", "input_length", "output_length", "hash_ids"} <= r.keys():
             raise ValueError(f"{path}: not a Mooncake-format trace line: {sorted(r)}")
-    return rows  # type: ignore[return-value]
+    return [TraceRequest.from_json(r) for r in rows]
 
 
 def read_azure_csv(
@@ -207,7 +247,7 @@ def read_azure_csv(
             t0 = ts if t0 is None else t0
             n = int(row["ContextTokens"])
             yield TraceRequest(
-                timestamp=int(ts - t0),
+                arrival_ms=int(ts - t0),
                 input_length=n,
                 output_length=int(row["GeneratedTokens"]),
                 hash_ids=[next(ids) for _ in range(n // block_size)],
@@ -217,7 +257,7 @@ def read_azure_csv(
 def write_jsonl(trace: list[TraceRequest], path: str | Path) -> None:
     with open(path, "w") as f:
         for r in trace:
-            f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(r.to_json()) + "\n")
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
 """Workloads for the serving benchmark: what to send (token ids, output length) and when.
 
-A workload is a list of `BenchRequest`s with arrival offsets in seconds. Prompts are token-id
+A workload is a list of `TraceRequest`s (loadgen.traces) whose prompts are drawn: token ids
+and arrival offsets. Prompts are token-id
 lists (sent as `prompt: [ids]` to /v1/completions) so lengths are exact and no tokenizer is
 involved. Prefix sharing is expressed through *hash ids*, as in the Mooncake traces: each
 id names one block of tokens, drawn deterministically from the id alone, so two requests
@@ -20,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen import traces
+from loadgen.traces import TraceRequest
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,6 @@ class TokenSpace:
     def __post_init__(self) -> None:
         if not 0 <= self.low < self.high:
             raise ValueError(f"token space [{self.low}, {self.high}) is empty")
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    arrival_s: float
-    """Offset from the start of the run; open loop: sent then, whatever came before."""
-    prompt_token_ids: list[int]
-    max_tokens: int
 
 
 def block_tokens(hash_id: int, num_tokens: int, space: TokenSpace, seed: int = 0) -> list[int]:
@@ -92,27 +86,27 @@ def poisson_arrivals(rate_per_s: float, num_requests: int, rng: random.Random) -
 
 
 def with_poisson_arrivals(
-    requests: Sequence[BenchRequest], rate_per_s: float, seed: int
-) -> list[BenchRequest]:
+    requests: Sequence[TraceRequest], rate_per_s: float, seed: int
+) -> list[TraceRequest]:
     """The same requests, in the same order, re-timed as a Poisson process."""
     times = poisson_arrivals(rate_per_s, len(requests), random.Random(seed))
-    return [replace(r, arrival_s=t) for r, t in zip(requests, times, strict=True)]
+    return [replace(r, arrival_ms=t * 1000) for r, t in zip(requests, times, strict=True)]
 
 
-def retime(requests: Sequence[BenchRequest], time_scale: float) -> list[BenchRequest]:
+def retime(requests: Sequence[TraceRequest], time_scale: float) -> list[TraceRequest]:
     """Trace-timed arrivals, first at 0, gaps multiplied by `time_scale` (<1 compresses)."""
     if time_scale <= 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     if not requests:
         return []
-    t0 = min(r.arrival_s for r in requests)
+    t0 = min(r.arrival_ms for r in requests)
     return sorted(
-        (replace(r, arrival_s=(r.arrival_s - t0) * time_scale) for r in requests),
-        key=lambda r: r.arrival_s,
+        (replace(r, arrival_ms=(r.arrival_ms - t0) * time_scale) for r in requests),
+        key=lambda r: r.arrival_ms,
     )
 
 
-# -- synthetic workloads (arrival_s = 0: give them arrivals with `with_poisson_arrivals`) -----
+# -- synthetic workloads (arrival 0: give them arrivals with `with_poisson_arrivals`) --------
 
 
 def _unique_prompt(rng: random.Random, n: int, space: TokenSpace) -> list[int]:
@@ -121,10 +115,10 @@ def _unique_prompt(rng: random.Random, n: int, space: TokenSpace) -> list[int]:
 
 def fixed_lengths(
     num_requests: int, input_len: int, output_len: int, space: TokenSpace, seed: int = 0
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     rng = random.Random(seed)
     return [
-        BenchRequest(0.0, _unique_prompt(rng, input_len, space), output_len)
+        TraceRequest.of_prompt(0.0, _unique_prompt(rng, input_len, space), output_len)
         for _ in range(num_requests)
     ]
 
@@ -136,7 +130,7 @@ def distributed_lengths(
     space: TokenSpace,
     spread: float = 0.5,
     seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Lengths uniform in [mean*(1-spread), mean*(1+spread)] (vLLM's `--random-range-ratio`)."""
     if not 0 <= spread < 1:
         raise ValueError(f"spread must be in [0, 1), got {spread}")
@@ -146,7 +140,7 @@ def distributed_lengths(
         return max(1, rng.randint(int(mean * (1 - spread)), int(mean * (1 + spread))))
 
     return [
-        BenchRequest(0.0, _unique_prompt(rng, draw(input_len), space), draw(output_len))
+        TraceRequest.of_prompt(0.0, _unique_prompt(rng, draw(input_len), space), draw(output_len))
         for _ in range(num_requests)
     ]
 
@@ -161,7 +155,7 @@ def long_prompt_mix(
     long_output: tuple[int, int] = (16, 32),
     max_input: int = 3000,
     seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Mostly short chats plus `long_fraction` of prompts 10-50x a short one (documents to
     summarise): the mix where a long prefill stalls every stream decoding beside it."""
     if not 0 <= long_fraction <= 1:
@@ -175,12 +169,12 @@ def long_prompt_mix(
             n_out = rng.randint(*long_output)
         else:
             n_out = rng.randint(*short_output)
-        out.append(BenchRequest(0.0, _unique_prompt(rng, n_in, space), n_out))
+        out.append(TraceRequest.of_prompt(0.0, _unique_prompt(rng, n_in, space), n_out))
     return out
 
 
 def from_trace(
-    rows: Sequence[traces.TraceRequest],
+    rows: Sequence[TraceRequest],
     block_size: int,
     space: TokenSpace,
     length_scale: float = 1.0,
@@ -188,23 +182,26 @@ def from_trace(
     max_input: int | None = None,
     max_output: int | None = None,
     seed: int = 0,
-) -> list[BenchRequest]:
-    """Trace rows (Mooncake format, timestamps in ms) as requests. `block_size` is the
-    trace's tokens per hash id; `length_scale` shrinks every block (and so every prompt) to
-    fit a CPU while keeping block boundaries, so shared ids still mean shared prefixes."""
+) -> list[TraceRequest]:
+    """Trace rows with their prompts drawn: each keeps its arrival, its lengths scaled and
+    capped, and the hash ids its prompt still covers. `block_size` is the trace's tokens per
+    hash id; `length_scale` shrinks every block (and so every prompt) to fit a CPU while
+    keeping block boundaries, so shared ids still mean shared prefixes."""
     if length_scale <= 0 or output_scale <= 0:
         raise ValueError("length_scale and output_scale must be > 0")
     scaled_block = max(1, round(block_size * length_scale))
     out = []
     for r in rows:
-        n_in = max(1, round(r["input_length"] * length_scale))
+        n_in = max(1, round(r.input_length * length_scale))
         if max_input is not None:
             n_in = min(n_in, max_input)
-        n_out = max(1, round(r["output_length"] * output_scale))
+        n_out = max(1, round(r.output_length * output_scale))
         if max_output is not None:
             n_out = min(n_out, max_output)
-        prompt = tokens_for_hash_ids(r["hash_ids"], n_in, scaled_block, space, seed)
-        out.append(BenchRequest(r["timestamp"] / 1000.0, prompt, n_out))
+        prompt = tokens_for_hash_ids(r.hash_ids, n_in, scaled_block, space, seed)
+        hash_ids = r.hash_ids[: -(-n_in // scaled_block)]
+        out.append(replace(r, input_length=n_in, output_length=n_out, hash_ids=hash_ids,
+                           prompt_token_ids=prompt))  # fmt: skip
     return out
 
 
@@ -231,7 +228,7 @@ def shared_prefix(
     output_len: int = 16,
     seed: int = 0,
     prefix_seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Multi-tenant shared system prompts: a request is its tenant's system prompt (fixed by
     `prefix_seed`) plus a unique user part (drawn from `seed`); tenants Zipf(`zipf_s`)-popular
     (0: uniform). Runs that differ only in `seed` share the tenants but no whole prompt, so a
@@ -243,7 +240,9 @@ def shared_prefix(
     weights = [1.0 / (t + 1) ** zipf_s for t in range(num_tenants)]
     tenants = rng.choices(range(num_tenants), weights, k=num_requests)
     return [
-        BenchRequest(0.0, prefixes[t] + _unique_prompt(rng, user_tokens, space), output_len)
+        TraceRequest.of_prompt(
+            0.0, prefixes[t] + _unique_prompt(rng, user_tokens, space), output_len
+        )
         for t in tenants
     ]
 
@@ -257,7 +256,7 @@ def multi_turn(
     max_output: int = 64,
     block_size: int = 16,
     seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Chat sessions (loadgen.traces.multi_turn): each turn's prompt is the previous
     prompt + a stand-in answer + a new message, with the trace's own (think-time) arrivals.
     The stand-in answer is fixed tokens, not the model's reply, so the load stays open-loop."""
@@ -277,7 +276,7 @@ def mooncake_trace(
     max_input: int | None = 3000,
     max_output: int | None = 128,
     seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Mooncake JSONL (512-token hash-id blocks): 1/32 makes each block one 16-token KV block."""
     rows = traces.read_jsonl(path, limit)
     return from_trace(
@@ -294,7 +293,7 @@ def azure_trace(
     max_input: int | None = 3000,
     max_output: int | None = 128,
     seed: int = 0,
-) -> list[BenchRequest]:
+) -> list[TraceRequest]:
     """Azure CSV (TIMESTAMP, ContextTokens, GeneratedTokens): no prefix data, every prompt is
     unique tokens; lengths scaled to fit a CPU (time scaling is `retime`'s job)."""
     rows = list(traces.read_azure_csv(path, block_size=16, limit=limit))

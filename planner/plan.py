@@ -34,8 +34,7 @@ from typing import Any
 from core.hashing import hash_prompt_blocks, model_root_hash
 from core.perf import WorkerProfile
 from loadgen import workloads as wl
-from loadgen.cli import add_workload_arguments, fill_workload_defaults
-from loadgen.run import schedules
+from loadgen.schedule import add_workload_arguments, fill_workload_defaults, schedules
 from loadgen.traces import TraceRequest
 from planner.sim.cluster import (
     DecodeProfile,
@@ -48,7 +47,7 @@ from planner.sim.cluster import (
 BLOCK = 16
 
 
-def trace_of(requests: list[wl.BenchRequest], duration_s: float) -> list[TraceRequest]:
+def trace_of(requests: list[TraceRequest], duration_s: float) -> list[TraceRequest]:
     """Benchmark requests as a simulator trace: the prompt's chained block hashes, as the
     engines and the router compute them (two prompts share a block id exactly when they
     share that prefix); only those sent within `duration_s`, as the benchmark's client does."""
@@ -59,8 +58,8 @@ def trace_of(requests: list[wl.BenchRequest], duration_s: float) -> list[TraceRe
             break
         toks = r.prompt_token_ids
         ids = [int(h) for h in hash_prompt_blocks(toks, BLOCK, root)]
-        out.append(TraceRequest(timestamp=int(r.arrival_s * 1000), input_length=len(toks),
-                                output_length=r.max_tokens, hash_ids=ids))  # fmt: skip
+        out.append(TraceRequest(arrival_ms=int(r.arrival_ms), input_length=len(toks),
+                                output_length=r.output_length, hash_ids=ids))  # fmt: skip
     return out
 
 

@@ -128,7 +128,7 @@ def simulate_cluster(
     handoffs: list[tuple[float, int, str, int, int]] = []
     """Transfers on their way: (KV at decode, n, decode worker, prompt, output)"""
     out: list[dict[str, Any]] = []
-    hashes_of = [r["hash_ids"] for r in trace]
+    hashes_of = [r.hash_ids for r in trace]
 
     def advance(now: float) -> None:
         while handoffs and handoffs[0][0] <= now:
@@ -150,7 +150,7 @@ def simulate_cluster(
             on_decode.remove(item)
 
     for n, r in enumerate(trace):
-        now = float(r["timestamp"])
+        now = float(r.arrival_ms)
         advance(now)
         if host is not None:
             host.request(now)
@@ -159,8 +159,8 @@ def simulate_cluster(
                 router.report_load(w.load(now))
             for d in decoders.values():
                 router.report_load(d.load(now))
-        hashes, length = r["hash_ids"], r["input_length"]
-        output = int(r["output_length"])
+        hashes, length = r.hash_ids, r.input_length
+        output = int(r.output_length)
         ticket = router.route("m", block_hashes=hashes, num_prompt_tokens=length,
                               num_output_tokens=output, request_id=f"q{n}")  # fmt: skip
         ticket.admit()

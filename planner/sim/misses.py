@@ -57,7 +57,7 @@ class MissLedger:
         pulled: int = 0,
     ) -> None:
         """Called before `chosen` serves `r`; `pulled` blocks come from a peer by transfer."""
-        hashes = r["hash_ids"]
+        hashes = r.hash_ids
         prefixes = {w.worker_id: prefix_length(hashes, w.cache) for w in workers}
         h = prefixes[chosen.worker_id]
         holder = max(workers, key=lambda w: prefixes[w.worker_id])

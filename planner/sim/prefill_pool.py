@@ -34,6 +34,7 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
+from dataclasses import replace
 from typing import Any
 
 from core.events import KVEventBatch
@@ -55,13 +56,13 @@ def pooled_lru_oracle(trace: list[TraceRequest], capacity: int, block_size: int)
     cached = total = 0
     for r in trace:
         hit = 0
-        for h in r["hash_ids"]:
+        for h in r.hash_ids:
             if h not in cache:
                 break
             hit += 1
-        store_chain(cache, r["hash_ids"], capacity)
-        cached += min(hit * block_size, r["input_length"])
-        total += r["input_length"]
+        store_chain(cache, r.hash_ids, capacity)
+        cached += min(hit * block_size, r.input_length)
+        total += r.input_length
     return {"hit_rate": cached / total, "computed_tokens": total - cached}
 
 
@@ -77,14 +78,14 @@ def at_load(
     over its busiest tenth (`busiest_rate`). Order, and so every cache, is kept."""
     if load <= 0 or len(trace) < 2:
         return trace
-    t0 = trace[0]["timestamp"]
-    span = trace[-1]["timestamp"] - t0
+    t0 = trace[0].arrival_ms
+    span = trace[-1].arrival_ms - t0
     if span <= 0:
         return trace
-    work = [profile.prefill_ms(r["input_length"]) for r in trace]
+    work = [profile.prefill_ms(r.input_length) for r in trace]
     rate = busiest_rate(trace, work) if peak else sum(work) / span
     scale = rate / (num_workers * load)
-    return [{**r, "timestamp": (r["timestamp"] - t0) * scale} for r in trace]  # type: ignore[misc]
+    return [replace(r, arrival_ms=(r.arrival_ms - t0) * scale) for r in trace]
 
 
 def busiest_rate(trace: list[TraceRequest], work: list[float], parts: int = 10) -> float:
@@ -93,13 +94,13 @@ def busiest_rate(trace: list[TraceRequest], work: list[float], parts: int = 10) 
     1.87x its average, its prompts growing from ~11k to ~22k tokens along it). A trace too
     short to split: its average."""
     n = len(trace)
-    span = trace[-1]["timestamp"] - trace[0]["timestamp"]
+    span = trace[-1].arrival_ms - trace[0].arrival_ms
     best = sum(work) / span
     if n < 2 * parts:
         return best
     for i in range(parts):
         a, b = i * n // parts, min((i + 1) * n // parts, n - 1)
-        part_span = trace[b]["timestamp"] - trace[a]["timestamp"]
+        part_span = trace[b].arrival_ms - trace[a].arrival_ms
         if part_span > 0:
             best = max(best, sum(work[a:b]) / part_span)
     return best
@@ -143,15 +144,15 @@ def simulate(
         """Route request n at `now` and queue it on its prefill worker."""
         r = trace[n]
         ticket = routers[n % len(routers)].route(
-            "m", block_hashes=r["hash_ids"], num_prompt_tokens=r["input_length"], request_id=f"q{n}"
+            "m", block_hashes=r.hash_ids, num_prompt_tokens=r.input_length, request_id=f"q{n}"
         )
         ticket.admit()  # no gate here: the simulated worker queues it
         decision = ticket.decision
         w = by_id[decision.prefill_worker_id or ""]
         peer = by_id[decision.pull_from.peer_id] if decision.pull_from is not None else None
-        length = r["input_length"]
-        estimate = length - min(prefix_length(r["hash_ids"], w.cache) * block_size, length)
-        w.submit(Queued(n, now, r["hash_ids"], length, peer, decision.pulled_blocks, estimate))
+        length = r.input_length
+        estimate = length - min(prefix_length(r.hash_ids, w.cache) * block_size, length)
+        w.submit(Queued(n, now, r.hash_ids, length, peer, decision.pulled_blocks, estimate))
         tickets[n] = ticket
         stats["prompt"] += length
 
@@ -201,7 +202,7 @@ def simulate(
                 if s.events is not None:
                     heapq.heappush(events, (t0, next(order), s.events))
                 heapq.heappush(done, (s.finish_ms, next(order), q.n))
-                ttfts.append(s.finish_ms - float(trace[q.n]["timestamp"]))
+                ttfts.append(s.finish_ms - float(trace[q.n].arrival_ms))
                 stats["cached"] += s.hit_tokens
                 stats["moved"] += s.moved_tokens
                 stats["pulls"] += 1 if s.moved_tokens else 0
@@ -209,7 +210,7 @@ def simulate(
                 bind(t0)
 
     for n, r in enumerate(trace):
-        now = float(r["timestamp"])
+        now = float(r.arrival_ms)
         run_until(now)
         clock[0] = now / 1000
         if n % report_every == 0:

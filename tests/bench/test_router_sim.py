@@ -14,6 +14,7 @@ from core.perf import WorkerProfile
 from loadgen.traces import (
     DEFAULT_TRACE,
     REPO,
+    TraceRequest,
     light_then_burst,
     resolve_trace,
     shared_prefix,
@@ -53,13 +54,13 @@ def test_light_then_burst_shape() -> None:
         burst_rate_per_s=100,
     )
     light, burst = trace[:30], trace[30:]
-    assert len({r["hash_ids"][0] for r in trace}) == 1  # one shared header block
-    assert len({tuple(r["hash_ids"][:3]) for r in light[:10]}) == 10  # every prompt, early
-    gaps = [b["timestamp"] - a["timestamp"] for a, b in itertools.pairwise(light)]
+    assert len({r.hash_ids[0] for r in trace}) == 1  # one shared header block
+    assert len({tuple(r.hash_ids[:3]) for r in light[:10]}) == 10  # every prompt, early
+    gaps = [b.arrival_ms - a.arrival_ms for a, b in itertools.pairwise(light)]
     assert set(gaps) == {500}
-    span = burst[-1]["timestamp"] - burst[0]["timestamp"]
+    span = burst[-1].arrival_ms - burst[0].arrival_ms
     assert span < 200 * 500 / 10  # the burst comes far faster than the light phase
-    assert all(r["input_length"] >= 16 * len(r["hash_ids"]) for r in trace)
+    assert all(r.input_length >= 16 * len(r.hash_ids) for r in trace)
 
 
 def test_sim_worker_queues_fifo_and_reports_like_an_engine() -> None:
@@ -137,17 +138,21 @@ def test_a_served_chain_loses_its_tail_first() -> None:
     assert w.serve([1, 2, 3, 9])[0] == 3
 
 
+def _row(hash_ids: list[int]) -> TraceRequest:
+    return TraceRequest(0, 16 * len(hash_ids), 1, hash_ids)
+
+
 def test_miss_ledger_attributes_each_block() -> None:
     """Hit, routed away from a busier holder, evicted everywhere, cold, against the oracle."""
     a, b = SimWorker("a", 6, PROFILE), SimWorker("b", 6, PROFILE)
     ledger = MissLedger(capacity=8, sample_every=1)
     for chain in ([7, 8], [1, 2, 3]):
-        ledger.observe({"hash_ids": chain}, a, [a, b], 0.0)  # type: ignore[typeddict-item]
+        ledger.observe(_row(chain), a, [a, b], 0.0)
         a.serve(chain)
     a.serve([20, 21, 22])  # outside the ledger's view: evicts 7 and 8 from a
     a.enqueue(0.0, 1000, 1000)  # a is busy until 1,020 ms
-    ledger.observe({"hash_ids": [1, 2, 3, 4, 5]}, b, [a, b], 10.0)  # type: ignore[typeddict-item]
-    ledger.observe({"hash_ids": [7, 8, 9]}, b, [a, b], 10.0)  # type: ignore[typeddict-item]
+    ledger.observe(_row([1, 2, 3, 4, 5]), b, [a, b], 10.0)
+    ledger.observe(_row([7, 8, 9]), b, [a, b], 10.0)
     m, total = ledger.summary(), 3 + 2 + 5 + 3
     assert m["hit"] == 0 and m["routed_away_holder_busier"] == 3 / total
     assert m["evicted_everywhere"] == 2 / total and m["cold"] == (3 + 2 + 2 + 1) / total
@@ -158,29 +163,28 @@ def test_miss_ledger_attributes_each_block() -> None:
 def test_at_load_stretches_the_clock_keeps_the_order() -> None:
     trace = shared_prefix(num_requests=50)
     slow = at_load(trace, PROFILE, num_workers=2, load=0.5)
-    work = sum(PROFILE.prefill_ms(r["input_length"]) for r in trace)
-    span = slow[-1]["timestamp"] - slow[0]["timestamp"]
+    work = sum(PROFILE.prefill_ms(r.input_length) for r in trace)
+    span = slow[-1].arrival_ms - slow[0].arrival_ms
     assert abs(work / (2 * span) - 0.5) < 1e-9
-    assert [r["hash_ids"] for r in slow] == [r["hash_ids"] for r in trace]
+    assert [r.hash_ids for r in slow] == [r.hash_ids for r in trace]
 
 
 def test_at_peak_load_the_busiest_tenth_is_that_busy() -> None:
     """A trace whose prompts grow along it: at --peak its heaviest tenth is held at the
     load, and the whole trace runs lighter."""
     trace = [
-        {"timestamp": float(i), "input_length": 100 if i < 80 else 400,
-         "output_length": 1, "hash_ids": [i]}
+        TraceRequest(float(i), 100 if i < 80 else 400, 1, [i])
         for i in range(100)
     ]  # fmt: skip
-    work = [PROFILE.prefill_ms(r["input_length"]) for r in trace]
-    slow = at_load(trace, PROFILE, num_workers=2, load=0.6, peak=True)  # type: ignore[arg-type]
+    work = [PROFILE.prefill_ms(r.input_length) for r in trace]
+    slow = at_load(trace, PROFILE, num_workers=2, load=0.6, peak=True)
     # the last tenth: each request's work over the time until the next one arrives
-    busiest = sum(work[90:99]) / (2 * (slow[99]["timestamp"] - slow[90]["timestamp"]))
+    busiest = sum(work[90:99]) / (2 * (slow[99].arrival_ms - slow[90].arrival_ms))
     assert busiest == pytest.approx(0.6)
-    mean = sum(work) / (2 * (slow[-1]["timestamp"] - slow[0]["timestamp"]))
+    mean = sum(work) / (2 * (slow[-1].arrival_ms - slow[0].arrival_ms))
     assert mean < 0.6 / 1.5
     even = trace[:80]  # no busier part than the whole: the average
-    assert sim_run.busiest_rate(even, work[:80]) == pytest.approx(sum(work[:80]) / 79)  # type: ignore[arg-type]
+    assert sim_run.busiest_rate(even, work[:80]) == pytest.approx(sum(work[:80]) / 79)
 
 
 def test_balance_slack_reaches_the_ttft_rows_only() -> None:
@@ -246,10 +250,10 @@ def test_replicas_sync_every_sync_ms_of_simulated_time() -> None:
     # the light phase syncs before every request (100 ms apart), the burst (~1 ms apart)
     # every 10 ms or so: far fewer syncs than requests
     assert {round(t, 6) for t in times} >= {round(0.1 * (i + 1), 6) for i in range(10)}
-    last_arrival = trace[-1]["timestamp"] / 1000
+    last_arrival = trace[-1].arrival_ms / 1000
     assert len([t for t in times if t <= last_arrival]) < 10 + 90 // 5
     # and between arrivals too, as prefills finish (late binding routes there)
-    arrivals = {round(r["timestamp"] / 1000, 6) for r in trace}
+    arrivals = {round(r.arrival_ms / 1000, 6) for r in trace}
     assert any(round(t, 6) not in arrivals for t in times)
 
 

@@ -73,7 +73,7 @@ def _trace() -> list[TraceRequest]:
     prefix = list(range(1000, 1030))
     return [
         TraceRequest(
-            timestamp=0 if k == 1 else 2000,
+            arrival_ms=0 if k == 1 else 2000,
             input_length=32 * 16,
             output_length=1,
             hash_ids=prefix + [k, -k],
@@ -90,7 +90,7 @@ def test_a_run_reports_computed_hit_and_transferred_tokens_apart() -> None:
         routers = router_sim.make_routers(name, 4, 16, policy_args=args)
         results[label] = simulate(trace, routers, 4, 200, 16, PROFILE)
     pulled, local = results["ttft"], results["ttft_no_pull"]
-    prompt = sum(r["input_length"] for r in trace)
+    prompt = sum(r.input_length for r in trace)
     assert pulled["num_pulls"] > 0 and pulled["transferred_tokens"] > 0
     assert pulled["transfer_rate"] == pulled["transferred_tokens"] / prompt
     reused = pulled["hit_rate"] * prompt + pulled["transferred_tokens"]
@@ -101,7 +101,7 @@ def test_a_run_reports_computed_hit_and_transferred_tokens_apart() -> None:
 
 def test_late_binding_routes_every_request_once_a_worker_has_room() -> None:
     trace = _trace()
-    prompt = sum(r["input_length"] for r in trace)
+    prompt = sum(r.input_length for r in trace)
     for late in (False, True):
         routers = router_sim.make_routers("round_robin", 4, 16)
         res = simulate(trace, routers, 4, 200, 16, PROFILE, late_binding=late)

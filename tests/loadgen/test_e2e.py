@@ -15,6 +15,7 @@ from loadgen import workloads as wl
 from loadgen.cli import build_arg_parser, run_from_args
 from loadgen.client import run_load, scrape_metrics
 from loadgen.run import served_model
+from loadgen.traces import TraceRequest
 from router.frontdoor.http.app import create_app
 from tests.support.grpc_server import GRPCServerThread
 from tests.support.http_server import HTTPServerThread
@@ -63,14 +64,14 @@ def test_open_loop_run_times_every_request(server: HTTPServerThread, model: str)
 
 
 def test_a_bad_request_is_an_error_not_a_crash(server: HTTPServerThread, model: str) -> None:
-    too_long = [wl.BenchRequest(0.0, [20] * 600, 4)]  # over max_model_len
+    too_long = [TraceRequest.of_prompt(0.0, [20] * 600, 4)]  # over max_model_len
     run = asyncio.run(run_load(server.url, model, too_long, progress=False))
     assert not run.results[0].ok
     assert run.results[0].error.startswith("HTTP 400")
 
 
 def test_requests_after_the_time_bound_are_not_sent(server: HTTPServerThread, model: str) -> None:
-    reqs = [wl.BenchRequest(t, [30, 31, 32], 2) for t in (0.0, 0.05, 50.0)]
+    reqs = [TraceRequest.of_prompt(t, [30, 31, 32], 2) for t in (0.0, 0.05, 50.0)]
     run = asyncio.run(run_load(server.url, model, reqs, max_duration_s=1.0,
                                progress=False))  # fmt: skip
     assert len(run.results) == 2 and run.num_not_sent == 1

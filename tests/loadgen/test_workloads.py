@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadgen import workloads as wl
-from loadgen.traces import read_azure_csv, read_jsonl
+from loadgen.traces import TraceRequest, read_azure_csv, read_jsonl
 
 SPACE = wl.TokenSpace(16, 1000)
 
@@ -51,7 +51,7 @@ def test_with_poisson_arrivals_keeps_order_and_prompts() -> None:
 
 
 def test_retime_scales_gaps_and_starts_at_zero() -> None:
-    reqs = [wl.BenchRequest(t, [20], 1) for t in (10.0, 12.0, 11.0)]
+    reqs = [TraceRequest.of_prompt(t, [20], 1) for t in (10.0, 12.0, 11.0)]
     out = wl.retime(reqs, 0.5)
     assert [r.arrival_s for r in out] == [0.0, 0.5, 1.0]
 
@@ -94,7 +94,7 @@ def test_mooncake_jsonl_is_parsed_and_scaled(tmp_path: Path) -> None:
     reqs = wl.mooncake_trace(path, SPACE, length_scale=1 / 32, max_output=128)
     assert [r.arrival_s for r in reqs] == [0.0, 1.5, 3.0]
     assert [len(r.prompt_token_ids) for r in reqs] == [31, 32, 19]
-    assert [r.max_tokens for r in reqs] == [10, 128, 5]
+    assert [r.output_length for r in reqs] == [10, 128, 5]
     # Block size 512 / 32 = 16 tokens per id: the first two share both blocks.
     assert reqs[0].prompt_token_ids[:31] == reqs[1].prompt_token_ids[:31]
     assert reqs[0].prompt_token_ids[:16] != reqs[2].prompt_token_ids[:16]
@@ -116,10 +116,10 @@ def test_azure_csv_is_parsed_time_ordered_and_unshared(tmp_path: Path) -> None:
         "2023-11-16 18:15:51.0000000,4000,1\n"
     )
     rows = list(read_azure_csv(path))
-    assert [r["timestamp"] for r in rows] == [0, 4314, 4319]
+    assert [r.arrival_ms for r in rows] == [0, 4314, 4319]
     reqs = wl.azure_trace(path, SPACE, length_scale=0.25, output_scale=0.5, max_input=500)
     assert [len(r.prompt_token_ids) for r in reqs] == [94, 99, 500]
-    assert [r.max_tokens for r in reqs] == [22, 54, 1]
+    assert [r.output_length for r in reqs] == [22, 54, 1]
     assert reqs[0].prompt_token_ids[:16] != reqs[1].prompt_token_ids[:16]
     timed = wl.retime(reqs, 0.1)
     assert [round(r.arrival_s, 4) for r in timed] == [0.0, 0.4314, 0.4319]
@@ -178,5 +178,5 @@ def test_long_prompt_mix_is_mostly_short_with_10_to_50x_longer_prompts() -> None
 def test_distributed_lengths_stay_in_range() -> None:
     reqs = wl.distributed_lengths(200, 100, 40, SPACE, spread=0.5)
     assert all(50 <= len(r.prompt_token_ids) <= 150 for r in reqs)
-    assert all(20 <= r.max_tokens <= 60 for r in reqs)
+    assert all(20 <= r.output_length <= 60 for r in reqs)
     assert len({len(r.prompt_token_ids) for r in reqs}) > 20

@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from core.perf import DecodeProfile, WorkerProfile
+from loadgen.traces import TraceRequest
 from planner import plan as baton_plan
 from planner.sim.cluster import RequestOverhead, simulate_cluster
 from planner.sim.host import HostCPU
@@ -16,9 +17,9 @@ PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0
 DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)
 
 
-def req(t_ms: int, prompt: int, output: int) -> dict:
+def req(t_ms: int, prompt: int, output: int) -> TraceRequest:
     ids = list(range(t_ms * 1000, t_ms * 1000 + prompt // 16))
-    return {"timestamp": t_ms, "input_length": prompt, "output_length": output, "hash_ids": ids}
+    return TraceRequest(t_ms, prompt, output, ids)
 
 
 def test_an_engine_with_a_free_core_beside_it_runs_as_profiled() -> None:
@@ -76,7 +77,7 @@ def test_bad_hosts_are_refused() -> None:
 
 def test_a_host_with_room_to_spare_changes_nothing() -> None:
     trace = [req(t, 160, 16) for t in range(0, 400, 40)] + [req(50, 32, 8)]
-    trace.sort(key=lambda r: r["timestamp"])
+    trace.sort(key=lambda r: r.arrival_ms)
     kw = {"overhead": RequestOverhead(3.0, 7.0), "disagg_min_uncached_tokens": 64}
     plain = simulate_cluster(trace, PREFILL, DECODE, 1, 1, **kw)
     roomy = simulate_cluster(trace, PREFILL, DECODE, 1, 1, host=HostCPU(cores=8), **kw)

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from core.perf import DecodeProfile, WorkerProfile
-from loadgen import workloads as wl
+from loadgen.traces import TraceRequest
 from planner import plan as baton_plan
 from planner.sim.cluster import DecodeSim, RequestOverhead, simulate_cluster, summarize
 
@@ -17,11 +17,11 @@ PREFILL = WorkerProfile(step_ms=10.0, token_ms=1.0, chunk_tokens=4096, attn_ms=0
 DECODE = DecodeProfile(step_ms=5.0, row_ms=1.0, ctx_ms=0.0)
 
 
-def req(t_ms: int, prompt: int, output: int, ids: list[int] | None = None) -> dict:
+def req(t_ms: int, prompt: int, output: int, ids: list[int] | None = None) -> TraceRequest:
     """A trace request; its blocks are its own unless `ids` says otherwise."""
     if ids is None:
         ids = list(range(t_ms * 1000, t_ms * 1000 + prompt // 16))
-    return {"timestamp": t_ms, "input_length": prompt, "output_length": output, "hash_ids": ids}
+    return TraceRequest(t_ms, prompt, output, ids)
 
 
 def test_one_request_waits_for_nothing() -> None:
@@ -149,13 +149,13 @@ def test_more_workers_help_the_phase_that_is_short() -> None:
 def test_benchmark_requests_become_a_trace_with_shared_prefixes() -> None:
     system = list(range(16, 48))
     requests = [
-        wl.BenchRequest(0.0, system + [100] * 16, 8),
-        wl.BenchRequest(0.5, system + [200] * 16, 8),
-        wl.BenchRequest(9.0, [300] * 48, 8),
+        TraceRequest.of_prompt(0.0, system + [100] * 16, 8),
+        TraceRequest.of_prompt(0.5, system + [200] * 16, 8),
+        TraceRequest.of_prompt(9.0, [300] * 48, 8),
     ]
     trace = baton_plan.trace_of(requests, duration_s=5.0)
-    assert [r["timestamp"] for r in trace] == [0, 500]  # the third comes after --duration
-    a, b = (r["hash_ids"] for r in trace)
+    assert [r.arrival_ms for r in trace] == [0, 500]  # the third comes after --duration
+    a, b = (r.hash_ids for r in trace)
     assert a[:2] == b[:2] and a[2] != b[2]
 
 
