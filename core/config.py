@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.roles import WorkerRole
-
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache of a CPU worker when no size is given (there is no device to fill)."""
 KV_CACHE_DTYPES = {"auto": None, "int8": "int8", "fp8": "float8_e4m3fn"}
@@ -40,8 +38,6 @@ class EngineConfig:
     """A local-disk tier under the host tier, per TP rank. 0: none."""
     kv_offload_dir: str | None = None
     """Where the disk tier's file goes (unlinked at once); None: the temp directory."""
-    role: WorkerRole = WorkerRole.UNIFIED
-    """The engine's role; a decode worker's engine runs `unified` (it may prefill too)."""
     dtype: str = "auto"
     """float32 | bfloat16 | float16 | auto (float32 on CPU, the checkpoint's dtype on GPU)."""
     speculative: str | None = None
@@ -81,7 +77,6 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
             )
-        object.__setattr__(self, "role", WorkerRole.parse(self.role))
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"

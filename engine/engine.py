@@ -27,6 +27,7 @@ from core.errors import InvalidRequestError
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
+from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from core.step_stats import StepTotals
 from engine.config import ModelConfig
@@ -321,7 +322,7 @@ class LLMEngine:
         oldest = self.scheduler.oldest_unanswered_arrival()
         return WorkerLoad(
             worker_id=self.worker_id,
-            role=self.config.role,
+            role=WorkerRole.UNIFIED,  # whole requests; a worker reports its own role
             num_running=len(self.scheduler.running),
             num_waiting=len(waiting),
             num_waiting_tokens=self.scheduler.prefill_backlog(),
