@@ -136,14 +136,16 @@ def test_a_prompt_no_worker_has_room_for_goes_where_it_overshoots_least() -> Non
     a, b, c = ws("a"), ws("b"), ws("c")
     for room in (True, False):
         policy = make_policy("ttft", "prefill", balance_room=room)
-        policy._tally = {"a": 1.0, "b": 1.1, "c": 0.9}  # placed seconds, decayed: mean 1.0
+        policy.tally.placed.update(
+            {"a": 1.0, "b": 1.1, "c": 0.9}
+        )  # placed seconds, decayed: mean 1.0
         choice = policy.choose(ctx([a, b, c], {"b": 2}))
         assert choice.worker is (c if room else b)
     terms = dict(make_policy("ttft", "prefill", balance_room=True).choose(ctx([a, b, c], {})).terms)
     assert terms["cost_s"] == terms["prefill_s"]
     # a short prompt fits under the bound on b: the cheapest wins as without the check
     policy = make_policy("ttft", "prefill", balance_room=True)
-    policy._tally = {"a": 1.0, "b": 1.1, "c": 0.9}
+    policy.tally.placed.update({"a": 1.0, "b": 1.1, "c": 0.9})
     assert policy.choose(ctx([a, b, c], {"b": 2}, blocks=3)).worker is b
 
 
@@ -159,7 +161,7 @@ def test_a_replica_bounds_the_pool_s_placements_not_only_its_own() -> None:
         assert choice.worker is b and choice.placed_s == dict(choice.terms)["prefill_s"] > 0
         heard.placed_elsewhere([a, b, c], "b", choice.placed_s)
     heard.placed_elsewhere([a, b], "z", 1.0)  # a worker not in the pool: nothing counts
-    assert set(heard._tally) == {"a", "b", "c"} and heard._tally["b"] > 0
+    assert set(heard.tally.placed) == {"a", "b", "c"} and heard.tally.placed["b"] > 0
     assert deaf.choose(ctx([a, b, c], {"b": 38})).worker is b
     assert heard.choose(ctx([a, b, c], {"b": 38})).worker is not b
 
@@ -200,7 +202,7 @@ def test_a_restarted_worker_s_measured_work_starts_again() -> None:
     _report(a, 0.5, 1.0)  # restarted: its total went back; nothing negative is counted
     _report(b, 12.0, 1.0)
     policy.choose(ctx([a, b], {}))
-    assert policy._measured.get("a", 0.0) == 0.0 and policy._measured["b"] > 1.9
+    assert policy.tally.measured.get("a", 0.0) == 0.0 and policy.tally.measured["b"] > 1.9
 
 
 def test_router_feeds_block_counts_and_calibration(caplog) -> None:

@@ -5,7 +5,7 @@ An LRU cache of K blocks evicts, next, the block it stored longest ago among its
 about the time since it stored its K-th latest block, with K the blocks the index lists for
 it. A cache whose tail is old turns over slowly: what it evicts next has gone unused longer
 and (the LRU characteristic-time model) is less likely to be asked for again. The `ttft`
-policy weighs the reuse a placement destroys by it (router/routing/policies/ttft.py): the
+policy weighs the reuse a placement destroys by it (router/routing/policies/ttft/cost.py): the
 pooled-LRU oracle evicts the oldest blocks of the whole pool, and storing new blocks where
 the tail is oldest does the same across workers.
 

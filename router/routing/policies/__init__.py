@@ -1,7 +1,7 @@
 """Routing policies: an interface, a per-pool registry, the pieces a policy is configured
 from (filters, scorers, pickers) and the named configurations."""
 
-from router.routing.policies import configurations, ttft  # noqa: F401  (register)
+from router.routing.policies import configurations  # noqa: F401  (register)
 from router.routing.policies.base import (
     POOLS,
     Choice,

@@ -23,6 +23,7 @@ from core.roles import WorkerRole
 from router.routing.policies import filters, pickers, scorers  # noqa: F401  (register)
 from router.routing.policies.base import Policy, register
 from router.routing.policies.pipeline import Configuration, Use
+from router.routing.policies.ttft import TtftPrefill
 
 PREFILL, DECODE = WorkerRole.PREFILL, WorkerRole.DECODE
 
@@ -114,3 +115,6 @@ def cache_aware_decode_config(
 @register("cache_aware", pools=(DECODE,))
 def cache_aware_decode(pool: str = DECODE, **kwargs: float) -> Policy:
     return cache_aware_decode_config(**kwargs).build(pool)
+
+
+register("ttft", pools=(PREFILL,))(TtftPrefill)
