@@ -37,7 +37,7 @@ test-gpu:
 	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider -m gpu tests
 
 bench-kernels:
-	$(PYTHON) -m bench.kernels
+	$(PYTHON) -m bench.engine.kernels
 
 lint:
 	ruff format --check . && ruff check .
@@ -46,4 +46,4 @@ format:
 	ruff format . && ruff check --fix .
 
 bench-engine: install
-	$(PYTHON) bench/engine.py
+	$(PYTHON) -m bench.engine.offline

@@ -68,7 +68,9 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     add_workload_arguments(p)
     p.add_argument("--api-key", default=None)
-    p.add_argument("--out", default=None, help="JSON results (default under bench/results/)")
+    p.add_argument(
+        "--out", default=None, help="JSON results (default: bench/results/serving/WORKLOAD.json)"
+    )
     p.add_argument("--plot", default=None, help="PNG plot (default beside --out)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -97,7 +99,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
         return run_comparison(args)
     result = asyncio.run(_bench_url(args))
-    out = Path(args.out or f"bench/results/serve_{args.workload}.json")
+    out = Path(args.out or f"bench/results/serving/{args.workload}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": _jsonable(args), **result}, indent=2))
     from loadgen.plot import plot_experiment

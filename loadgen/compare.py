@@ -12,7 +12,7 @@ Three experiments, each one workload sent to each configuration at the same rate
   `round_robin`; prompt tokens computed (and pulled between prefill workers), TTFT.
 
 Each configuration gets a fresh `baton serve` (stopped by PID at the end, even on errors).
-Results: bench/results/serve_<experiment>.json and .png; a verdict against the issue's
+Results: bench/results/serving/compare_<experiment>.json and .png; a verdict against the issue's
 targets is printed and stored.
 """
 
@@ -35,7 +35,7 @@ from loadgen.schedule import schedules
 from loadgen.server import ServerProcess
 from loadgen.traces import TraceRequest
 
-RESULTS = Path("bench/results")
+RESULTS = Path("bench/results/serving")
 """Relative to the working directory: a checkout's results folder."""
 LOGS = Path("/tmp/baton-bench-logs")
 BENCH_MODEL = Path("/tmp/baton-bench-model-20m")
@@ -302,7 +302,7 @@ def run_comparison(args: argparse.Namespace) -> int:
             exp_args.rate = exp.rates
         print(f"\n== {exp.title}\n{HEADER}", flush=True)
         runs: dict[str, list[dict[str, Any]]] = {}
-        out = Path(args.out) if args.out and len(names) == 1 else RESULTS / f"serve_{name}.json"
+        out = Path(args.out) if args.out and len(names) == 1 else RESULTS / f"compare_{name}.json"
         configs = chosen_configs(exp, args.configs)
         for config in configs:
             runs[config.name] = asyncio.run(_run_config(exp, config, model_dir, exp_args, space))

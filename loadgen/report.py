@@ -1,10 +1,12 @@
 """Markdown tables from `baton bench --compare` results (what docs/performance.md shows).
 
-python -m loadgen.report bench/results/serve_pd.json bench/results/serve_policy.json
+    python -m loadgen.report bench/results/serving/compare_pd.json \\
+        bench/results/serving/compare_policy.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -38,11 +40,10 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(paths: list[str]) -> int:
-    if not paths:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for path in paths:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", metavar="JSON", help="`baton bench --compare` results")
+    for path in parser.parse_args(argv).paths:
         doc = json.loads(Path(path).read_text())
         print(f"### {doc['title']}\n\nSLO: TTFT <= {doc['slo']['ttft_s']} s, "
               f"TPOT <= {doc['slo']['tpot_s'] * 1000:.0f} ms\n")  # fmt: skip
@@ -52,4 +53,4 @@ def main(paths: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

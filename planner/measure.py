@@ -97,7 +97,7 @@ def profile_prefill(  # type: ignore[no-untyped-def]
     """The prefill samples and their fit, measured again (one round at a time, the fastest
     repeat of each shape kept) while the fit says a prompt token costs nothing: on a busy
     machine the neighbours' noise can swamp a small model's per-token cost, and a profile
-    without one is no model of a prefill (bench.sim_profile refuses it)."""
+    without one is no model of a prefill (`WorkerProfile.load` refuses it)."""
     samples = measure_prefill(engine, lengths, repeat, rng)
     fit = fit_prefill(samples)
     for _ in range(extra_rounds):

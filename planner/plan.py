@@ -15,10 +15,10 @@ timed by the profile. It prints, per configuration, the expected TTFT and ITL (m
 output token after the first, as `baton bench` reports TPOT) at p50 / p99 and the goodput
 (share of requests meeting both targets), and picks the smallest configuration whose goodput
 is within 1% of the best. How close a plan comes to a real run: `python -m
-bench.plan_validate` (docs/performance.md).
+bench.planning.plan_validate` (docs/performance.md).
 
 CPU workers share their host's cores with the serving work: `--host-cpu` (planner/sim/host.py,
-measured by `python -m bench.host_cpu`) models that.
+measured by `python -m bench.planning.host_cpu`) models that.
 
 Tensor parallelism: one profile per TP size (`--profile tp1.json --profile tp2.json`, each
 measured with that TP); a worker of TP t counts as t GPUs against `--workers`.
@@ -147,7 +147,7 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar=("LOCAL", "DISAGG"),
         help="serving overhead on each first token, beyond the engine steps, for a prompt its "
         "decode worker prefills and one through the prefill pool (python -m "
-        "bench.request_overhead measures both on a running cluster); 0 0: none",
+        "bench.planning.request_overhead measures both on a running cluster); 0 0: none",
     )  # fmt: skip
     p.add_argument(
         "--host-cpu", type=float, nargs=6, default=None,
@@ -156,8 +156,8 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "plan_host.py): its cores, the serving CPU at idle (cores), per request and per "
         "output token (ms), the share of it that runs on a stepping engine's core even "
         "with a core free, and how much slower an engine steps for each other engine "
-        "stepping beside it; python -m bench.host_cpu --profile P measures the last five on "
-        "a running cluster. Default: the engines never wait for a core",
+        "stepping beside it; python -m bench.planning.host_cpu --profile P measures the last "
+        "five on a running cluster. Default: the engines never wait for a core",
     )  # fmt: skip
     p.add_argument("--threads", type=int, default=1,
                    help="compute threads per worker, as `baton serve --threads` "

@@ -7,9 +7,9 @@ Prefill time against prompt length (with and without a cached prefix) and decode
 against batch size and context, each fitted to the performance model (core/perf), with the samples
 behind the fits. The KV transfer rate between hosts is not something one machine can
 measure alone: give it (`--transfer-gbps`, `--transfer-latency-ms`, from
-`bench/kv_transfer.py` run between two of your hosts) and the profile records it with its
+`bench/transfer/kv_transfer.py` run between two of your hosts) and the profile records it with its
 source. The prefill fit's keys are those the router simulator reads (`python -m
-bench.router_sim --profile`). Run it on the node type the pool will use, with the threads
+bench.routing.router_sim --profile`). Run it on the node type the pool will use, with the threads
 (`--threads`) or GPU a worker gets there.
 """
 

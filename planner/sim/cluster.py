@@ -16,7 +16,7 @@
   the end of the step it is running. The first token leaves with the prefill's last step.
   (The front door's gate lets a waiter with a longer cached prefix go first,
   router.cluster.prefill_gate; this model looks each prompt up in the cache when it arrives
-  and keeps arrival order, as bench.router_sim's queued workers do with
+  and keeps arrival order, as bench.routing.router_sim's queued workers do with
   `--gate-max-skips 0`.)
 - Transfer: the prompt's KV (`kv_bytes_per_token`) at the profile's rate, plus its latency;
   free when the profile gives no rate.
@@ -33,7 +33,7 @@ between its later tokens); goodput is the share of requests that meet both targe
 
 Serving overhead (`RequestOverhead`): what a served request spends outside the engines'
 steps before its first token -- the door, the calls between front door and workers, the
-output stream back -- measured on a live server at idle (bench/request_overhead.py), one
+output stream back -- measured on a live server at idle (bench/planning/request_overhead.py), one
 figure for a request its decode worker prefills and one for a request that goes through the
 prefill pool (reserve, prefill, admit: more calls). Added to each TTFT: it moves no work,
 so it does not change the queues.

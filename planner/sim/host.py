@@ -14,7 +14,7 @@ steps stretch by
 
 for E busy engine threads, B cores of serving demand, C cores, and `others` the engine
 threads stepping on the other cores (two engines stepping together slow each other through
-the caches and memory they share: 1.18-1.44x measured here, bench/host_cpu.py). Not all of
+the caches and memory they share: 1.18-1.44x measured here, bench/planning/host_cpu.py). Not all of
 the serving work finds the free cores: a share s of it runs on the stepping engines' cores
 even while another core is idle (the threads an engine wakes -- its worker's output stream,
 its event loop -- are woken on the waker's core, and move only when the kernel balances).
@@ -27,7 +27,7 @@ the output stream's tokens are most of the serving demand.
 
 B is the serving CPU the workload asked for over the last `window_ms`: a base (Ray's and the
 door's own loops) plus a cost per request and per output token, each measured on a live
-server by bench/host_cpu.py, as are s and co_run (`baton plan --host-cpu CORES BASE
+server by bench/planning/host_cpu.py, as are s and co_run (`baton plan --host-cpu CORES BASE
 REQUEST_MS TOKEN_MS SHARE CO_RUN`).
 
 A GPU worker's engine thread is one core of its host: the same model applies with the

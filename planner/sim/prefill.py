@@ -1,5 +1,5 @@
 """One simulated prefill worker: an LRU prefix cache of `capacity` blocks in front of a FIFO
-server whose service times come from a measured profile (bench.sim_profile).
+server whose service times come from a measured profile (core.perf.WorkerProfile).
 
 It answers what a real prefill worker tells the router: KV events for what it stored and
 evicted, and load reports with its queued tokens, its cache occupancy and its engine step

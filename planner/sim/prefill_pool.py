@@ -17,7 +17,7 @@ Per request, in arrival order (`simulate`):
 Router replicas (several routers, one Redis) sync every `sync_ms` of simulated time: each
 then reads every decision, charge (router/routing/load_share.py) and event published before,
 so a replica routes on a view up to `sync_ms` old. REPLICA_SYNC_MS comes from the
-propagation `python -m bench.replica_sync` measured between two replicas here (a promise
+propagation `python -m bench.routing.replica_sync` measured between two replicas here (a promise
 published by one, seen in the other's index).
 
 Reuse is counted two ways: cache hits (the worker's own cache) and tokens transferred from
@@ -47,7 +47,7 @@ from router.routing.ticket import Ticket
 
 REPLICA_SYNC_MS = 20.0
 """Replicas sync this often, so a view is 0 to 20 ms old, 10 on average: within what
-`python -m bench.replica_sync` measured here (p50 5.7-7.4 ms with both cores busy, 15.7
+`python -m bench.routing.replica_sync` measured here (p50 5.7-7.4 ms with both cores busy, 15.7
 idle; p99 15-53; docs/performance.md, where 30 ms changes one workload by 1.3%)."""
 
 

@@ -1,4 +1,4 @@
-"""The bursty benchmark's load shape and its worker-seconds count (bench/bursty.py)."""
+"""The bursty benchmark's load shape and its worker-seconds count (bench/serving/bursty.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from bench import bursty
+from bench.serving import bursty
 
 
 def test_phases_alternate_low_and_high_around_the_mean() -> None:

@@ -1,11 +1,12 @@
-"""bench/engine.py's peer runs: a run's process group is gone before the next system runs."""
+"""bench/engine/offline.py's peer runs: a run's process group is gone before the next system
+runs."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-from bench.engine import _reap_group
+from bench.engine.offline import _reap_group
 
 
 def _alive(pgid: int) -> bool:

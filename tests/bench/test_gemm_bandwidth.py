@@ -1,11 +1,11 @@
-"""bench.gemm_bandwidth: the decode GEMMs' pass over the small preset's weights, timed."""
+"""bench.engine.gemm_bandwidth: the decode GEMMs' pass over the small preset's weights, timed."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench import gemm_bandwidth
+from bench.engine import gemm_bandwidth
 from engine.layers import cpu_gemm
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import host_cpu
-from bench import plan_validate as pv
+from bench.planning import host_cpu
+from bench.planning import plan_validate as pv
 from core.perf import DecodeProfile, WorkerProfile
 from planner.sim.host import HostCPU
 

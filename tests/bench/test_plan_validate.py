@@ -1,4 +1,4 @@
-"""`bench/plan_validate.py`'s bookkeeping: a worker's step counters over a run (as every
+"""`bench/planning/plan_validate.py`'s bookkeeping: a worker's step counters over a run (as every
 `baton bench` run reports them), measured runs against a prediction, and the KV blocks a
 served worker gets."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench import plan_validate as pv
+from bench.planning import plan_validate as pv
 from loadgen.run import step_totals
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import request_overhead
+from bench.planning import request_overhead
 
 
 def test_request_overhead_is_ttft_less_the_engine_time_of_the_first_token() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import router_sim
+from bench.routing import router_sim
 from core.perf import WorkerProfile
 from loadgen.traces import (
     DEFAULT_TRACE,
@@ -235,7 +235,8 @@ def test_one_table_per_run_on_a_trace_slice(tmp_path) -> None:
 
 def test_replicas_sync_every_sync_ms_of_simulated_time() -> None:
     """Replicas read each other's decisions as often as the propagation measured between two
-    Redis stores allows (bench.replica_sync): by the simulated clock, not every n requests."""
+    Redis stores allows (bench.routing.replica_sync): by the simulated clock, not every n
+    requests."""
     trace = light_then_burst(num_prompts=4, light_requests=10, burst_requests=90,
                              light_gap_ms=100.0, burst_rate_per_s=1000.0)  # fmt: skip
     routers = router_sim.make_routers("cache_aware", 2, 16, replicas=2)
@@ -258,7 +259,7 @@ def test_replicas_sync_every_sync_ms_of_simulated_time() -> None:
 
 
 def test_the_sweep_counts_the_runs_that_meet_issue_20_s_targets(tmp_path) -> None:
-    from bench import router_sweep
+    from bench.routing import router_sweep
 
     trace_file = tmp_path / "slice.jsonl"
     write_jsonl(shared_prefix(num_requests=200, block_size=512, rate_per_s=5), trace_file)

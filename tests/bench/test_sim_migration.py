@@ -3,7 +3,7 @@ apart from its cache hits and from computed tokens, and the run reports all thre
 
 from __future__ import annotations
 
-from bench import router_sim
+from bench.routing import router_sim
 from core.perf import WorkerProfile
 from loadgen.traces import TraceRequest
 from planner.sim.prefill import SimWorker

@@ -1,11 +1,12 @@
 """The speculative-decoding benchmark runs end to end and reports every method on every
-workload (bench/spec.py), here on the tiny model as its own draft (every greedy draft right)."""
+workload (bench/engine/spec.py), here on the tiny model as its own draft (every greedy draft
+right)."""
 
 from __future__ import annotations
 
 import json
 
-from bench import spec
+from bench.engine import spec
 
 
 def test_every_method_on_every_workload_with_identical_output(tiny_model_dir, tmp_path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from bench.chaos import ChaosPlan, ChaosReport, ChaosRun
+from bench.chaos.driver import ChaosPlan, ChaosReport, ChaosRun
 
 PLAN = ChaosPlan(
     num_requests=10,

@@ -3,7 +3,7 @@ multi-byte text, prefill and decode workers killed at seeded moments, clients ha
 mid-stream. Every finished stream is its fault-free stream chunk by chunk (token ids and
 text), every failure a `core.errors` error before its deadline, nothing hangs; afterwards
 every worker's KV is free, the router holds no ticket and the pools are back at their
-desired sizes. The driver is bench/chaos.py (the soak runs it for minutes)."""
+desired sizes. The driver is bench/chaos/driver.py (the soak runs it for minutes)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from bench.chaos import ChaosPlan, ChaosRun, settle
-from bench.chaos_workload import workload
+from bench.chaos.driver import ChaosPlan, ChaosRun, settle
+from bench.chaos.workload import workload
 from tests.cluster.conftest import always_disaggregate, make_spec
 
 pytestmark = pytest.mark.slow

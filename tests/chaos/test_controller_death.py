@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import ray
 
-from bench.chaos_workload import workload
+from bench.chaos.workload import workload
 from core.errors import OverloadedError, WorkerFailedError
 from core.sampling import SamplingParams
 from router.frontdoor.backend import GenerateRequest

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from bench.chaos import settle
-from bench.chaos_workload import workload
+from bench.chaos.driver import settle
+from bench.chaos.workload import workload
 from tests.chaos.controller_kill import PLAN, kill_controller_under_load
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect

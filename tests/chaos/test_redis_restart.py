@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
-from bench.chaos import ChaosPlan, ChaosRun, settle
-from bench.chaos_workload import workload
+from bench.chaos.driver import ChaosPlan, ChaosRun, settle
+from bench.chaos.workload import workload
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import poll
 

@@ -68,7 +68,7 @@ def test_block_size_16_gives_the_block_size_1_answer() -> None:
 
 @pytest.mark.parametrize("block_m,block_n", [(16, 32), (64, 16), (128, 64)])
 def test_any_tile_shape_gives_the_reference_answer(block_m: int, block_n: int) -> None:
-    """The tile shapes `bench.kernels --tune` tries: query tiles cut across the causal
+    """The tile shapes `bench.engine.kernels --tune` tries: query tiles cut across the causal
     diagonal and the cached prefix at other places, keys taken in other steps."""
     chunks = [(70, 100), (1, 9), (130, 130)]
     query_lens = [q for q, _ in chunks]
