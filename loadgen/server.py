@@ -4,9 +4,8 @@ it by PID however the run ends.
 The server is started in a new session, so it leads its own process group: Ray's GCS,
 raylet and worker processes it spawns join that group. Stopping sends SIGTERM to the server
 (it shuts its cluster down cleanly), and only if that times out SIGKILLs the group it leads,
-which holds nothing but processes this benchmark started.
-
-`python -m loadgen.server <serve flags>` runs `baton serve <serve flags>`.
+which holds nothing but processes this benchmark started. The server is `python -m
+router.cli serve`: the benchmark reaches it only through its process and its HTTP port.
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "loadgen.server", *self.serve_args,
+        return [sys.executable, "-m", "router.cli", "serve", *self.serve_args,
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--grpc-port", str(self.grpc_port)]  # fmt: skip
 
@@ -139,13 +138,3 @@ def _tail(path: Path, num_lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
     except OSError:
         return ""
-
-
-def main(argv: list[str]) -> int:
-    from router.cli.main import main as baton_main
-
-    return baton_main(["serve", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("core", "engine", "kv_transfer", "worker", "prefill_worker", "decode_worker",
-           "router", "proto")  # fmt: skip
+           "router", "proto", "loadgen", "planner")  # fmt: skip
 
 
 def is_generated(path: Path) -> bool:
