@@ -105,17 +105,18 @@ class Picker(abc.ABC):
         """The index in `cands.positions` (and `totals`) of the chosen worker."""
 
     def terms(self, cands: Candidates, totals: Sequence[float], k: int) -> tuple[float, ...]:
+        """The picker's terms for the winner (index k), e.g. its total."""
         return ()
 
 
 P = TypeVar("P", Filter, Scorer, Picker)
-_KINDS: tuple[tuple[type, str], ...] = ((Filter, "filter"), (Cost, "cost"), (Scorer, "scorer"),
-                                        (Picker, "picker"))  # fmt: skip
+_KIND_WORDS: dict[type, str] = {Filter: "filter", Cost: "cost", Scorer: "scorer", Picker: "picker"}
 _PLUGINS: dict[str, type] = {}
 
 
 def kind_of(cls: type) -> str:
-    return next(word for base, word in _KINDS if issubclass(cls, base))
+    """The kind of plugin `cls` is: filter, cost, scorer or picker (a Cost is a Scorer too)."""
+    return next(word for base, word in _KIND_WORDS.items() if issubclass(cls, base))
 
 
 def plugin(name: str) -> Callable[[type[P]], type[P]]:
