@@ -12,10 +12,10 @@ their regions through and the rest runs in their gaps: windows alternating in on
 at 12 req/s, those two threads at Ray's nice 15 against -10, forward 75.4 -> 65.9 ms a step,
 decode rows 700 -> 828 a second.
 The price is the front door's wait for those gaps: at 8 req/s (under saturation) TTFT mean
-135 -> 274-301 ms for TPOT p50 47 -> 40 ms (bench/results/serve_peer_bf16_shared_prefix_
-engine_nice.json has the sweep against vLLM). So it is off by default: worth it where
-tokens per second count more than the first token's wait (batch work on a node that also
-runs its front door). At -5 nothing changed (the others still preempt at once); at -20 the
+135 -> 274-301 ms for TPOT p50 47 -> 40 ms (bench/results/serving/
+peer_bf16_shared_prefix_xeon_amx.json has the sweep against vLLM). So it is off by default:
+worth it where tokens per second count more than the first token's wait (batch work on a node
+that also runs its front door). At -5 nothing changed (the others still preempt at once); at -20 the
 front door starved (a /metrics read timed out after 5 s)."""
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class LaunchConfig:
 
 
 def launch_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
-    """The fastest measured at head_dim 128 with BLOCK_M rows a tile (`python -m bench.kernels
+    """The fastest measured at head_dim 128 with BLOCK_M rows a tile (`bench.engine.kernels
     --tune` on an H100): bfloat16 32 keys, 4 warps, 2 stages (2.0x the 32-row tiles and
     Triton's default stages before it); float32's tiles spill registers at 4 warps (11x
     slower), so 8 warps and one stage. A head_dim above 128 (not measured) halves the keys."""

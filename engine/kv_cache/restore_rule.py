@@ -1,7 +1,7 @@
 """Restore or recompute: which KV offload tiers a worker keeps, measured on the worker.
 
 A prefix hit in an offload tier saves recomputing the block's prefill and costs copying the
-block back. On a CPU the copy always wins by far (bench/offload.py: ~14 us a block from
+block back. On a CPU the copy always wins by far (bench/engine/offload.py: ~14 us a block from
 either tier against ~2 ms to recompute it); on a GPU it need not: a GPU prefills a block of
 a mid-sized model in about a millisecond, while a disk tier reads the same block at NVMe
 speed, and a host tier over PCIe. So at start-up each worker measures both, once:

@@ -5,7 +5,7 @@ and guess that what followed them there follows them again.
 Which earlier place: the latest one that has as many tokens after it as are asked for, else
 the one with the most. The latest alone is often a few tokens back (a run of indentation, a
 repeated word), where only one or two tokens follow before the present: with it the editing
-workload of bench/spec.py drafted one token in most steps (the draft length could not grow)
+workload of bench/engine/spec.py drafted one token in most steps (the draft length could not grow)
 and ran 1.51x plain decoding; preferring a full continuation, 2.31x, acceptance 0.79 -> 0.84,
 the same tokens."""
 

@@ -240,5 +240,5 @@ def trained_checkpoint(
 
 def draft_checkpoint(steps: int = DRAFT_STEPS) -> Path:
     """The `draft` preset distilled from the default trained checkpoint (both cached): the
-    draft model of bench/spec.py."""
+    draft model of bench/engine/spec.py."""
     return trained_checkpoint("draft", steps, teacher=trained_checkpoint())

@@ -27,7 +27,7 @@ prefix of its prompt in that worker's cache (its KV events in the router's index
 them while the prefix is still there instead of after the queue ahead has churned it out
 (SGLang's scheduler orders its waiting queue by longest prefix match the same way). A waiter
 passed over `RouterConfig.gate_max_skips` times goes next when it fits, so none waits
-forever; 0 is first in, first out. On the simulated routing sweep (bench.router_sweep, where
+forever; 0 is first in, first out. On the simulated routing sweep (bench.routing.router_sweep, where
 each simulated worker's queue is this gate) 39 of 39 runs meet the reuse and balance targets
 with 4, 8 or 16 skips against 34 first in, first out; the burst pattern's reuse rises with
 the bound, Mooncake's does not move (docs/performance.md, "Routing").
