@@ -1,5 +1,5 @@
-"""The host's CPUs in `baton plan`'s model (planner/sim/host.py) and their measurement on a
-live server (bench/host_cpu.py), with the answers worked by hand."""
+"""The host's CPUs in `baton plan`'s model (planner/sim/host.py), with the answers worked by
+hand (their measurement on a live server: tests/bench/test_host_cpu.py)."""
 
 from __future__ import annotations
 

@@ -67,8 +67,8 @@ def test_a_short_prompt_is_prefilled_by_its_decode_worker() -> None:
 
 
 def test_the_serving_overhead_of_each_path_lands_on_its_first_tokens() -> None:
-    """Measured apart (bench/request_overhead.py): a constant per path on the first token,
-    nothing moved in the queues or the later tokens."""
+    """Measured apart (bench/planning/request_overhead.py): a constant per path on the first
+    token, nothing moved in the queues or the later tokens."""
     trace = [req(0, 160, 4), req(1000, 480, 4), req(2000, 480, 1)]
     plain = simulate_cluster(trace, PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256)
     over = simulate_cluster(trace, PREFILL, DECODE, 1, 1, disagg_min_uncached_tokens=256,
