@@ -29,11 +29,10 @@ from engine.gguf.config import PERMUTED_QK, GGUFError
 DEQUANTIZED = {
     GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
     GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
-    GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K,
-    GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_K,
+    GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
 }  # fmt: skip
-"""The types imported (each checked against transformers' own dequantization in the tests
-where a file has it)."""
+"""The types imported: each one's dequantization is checked against transformers' own in
+the tests."""
 _TOP = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",

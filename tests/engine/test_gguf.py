@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from safetensors.numpy import load_file
 from core.sampling import SamplingParams
 from engine import LLM
 from engine.gguf import GGUFError, import_gguf, resolve_model
+from engine.gguf.tensors import DEQUANTIZED, dequantize
 from tests.support.gguf_files import write_gguf
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -45,6 +47,25 @@ def transformers_greedy(
                              max_new_tokens=GREEDY.max_tokens, do_sample=False)  # fmt: skip
         outs.append(out[0, len(prompt) :].tolist())
     return outs
+
+
+@pytest.mark.parametrize(
+    "qtype",
+    sorted((t for t in DEQUANTIZED if t.name[0] == "Q"), key=lambda t: t.name),
+    ids=lambda t: t.name,
+)
+def test_each_quantized_type_dequantizes_as_transformers_does(qtype) -> None:
+    """Any bytes (scales included: a NaN where transformers has one) read as transformers
+    reads them, so what a real file of that type holds imports exactly."""
+    from gguf import GGML_QUANT_SIZES
+    from transformers.integrations.gguf.dequant import dequantize as theirs
+
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (8, 4 * block_bytes), dtype=np.uint8)
+    tensor = SimpleNamespace(name="t", tensor_type=qtype, data=raw,
+                             shape=np.array([4 * block_values, 8]))  # fmt: skip
+    want = theirs(torch.from_numpy(raw.reshape(-1)), int(qtype)).numpy().reshape(8, -1)
+    np.testing.assert_array_equal(dequantize(tensor), want)
 
 
 def test_an_f32_gguf_imports_as_the_checkpoint_it_was_written_from(tiny_model_dir, gguf_dir):
