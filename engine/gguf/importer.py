@@ -73,15 +73,15 @@ def _cache_root() -> Path:
 
 
 def resolve_model(model: str | Path) -> Path:
-    """`model` itself for a folder; for a GGUF file, the folder it was imported into (in the
-    user's cache, keyed by the file's path, size and modification time), importing it first
-    if it was not yet."""
+    """`model` itself for a folder; for a GGUF file, the folder it was imported into, importing
+    it first if it was not yet: in the user's cache under the file's path, size and
+    modification time, named after the file (the name a server gives the model)."""
     path = Path(model)
     if not is_gguf(path):
         return path
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    folder = _cache_root() / f"{path.stem}-{hashlib.sha256(key).hexdigest()[:16]}"
+    folder = _cache_root() / hashlib.sha256(key).hexdigest()[:16] / path.stem
     if not (folder / "config.json").is_file():
         import_gguf(path, folder)
     return folder

@@ -27,5 +27,5 @@ def run_demo(args: argparse.Namespace) -> int:
             f"{out.finish_reason}, ttft {out.timings.ttft_s:.3f} s]"
         )
     elapsed = time.monotonic() - start
-    print(f"model {model_dir} (random weights: the text is noise), {elapsed:.1f} s")
+    print(f"model {model_dir}, {elapsed:.1f} s")
     return 0

@@ -33,6 +33,12 @@ def _run_quantize(args: argparse.Namespace) -> int:
     return run_from_args(args)
 
 
+def _run_import_gguf(args: argparse.Namespace) -> int:
+    from router.cli.model_dir import run_import_gguf
+
+    return run_import_gguf(args.src, args.dst)
+
+
 def _run_demo(args: argparse.Namespace) -> int:
     from router.cli.demo import run_demo
 
@@ -72,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     quantize.add_argument("src", metavar="SRC", help="float Hugging Face checkpoint folder")
     quantize.add_argument("dst", metavar="DST", help="output folder (new or empty)")
     quantize.set_defaults(func=_run_quantize)
+    gguf = sub.add_parser(
+        "import-gguf",
+        help="write a GGUF checkpoint as a Hugging Face folder (dequantized to float32)",
+    )
+    gguf.add_argument("src", metavar="FILE", help="GGUF file (llama, mistral, qwen2, qwen3)")
+    gguf.add_argument("dst", metavar="DIR", help="output folder (replaced if it exists)")
+    gguf.set_defaults(func=_run_import_gguf)
     demo = sub.add_parser("demo", help="generate with the engine in this process")
     demo.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
     demo.add_argument("--max-tokens", type=int, default=24)
