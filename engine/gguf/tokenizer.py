@@ -3,8 +3,9 @@
 Two kinds of vocabulary (`tokenizer.ggml.model`):
 - `gpt2`: byte-level BPE (Llama 3, Qwen, SmolLM): tokens spelled in GPT-2's byte alphabet,
   the file's merges, GPT-2's split of the text (or the model family's own, `_SPLITS`).
-- `llama`: SentencePiece BPE (Llama 2, Mistral): a space is "▁", unknown bytes fall back to
-  <0xNN> tokens, and merges, when the file has none, ranked by the merged token's score.
+- `llama`: SentencePiece BPE (Llama 2, Mistral): a space is "▁" (one before the text unless
+  it starts with a space), unknown bytes fall back to <0xNN> tokens, and merges, when the
+  file has none, ranked by the merged token's score.
 Control tokens (type 3) are special added tokens, user-defined ones (type 4) plain added
 tokens, as transformers builds them from the same file.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gguf import GGUFReader
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.processors import TemplateProcessing
 
 from engine.gguf.config import GGUFError, field
@@ -67,14 +68,15 @@ def _byte_level(tokens: list[str], merges: list[str], pre: str | None) -> Tokeni
 
 def _ranked_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """SentencePiece BPE merges from the vocabulary: every split of a token into two tokens,
-    the pair ranked by the score of the token it makes (higher first)."""
-    ids = {t: i for i, t in enumerate(tokens)}
+    ranked by the score of the token it makes (higher first), a token's splits with the
+    longer left part first (the order transformers derives from the same file)."""
+    known = set(tokens)
     found = []
     for token, score in zip(tokens, scores, strict=True):
         for cut in range(1, len(token)):
             left, right = token[:cut], token[cut:]
-            if left in ids and right in ids:
-                found.append((-score, ids[left], ids[right], left, right))
+            if left in known and right in known:
+                found.append((-score, -len(left), -len(right), left, right))
     found.sort()
     return [(left, right) for *_, left, right in found]
 
@@ -85,9 +87,8 @@ def _sentencepiece(tokens: list[str], merges: list[str] | None, scores: list[flo
     unk = "<unk>" if "<unk>" in vocab else None
     model = models.BPE(vocab, pairs, unk_token=unk, byte_fallback=True, fuse_unk=True)  # type: ignore[arg-type]
     tokenizer = Tokenizer(model)
-    tokenizer.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
-    )
+    # A space is "▁", and one is put before the text unless it starts with one.
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first", split=False)
     tokenizer.decoder = decoders.Sequence([
         decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
         decoders.Strip(" ", 1, 0),

@@ -17,7 +17,8 @@ from core.sampling import SamplingParams
 from engine import LLM
 from engine.gguf import GGUFError, import_gguf, resolve_model
 from engine.gguf.tensors import DEQUANTIZED, dequantize
-from tests.support.gguf_files import write_gguf
+from engine.gguf.tokenizer import hf_tokenizer
+from tests.support.gguf_files import write_gguf, write_sentencepiece_vocab
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 PROMPTS = [[5, 77, 300, 12, 9, 800], list(range(20, 60))]
@@ -117,6 +118,24 @@ def test_the_vocabulary_encodes_as_transformers_reads_it(tiny_model_dir, gguf_di
     assert llm.tokenizer.apply_chat_template(chat) == theirs.apply_chat_template(
         chat, add_generation_prompt=True, tokenize=False
     )
+
+
+def test_a_sentencepiece_vocabulary_encodes_as_transformers_reads_it(gguf_dir) -> None:
+    """Llama 2 / Mistral files: SentencePiece BPE with byte fallback, merges from the scores."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    corpus = (Path(__file__).parents[2] / "README.md").read_text().splitlines() * 3
+    src = write_sentencepiece_vocab(gguf_dir / "spm.gguf", corpus)
+    ours = Tokenizer.from_str(hf_tokenizer(GGUFReader(src))[0])
+    theirs = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file="spm.gguf")
+    texts = ["Baton serves large language models", "  two  spaces and\nnewline",
+             "héllo wörld ☃ 123", "The prefill pool"]  # fmt: skip
+    for text in texts:
+        ids = ours.encode(text).ids
+        assert ids == theirs.encode(text), text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
 
 
 def test_a_gguf_path_is_imported_once(tiny_model_dir, gguf_dir, monkeypatch) -> None:

@@ -79,3 +79,32 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_sentencepiece_vocab(path: Path, corpus: list[str], vocab_size: int = 500) -> Path:
+    """A GGUF file whose vocabulary is SentencePiece BPE, as Llama 2's files hold one: <unk>,
+    <s>, </s>, the 256 byte tokens, then the pieces with falling scores and no merges (one
+    embedding tensor: enough to read the vocabulary)."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    specials = ["<unk>", "<s>", "</s>"]
+    trained = SentencePieceBPETokenizer(unk_token="<unk>", fuse_unk=True)
+    trained.train_from_iterator(corpus, vocab_size=vocab_size, special_tokens=specials,
+                                show_progress=False)  # fmt: skip
+    vocab = json.loads(trained.to_str())["model"]["vocab"]
+    pieces = [p for p, _ in sorted(vocab.items(), key=lambda kv: kv[1]) if p not in specials]
+    tokens = [*specials, *(f"<0x{b:02X}>" for b in range(256)), *pieces]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * len(pieces))  # unknown, control, byte
+    writer.add_token_scores([0.0] * 259 + [-float(i) for i in range(len(pieces))])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
