@@ -3,6 +3,8 @@ against plain decoding, batch 1, the same engine settings, the same run.
 
     python -m bench.engine.spec          # trained checkpoint and its distilled draft (cached)
     python -m bench.engine.spec --samples 8 --repeat 3
+    python -m bench.engine.spec --model models/smollm2-135m-instruct --workloads summarize \
+        --out bench/results/engine/spec_smollm2.json       # a chat model, prompt lookup only
 
 Three workloads on held-out standard-library functions the models never trained on:
   editing     the prompt holds a function and asks for it again ("# Edited:"), greedy: the
@@ -12,7 +14,9 @@ Three workloads on held-out standard-library functions the models never trained 
               it near plain decoding's speed); the draft model's draws share the target's
               noise, so many of its drafts still hold;
   completion  the first third of a function, continued greedily: nothing to copy from,
-              what a draft model is for.
+              what a draft model is for;
+  summarize   a chat model asked to summarize a standard-library module's docstring,
+              greedy: a summary reuses the text's phrases, what prompt lookup is for.
 
 Per workload and method: decode tokens/s after the first token (the engines alternate,
 `--repeat` times; the median counts), acceptance (accepted / drafted) and whether every
@@ -42,9 +46,26 @@ def functions(text: str, count: int, min_chars: int = 400, max_chars: int = 1200
     return [f for f in found if min_chars <= len(f) <= max_chars][:count]
 
 
+def docstrings(count: int, min_chars: int = 800, max_chars: int = 3000) -> list[str]:
+    """Module docstrings of the standard library, of a size a prompt can hold, in a fixed
+    order."""
+    import ast
+    import sysconfig
+
+    found = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8", errors="replace")))
+        if doc and min_chars <= len(doc) <= max_chars:
+            found.append(doc)
+    return found[:count]
+
+
 def prompts(llm: LLM, count: int, workload: str = "editing") -> list[list[int]]:
     from engine.tiny_model.train import heldout_text
 
+    if workload == "summarize":
+        asks = [f"Summarize this text in three sentences.\n\n{doc}" for doc in docstrings(count)]
+        return [llm.tokenizer.encode_chat([{"role": "user", "content": a}]) for a in asks]
     bodies = functions(heldout_text(), count)
     if workload == "completion":
         texts = [body[: len(body) // 3] for body in bodies]
@@ -125,24 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--workloads", nargs="+", default=["editing", "sampled", "completion"],
+                   choices=["editing", "sampled", "completion", "summarize"])  # fmt: skip
     p.add_argument("--out", default=str(results_file("engine", "spec.json")))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     from engine.tiny_model.train import draft_checkpoint, trained_checkpoint
 
-    args.model = args.model or str(trained_checkpoint())
-    args.draft_model = args.draft_model or str(draft_checkpoint())
+    if args.model is None:  # the trained checkpoint, and its distilled draft
+        args.model = str(trained_checkpoint())
+        args.draft_model = args.draft_model or str(draft_checkpoint())
     # No prefix caching: a repeated prompt must cost the same each time for every engine.
     common = {"num_kv_blocks": 512, "enable_prefix_caching": False,
               "num_speculative_tokens": args.num_speculative_tokens}  # fmt: skip
     engines = {
         "plain": LLM(args.model, **common),
         "ngram": LLM(args.model, speculative="ngram", **common),
-        "draft": LLM(args.model, speculative="draft", speculative_model=args.draft_model,
-                     **common),
-    }  # fmt: skip
-    workloads = ("editing", "sampled", "completion")
-    results = {w: run_workload(engines, w, args) for w in workloads}
+    }
+    if args.draft_model:  # a given model has no draft unless one is named
+        engines["draft"] = LLM(args.model, speculative="draft",
+                               speculative_model=args.draft_model, **common)  # fmt: skip
+    results = {w: run_workload(engines, w, args) for w in args.workloads}
     doc = {
         "machine": platform.processor() or platform.machine(),
         "model": args.model,
