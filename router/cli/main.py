@@ -85,10 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     gguf.add_argument("src", metavar="FILE", help="GGUF file (llama, mistral, qwen2, qwen3)")
     gguf.add_argument("dst", metavar="DIR", help="output folder (replaced if it exists)")
     gguf.set_defaults(func=_run_import_gguf)
-    demo = sub.add_parser("demo", help="generate with the engine in this process")
-    demo.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
-    demo.add_argument("--max-tokens", type=int, default=24)
-    demo.add_argument("--threads", type=int, default=2)
+    demo = sub.add_parser(
+        "demo", help="a two-turn chat through both pools of a local cluster (prefix cache hit)"
+    )
+    demo.add_argument("--model", default=None, help="checkpoint folder or GGUF file "
+                      "(default: the default model)")  # fmt: skip
+    demo.add_argument("--max-tokens", type=int, default=48)
+    demo.add_argument("--threads", type=int, default=1, help="compute threads per worker")
     demo.set_defaults(func=_run_demo)
     serve = sub.add_parser("serve", help="start the cluster and its front doors")
     add_serve_arguments(serve)

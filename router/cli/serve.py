@@ -1,7 +1,8 @@
 """`baton serve`: start (or join) Ray, bring up the pools, serve HTTP and gRPC until Ctrl-C.
 
-With no arguments: a local single-node Ray, the tiny demo model (made on first run), one
-prefill and one decode worker on CPU, the in-process prefix index.
+With no arguments: a local single-node Ray, the default model (router/cli/model_dir.py:
+SmolLM2-135M-Instruct, imported on first run), one prefill and one decode worker on CPU, the
+in-process prefix index.
 """
 
 from __future__ import annotations
