@@ -79,8 +79,12 @@ class Cluster:
     spec: ClusterSpec
 
     def use_metrics(self, metrics: Metrics) -> None:
-        """Record routing decisions and KV transfers into the front doors' metrics."""
+        """Record routing decisions, their accuracy and KV transfers into the front doors'
+        metrics."""
         self.backend.metrics = metrics
+        self.router.on_reuse = lambda r, resynced: metrics.accuracy.record(
+            r.worker_id, r.predicted, r.reused, resynced
+        )
 
     async def close(self, kill_workers: bool = True) -> None:
         await self.membership.close()

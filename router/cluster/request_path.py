@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from router.cluster.autoscale.signals import WaitBook
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
 from router.cluster.prefix_pull import pull_prefix
+from router.cluster.transfer_stats import TransferStats
 from router.cluster.worker_channel import Queue, WorkerChannel
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
@@ -71,22 +73,6 @@ def _retryable(e: BaseException) -> bool:
     if isinstance(e, (*_ACTOR_GONE, WorkerFailedError)):
         return True
     return isinstance(e, RayTaskError) and not isinstance(e, BatonError)
-
-
-@dataclass
-class TransferStats:
-    num_transfers: int = 0
-    num_blocks_sent: int = 0
-    num_blocks_skipped: int = 0
-    """Prompt blocks the decode worker already held (multi-turn reuse): never sent."""
-    prefill_on_decode: int = 0
-    wait_s: float = 0.0
-    """Total time decode workers waited for KV after the prefill's first token."""
-    prefix_pulls: int = 0
-    """Prefixes copied between prefill workers (router's PrefixPull) that arrived."""
-    prefix_blocks_pulled: int = 0
-    """Their blocks: reused by transfer, neither computed nor in P's own cache."""
-    prefix_pulls_failed: int = 0
 
 
 class RequestPath:
@@ -289,6 +275,7 @@ class _Attempt:
             self.prefill,
             self.path.transfers,
         )
+        reused = functools.partial(self.path.router.observe_reuse, ticket.decision)
         channel = self.path.channel(decode)
         self.queue = channel.open(rid)
         try:
@@ -298,7 +285,11 @@ class _Attempt:
                     decode.handle.generate.remote(self.request, self._left(), channel.channel_id),
                     self._left(),
                 )
+                first = True
                 async for delta in self._stream():
+                    if first:  # it says what the decode worker's prefill reused
+                        first = False
+                        reused(decode.worker_id, delta.num_cached_tokens)
                     yield delta
                 return
             with self.path.waits[WorkerRole.PREFILL].waiting():
@@ -306,6 +297,7 @@ class _Attempt:
             if ticket.decision.pull_from is not None:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()
+            reused(decode.worker_id, reservation.num_cached_tokens)
             skip = reservation.num_cached_tokens // decode.info.block_size
             self.calling = prefill
             reply = await asyncio.wait_for(
@@ -315,6 +307,7 @@ class _Attempt:
                 self._left(),
             )
             ticket.prefill_done(reply.backlog)
+            reused(prefill.worker_id, reply.num_cached_tokens)
             self.calling = decode
             first_token_at = asyncio.get_running_loop().time()
             stats.num_transfers += 1

@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from core.step_stats import PHASES
+from router.frontdoor.routing_metrics import AccuracyMetrics
 from router.frontdoor.slo_window import SloWindow
 
 __all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
@@ -173,6 +174,8 @@ class Metrics:
         self.router_decisions = Counter(
             "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r
         )
+        self.accuracy = AccuracyMetrics(r)
+        """How right the router was, per worker (router.routing.accuracy)."""
         for outcome in OUTCOMES:  # show zeros before the first request
             self.requests.labels(outcome=outcome)
         self.live = LiveStats()
@@ -254,6 +257,7 @@ class Metrics:
         for state in ("used", "free"):
             with contextlib.suppress(KeyError):
                 self.kv_blocks.remove(worker_id, state)
+        self.accuracy.forget(worker_id)
         if self._step_totals.pop(worker_id, None) is not None:
             with contextlib.suppress(KeyError):
                 self.worker_steps.remove(worker_id)

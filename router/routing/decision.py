@@ -1,8 +1,12 @@
-"""The router's answer for one request: a typed, frozen value."""
+"""The router's answer for one request, and the request as the decision sees it: typed,
+frozen values."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from router.routing.index.store import Prefixes
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,11 @@ class RoutingDecision:
     terms: tuple[tuple[str, float], ...] = ()
     index_degraded: bool = False
     pull_from: PrefixPull | None = None
+    prefill_reported_blocks: int = 0
+    decode_reported_blocks: int = 0
+    """The cached counts as the workers' own KV events report them, without the blocks
+    promised to prefills still in flight (router.routing.accuracy judges the index on
+    these)."""
 
     @property
     def prefill_on_decode(self) -> bool:
@@ -53,3 +62,24 @@ class RoutingDecision:
     def pulled_blocks(self) -> int:
         """Prompt blocks copied from a peer (not computed, not in the prefill worker's cache)."""
         return self.pull_from.num_blocks if self.pull_from is not None else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """One request as a decision sees it: the prompt's size and what the index says each
+    worker holds of it, all read before the decision takes the lock."""
+
+    model: str
+    block_size: int
+    num_blocks: int
+    num_tokens: int
+    num_output_tokens: int
+    request_id: str | None
+    prefixes: Prefixes
+    """Each worker's reported and cached (promises included) prefix and its offloaded part."""
+    degraded: bool
+    """The index did not answer: no worker holds anything as far as we know."""
+    held_blocks: Mapping[str, int]
+    """Blocks each worker's cache holds, for a policy that wants them (else empty)."""
+    tail_age_s: Mapping[str, float]
+    """The age of each worker's LRU tail where known, with `held_blocks`."""

@@ -37,7 +37,8 @@ import msgspec
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
 from core.roles import WorkerRole
-from router.routing.decision import RoutingDecision
+from router.routing.accuracy import AccuracyConfig, PredictionCheck, Reuse, judge
+from router.routing.decision import Lookup, RoutingDecision
 from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
 from router.routing.index.store import IndexStore, InProcessStore, Prefixes, ResyncCallback
 from router.routing.load import LoadTracker
@@ -83,6 +84,9 @@ class RouterConfig:
     tier_gbps: tuple[float, ...] = DEFAULT_TIER_GBPS
     """Copy-back bandwidth of the host and disk offload tiers (GB/s) a worker is assumed
     to have until it has measured its own (router.routing.restore_cost)."""
+    accuracy: AccuracyConfig = field(default_factory=AccuracyConfig)
+    """When a worker whose reuse falls short of its own events is resynced
+    (router.routing.accuracy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,27 +94,6 @@ class _ModelSpec:
     block_size: int
     root: BlockHash
     extra: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """One request as a decision sees it: the prompt's size and what the index says each
-    worker holds of it, all read before the decision takes the lock."""
-
-    model: str
-    block_size: int
-    num_blocks: int
-    num_tokens: int
-    num_output_tokens: int
-    request_id: str | None
-    prefixes: Prefixes
-    """Each worker's reported and cached (promises included) prefix and its offloaded part."""
-    degraded: bool
-    """The index did not answer: no worker holds anything as far as we know."""
-    held_blocks: Mapping[str, int]
-    """Blocks each worker's cache holds, for a policy that wants them (else empty)."""
-    tail_age_s: Mapping[str, float]
-    """The age of each worker's LRU tail where known, with `held_blocks`."""
 
 
 class Router:
@@ -139,6 +122,9 @@ class Router:
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._term_names: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
+        self._accuracy = PredictionCheck(self.config.accuracy)
+        self.on_reuse: Callable[[Reuse, bool], None] | None = None
+        """Hears each judged prediction and whether it resynced the worker (metrics)."""
 
     # ---- membership ----------------------------------------------------------------------
 
@@ -164,6 +150,7 @@ class Router:
         """The worker left: its load state and index entries go (in every replica)."""
         with self._lock:
             state = self._loads.remove_worker(worker_id)
+            self._accuracy.forget(worker_id)
         if state is not None:
             self.store.remove_worker(state.model, worker_id)
 
@@ -332,21 +319,13 @@ class Router:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "route %s model=%s blocks=%d prefill=%s (%s; %s) decode=%s (%s) terms=%s "
-                "degraded=%s",
-                rid,
-                model,
-                num_blocks,
-                p.worker_id if p else None,
-                reason,
-                self._prefill.formula,
-                d.worker_id,
-                d_choice.reason,
-                dict(terms),
-                degraded,
-            )
+                "degraded=%s", rid, model, num_blocks, p.worker_id if p else None, reason,
+                self._prefill.formula, d.worker_id, d_choice.reason, dict(terms), degraded,
+            )  # fmt: skip
         decision = RoutingDecision(
             rid, model, p.worker_id if p is not None else None, d.worker_id, num_blocks, tokens,
             p_cached, d_cached, reason, terms, degraded, pull,
+            reported.get(p.worker_id, 0) if p is not None else 0, reported.get(d.worker_id, 0),
         )  # fmt: skip
         return Ticket(decision, charge, loads, self._lock)
 
@@ -365,6 +344,20 @@ class Router:
         if p_choice is None:
             return tuple(zip(names, d_choice.term_values))
         return tuple(zip(names, p_choice.term_values + d_choice.term_values))
+
+    # ---- how right it was ----------------------------------------------------------------
+
+    def observe_reuse(self, decision: RoutingDecision, worker_id: str, reused_tokens: int) -> None:
+        """A worker the decision chose reused `reused_tokens` of the prompt: the prediction
+        is judged (`on_reuse` hears it), and the worker's index entry resynced when its
+        reuse keeps falling short of its own events (router.routing.accuracy)."""
+        r = judge(decision, worker_id, reused_tokens, self._models[decision.model].block_size)
+        with self._lock:
+            resync = not decision.index_degraded and self._accuracy.observe(r)
+        if resync:
+            self.store.request_resync(decision.model, worker_id)
+        if self.on_reuse is not None:
+            self.on_reuse(r, resync)
 
     # ---- introspection / lifecycle -------------------------------------------------------
 

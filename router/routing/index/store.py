@@ -10,6 +10,7 @@
                               and the part of each an offload tier holds (Prefixes)
       promise(m, w, h, ttl)   a decision sent a prefill of these blocks to w; count them as
                               w's for `ttl` seconds (shared by replicas)
+      request_resync(m, w)    have w's entry rebuilt from its snapshot (on_resync)
       sync(timeout)           block until everything published so far is in the local view
       share_load(s)           tell the other replicas of a charge's prefill stage, if any
                               (router.routing.load_share); theirs reach on_load_share
@@ -77,6 +78,12 @@ class IndexStore(abc.ABC):
 
     def set_resync_callback(self, on_resync: ResyncCallback | None) -> None:
         self._on_resync = on_resync
+
+    def request_resync(self, model: str, worker_id: str) -> None:
+        """Have the worker's entry rebuilt from its snapshot, as after a gap in its events
+        (the router found the entry untrue: router.routing.accuracy)."""
+        if self._on_resync is not None:
+            self._on_resync(model, worker_id)
 
     def _index(self, model: str) -> PrefixIndex:
         """The model's index, created on first use. Caller holds the lock."""
