@@ -79,8 +79,10 @@ class Cluster:
     spec: ClusterSpec
 
     def use_metrics(self, metrics: Metrics) -> None:
-        """Record routing decisions and KV transfers into the front doors' metrics."""
+        """Record routing decisions, KV transfers and index resyncs into the front doors'
+        metrics."""
         self.backend.metrics = metrics
+        self.membership.on_resync.append(metrics.record_index_resync)
 
     async def close(self, kill_workers: bool = True) -> None:
         await self.membership.close()
