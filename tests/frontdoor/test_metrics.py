@@ -148,9 +148,11 @@ def test_workers_name_their_pool_and_failures_and_resyncs_count() -> None:
     m.record_worker("w-1", num_running=0, num_waiting=0, kv_usage=0, prefix_hit_rate=0,
                     pool="prefill")  # fmt: skip
     assert sample(m, "baton:worker_pool", {"worker": "w-1", "pool": "prefill"}) == 1
+    assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) == 0
     m.record_kv_transfer_failure()
     m.record_index_resync("w-1")
     assert sample(m, "baton:kv_transfer_failures_total") == 1
     assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) == 1
     m.forget_worker("w-1")
     assert sample(m, "baton:worker_pool", {"worker": "w-1", "pool": "prefill"}) is None
+    assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) is None
