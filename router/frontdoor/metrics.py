@@ -228,7 +228,9 @@ class Metrics:
         steps: dict[str, float] | None = None,
         pool: str | None = None,
     ) -> None:
-        self.known_workers.add(worker_id)
+        if worker_id not in self.known_workers:
+            self.known_workers.add(worker_id)
+            self.index_resyncs.labels(worker=worker_id)  # a zero from the first report on
         if pool is not None and self._pools.get(worker_id) != pool:
             self._forget_pool(worker_id)
             self._pools[worker_id] = pool
@@ -268,6 +270,8 @@ class Metrics:
         """Drop a removed worker's series (so dashboards don't show it forever)."""
         self.known_workers.discard(worker_id)
         self._forget_pool(worker_id)
+        with contextlib.suppress(KeyError):
+            self.index_resyncs.remove(worker_id)
         for gauge in (self.running, self.waiting, self.kv_usage, self.prefix_hit_rate):
             with contextlib.suppress(KeyError):
                 gauge.remove(worker_id)
