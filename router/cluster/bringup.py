@@ -79,11 +79,12 @@ class Cluster:
     spec: ClusterSpec
 
     def use_metrics(self, metrics: Metrics) -> None:
-        """Record routing decisions, their accuracy and KV transfers into the front doors'
-        metrics."""
+        """Record routing decisions, their accuracy, KV transfers and index resyncs into
+        the front doors' metrics."""
         self.backend.metrics = metrics
-        self.router.on_reuse = lambda r, resynced: metrics.accuracy.record(
-            r.worker_id, r.predicted, r.reused, resynced
+        self.membership.on_resync.append(metrics.record_index_resync)
+        self.router.on_reuse = lambda r, _resynced: metrics.accuracy.record(
+            r.worker_id, r.predicted, r.reused
         )
 
     async def close(self, kill_workers: bool = True) -> None:

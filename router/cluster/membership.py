@@ -81,7 +81,15 @@ class Membership:
         """Workers whose actor died under a request, by when they were seen dead."""
         self._woken = asyncio.Event()
         """Set by `wake` (a request started here): back to `poll_interval_s` at once."""
-        router.store.set_resync_callback(lambda _model, worker_id: self._resync.add(worker_id))
+        self.on_resync: list[Callable[[str], None]] = []
+        """Called with a worker id when its index entry is re-read from its snapshot (the
+        index missed its events, or the router found the entry untrue)."""
+        router.store.set_resync_callback(lambda _model, worker_id: self._missed(worker_id))
+
+    def _missed(self, worker_id: str) -> None:
+        self._resync.add(worker_id)
+        for call in self.on_resync:
+            call(worker_id)
 
     async def start(self) -> None:
         await self.sync()

@@ -318,12 +318,15 @@ class _Attempt:
                 self.finished = True
                 yield reply.output
                 return
-            await asyncio.wait_for(
-                decode.handle.admit.remote(
-                    rid, reply.first_token, reply.logprob, self._left(), channel.channel_id
-                ),
-                self._left(),
+            admit = decode.handle.admit.remote(
+                rid, reply.first_token, reply.logprob, self._left(), channel.channel_id
             )
+            try:
+                await asyncio.wait_for(admit, self._left())
+            except Exception:  # the KV did not land (failed, timed out, D lost)
+                if self.path.metrics is not None:
+                    self.path.metrics.record_kv_transfer_failure()
+                raise
             first = True
             async for delta in self._stream():
                 if first:  # it comes once every layer has landed: what the transfer added

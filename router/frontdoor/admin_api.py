@@ -79,6 +79,9 @@ class PoolInfo:
 @dataclass(frozen=True)
 class ClusterState:
     pools: tuple[PoolInfo, ...] = ()
+    autoscale_history: tuple[dict[str, Any], ...] = ()
+    """The autoscaler's last decisions that changed a pool, oldest first (each as
+    `PoolInfo.autoscale`); empty when autoscaling is off."""
 
     def pool(self, name: str) -> PoolInfo | None:
         return next((p for p in self.pools if p.name == name), None)

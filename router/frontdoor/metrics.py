@@ -3,9 +3,11 @@
 
 One `Metrics` object owns its own `CollectorRegistry`, so several servers (or tests) in one
 process never clash. The front doors record requests (`observe_request`); the request path
-and controller call `record_worker`, `record_kv_transfer`, `set_pool_size` and
-`record_router_decision`. `LiveStats` keeps the short per-second history the dashboard
-charts.
+and controller call `record_worker`, `record_kv_transfer`, `record_kv_transfer_failure`,
+`record_index_resync`, `set_pool_size`, `record_autoscale` (autoscale_metrics.py) and
+`record_router_decision`. `baton:worker_pool{worker, pool}` (always 1) names each worker's
+pool, so per-worker series sum per pool with `* on (worker) group_left (pool)`.
+`LiveStats` keeps the short per-second history the dashboard charts.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from core.step_stats import PHASES
+from router.frontdoor.autoscale_metrics import AutoscaleGauges
 from router.frontdoor.routing_metrics import AccuracyMetrics
 from router.frontdoor.slo_window import SloWindow
 
@@ -29,7 +33,7 @@ __all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+    2.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 _ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 _TPOT_BUCKETS = (
@@ -140,6 +144,19 @@ class Metrics:
             "baton:kv_transfer_bytes", "KV cache bytes moved between workers.", registry=r
         )
         self.kv_transfer_seconds = seconds("kv_transfer", "Duration of one request's KV transfer.")
+        self.kv_transfer_failures = Counter(
+            "baton:kv_transfer_failures",
+            "KV handoffs that failed: the prompt's KV did not land in the decode worker's "
+            "reservation (transfer error, timeout, or the decode worker lost).",
+            registry=r,
+        )  # fmt: skip
+        self.index_resyncs = Counter(
+            "baton:router_index_resyncs",
+            "Times the router re-read a worker's whole cache into its prefix index: the "
+            "index missed the worker's KV events (a gap in their sequence), or the worker "
+            "kept reusing fewer blocks than its events said it held.",
+            ["worker"], registry=r,
+        )  # fmt: skip
         self.worker_steps = Counter(
             "baton:worker_steps", "Engine steps a worker ran.", ["worker"], registry=r
         )
@@ -162,15 +179,13 @@ class Metrics:
         self._step_totals: dict[str, dict[str, float]] = {}
         """worker -> the totals it last reported (the counters grow by the difference)."""
         self.pool_size = Gauge("baton:pool_size", "Workers in a pool.", ["pool"], registry=r)
-        self.autoscale_target = Gauge(
-            "baton:autoscale_target_workers", "The autoscaler's latest size for a pool.",
-            ["pool"], registry=r,
+        self.worker_pool = Gauge(
+            "baton:worker_pool", "1 for each worker, labelled with its pool.",
+            ["worker", "pool"], registry=r,
         )  # fmt: skip
-        self.autoscale_pressure = Gauge(
-            "baton:autoscale_pressure",
-            "A pool's distance to its SLO budget at the autoscaler's last evaluation (1: at it).",
-            ["pool"], registry=r,
-        )  # fmt: skip
+        self._pools: dict[str, str] = {}
+        """worker -> the pool its `worker_pool` series names."""
+        self.autoscale = AutoscaleGauges(r)
         self.router_decisions = Counter(
             "baton:router_decisions", "Routing decisions by policy.", ["policy"], registry=r
         )
@@ -215,8 +230,15 @@ class Metrics:
         num_used_blocks: int | None = None,
         num_free_blocks: int | None = None,
         steps: dict[str, float] | None = None,
+        pool: str | None = None,
     ) -> None:
-        self.known_workers.add(worker_id)
+        if worker_id not in self.known_workers:
+            self.known_workers.add(worker_id)
+            self.index_resyncs.labels(worker=worker_id)  # a zero from the first report on
+        if pool is not None and self._pools.get(worker_id) != pool:
+            self._forget_pool(worker_id)
+            self._pools[worker_id] = pool
+            self.worker_pool.labels(worker=worker_id, pool=pool).set(1)
         self.running.labels(worker=worker_id).set(num_running)
         self.waiting.labels(worker=worker_id).set(num_waiting)
         self.kv_usage.labels(worker=worker_id).set(kv_usage)
@@ -251,6 +273,9 @@ class Metrics:
     def forget_worker(self, worker_id: str) -> None:
         """Drop a removed worker's series (so dashboards don't show it forever)."""
         self.known_workers.discard(worker_id)
+        self._forget_pool(worker_id)
+        with contextlib.suppress(KeyError):
+            self.index_resyncs.remove(worker_id)
         for gauge in (self.running, self.waiting, self.kv_usage, self.prefix_hit_rate):
             with contextlib.suppress(KeyError):
                 gauge.remove(worker_id)
@@ -271,6 +296,12 @@ class Metrics:
                 with contextlib.suppress(KeyError):
                     self.worker_step_seconds.remove(worker_id, phase)
 
+    def _forget_pool(self, worker_id: str) -> None:
+        pool = self._pools.pop(worker_id, None)
+        if pool is not None:
+            with contextlib.suppress(KeyError):
+                self.worker_pool.remove(worker_id, pool)
+
     def record_prefix_pull(self, num_tokens: int) -> None:
         self.prefix_pulled_tokens.inc(num_tokens)
 
@@ -281,9 +312,15 @@ class Metrics:
     def set_pool_size(self, pool: str, size: int) -> None:
         self.pool_size.labels(pool=pool).set(size)
 
-    def set_autoscale(self, pool: str, target: int, pressure: float) -> None:
-        self.autoscale_target.labels(pool=pool).set(target)
-        self.autoscale_pressure.labels(pool=pool).set(pressure)
+    def record_kv_transfer_failure(self) -> None:
+        self.kv_transfer_failures.inc()
+
+    def record_index_resync(self, worker_id: str) -> None:
+        self.index_resyncs.labels(worker=worker_id).inc()
+
+    def record_autoscale(self, pool: str, decision: dict[str, Any]) -> None:
+        """The autoscaler's latest decision for `pool` and every input it read."""
+        self.autoscale.record(pool, decision)
 
     def record_router_decision(self, policy: str) -> None:
         self.router_decisions.labels(policy=policy).inc()

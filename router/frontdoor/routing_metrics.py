@@ -3,7 +3,8 @@ judges each routed request; `Cluster.use_metrics` has the router's `on_reuse` re
 
 The error histogram has negative buckets (a worker reused more than predicted), so no sum
 (OpenMetrics); the predicted and reused counters give the totals, and their ratio the
-share of the predicted prefix that was there.
+share of the predicted prefix that was there. A worker resynced for falling short counts in
+`baton:router_index_resyncs_total` with the resyncs a gap in its events asks for (metrics.py).
 """
 
 from __future__ import annotations
@@ -41,37 +42,28 @@ class AccuracyMetrics:
             "blocks than the router predicted.",
             ["worker", "direction"], registry=r,
         )  # fmt: skip
-        self.resyncs = Counter(
-            "baton:router_index_resyncs",
-            "Index entries rebuilt from a worker's snapshot because its reuse fell short of "
-            "its own KV events.",
-            ["worker"], registry=r,
-        )  # fmt: skip
         self._workers: set[str] = set()
 
-    def record(self, worker: str, predicted: int, reused: int, resynced: bool) -> None:
+    def record(self, worker: str, predicted: int, reused: int) -> None:
         """One routed request's prediction on one worker, in prompt blocks."""
         error = predicted - reused
         if worker not in self._workers:  # its series show zeros from here on
             self._workers.add(worker)
             for direction in ("over", "under"):
                 self.mispredictions.labels(worker=worker, direction=direction)
-            self.resyncs.labels(worker=worker)
         self.error.labels(worker=worker).observe(error)
         self.predicted.labels(worker=worker).inc(predicted)
         self.reused.labels(worker=worker).inc(reused)
         if error:
             direction = "over" if error > 0 else "under"
             self.mispredictions.labels(worker=worker, direction=direction).inc()
-        if resynced:
-            self.resyncs.labels(worker=worker).inc()
 
     def forget(self, worker: str) -> None:
         """The worker left: its series go."""
         if worker not in self._workers:
             return
         self._workers.discard(worker)
-        for metric in (self.error, self.predicted, self.reused, self.resyncs):
+        for metric in (self.error, self.predicted, self.reused):
             with contextlib.suppress(KeyError):
                 metric.remove(worker)
         for direction in ("over", "under"):

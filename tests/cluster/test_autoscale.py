@@ -108,11 +108,20 @@ def test_a_queue_grows_the_prefill_pool_and_calm_drains_it_back(
     assert "over target" in ups[0]["reason"] and ups[0]["pressure"] > 1
     # The admin view (dashboard, admin API) and the metrics show the latest decisions.
     admin = ControllerAdmin(cluster.controller, cluster.membership)
-    shown = loop_thread.run(admin.state(), timeout=30).pool("prefill").autoscale
+    state = loop_thread.run(admin.state(), timeout=30)
+    shown = state.pool("prefill").autoscale
     assert shown is not None and {"target", "pressure", "reason", "signals"} <= set(shown)
+    assert {"terms", "min_size", "max_size", "capacity_per_worker"} <= set(shown)
+    grown = [d for d in state.autoscale_history if d["pool"] == "prefill"]
+    assert grown and grown[0]["target"] > grown[0]["size"]  # the dashboard's decision list
     metrics = Metrics()
     loop_thread.run(refresh_cluster_metrics(admin, metrics), timeout=30)
-    assert 'baton:autoscale_pressure{pool="prefill"}' in metrics.exposition()[0].decode()
+    exported = metrics.exposition()[0].decode()
+    assert 'baton:autoscale_pressure{pool="prefill"}' in exported
+    assert 'baton:autoscale_pressure_term{pool="prefill",term="queue_wait"}' in exported
+    assert 'baton:autoscale_max_workers{pool="prefill"} 2.0' in exported
+    # Saturated with every worker it wanted: the capacity per worker the scale-down reads.
+    assert 'baton:autoscale_capacity_tokens_per_second{pool="prefill"}' in exported
     wait_for(cluster, "prefill", 1)  # calm: drained back to its minimum
     status = ray.get(cluster.controller.autoscale_status.remote(), timeout=30)
     downs = [d for d in status["history"] if d["pool"] == "prefill" and d["target"] < d["size"]]

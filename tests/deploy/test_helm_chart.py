@@ -65,7 +65,8 @@ def _head_serve(docs: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
 
 def test_crds_shipped_in_repo_are_valid_crds() -> None:
     crds = crd_documents()
-    assert {c["spec"]["names"]["kind"] for c in crds} == {"RayCluster", "ServiceMonitor"}
+    kinds = {c["spec"]["names"]["kind"] for c in crds}
+    assert kinds == {"RayCluster", "ServiceMonitor", "PrometheusRule"}
     for crd in crds:
         validate(crd)
 

@@ -78,3 +78,28 @@ def test_dashboard_shows_pools_and_scales_decode(  # type: ignore[no-untyped-def
     assert "ready" in page.locator("#pool-decode").inner_text()
     # The charts polled the stats endpoint and drew something other than "no requests".
     page.wait_for_function("document.getElementById('status').textContent.startsWith('updated')")
+
+
+def test_dashboard_lists_the_autoscalers_last_decisions(  # type: ignore[no-untyped-def]
+    page, server: HTTPServerThread, admin: InProcessAdmin
+) -> None:
+    signals = {"ready": 1, "queued": 3, "oldest_wait_s": 1.5, "ttft_p90_s": None}
+    admin.autoscale_history = [
+        {"pool": "prefill", "size": 1, "target": 2, "pressure": 1.5, "at": 1.0e9,
+         "reason": "queue wait over target", "signals": signals},
+        {"pool": "decode", "size": 2, "target": 1, "pressure": 0.2, "at": 1.0e9 + 60,
+         "reason": "calm for 5 periods", "signals": signals},
+    ]  # fmt: skip
+    try:
+        page.goto(f"{server.url}/admin?token={ADMIN_TOKEN}")
+        rows = page.locator("#autoscale-history tr.decision")
+        page.wait_for_function(
+            "document.querySelectorAll('#autoscale-history tr.decision').length === 2"
+        )
+        assert page.locator("#autoscale-history").is_visible()
+        newest, oldest = rows.nth(0).inner_text(), rows.nth(1).inner_text()
+        assert "decode" in newest and "2 → 1" in newest and "calm for 5 periods" in newest
+        assert "prefill" in oldest and "1 → 2" in oldest and "queued=3" in oldest
+        assert "oldest_wait_s=1.50" in oldest and "ttft_p90_s" not in oldest
+    finally:
+        admin.autoscale_history = []

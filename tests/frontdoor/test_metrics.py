@@ -104,3 +104,55 @@ def test_live_stats_buckets_per_second_and_forget_old() -> None:
     assert snap["tokens_per_s"] == [22, 3]
     now[0] = 1010.5
     assert live.snapshot()["t"] == [1001]
+
+
+def test_the_autoscalers_decision_and_every_input_are_gauges_per_pool() -> None:
+    m = Metrics()
+    signals = {
+        "ready": 2, "starting": 1, "queued": 4, "oldest_wait_s": 1.5, "ttft_p90_s": None,
+        "itl_p90_s": 0.12, "kv_usage": 0.6, "batch_usage": 0.3, "batch_growth_per_s": 0.01,
+        "busy": 0.9, "tokens_per_s": 250.0,
+    }  # fmt: skip
+    decision = {
+        "pool": "decode", "size": 3, "target": 4, "pressure": 1.5, "reason": "queue wait over",
+        "signals": signals, "at": 1.7e9, "terms": {"queue wait": 1.5, "ITL p90": 0.6},
+        "min_size": 1, "max_size": 8, "capacity_per_worker": None,
+    }  # fmt: skip
+    m.record_autoscale("decode", decision)
+    pool = {"pool": "decode"}
+    assert sample(m, "baton:autoscale_target_workers", pool) == 4
+    assert sample(m, "baton:autoscale_current_workers", pool) == 3
+    assert sample(m, "baton:autoscale_pressure", pool) == 1.5
+    assert sample(m, "baton:autoscale_queued_requests", pool) == 4
+    assert sample(m, "baton:autoscale_oldest_wait_seconds", pool) == 1.5
+    assert sample(m, "baton:autoscale_itl_p90_seconds", pool) == 0.12
+    assert sample(m, "baton:autoscale_ttft_p90_seconds", pool) is None  # no sample: no series
+    assert sample(m, "baton:autoscale_kv_usage_perc", pool) == 0.6
+    assert sample(m, "baton:autoscale_tokens_per_second", pool) == 250.0
+    assert sample(m, "baton:autoscale_starting_workers", pool) == 1
+    assert sample(m, "baton:autoscale_max_workers", pool) == 8
+    assert sample(m, "baton:autoscale_capacity_tokens_per_second", pool) is None
+    assert sample(m, "baton:autoscale_last_evaluation_timestamp_seconds", pool) == 1.7e9
+    assert sample(m, "baton:autoscale_pressure_term", {**pool, "term": "itl_p90"}) == 0.6
+    # The next decision without a term: its series goes, and a new capacity appears.
+    m.record_autoscale(
+        "decode", {**decision, "terms": {"queue wait": 0.2}, "capacity_per_worker": 90.0}
+    )
+    assert sample(m, "baton:autoscale_pressure_term", {**pool, "term": "itl_p90"}) is None
+    assert sample(m, "baton:autoscale_pressure_term", {**pool, "term": "queue_wait"}) == 0.2
+    assert sample(m, "baton:autoscale_capacity_tokens_per_second", pool) == 90.0
+
+
+def test_workers_name_their_pool_and_failures_and_resyncs_count() -> None:
+    m = Metrics()
+    m.record_worker("w-1", num_running=0, num_waiting=0, kv_usage=0, prefix_hit_rate=0,
+                    pool="prefill")  # fmt: skip
+    assert sample(m, "baton:worker_pool", {"worker": "w-1", "pool": "prefill"}) == 1
+    assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) == 0
+    m.record_kv_transfer_failure()
+    m.record_index_resync("w-1")
+    assert sample(m, "baton:kv_transfer_failures_total") == 1
+    assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) == 1
+    m.forget_worker("w-1")
+    assert sample(m, "baton:worker_pool", {"worker": "w-1", "pool": "prefill"}) is None
+    assert sample(m, "baton:router_index_resyncs_total", {"worker": "w-1"}) is None

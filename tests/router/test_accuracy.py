@@ -107,11 +107,11 @@ def test_blocks_promised_to_a_prefill_in_flight_are_not_held_against_the_index()
     assert resyncs == []
 
 
-def test_metrics_count_each_direction_and_the_resyncs_per_worker() -> None:
+def test_metrics_count_each_direction_per_worker() -> None:
     metrics = Metrics()
-    metrics.accuracy.record("p", 2, 2, False)
-    metrics.accuracy.record("p", 3, 0, True)
-    metrics.accuracy.record("p", 0, 1, False)
+    metrics.accuracy.record("p", 2, 2)
+    metrics.accuracy.record("p", 3, 0)
+    metrics.accuracy.record("p", 0, 1)
     get = metrics.registry.get_sample_value
     assert get("baton:router_prefix_prediction_error_blocks_count", {"worker": "p"}) == 3
     assert (
@@ -123,9 +123,8 @@ def test_metrics_count_each_direction_and_the_resyncs_per_worker() -> None:
     assert (
         get("baton:router_prefix_mispredictions_total", {"worker": "p", "direction": "under"}) == 1
     )
-    assert get("baton:router_index_resyncs_total", {"worker": "p"}) == 1
     assert get("baton:router_prefix_predicted_blocks_total", {"worker": "p"}) == 5
     assert get("baton:router_prefix_reused_blocks_total", {"worker": "p"}) == 3
     metrics.forget_worker("p")
-    assert get("baton:router_index_resyncs_total", {"worker": "p"}) is None
+    assert get("baton:router_prefix_predicted_blocks_total", {"worker": "p"}) is None
     assert get("baton:router_prefix_prediction_error_blocks_count", {"worker": "p"}) is None

@@ -223,3 +223,26 @@ def test_capacity_is_learnt_only_with_every_wanted_worker_ready() -> None:
     assert scaler.capacity.capacity("decode") is None
     calm = {"decode": PoolSignals(ready=2, tokens_per_s=5000.0)}
     assert [targets(scaler, calm, {"decode": 2}, 100 + t)["decode"] for t in range(3)] == [2, 2, 1]
+
+
+def test_a_decision_carries_every_term_its_bounds_and_the_capacity_it_divides_by() -> None:
+    """What the metrics export as the decision's inputs: each pressure term (the pressure
+    is the largest), the pool's bounds, and the capacity per worker once seen."""
+    scaler = Autoscaler(CONFIG)
+    busy = PoolSignals(ready=1, oldest_wait_s=0.5, kv_usage=0.425, itl_p90_s=0.1)
+    hot = PoolSignals(ready=2, oldest_wait_s=2.0, busy=0.45, tokens_per_s=400.0)
+    sizes = {"prefill": 2, "decode": 1}
+    by_pool = {d.pool: d for d in scaler.decide({"prefill": hot, "decode": busy}, sizes, 0)}
+    decode, prefill = by_pool["decode"], by_pool["prefill"]
+    assert decode.terms == pytest.approx(
+        {"queue wait": 0.5, "kv usage": 0.5, "batch slots": 0.0, "ITL p90": 0.5}
+    )
+    assert decode.pressure == max(decode.terms.values())
+    assert (decode.min_size, decode.max_size) == (1, 4)
+    assert prefill.terms == pytest.approx({"queue wait": 2.0, "busy": 0.5})
+    assert (prefill.min_size, prefill.max_size) == (0, 6)
+    assert prefill.capacity_per_worker == pytest.approx(200.0)  # saturated: 400 / 2 ready
+    assert decode.capacity_per_worker is None
+    empty = scaler.decide({"decode": PoolSignals(ready=1, oldest_wait_s=0.25)},
+                          {"prefill": 0, "decode": 1}, 100)  # fmt: skip
+    assert empty[0].terms == pytest.approx({"decode queue wait": 0.25})

@@ -131,3 +131,24 @@ def test_reports_over_the_output_channel_apply_once_and_pause_that_workers_polls
 
     asyncio.run(run())
     router.close()
+
+
+def test_a_gap_in_a_workers_events_is_counted_as_an_index_resync() -> None:
+    """What `Cluster.use_metrics` wires: the index's resync request reaches the metrics
+    (baton:router_index_resyncs_total) and the next poll re-reads the worker's cache."""
+    from core.events import BlockStored
+    from router.frontdoor.metrics import Metrics
+
+    router = Router()
+    router.add_worker("unified-0", WorkerRole.UNIFIED, "m")
+    membership = Membership(_Controller(_Worker()), router, poll_interval_s=0.05)
+    metrics = Metrics()
+    membership.on_resync.append(metrics.record_index_resync)
+    router.apply(KVEventBatch("unified-0", 0, [BlockStored(None, [1, 2])], model="m"))
+    router.apply(KVEventBatch("unified-0", 3, [BlockStored(2, [3])], model="m"))  # 1, 2 lost
+    resyncs = metrics.registry.get_sample_value(
+        "baton:router_index_resyncs_total", {"worker": "unified-0"}
+    )
+    assert resyncs == 1
+    assert membership._resync == {"unified-0"}
+    router.close()

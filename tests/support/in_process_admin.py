@@ -8,6 +8,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.errors import InvalidRequestError
 from core.request import OutputDelta
@@ -89,6 +90,8 @@ class InProcessAdmin:
         self._drain_poll_s = drain_poll_s
         self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        self.autoscale_history: list[dict[str, Any]] = []
+        """What `state()` reports as the autoscaler's last decisions (a test sets it)."""
         for name, size in pools.items():
             self._pools[name].desired_size = size
             for _ in range(size):
@@ -110,7 +113,7 @@ class InProcessAdmin:
         for p in self._pools.values():
             infos = [await w.status() for w in p.workers]
             pools.append(PoolInfo(p.name, p.desired_size, tuple(infos)))
-        return ClusterState(tuple(pools))
+        return ClusterState(tuple(pools), tuple(self.autoscale_history))
 
     async def scale(self, pool: str, size: int) -> None:
         check_scale_args(pool, size, list(self._pools))

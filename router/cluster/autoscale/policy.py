@@ -128,6 +128,13 @@ class Decision:
     reason: str
     signals: dict
     at: float
+    terms: dict[str, float] = field(default_factory=dict)
+    """Every pressure term the pool's pressure is the largest of, by name."""
+    min_size: int = 0
+    max_size: int = 0
+    capacity_per_worker: float | None = None
+    """Tokens per second one worker carried at most while saturated (capacity.py; None:
+    not seen yet): what the scale-down check divides by."""
 
     def line(self) -> str:
         """The log line: the decision and every input it was made from."""
@@ -149,6 +156,13 @@ def queue_pressure(oldest_wait_s: float, c: AutoscaleConfig) -> float:
 
 def pressure(pool: str, s: PoolSignals, c: AutoscaleConfig) -> tuple[float, str]:
     """The pool's pressure and the term that set it."""
+    terms = pressure_terms(pool, s, c)
+    name = max(terms, key=lambda k: terms[k])
+    return terms[name], name
+
+
+def pressure_terms(pool: str, s: PoolSignals, c: AutoscaleConfig) -> dict[str, float]:
+    """Each term of the pool's pressure (the table above), by name."""
     terms = {"queue wait": queue_pressure(s.oldest_wait_s, c)}
     if pool == WorkerRole.PREFILL:
         terms["busy"] = s.busy / c.busy_target
@@ -160,8 +174,7 @@ def pressure(pool: str, s: PoolSignals, c: AutoscaleConfig) -> tuple[float, str]
             terms["ITL p90"] = s.itl_p90_s / c.itl_slo_s
     if pool != WorkerRole.DECODE and s.ttft_p90_s is not None:
         terms["TTFT p90"] = s.ttft_p90_s / c.ttft_slo_s
-    name = max(terms, key=lambda k: terms[k])
-    return terms[name], name
+    return terms
 
 
 class Autoscaler:
@@ -183,19 +196,35 @@ class Autoscaler:
         decisions = []
         for pool, size in sizes.items():
             s = signals.get(pool, PoolSignals(ready=0))
+            terms = pressure_terms(pool, s, c)
             p, term = pressure(pool, s, c)
             if pool == WorkerRole.PREFILL and size == 0:
                 # Decode workers prefill themselves: their queue is the TTFT signal.
                 d = signals.get(WorkerRole.DECODE, PoolSignals(ready=0))
                 p, term = queue_pressure(d.oldest_wait_s, c), "decode queue wait"
+                terms = {term: p}
             saturated = p > 1.0 and s.starting == 0 and s.ready >= size
             self.capacity.observe(pool, s.tokens_per_s, s.ready, saturated)
             target, reason = self._target(pool, size, p, term, now, s)
             if target != size:
                 self._changed_at[pool] = now
                 self._end_calm(pool)
-            decisions.append(Decision(pool, size, target, p, reason, asdict(s), now))
+            low, high = self._bounds(pool, size)
+            decisions.append(
+                Decision(
+                    pool, size, target, p, reason, asdict(s), now,
+                    terms, low, high, self.capacity.capacity(pool),
+                )
+            )  # fmt: skip
         return decisions
+
+    def _bounds(self, pool: str, size: int) -> tuple[int, int]:
+        """(min, max) workers of the pool; a unified pool (both phases) takes the decode
+        pool's."""
+        c = self.config
+        low = c.min_sizes.get(pool, c.min_sizes.get(WorkerRole.DECODE, 1))
+        high = c.max_sizes.get(pool, c.max_sizes.get(WorkerRole.DECODE, size))
+        return low, high
 
     def _end_calm(self, pool: str) -> None:
         self._calm_runs[pool] = 0
@@ -205,9 +234,7 @@ class Autoscaler:
         self, pool: str, size: int, p: float, term: str, now: float, s: PoolSignals
     ) -> tuple[int, str]:
         c = self.config
-        # A unified pool (both phases) takes the decode pool's bounds.
-        low = c.min_sizes.get(pool, c.min_sizes.get(WorkerRole.DECODE, 1))
-        high = c.max_sizes.get(pool, c.max_sizes.get(WorkerRole.DECODE, size))
+        low, high = self._bounds(pool, size)
         since = now - self._changed_at.get(pool, -math.inf)
         if size < low:
             return low, f"below its minimum {low}"

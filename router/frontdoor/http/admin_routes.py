@@ -113,7 +113,7 @@ async def refresh_cluster_metrics(admin: ClusterAdmin, metrics: Metrics) -> None
     for pool in cluster.pools:
         metrics.set_pool_size(pool.name, len(pool.workers))
         if pool.autoscale is not None:
-            metrics.set_autoscale(pool.name, pool.autoscale["target"], pool.autoscale["pressure"])
+            metrics.record_autoscale(pool.name, pool.autoscale)
         for w in pool.workers:
             metrics.record_worker(
                 w.worker_id,
@@ -124,4 +124,5 @@ async def refresh_cluster_metrics(admin: ClusterAdmin, metrics: Metrics) -> None
                 num_used_blocks=w.num_total_blocks - w.num_free_blocks,
                 num_free_blocks=w.num_free_blocks,
                 steps=w.steps,
+                pool=pool.name,
             )

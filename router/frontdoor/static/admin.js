@@ -103,6 +103,27 @@ function renderPools(state) {
   }
 }
 
+// The autoscaler's last decisions that changed a pool, newest first, with what each read.
+function renderHistory(state) {
+  const history = state.autoscale_history || [];
+  document.getElementById("autoscale-history").hidden = history.length === 0;
+  const rows = document.getElementById("autoscale-history-rows");
+  rows.replaceChildren();
+  for (const d of history.slice().reverse()) {
+    const row = rows.insertRow();
+    row.className = "decision";
+    cell(row, new Date(d.at * 1000).toLocaleTimeString());
+    cell(row, d.pool);
+    cell(row, `${d.size} → ${d.target}`);
+    cell(row, d.reason);
+    cell(row, d.pressure.toFixed(2));
+    const inputs = Object.entries(d.signals)
+      .filter(([, v]) => v !== null)
+      .map(([k, v]) => `${k}=${Number.isInteger(v) ? v : v.toPrecision(3)}`);
+    cell(row, inputs.join(" "), "muted");
+  }
+}
+
 async function scale(pool, size) {
   statusEl.textContent = `scaling ${pool} to ${size}…`;
   try {
@@ -183,6 +204,7 @@ async function poll() {
   try {
     const [state, stats] = await Promise.all([api("state"), api("stats")]);
     renderPools(state);
+    renderHistory(state);
     renderStats(stats);
     statusEl.textContent = "updated " + new Date().toLocaleTimeString();
     statusEl.classList.remove("error");
