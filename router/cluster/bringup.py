@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import env
 from core.roles import WorkerRole
+from core.tracing import Tracing
 from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
 from router.frontdoor.metrics import Metrics
@@ -82,7 +83,13 @@ class Cluster:
         """Record routing decisions and KV transfers into the front doors' metrics."""
         self.backend.metrics = metrics
 
+    @property
+    def tracing(self) -> Tracing:
+        """This front door's tracer, for the doors to share with the request path."""
+        return self.backend.tracing
+
     async def close(self, kill_workers: bool = True) -> None:
+        self.backend.tracing.shutdown()  # sends what is left
         await self.membership.close()
         self.router.close()
         if kill_workers:
@@ -153,6 +160,7 @@ async def start_cluster(
         Tokenizer.from_dir(spec.model_dir),
         os.path.basename(spec.model_dir.rstrip("/")),
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
+        tracing=Tracing(spec.tracing, "baton-router"),
     )
     if spec.autoscale is not None:
         from router.cluster.autoscale.signals import door_report

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class RoutingDecision:
     terms: tuple[tuple[str, float], ...] = ()
     index_degraded: bool = False
     pull_from: PrefixPull | None = None
+    candidates: tuple[str, ...] = ()
+    """The workers of both pools the policies chose among (the trace's routing span)."""
+    cached_by_worker: Mapping[str, int] = field(default_factory=dict)
+    """Cached prompt blocks per worker that holds any, per the index (read only)."""
 
     @property
     def prefill_on_decode(self) -> bool:

@@ -344,9 +344,10 @@ class Router:
                 dict(terms),
                 degraded,
             )
+        candidates = tuple(w.worker_id for w in (*prefill_pool.workers, *decode_pool.workers))
         decision = RoutingDecision(
             rid, model, p.worker_id if p is not None else None, d.worker_id, num_blocks, tokens,
-            p_cached, d_cached, reason, terms, degraded, pull,
+            p_cached, d_cached, reason, terms, degraded, pull, candidates, cached,
         )  # fmt: skip
         return Ticket(decision, charge, loads, self._lock)
 
