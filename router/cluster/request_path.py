@@ -163,6 +163,7 @@ class RequestPath:
         """What the client has already been sent: a retry continues after it."""
         door = door_trace.current()
         if door is not None:
+            door.record.request_id = request.request_id
             door.record.prompt_tokens += len(prompt)
         parent = trace.set_span_in_context(trace.get_current_span())  # the door's root
         retry_reason = ""
