@@ -56,6 +56,13 @@ def traced(request, receiver):  # type: ignore[no-untyped-def]
     http.stop()
 
 
+@pytest.fixture(autouse=True)
+def request_lines(caplog: pytest.LogCaptureFixture) -> None:
+    """The JSON log lines, kept for the whole test: one is written after the reply's last
+    byte, which the client may read first."""
+    caplog.set_level(logging.INFO, logger="baton.requests")
+
+
 def flush(cluster: Any) -> None:
     """Every process sends its finished spans now (each with a timeout)."""
     assert cluster.tracing.flush(FLUSH_TIMEOUT_S)
@@ -64,22 +71,20 @@ def flush(cluster: Any) -> None:
 
 
 def chat(base: str, headers: dict[str, str] | None = None, **body: Any) -> tuple[str, float]:
-    """Stream one chat completion; (its X-Request-Id, the client's end-to-end seconds)."""
-    model = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
-    payload = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": 40,
-               "ignore_eos": True, "temperature": 0.0, **body}  # fmt: skip
+    """Stream one chat completion; (its X-Request-Id, the client's end-to-end seconds: from
+    sending the request, on a connection already open, to the reply's last byte)."""
     rid = uuid.uuid4().hex
     headers = {"X-Request-Id": rid, **(headers or {})}
-    started = time.monotonic()
-    url = f"{base}/v1/chat/completions"
-    with (
-        httpx.Client(timeout=120) as client,
-        client.stream("POST", url, json=payload, headers=headers) as reply,
-    ):
-        assert reply.status_code == 200, reply.read()
-        for _ in reply.iter_lines():
-            pass
-    return rid, time.monotonic() - started
+    with httpx.Client(base_url=base, timeout=120) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]  # opens the connection
+        payload = {"model": model, "messages": MESSAGES, "stream": True, "max_tokens": 40,
+                   "ignore_eos": True, "temperature": 0.0, **body}  # fmt: skip
+        started = time.monotonic()
+        with client.stream("POST", "/v1/chat/completions", json=payload, headers=headers) as r:
+            assert r.status_code == 200, r.read()
+            for _ in r.iter_lines():
+                pass
+        return rid, time.monotonic() - started
 
 
 def root_of(spans: list[ReceivedSpan]) -> ReceivedSpan:
@@ -124,8 +129,7 @@ def test_one_disaggregated_request_is_one_connected_trace(
     traced, receiver, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster, base = traced
-    with caplog.at_level(logging.INFO, logger="baton.requests"):
-        rid, e2e_s = chat(base)
+    rid, e2e_s = chat(base)
     line = trace_id_of_log(caplog, rid)
     spans = whole_trace(receiver, cluster, line["trace_id"])
     root = root_of(spans)
@@ -177,8 +181,7 @@ def test_an_incoming_traceparent_is_honoured(traced, receiver) -> None:
 
 def test_a_malformed_traceparent_starts_a_new_trace(traced, receiver, caplog) -> None:
     cluster, base = traced
-    with caplog.at_level(logging.INFO, logger="baton.requests"):
-        rid, _ = chat(base, {"traceparent": "00-not-a-trace-01"}, max_tokens=4)
+    rid, _ = chat(base, {"traceparent": "00-not-a-trace-01"}, max_tokens=4)
     trace_id = trace_id_of_log(caplog, rid)["trace_id"]
     assert len(trace_id) == 32
     assert root_of(whole_trace(receiver, cluster, trace_id)).parent_span_id == ""
@@ -197,8 +200,7 @@ def test_sampling_ratio_zero_exports_nothing(traced, receiver, caplog) -> None:
     try:
         flush(cluster)
         before = len(receiver.spans)
-        with caplog.at_level(logging.INFO, logger="baton.requests"):
-            rid, _ = chat(f"http://{http.host}:{http.port}", max_tokens=4)
+        rid, _ = chat(f"http://{http.host}:{http.port}", max_tokens=4)
         assert unsampled.flush(FLUSH_TIMEOUT_S)
         flush(cluster)
         time.sleep(1.0)  # past the exporters' delay: anything sent has arrived
@@ -222,7 +224,6 @@ def test_a_retry_after_a_worker_dies_shows_in_the_trace(traced, receiver, caplog
 
     url = f"{base}/v1/chat/completions"
     with (
-        caplog.at_level(logging.INFO, logger="baton.requests"),
         httpx.Client(timeout=120) as c,
         c.stream("POST", url, json=payload, headers=headers) as r,
     ):
