@@ -17,6 +17,7 @@ from core.errors import InvalidRequestError
 from core.hashing import BlockHash
 from core.resume import ResumeState
 from core.sampling import SamplingParams
+from core.tracing import Carried
 
 
 class FinishReason(enum.StrEnum):
@@ -101,6 +102,9 @@ class EngineRequest:
     resume: ResumeState = field(default_factory=ResumeState)
     """A request moved from another worker: the output the client already has. The engine
     continues after it exactly as if the request had never moved (`core.resume`)."""
+    trace: Carried = field(default_factory=Carried)
+    """The W3C trace context of the router's attempt span: the worker's spans are its
+    children (core/tracing.py); empty when the request is not traced."""
 
 
 @dataclass(kw_only=True)

@@ -15,14 +15,18 @@ import math
 from collections.abc import AsyncIterator
 from typing import Any
 
+from opentelemetry.trace import INVALID_SPAN, set_span_in_context
+
 from core.errors import WorkerFailedError
 from core.request import EngineRequest, TokenLogprob
+from core.tracing import Carried, SpanName, ending
 from decode_worker.rank import DecodeRank
 from engine.output_channel import Item
 from worker.base import WorkerBase
 from worker.group import RankGroup
 from worker.outlets import Outlets
 from worker.records import WorkerSpec
+from worker.spans import served
 
 logger = logging.getLogger(__name__)
 
@@ -101,30 +105,41 @@ class DecodeWorker(WorkerBase):
         logprob: TokenLogprob | None,
         timeout_s: float,
         channel_id: str,
+        trace: Carried | None = None,
     ) -> None:
         """Wait until every rank received every layer of the prompt's KV, then join the
         running batch; its deltas (the first carries the first token) go to channel
-        `channel_id` until the request finishes."""
-        await self._kv_arrived(request_id, timeout_s)
-        self._open(request_id, timeout_s, channel_id)
+        `channel_id` until the request finishes. `trace`: the router's admit span."""
+        span = served(self.tracing, trace, SpanName.ADMIT, **{"baton.worker": self.worker_id})
+        with ending(span):
+            waited = self.tracing.tracer.start_span(
+                SpanName.KV_WAIT, context=set_span_in_context(span)
+            ) if span.is_recording() else INVALID_SPAN  # fmt: skip
+            with ending(waited):
+                await self._kv_arrived(request_id, timeout_s)
+            self._open(request_id, timeout_s, channel_id)
 
-        def admit(g: RankGroup) -> None:
-            out = g.all(DecodeRank.admit, request_id, first_token, logprob)
-            self.engine.publish([(request_id, out)])  # on the engine thread: before any step's
+            def admit(g: RankGroup) -> None:
+                out = g.all(DecodeRank.admit, request_id, first_token, logprob)
+                self.engine.publish([(request_id, out)])  # engine thread: before any step's
 
-        try:
-            await self.engine.call(admit)
-        except KeyError as e:
-            self._forget(request_id)
-            raise WorkerFailedError(str(e)) from e
+            try:
+                await self.engine.call(admit)
+            except KeyError as e:
+                self._forget(request_id)
+                raise WorkerFailedError(str(e)) from e
 
     async def generate(self, request: EngineRequest, timeout_s: float, channel_id: str) -> None:
         """Prefill and decode here (unified mode; conditional disaggregation); the deltas go
         to channel `channel_id`."""
         self._check_admitting()
         self._open(request.request_id, timeout_s, channel_id)
+        span = served(
+            self.tracing, request.trace, SpanName.PREFILL, **{"baton.worker": self.worker_id}
+        )
         try:
-            await self.engine.call(lambda g: g.all(DecodeRank.enqueue, request))
+            with ending(span):
+                await self.engine.call(lambda g: g.all(DecodeRank.enqueue, request))
         except BaseException:
             # Cancelled or timed out while the engine thread enqueues it, the request is
             # queued anyway: abort it after (commands run in order; a refused one is a no-op).

@@ -8,12 +8,14 @@ layers, and parks each prompt after its first token until its KV was handed over
                              posts every layer as it is written
     request_prefilled(...)   its first token: park it, keep a PrefillResult for the worker
     take_prefilled()         the worker collects them after the step
+    take_post_times(id)      when each layer of a traced prompt was handed to the transport
     forget(request_id)       aborted: no send, no result
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,11 +88,16 @@ class PrefillConnector:
         self._prefilled: list[PrefillResult] = []
         self.unsent: list[TransferResult] = []
         """Results of sends that never started: the rank's next kv_poll reports them."""
+        self.post_times: dict[str, list[int]] = {}
+        """Traced prompts only: the epoch ns each layer was posted, for the trace's
+        kv_transfer span (one int a layer; taken when the transfer ends)."""
 
     def add(self, request: EngineRequest, dest: Destination) -> None:
         request_id = request.request_id
         self.destinations[request_id] = dest
         self._sending.add(request_id)
+        if request.trace.traceparent:
+            self.post_times[request_id] = []
         try:
             self.engine.enqueue(request)
         except Exception:
@@ -116,9 +123,13 @@ class PrefillConnector:
         ))  # fmt: skip
         return True
 
+    def take_post_times(self, request_id: str) -> list[int]:
+        return self.post_times.pop(request_id, [])
+
     def forget(self, request_id: str) -> None:
         self.destinations.pop(request_id, None)
         self._sending.discard(request_id)
+        self.post_times.pop(request_id, None)
 
     # -- layer side ----------------------------------------------------------------------
     def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
@@ -159,6 +170,9 @@ class PrefillConnector:
                 send.timeout_s, written,
             )  # fmt: skip
             send.num_posted += 1
+            posted = self.post_times.get(send.request_id)
+            if posted is not None:
+                posted.append(time.time_ns())
         except Exception as e:  # never fail the step (the other ranks go on)
             logger.warning("%s: sending layer %d failed: %s", send.request_id, layer, e)
             if send.num_posted == 0:

@@ -22,6 +22,10 @@ class PrefillRank(WorkerRank):
     def take_prefilled(self) -> list[PrefillResult]:
         return self.connector.take_prefilled()
 
+    def take_post_times(self, request_id: str) -> list[int]:
+        """When each layer of a traced prompt's KV was posted (epoch ns), once."""
+        return self.connector.take_post_times(request_id)
+
     def release(self, request_id: str, evict_first: bool = False) -> None:
         """Every rank's transfer of a parked prompt ended: free its blocks."""
         self.engine.release(request_id, evict_first)

@@ -24,15 +24,19 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
+from opentelemetry import trace
+
 from core.config import EngineConfig
 from core.errors import DeadlineExceededError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta, TokenLogprob
+from core.tracing import SpanName, ending
 from kv_transfer import Role
 from prefill_worker.connector import Destination, PrefillResult
 from prefill_worker.rank import PrefillRank
 from worker.base import WorkerBase
 from worker.group import RankGroup
 from worker.records import WorkerSpec
+from worker.spans import kv_transfer_span, prefill_spans, served
 from worker.tracker import Outcome
 
 logger = logging.getLogger(__name__)
@@ -66,6 +70,9 @@ class PrefillWorker(WorkerBase):
         """request id -> the caller waiting for its first token."""
         self.hand_overs: set[str] = set()
         """Prefixes sent to a peer that pulls them: released as the first to evict."""
+        self._traced_sends: dict[str, tuple[trace.Span, int]] = {}
+        """Traced prompts whose KV is leaving: the prefill span and the blocks sent, for the
+        kv_transfer span when every rank's transfer reported (engine thread)."""
 
     @classmethod
     def engine_config(cls, spec: WorkerSpec) -> EngineConfig:
@@ -87,6 +94,34 @@ class PrefillWorker(WorkerBase):
         prompt is a prefix `peer`, a prefill worker, pulls (prefix migration): once sent,
         its blocks are the first this worker's cache evicts."""
         self._check_admitting()
+        span = served(
+            self.tracing, request.trace, SpanName.PREFILL, **{"baton.worker": self.worker_id}
+        )
+        with ending(span):
+            reply = await self._prefill(
+                request, peer, dst_block_ids, skip_blocks, timeout_s, hand_over, span
+            )
+            if span.is_recording():
+                timings = reply.output.timings
+                uncached = len(request.prompt_token_ids) - reply.num_cached_tokens
+                chunks = -(-uncached // self.engine_config(self.spec).max_num_batched_tokens)
+                prefill_spans(self.tracing, span, timings, max(1, chunks))
+                span.set_attributes({
+                    "baton.cached_tokens": reply.num_cached_tokens,
+                    "baton.blocks_sent": reply.num_blocks_sent,
+                })  # fmt: skip
+            return reply
+
+    async def _prefill(
+        self,
+        request: EngineRequest,
+        peer: str,
+        dst_block_ids: list[int],
+        skip_blocks: int,
+        timeout_s: float,
+        hand_over: bool,
+        span: trace.Span,
+    ) -> PrefillReply:
         request_id = request.request_id
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), loop)
@@ -95,6 +130,8 @@ class PrefillWorker(WorkerBase):
         def start(g: RankGroup) -> None:
             g.all(PrefillRank.add_prefill, request, dest)
             self.tracker.add(request_id, Role.SEND)
+            if span.is_recording():
+                self._traced_sends[request_id] = (span, len(dst_block_ids) - skip_blocks)
 
         self.waiters[request_id] = waiter
         if hand_over:
@@ -144,9 +181,22 @@ class PrefillWorker(WorkerBase):
         super()._on_transfer_done(outcome)
         if outcome.role is Role.SEND:  # every rank is done with the source blocks
             request_id = outcome.request_id
+            traced = self._traced_sends.pop(request_id, None)
+            if traced is not None:
+                self._trace_transfer(request_id, *traced, outcome.error)
             evict_first = request_id in self.hand_overs
             self.hand_overs.discard(request_id)
             self.group.all(PrefillRank.release, request_id, evict_first)
+
+    def _trace_transfer(
+        self, request_id: str, span: trace.Span, num_blocks: int, error: str | None
+    ) -> None:
+        """Engine thread: the prompt's kv_transfer span, from its layers' post times."""
+        posted = self.group.first(PrefillRank.take_post_times, request_id)
+        info = self._info
+        layers = max(1, len(posted))
+        per_layer = num_blocks * info.kv_bytes_per_block // layers
+        kv_transfer_span(self.tracing, span, posted, per_layer, info.transport_backend, error)
 
     def _forget(self, request_id: str) -> None:
         self.waiters.pop(request_id, None)

@@ -30,6 +30,7 @@ from core.config import EngineConfig
 from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
+from core.tracing import SpanName, Tracing, ending
 from engine.async_engine import AsyncEngine
 from engine.engine import NoCapacityError, Reservation
 from kv_transfer import Role
@@ -37,6 +38,7 @@ from worker.event_log import EventLog
 from worker.group import LocalGroup, RankGroup, decode_group_metadata, encode_group_metadata
 from worker.rank import WorkerRank
 from worker.records import WorkerInfo, WorkerReport, WorkerSpec
+from worker.spans import served
 from worker.threads import pin_threads
 from worker.tracker import Outcome, TransferTracker
 
@@ -54,6 +56,8 @@ class WorkerBase:
         pin_threads(spec.num_threads)
         self.spec = spec
         self.worker_id = spec.worker_id
+        self.tracing = Tracing(spec.tracing, f"baton-{spec.role}")
+        """This worker's own exporter (core/tracing.py says why each process has one)."""
         start = time.monotonic()
         config = self.engine_config(spec)
         # Built on the engine thread, which steps it (faster on CPU: see AsyncEngine).
@@ -181,10 +185,20 @@ class WorkerBase:
             self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
             return res
 
-        try:
-            return await self.engine.call(reserve)
-        except NoCapacityError as e:
-            raise KVCapacityError(f"{self.worker_id}: {e}") from e
+        span = served(
+            self.tracing, request.trace, SpanName.RESERVE, **{"baton.worker": self.worker_id}
+        )
+        with ending(span):
+            try:
+                reservation = await self.engine.call(reserve)
+            except NoCapacityError as e:
+                raise KVCapacityError(f"{self.worker_id}: {e}") from e
+            if span.is_recording():
+                span.set_attributes({
+                    "baton.blocks": len(reservation.block_ids),
+                    "baton.cached_tokens": reservation.num_cached_tokens,
+                })  # fmt: skip
+            return reservation
 
     async def _kv_arrived(self, request_id: str, timeout_s: float) -> None:
         """Wait until every rank received every layer into the request's reservation;
@@ -248,6 +262,11 @@ class WorkerBase:
             await asyncio.sleep(0.05)
         return await self.engine.call(lambda g: g.first(WorkerRank.num_in_flight))
 
+    def flush_traces(self, timeout_s: float = 10.0) -> bool:
+        """Send this worker's finished spans now (tests; a clean stop)."""
+        return self.tracing.flush(timeout_s)
+
     def shutdown(self) -> None:
+        self.tracing.shutdown()
         self.engine.stop()
         self.group.shutdown()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from core.config import EngineConfig
 from core.events import KVEventBatch, WorkerLoad
 from core.roles import WorkerRole
+from core.tracing import TracingConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class WorkerSpec:
     local_cluster: bool = True
     """Every worker runs on this one machine (a local single-node Ray): the KV transport
     keeps UCX on loopback and needs no network backend. False on a multi-node cluster."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """Where this worker exports its spans (core/tracing.py); off by default."""
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,8 @@ async def _serve(config: ServeConfig) -> int:
         reasoning_parser=door.reasoning_parser,
         cors_origins=tuple(o.strip() for o in door.allowed_origins.split(",") if o.strip()),
         limits=controls,
+        tracing=cluster.tracing,
+        log_requests_json=config.observability.log_requests_json,
     )
     import uvicorn
 
@@ -127,6 +129,8 @@ async def _serve(config: ServeConfig) -> int:
         request_timeout_s=door.request_timeout,
         tool_call_parser=tool_call_parser,
         limits=controls,
+        tracing=cluster.tracing,
+        log_requests_json=config.observability.log_requests_json,
     )
     http_task = asyncio.create_task(_serve_http(server))
     while not server.started and not http_task.done():

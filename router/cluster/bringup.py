@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import env
 from core.roles import WorkerRole
+from core.tracing import Tracing
 from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
 from router.frontdoor.metrics import Metrics
@@ -87,7 +88,13 @@ class Cluster:
             r.worker_id, r.predicted, r.reused
         )
 
+    @property
+    def tracing(self) -> Tracing:
+        """This front door's tracer, for the doors to share with the request path."""
+        return self.backend.tracing
+
     async def close(self, kill_workers: bool = True) -> None:
+        self.backend.tracing.shutdown()  # sends what is left
         await self.membership.close()
         self.router.close()
         if kill_workers:
@@ -158,6 +165,7 @@ async def start_cluster(
         Tokenizer.from_dir(spec.model_dir),
         os.path.basename(spec.model_dir.rstrip("/")),
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
+        tracing=Tracing(spec.tracing, "baton-router"),
     )
     if spec.autoscale is not None:
         from router.cluster.autoscale.signals import door_report

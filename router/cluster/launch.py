@@ -64,6 +64,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         cpu_bind=spec.cpu_bind,
         tp=tp,
         local_cluster=spec.local,
+        tracing=spec.tracing,
     )
     try:
         handle = ray.remote(cls).options(**options).remote(wspec, placement)

@@ -28,19 +28,17 @@ closed however an attempt ends, so the router's ledger and the gate never leak.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
 
 from core.errors import (
     BatonError,
     DeadlineExceededError,
-    KVCapacityError,
     OverloadedError,
     WorkerFailedError,
 )
@@ -48,12 +46,14 @@ from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
 from core.resume import ResumeState
 from core.roles import WorkerRole
+from core.tracing import SpanName, Tracing, ending
+from router.cluster.attempt import Attempt
 from router.cluster.autoscale.signals import WaitBook
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
-from router.cluster.prefix_pull import pull_prefix
-from router.cluster.transfer_stats import TransferStats
-from router.cluster.worker_channel import Queue, WorkerChannel
+from router.cluster.request_spans import attempt_attributes, finish_span, route_attributes
+from router.cluster.worker_channel import WorkerChannel
+from router.frontdoor import door_trace
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
 from router.routing.route import NoWorkerError, Router
@@ -62,9 +62,6 @@ from router.routing.ticket import Ticket
 logger = logging.getLogger(__name__)
 
 _ACTOR_GONE = (ActorDiedError, ActorUnavailableError, RayActorError)
-_MIN_WAIT_S = 0.1
-"""The shortest deadline handed to a call: a request that is nearly out of time still gets
-a clean answer rather than a timeout of zero."""
 
 
 def _retryable(e: BaseException) -> bool:
@@ -73,6 +70,22 @@ def _retryable(e: BaseException) -> bool:
     if isinstance(e, (*_ACTOR_GONE, WorkerFailedError)):
         return True
     return isinstance(e, RayTaskError) and not isinstance(e, BatonError)
+
+
+@dataclass
+class TransferStats:
+    num_transfers: int = 0
+    num_blocks_sent: int = 0
+    num_blocks_skipped: int = 0
+    """Prompt blocks the decode worker already held (multi-turn reuse): never sent."""
+    prefill_on_decode: int = 0
+    wait_s: float = 0.0
+    """Total time decode workers waited for KV after the prefill's first token."""
+    prefix_pulls: int = 0
+    """Prefixes copied between prefill workers (router's PrefixPull) that arrived."""
+    prefix_blocks_pulled: int = 0
+    """Their blocks: reused by transfer, neither computed nor in P's own cache."""
+    prefix_pulls_failed: int = 0
 
 
 class RequestPath:
@@ -85,6 +98,7 @@ class RequestPath:
         prefill_queue_tokens: int = 4096,
         max_retries: int = 2,
         max_kv_wait_s: float = 30.0,
+        tracing: Tracing | None = None,
     ) -> None:
         """`prefill_queue_tokens`: uncached prompt tokens admitted to one prefill worker at a
         time (router.cluster.prefill_gate); about two engine steps' token budget.
@@ -103,6 +117,8 @@ class RequestPath:
         self.transfers = TransferStats()
         self.waits = {WorkerRole.PREFILL: WaitBook(), WorkerRole.DECODE: WaitBook()}
         """Requests queued at this door for a pool (reported to the autoscaler)."""
+        self.tracing = tracing or Tracing()
+        """This process's tracer (off: no span is made); the door shares it."""
         self.metrics: Metrics | None = None
         """Set when front doors export metrics (routing decisions, KV transfers)."""
 
@@ -145,6 +161,12 @@ class RequestPath:
         done_tokens: list[int] = []
         done_text: list[str] = []
         """What the client has already been sent: a retry continues after it."""
+        door = door_trace.current()
+        if door is not None:
+            door.record.request_id = request.request_id
+            door.record.prompt_tokens += len(prompt)
+        parent = trace.set_span_in_context(trace.get_current_span())  # the door's root
+        retry_reason = ""
         attempt = 0
         while True:
             attempt += 1
@@ -155,12 +177,21 @@ class RequestPath:
             hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes)
             resume = ResumeState(tuple(done_tokens), "".join(done_text))
             sub = EngineRequest(rid, prompt, params, tuple(hashes), resume)
+            span = self.tracing.tracer.start_span(SpanName.ATTEMPT, context=parent)
+            if span.is_recording():
+                span.set_attributes(attempt_attributes(sub, attempt, retry_reason))
             try:
-                async for delta in self._attempt(sub, remaining):
-                    done_tokens += delta.new_token_ids
-                    done_text.append(delta.new_text)
-                    delta.request_id = request.request_id
-                    yield delta
+                with ending(span):
+                    async for delta in self._attempt(sub, remaining, span):
+                        done_tokens += delta.new_token_ids
+                        done_text.append(delta.new_text)
+                        delta.request_id = request.request_id
+                        if door is not None:
+                            door.first_token()
+                            door.record.output_tokens += len(delta.new_token_ids)
+                        if delta.finished and span.is_recording():
+                            finish_span(self.tracing, parent, delta, len(done_tokens), attempt)
+                        yield delta
                 return
             except OverloadedError:
                 if attempt == 1:
@@ -187,6 +218,9 @@ class RequestPath:
                     type(e).__name__,
                     len(done_tokens),
                 )
+                retry_reason = f"{type(e).__name__}: {e}"[:200]
+                if door is not None:
+                    door.record.retries += 1
                 await self.membership.sync()
 
     def _route(self, request: EngineRequest) -> Ticket:
@@ -206,23 +240,33 @@ class RequestPath:
 
     # -- one attempt: route -> queue -> reserve -> prefill -> admit -> stream ------------------
     async def _attempt(
-        self, request: EngineRequest, timeout_s: float
+        self, request: EngineRequest, timeout_s: float, span: trace.Span
     ) -> AsyncIterator[OutputDelta]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         model = self.membership.model
         assert model is not None
         wait = self.router.config.late_binding and not self.gate.has_room(model.model_id)
-        ticket = self._route(request)
-        if wait and ticket.decision.prefill_worker_id is not None:
-            # Late binding: no prefill worker can take it now, so it is routed again when one
-            # can. (Routing first tells whether its decode worker would prefill it, which
-            # needs no room; the tentative decision is withdrawn.)
-            ticket.close()
-            with self.waits[WorkerRole.PREFILL].waiting():
-                ticket = await self.gate.bind(
-                    model.model_id, lambda: self._route(request), timeout_s
-                )
+        route_span = self.tracing.tracer.start_span(
+            SpanName.ROUTE, context=trace.set_span_in_context(span)
+        )
+        with ending(route_span):
+            ticket = self._route(request)
+            if wait and ticket.decision.prefill_worker_id is not None:
+                # Late binding: no prefill worker can take it now, so it is routed again when
+                # one can. (Routing first tells whether its decode worker would prefill it,
+                # which needs no room; the tentative decision is withdrawn.)
+                ticket.close()
+                with self.waits[WorkerRole.PREFILL].waiting():
+                    ticket = await self.gate.bind(
+                        model.model_id, lambda: self._route(request), timeout_s
+                    )
+            if route_span.is_recording():
+                route_span.set_attributes(route_attributes(ticket.decision))
+        door = door_trace.current()
+        if door is not None:
+            door.record.prefill_worker = ticket.decision.prefill_worker_id
+            door.record.decode_worker = ticket.decision.decode_worker_id
         if self.metrics is not None:
             self.metrics.record_router_decision(self.router.config.prefill_policy)
         with ticket:
@@ -234,7 +278,7 @@ class RequestPath:
             )
             if decode is None or (decision.prefill_worker_id and prefill is None):
                 raise WorkerFailedError("the routed worker just left the cluster")
-            attempt = _Attempt(self, request, decode, prefill, deadline)
+            attempt = Attempt(self, request, decode, prefill, deadline, span)
             try:
                 async for delta in attempt.run(ticket):
                     yield delta
@@ -245,148 +289,3 @@ class RequestPath:
             finally:
                 if not attempt.finished:  # cancelled, failed or timed out
                     attempt.cancel()
-
-
-@dataclass
-class _Attempt:
-    """One try of one request on one (prefill, decode) pair."""
-
-    path: RequestPath
-    request: EngineRequest
-    decode: Any
-    prefill: Any
-    deadline: float
-    calling: Any = None
-    """The worker whose call is in flight: the one to blame if it dies."""
-    queue: Queue | None = None
-    """Where this attempt's deltas land, from the decode worker's output channel."""
-    finished: bool = False
-
-    def __post_init__(self) -> None:
-        self.calling = self.decode
-
-    def _left(self) -> float:
-        return max(_MIN_WAIT_S, self.deadline - asyncio.get_running_loop().time())
-
-    async def run(self, ticket: Ticket) -> AsyncIterator[OutputDelta]:
-        rid, decode, prefill, stats = (
-            self.request.request_id,
-            self.decode,
-            self.prefill,
-            self.path.transfers,
-        )
-        reused = functools.partial(self.path.router.observe_reuse, ticket.decision)
-        channel = self.path.channel(decode)
-        self.queue = channel.open(rid)
-        try:
-            if prefill is None:
-                stats.prefill_on_decode += 1
-                await asyncio.wait_for(
-                    decode.handle.generate.remote(self.request, self._left(), channel.channel_id),
-                    self._left(),
-                )
-                first = True
-                async for delta in self._stream():
-                    if first:  # it says what the decode worker's prefill reused
-                        first = False
-                        reused(decode.worker_id, delta.num_cached_tokens)
-                    yield delta
-                return
-            with self.path.waits[WorkerRole.PREFILL].waiting():
-                await self.path.gate.admit(ticket, self._left(), self.request.block_hashes)
-            if ticket.decision.pull_from is not None:
-                await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
-            reservation = await self._reserve()
-            reused(decode.worker_id, reservation.num_cached_tokens)
-            skip = reservation.num_cached_tokens // decode.info.block_size
-            self.calling = prefill
-            reply = await asyncio.wait_for(
-                prefill.handle.prefill.remote(
-                    self.request, decode.worker_id, reservation.block_ids, skip, self._left()
-                ),
-                self._left(),
-            )
-            ticket.prefill_done(reply.backlog)
-            reused(prefill.worker_id, reply.num_cached_tokens)
-            self.calling = decode
-            first_token_at = asyncio.get_running_loop().time()
-            stats.num_transfers += 1
-            stats.num_blocks_sent += reply.num_blocks_sent
-            stats.num_blocks_skipped += skip
-            if reply.output.finished:
-                decode.handle.abort.remote(rid)
-                self.finished = True
-                yield reply.output
-                return
-            admit = decode.handle.admit.remote(
-                rid, reply.first_token, reply.logprob, self._left(), channel.channel_id
-            )
-            try:
-                await asyncio.wait_for(admit, self._left())
-            except Exception:  # the KV did not land (failed, timed out, D lost)
-                if self.path.metrics is not None:
-                    self.path.metrics.record_kv_transfer_failure()
-                raise
-            first = True
-            async for delta in self._stream():
-                if first:  # it comes once every layer has landed: what the transfer added
-                    first = False
-                    self._record_transfer(reply.num_blocks_sent, first_token_at)
-                    delta.prompt_logprobs = reply.output.prompt_logprobs  # ran on P
-                yield delta
-        finally:
-            channel.close(rid)
-
-    async def _stream(self) -> AsyncIterator[OutputDelta]:
-        assert self.queue is not None
-        while True:
-            async with asyncio.timeout(self._left()):  # not wait_for: see AsyncEngine.stream
-                item = await self.queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            self.finished = item.finished
-            yield item
-            if self.finished:
-                return
-
-    def _record_transfer(self, num_blocks_sent: int, first_token_at: float) -> None:
-        waited = asyncio.get_running_loop().time() - first_token_at
-        self.path.transfers.wait_s += waited
-        metrics = self.path.metrics
-        if metrics is not None:
-            metrics.record_kv_transfer(
-                num_blocks_sent * self.prefill.info.kv_bytes_per_block, waited
-            )
-
-    async def _reserve(self) -> Any:
-        """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
-        requests to free blocks (bounded by the deadline and `max_kv_wait_s`) rather than
-        refuse at once: a burst is queued, as a single engine would queue it."""
-        loop = asyncio.get_running_loop()
-        give_up = min(self.deadline, loop.time() + self.path.max_kv_wait_s)
-        delay, queued_since_refusal = 0.02, False
-        with contextlib.ExitStack() as queued:
-            while True:
-                timeout = self._left()
-                try:
-                    return await asyncio.wait_for(
-                        self.decode.handle.reserve.remote(
-                            self.request, timeout, self.prefill.worker_id
-                        ),
-                        timeout,
-                    )
-                except KVCapacityError:
-                    if loop.time() + delay >= give_up:
-                        raise
-                if not queued_since_refusal:  # it waits for the decode pool from here on
-                    queued.enter_context(self.path.waits[WorkerRole.DECODE].waiting())
-                    queued_since_refusal = True
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 0.5)
-
-    def cancel(self) -> None:
-        """Free the request's blocks on both workers (fire and forget: they may be gone)."""
-        for m in (self.decode, self.prefill):
-            if m is not None:
-                with contextlib.suppress(Exception):
-                    m.handle.abort.remote(self.request.request_id)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.roles import WorkerRole
+from core.tracing import TracingConfig
 from router.cluster.autoscale.policy import AutoscaleConfig
 
 
@@ -40,6 +41,9 @@ class ClusterSpec:
     autoscale: AutoscaleConfig | None = None
     """Size the pools to TTFT / ITL targets while serving (router/cluster/autoscale); off
     when None."""
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    """Where every process exports its request spans (`--otlp-traces-endpoint`): the front
+    doors and each worker, each with its own exporter (core/tracing.py)."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("disaggregated", "unified"):

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from core.errors import InvalidRequestError
 from core.sampling import SamplingParams
+from core.tracing import SpanName
+from router.frontdoor import door_trace
 from router.frontdoor.backend import Backend
 
 
@@ -23,9 +25,12 @@ class TokenizerLike(Protocol):
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
-    def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> list[int]: ...
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...
 
 
 def tokenizer_of(backend: Backend) -> TokenizerLike:
@@ -44,12 +49,14 @@ def encode_chat(
 ) -> list[int]:
     """The chat (and its tools, OpenAI-shaped) through the model's template, as token ids; a
     template that rejects the messages is the client's error, named by `field`."""
+    # Tokenizer.encode_chat's two steps, apart, so the trace shows each (door_trace.stage).
     try:
-        if tools is None:  # the call form every tokenizer-like takes
-            return tokenizer.encode_chat(messages)
-        return tokenizer.encode_chat(messages, tools=tools)
+        with door_trace.stage(SpanName.CHAT_TEMPLATE):
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
     except ValueError as e:  # engine.tokenizer.ChatTemplateError
         raise InvalidRequestError(f"{field}: {e}") from e
+    with door_trace.stage(SpanName.TOKENIZE):
+        return tokenizer.encode(text, add_special_tokens=False)
 
 
 def new_request_id(prefix: str) -> str:

@@ -4,7 +4,7 @@ frozen values."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.routing.index.store import Prefixes
 
@@ -48,6 +48,10 @@ class RoutingDecision:
     """The cached counts as the workers' own KV events report them, without the blocks
     promised to prefills still in flight (router.routing.accuracy judges the index on
     these)."""
+    candidates: tuple[str, ...] = ()
+    """The workers of both pools the policies chose among (the trace's routing span)."""
+    cached_by_worker: Mapping[str, int] = field(default_factory=dict)
+    """Cached prompt blocks per worker that holds any, per the index (read only)."""
 
     @property
     def prefill_on_decode(self) -> bool:

@@ -322,10 +322,12 @@ class Router:
                 "degraded=%s", rid, model, num_blocks, p.worker_id if p else None, reason,
                 self._prefill.formula, d.worker_id, d_choice.reason, dict(terms), degraded,
             )  # fmt: skip
+        candidates = tuple(w.worker_id for w in (*prefill_pool.workers, *decode_pool.workers))
         decision = RoutingDecision(
             rid, model, p.worker_id if p is not None else None, d.worker_id, num_blocks, tokens,
             p_cached, d_cached, reason, terms, degraded, pull,
             reported.get(p.worker_id, 0) if p is not None else 0, reported.get(d.worker_id, 0),
+            candidates, cached,
         )  # fmt: skip
         return Ticket(decision, charge, loads, self._lock)
 

@@ -42,7 +42,9 @@ MAY_IMPORT: dict[str, set[str]] = {
 """Package -> the other product packages it may import (docs/architecture.md, "Packages")."""
 
 THIRD_PARTY_ONLY: dict[str, set[str]] = {
-    "core": {"xxhash", "msgspec"},
+    # opentelemetry: the API only at import (core/tracing.py: torch-free, no I/O); the SDK
+    # and its exporter load when tracing is on.
+    "core": {"xxhash", "msgspec", "opentelemetry"},
     "router.routing": {"xxhash", "msgspec", "redis"},
 }
 """Packages held to a short list of outside imports (besides the standard library)."""

@@ -24,7 +24,8 @@ from router.frontdoor.limits import DoorLimits
 from router.routing.route import RouterConfig
 
 GROUP_TITLES = [
-    "model", "engine", "cluster", "routing", "front door", "limits", "autoscale", "transfer"
+    "model", "engine", "cluster", "routing", "front door", "limits", "autoscale", "transfer",
+    "observability",
 ]  # fmt: skip
 
 
@@ -65,7 +66,7 @@ def test_the_parser_is_the_knobs() -> None:
     for name, setting in knobs.items():
         assert actions[name].default == setting.default, name
         assert setting.flag in actions[name].option_strings, name
-    assert len(knobs) == 65
+    assert len(knobs) == 68
 
 
 def test_no_flags_is_the_default_config() -> None:
@@ -182,3 +183,22 @@ def test_limit_flags_reach_the_door() -> None:
     limits = config("--rate-limit", "2.5", "--max-queued-requests", "4").limits
     assert limits.door_limits() == DoorLimits(rate_per_s=2.5, max_queued=4)
     assert LimitOptions().door_limits().enabled() is False
+
+
+def test_tracing_is_off_unless_an_endpoint_is_given() -> None:
+    spec = config().cluster_spec("/m", "cpu")
+    assert spec.tracing.endpoint is None and not spec.tracing.enabled
+    on = config("--otlp-traces-endpoint", "127.0.0.1:4317", "--otlp-traces-sample-ratio", "0.25")
+    tracing = on.cluster_spec("/m", "cpu").tracing
+    assert (tracing.endpoint, tracing.sample_ratio, tracing.enabled) == (
+        "127.0.0.1:4317",
+        0.25,
+        True,
+    )
+    assert config("--log-requests-json").observability.log_requests_json
+
+
+@pytest.mark.parametrize("ratio", ["1.5", "-0.1"])
+def test_a_sample_ratio_outside_0_1_names_its_flag(ratio: str) -> None:
+    with pytest.raises(ConfigError, match="--otlp-traces-sample-ratio"):
+        config("--otlp-traces-sample-ratio", ratio)

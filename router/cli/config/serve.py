@@ -26,6 +26,7 @@ from router.cli.config.frontdoor import FrontDoorOptions
 from router.cli.config.knob import Setting, settings
 from router.cli.config.limits import LimitOptions
 from router.cli.config.model import ModelOptions
+from router.cli.config.observability import ObservabilityOptions
 from router.cli.config.routing import RoutingOptions
 from router.cli.config.transfer import TransferOptions
 from router.cluster.spec import ClusterSpec
@@ -49,6 +50,7 @@ class ServeConfig:
     limits: LimitOptions = dataclasses.field(default_factory=LimitOptions)
     autoscale: AutoscaleOptions = dataclasses.field(default_factory=AutoscaleOptions)
     transfer: TransferOptions = dataclasses.field(default_factory=TransferOptions)
+    observability: ObservabilityOptions = dataclasses.field(default_factory=ObservabilityOptions)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeConfig:
@@ -91,6 +93,8 @@ class ServeConfig:
                 raise ConfigError(f"{' and '.join(flags)} needs --policy {policy}")
         if (self.engine.speculative == "draft") != (self.engine.speculative_model is not None):
             raise ConfigError("--speculative-model goes with --speculative draft")
+        if self.observability.otlp_traces_sample_ratio > 1:
+            raise ConfigError("--otlp-traces-sample-ratio must be <= 1")
         if self.cluster.attach and not self.cluster.address:
             raise ConfigError("--attach serves a running cluster: give its --address")
         try:
@@ -144,6 +148,7 @@ class ServeConfig:
             redis_url=cluster.redis,
             local=cluster.address is None,
             autoscale=self.autoscale.autoscale_config(),
+            tracing=self.observability.tracing_config(),
         )
 
 

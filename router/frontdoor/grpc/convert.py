@@ -13,7 +13,9 @@ from core.errors import InvalidRequestError
 from core.request import FinishReason, OutputDelta, RequestOutput, TokenLogprob
 from core.sampling import SamplingParams
 from core.structured import StructuredOutput
+from core.tracing import SpanName
 from proto.baton.v1 import admin_pb2, generate_pb2
+from router.frontdoor import door_trace
 from router.frontdoor.admin_api import ClusterState
 from router.frontdoor.grpc.tools import chat_messages, structured_output, tool_request
 from router.frontdoor.requests import (
@@ -44,7 +46,8 @@ def prompt_token_ids(
     kind = msg.WhichOneof("prompt")
     add_special = msg.add_special_tokens if msg.HasField("add_special_tokens") else True
     if kind == "text":
-        return tokenizer.encode(msg.text, add_special_tokens=add_special)
+        with door_trace.stage(SpanName.TOKENIZE):
+            return tokenizer.encode(msg.text, add_special_tokens=add_special)
     if kind == "token_ids":
         return list(msg.token_ids.ids)
     if kind == "chat":

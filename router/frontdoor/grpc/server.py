@@ -14,6 +14,7 @@ import logging
 import math
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,7 +31,9 @@ from core.errors import (
     error_message,
 )
 from core.request import RequestOutput
+from core.tracing import Tracing
 from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
+from router.frontdoor import door_trace
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
@@ -86,12 +89,24 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         request_timeout_s: float,
         tool_call_parser: str = DEFAULT_PARSER,
         controls: DoorControls | None = None,
+        tracing: Tracing | None = None,
+        log_requests_json: bool = False,
     ) -> None:
         self.backend = backend
+        self.tracing = tracing or Tracing()
+        self.log_requests_json = log_requests_json
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.tool_parser = get_parser(tool_call_parser)
         self.controls = controls
+
+    def _traced(self, context: grpc.aio.ServicerContext, rpc: str) -> Any:
+        """The request's root span (a child of a `traceparent` in the call's metadata) and
+        its log line (router/frontdoor/door_trace.py)."""
+        metadata = dict(context.invocation_metadata() or ())
+        headers = {k: str(metadata[k]) for k in ("traceparent", "tracestate") if k in metadata}
+        key = bearer(metadata.items()) or ""
+        return door_trace.opened(self.tracing, self.log_requests_json, headers, key, rpc)
 
     @contextlib.asynccontextmanager
     async def _admitted(self, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
@@ -133,6 +148,14 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     async def Generate(
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        with self._traced(context, "Generate"):
+            async for msg in self._generate(request, context):
+                yield msg
+
+    async def _generate(
+        self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        door_trace.parsed()
         async with self._admitted(context):
             try:
                 req, tools = self._request(request, context)
@@ -151,6 +174,13 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
     async def GenerateUnary(
         self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> generate_pb2.GenerateResponse:
+        with self._traced(context, "GenerateUnary"):
+            return await self._generate_unary(request, context)
+
+    async def _generate_unary(
+        self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> generate_pb2.GenerateResponse:
+        door_trace.parsed()
         async with self._admitted(context):
             try:
                 req, tools = self._request(request, context)
@@ -227,6 +257,8 @@ class GRPCServer:
         request_timeout_s: float = 300.0,
         tool_call_parser: str = DEFAULT_PARSER,
         limits: DoorLimits | DoorControls | None = None,
+        tracing: Tracing | None = None,
+        log_requests_json: bool = False,
     ) -> GRPCServer:
         """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
         carry `admin_token`. `limits`: the door's rate limits, quotas and admission queue
@@ -243,7 +275,10 @@ class GRPCServer:
             controls = None
         server = grpc.aio.server(interceptors=[BearerAuth(tokens)], options=options)
         metrics = metrics or Metrics()
-        servicer = GenerateServicer(backend, metrics, request_timeout_s, tool_call_parser, controls)
+        servicer = GenerateServicer(
+            backend, metrics, request_timeout_s, tool_call_parser, controls, tracing,
+            log_requests_json,
+        )  # fmt: skip
         generate_pb2_grpc.add_GenerateServiceServicer_to_server(servicer, server)
         names = [SERVICE_NAMES[0]]
         if admin is not None:

@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
+from core.tracing import Tracing
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend
 from router.frontdoor.http.admin_routes import _bearer, admin_router, refresh_cluster_metrics
@@ -34,6 +35,7 @@ from router.frontdoor.http.protocol import (
 )
 from router.frontdoor.http.request_ids import HEADER, RequestIdMiddleware
 from router.frontdoor.http.token_routes import token_router
+from router.frontdoor.http.tracing import TraceMiddleware
 from router.frontdoor.limits import DoorControls, DoorLimits
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
@@ -59,12 +61,15 @@ def create_app(
     reasoning_parser: str | None = None,
     cors_origins: tuple[str, ...] = (),
     limits: DoorLimits | DoorControls | None = None,
+    tracing: Tracing | None = None,
+    log_requests_json: bool = False,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
     by default, so no page elsewhere can script it. `limits`: rate limits, quotas, admission
     queue and body size (guard.py); none if None; `DoorControls` to share their state with
-    the gRPC door."""
+    the gRPC door. `tracing`: the request spans' tracer (off when None);
+    `log_requests_json`: one JSON log line per generate request (door_trace.py)."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -93,6 +98,10 @@ def create_app(
             expose_headers=[HEADER, "Retry-After"],
         )
     app.add_middleware(RequestIdMiddleware)
+    # Outermost: the root span covers the guard's wait and every byte of the reply.
+    app.add_middleware(
+        TraceMiddleware, tracing=tracing or Tracing(), log_requests_json=log_requests_json
+    )
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from fastapi.responses import StreamingResponse
 
 from core.request import OutputDelta, RequestOutput, TokenLogprob
+from router.frontdoor import door_trace
 from router.frontdoor.http import common, request_ids
 from router.frontdoor.http.chat_tools import chat_inputs, tool_constraint, tool_request
 from router.frontdoor.http.common import TokenText, finish_reason, sse
@@ -86,6 +87,7 @@ def _logprobs(items: list[TokenLogprob], n_top: int, token_text: TokenText) -> C
 
 
 async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext) -> object:
+    door_trace.parsed()
     backend = ctx.backend
     refuse_unsupported(body, CHAT)
     if body.top_logprobs is not None and not body.logprobs:

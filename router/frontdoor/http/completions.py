@@ -9,6 +9,8 @@ from fastapi.responses import StreamingResponse
 
 from core.errors import InvalidRequestError
 from core.request import TokenLogprob
+from core.tracing import SpanName
+from router.frontdoor import door_trace
 from router.frontdoor.http import common, request_ids
 from router.frontdoor.http.common import TokenText, finish_reason, sse
 from router.frontdoor.http.context import ServerContext
@@ -38,7 +40,8 @@ def _prompts(body: CompletionRequest, ctx: ServerContext) -> list[_Prompt]:
     prompts = []
     for x in items:
         if isinstance(x, str):
-            prompts.append(_Prompt(tok.encode(x), x))
+            with door_trace.stage(SpanName.TOKENIZE):
+                prompts.append(_Prompt(tok.encode(x), x))
         elif isinstance(x, list):
             prompts.append(_Prompt([int(t) for t in x], ""))
     return prompts
@@ -60,6 +63,7 @@ def _logprobs(
 
 
 async def create_completion(body: CompletionRequest, ctx: ServerContext) -> object:
+    door_trace.parsed()
     backend = ctx.backend
     refuse_unsupported(body, COMPLETIONS)
     if body.echo and body.logprobs is not None:

@@ -1,0 +1,256 @@
+"""One try of one request on one (prefill, decode) pair: gate -> reserve -> prefill -> admit
+-> stream (router/cluster/request_path.py routes it and retries it), with its spans.
+
+Each step that waits on a worker is a client span under the attempt's span, and the worker's
+own spans are children of it (the call carries its traceparent: core/tracing.py). The
+stream adds a `first_token` span (from the prefill's reply to the first delta here: the
+KV's last layers, admission, the first step) and one `decode` span per
+`DECODE_SPAN_TOKENS` tokens, at most `MAX_DECODE_SPANS`. When the attempt's span records
+nothing, none of this runs: no span, no count per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from opentelemetry import trace
+
+from core.errors import KVCapacityError
+from core.request import EngineRequest, OutputDelta
+from core.roles import WorkerRole
+from core.tracing import (
+    DECODE_SPAN_TOKENS,
+    MAX_DECODE_SPANS,
+    SpanName,
+    carry,
+    ending,
+    epoch_ns,
+)
+from router.cluster.prefix_pull import pull_prefix
+from router.cluster.worker_channel import Queue
+from router.routing.ticket import Ticket
+
+_MIN_WAIT_S = 0.1
+"""The shortest deadline handed to a call: a request that is nearly out of time still gets
+a clean answer rather than a timeout of zero."""
+
+
+@dataclass
+class Attempt:
+    path: Any
+    """The RequestPath it belongs to."""
+    request: EngineRequest
+    decode: Any
+    prefill: Any
+    deadline: float
+    span: trace.Span = trace.INVALID_SPAN
+    """The attempt's span; its children are this attempt's steps."""
+    calling: Any = None
+    """The worker whose call is in flight: the one to blame if it dies."""
+    queue: Queue | None = None
+    """Where this attempt's deltas land, from the decode worker's output channel."""
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        self.calling = self.decode
+        self.tracer = self.path.tracing.tracer
+        self.traced = self.span.is_recording()
+
+    def _left(self) -> float:
+        return max(_MIN_WAIT_S, self.deadline - asyncio.get_running_loop().time())
+
+    @contextlib.contextmanager
+    def _step(self, name: str, **attributes: Any) -> Iterator[trace.Span]:
+        """A client span for one step of the attempt (nothing when it is not traced)."""
+        if not self.traced:
+            yield trace.INVALID_SPAN
+            return
+        span = self.tracer.start_span(
+            name,
+            context=trace.set_span_in_context(self.span),
+            kind=trace.SpanKind.CLIENT,
+            attributes=attributes,
+        )
+        with ending(span):
+            yield span
+
+    def _carried(self, span: trace.Span) -> EngineRequest:
+        """The request as sent under `span`: its worker spans are that span's children."""
+        return replace(self.request, trace=carry(span)) if self.traced else self.request
+
+    async def run(self, ticket: Ticket) -> AsyncIterator[OutputDelta]:
+        rid, decode, prefill, stats = (
+            self.request.request_id,
+            self.decode,
+            self.prefill,
+            self.path.transfers,
+        )
+        reused = functools.partial(self.path.router.observe_reuse, ticket.decision)
+        channel = self.path.channel(decode)
+        self.queue = channel.open(rid)
+        try:
+            if prefill is None:
+                stats.prefill_on_decode += 1
+                with self._step(SpanName.PREFILL, **{"baton.worker": decode.worker_id}) as s:
+                    await asyncio.wait_for(
+                        decode.handle.generate.remote(
+                            self._carried(s), self._left(), channel.channel_id
+                        ),
+                        self._left(),
+                    )
+                first = True
+                async for delta in self._stream(asyncio.get_running_loop().time()):
+                    if first:  # it says what the decode worker's prefill reused
+                        first = False
+                        reused(decode.worker_id, delta.num_cached_tokens)
+                    yield delta
+                return
+            with self._step(SpanName.GATE_WAIT), self.path.waits[WorkerRole.PREFILL].waiting():
+                await self.path.gate.admit(ticket, self._left(), self.request.block_hashes)
+            if ticket.decision.pull_from is not None:
+                await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
+            reservation = await self._reserve()
+            reused(decode.worker_id, reservation.num_cached_tokens)
+            skip = reservation.num_cached_tokens // decode.info.block_size
+            self.calling = prefill
+            with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
+                reply = await asyncio.wait_for(
+                    prefill.handle.prefill.remote(
+                        self._carried(s), decode.worker_id, reservation.block_ids, skip,
+                        self._left(),
+                    ),
+                    self._left(),
+                )  # fmt: skip
+                s.set_attribute("baton.blocks_sent", reply.num_blocks_sent)
+            ticket.prefill_done(reply.backlog)
+            reused(prefill.worker_id, reply.num_cached_tokens)
+            self.calling = decode
+            first_token_at = asyncio.get_running_loop().time()
+            stats.num_transfers += 1
+            stats.num_blocks_sent += reply.num_blocks_sent
+            stats.num_blocks_skipped += skip
+            if reply.output.finished:
+                decode.handle.abort.remote(rid)
+                self.finished = True
+                yield reply.output
+                return
+            with self._step(SpanName.ADMIT, **{"baton.worker": decode.worker_id}) as s:
+                admit = decode.handle.admit.remote(
+                    rid, reply.first_token, reply.logprob, self._left(), channel.channel_id,
+                    carry(s) if self.traced else None,
+                )  # fmt: skip
+                try:
+                    await asyncio.wait_for(admit, self._left())
+                except Exception:  # the KV did not land (failed, timed out, D lost)
+                    if self.path.metrics is not None:
+                        self.path.metrics.record_kv_transfer_failure()
+                    raise
+            first = True
+            async for delta in self._stream(first_token_at):
+                if first:  # it comes once every layer has landed: what the transfer added
+                    first = False
+                    self._record_transfer(reply.num_blocks_sent, first_token_at)
+                    delta.prompt_logprobs = reply.output.prompt_logprobs  # ran on P
+                yield delta
+        finally:
+            channel.close(rid)
+
+    async def _stream(self, since: float) -> AsyncIterator[OutputDelta]:
+        """The attempt's deltas from the channel; traced: a `first_token` span from `since`
+        (loop time) to the first delta, then `decode` spans of DECODE_SPAN_TOKENS tokens."""
+        assert self.queue is not None
+        spans = _DecodeSpans(self, since) if self.traced else None
+        try:
+            while True:
+                async with asyncio.timeout(self._left()):  # not wait_for: see AsyncEngine.stream
+                    item = await self.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                self.finished = item.finished
+                if spans is not None:
+                    spans.add(len(item.new_token_ids))
+                yield item
+                if self.finished:
+                    return
+        finally:
+            if spans is not None:
+                spans.end()
+
+    def _record_transfer(self, num_blocks_sent: int, first_token_at: float) -> None:
+        waited = asyncio.get_running_loop().time() - first_token_at
+        self.path.transfers.wait_s += waited
+        metrics = self.path.metrics
+        if metrics is not None:
+            metrics.record_kv_transfer(
+                num_blocks_sent * self.prefill.info.kv_bytes_per_block, waited
+            )
+
+    async def _reserve(self) -> Any:
+        """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
+        requests to free blocks (bounded by the deadline and `max_kv_wait_s`) rather than
+        refuse at once: a burst is queued, as a single engine would queue it."""
+        loop = asyncio.get_running_loop()
+        give_up = min(self.deadline, loop.time() + self.path.max_kv_wait_s)
+        delay, queued_since_refusal = 0.02, False
+        with (
+            self._step(SpanName.RESERVE, **{"baton.worker": self.decode.worker_id}) as span,
+            contextlib.ExitStack() as queued,
+        ):
+            request = self._carried(span)
+            while True:
+                timeout = self._left()
+                try:
+                    return await asyncio.wait_for(
+                        self.decode.handle.reserve.remote(request, timeout, self.prefill.worker_id),
+                        timeout,
+                    )
+                except KVCapacityError:
+                    if loop.time() + delay >= give_up:
+                        raise
+                if not queued_since_refusal:  # it waits for the decode pool from here on
+                    queued.enter_context(self.path.waits[WorkerRole.DECODE].waiting())
+                    queued_since_refusal = True
+                    span.add_event("decode pool full: waiting for blocks")
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
+
+    def cancel(self) -> None:
+        """Free the request's blocks on both workers (fire and forget: they may be gone)."""
+        for m in (self.decode, self.prefill):
+            if m is not None:
+                with contextlib.suppress(Exception):
+                    m.handle.abort.remote(self.request.request_id)
+
+
+class _DecodeSpans:
+    """The stream's spans: `first_token` until the first delta, then a `decode` span per
+    DECODE_SPAN_TOKENS tokens; the last of MAX_DECODE_SPANS takes every token after it."""
+
+    def __init__(self, attempt: Attempt, since: float) -> None:
+        self.tracer, self.context = attempt.tracer, trace.set_span_in_context(attempt.span)
+        self.span = self.tracer.start_span(
+            SpanName.FIRST_TOKEN, context=self.context, start_time=epoch_ns(since)
+        )
+        self.first, self.num_tokens, self.num_spans, self.from_token = True, 0, 0, 0
+
+    def add(self, num_new: int) -> None:
+        self.num_tokens += num_new
+        full = self.num_tokens - self.from_token >= DECODE_SPAN_TOKENS
+        if self.first or (full and self.num_spans < MAX_DECODE_SPANS):
+            self.end()
+            self.first = False
+            self.num_spans += 1
+            self.span = self.tracer.start_span(SpanName.DECODE, context=self.context)
+            self.from_token = self.num_tokens
+
+    def end(self) -> None:
+        if self.span.is_recording():
+            if not self.first:
+                self.span.set_attribute("baton.tokens.from", self.from_token)
+                self.span.set_attribute("baton.tokens.to", self.num_tokens)
+            self.span.end()
