@@ -37,6 +37,7 @@ engine/kernels/int8_linear.py.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -45,7 +46,13 @@ from torch import nn
 
 from engine import cpu_kernels
 
+logger = logging.getLogger(__name__)
+
 METHODS = ("int8", "w8a8")
+INT8_UNITS = frozenset({"avx512_vnni", "amx_int8"})
+"""CPU flags of int8 dot-product units W8A8 is for; without one, torch's int8 GEMM falls
+back to plain integer loops (SmolLM2-135M on an AVX2 EPYC: decode 0.22x, prefill 0.03x of
+float32's; docs/performance.md)."""
 CPU_KERNEL_MAX_ROWS = 256
 VNNI_MAX_ROWS = 16
 """W8A8 GEMMs of up to this many rows take the VNNI kernel (the 125M preset's layers, 2
@@ -82,6 +89,11 @@ def quantizable(model: nn.Module, method: str) -> list[nn.Module]:
         if method == "w8a8" and module.weight.is_cuda:
             raise ValueError("w8a8 runs on CPU only (oneDNN int8 GEMMs); on GPUs use int8")
         module.int8_activations = method == "w8a8"
+    if method == "w8a8" and layers and not INT8_UNITS & cpu_kernels.cpu_flags():
+        logger.warning(
+            "w8a8 on a CPU without AVX-512 VNNI or AMX: its int8 GEMMs run many times slower "
+            "than float32 here; --quantization int8 (float32 activations) is the one for it"
+        )
     return layers
 
 

@@ -5,12 +5,15 @@ linear layer's input the same way)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from core.sampling import SamplingParams
 from engine.layers import quant
+from engine.layers.linear import ColumnParallelLinear
 from engine.llm import LLM
 from tests import oracle
 
@@ -186,3 +189,12 @@ def test_an_unknown_quantization_is_refused() -> None:
 
     with pytest.raises(ValueError, match="quantization"):
         EngineConfig(quantization="int4")
+
+
+@pytest.mark.parametrize(("flags", "warned"), [({"avx2"}, True), ({"avx2", "avx512_vnni"}, False)])
+def test_w8a8_warns_on_a_cpu_without_int8_units(monkeypatch, caplog, flags, warned) -> None:
+    monkeypatch.setattr(quant.cpu_kernels, "cpu_flags", lambda: frozenset(flags))
+    model = torch.nn.Sequential(ColumnParallelLinear(8, 4, bias=False))
+    with caplog.at_level(logging.WARNING, logger=quant.__name__):
+        quant.quantizable(model, "w8a8")
+    assert ("without AVX-512 VNNI or AMX" in caplog.text) is warned
