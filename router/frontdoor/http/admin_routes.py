@@ -25,7 +25,11 @@ if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which only a keeping door
     from router.frontdoor.slow_requests import SlowRequests
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-_ASSETS = {"admin.js": "text/javascript", "admin.css": "text/css"}
+_ASSETS = {
+    "admin.js": "text/javascript",
+    "slow_requests.js": "text/javascript",
+    "admin.css": "text/css",
+}
 COOKIE = "baton_admin"
 
 _LOGIN_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Baton admin</title>
