@@ -142,18 +142,15 @@ class Tracing:
 def _provider(config: TracingConfig, service_name: str, keep: Any) -> Any:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import (
-        ALWAYS_ON,
-        AlwaysRecordSampler,
-        ParentBased,
-        TraceIdRatioBased,
-    )
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-    sampler: Any = ALWAYS_ON  # nothing exported: every span is the door's own
+    # Nothing exported: every span records for the door's own use and none is sampled (no
+    # collector holds its trace).
+    sampler: Any = _record_all(ALWAYS_OFF)
     if config.enabled:
         sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
         if keep is not None:  # DROP becomes RECORD_ONLY: kept here, not exported
-            sampler = AlwaysRecordSampler(sampler)
+            sampler = _record_all(sampler)
     provider = TracerProvider(
         sampler=sampler, resource=Resource.create({"service.name": service_name})
     )
@@ -169,6 +166,31 @@ def _provider(config: TracingConfig, service_name: str, keep: Any) -> Any:
             BatchSpanProcessor(exporter, schedule_delay_millis=EXPORT_DELAY_MS)
         )
     return provider
+
+
+def _record_all(inner: Any) -> Any:
+    """`inner`'s decisions, DROP turned into RECORD_ONLY: the span records (the door's
+    keeper sees it) but is not sampled (no exporter sends it, and a carried traceparent
+    tells the workers not to sample its children). Unlike the SDK's AlwaysRecordSampler it
+    keeps the span's start attributes, which a dropped decision's result leaves out."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class RecordAll(Sampler):
+        def should_sample(  # type: ignore[no-untyped-def]
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+            trace_state=None,
+        ) -> SamplingResult:  # fmt: skip
+            result = inner.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+            if result.decision is not Decision.DROP:
+                return result
+            return SamplingResult(Decision.RECORD_ONLY, attributes, result.trace_state)
+
+        def get_description(self) -> str:
+            return f"RecordAll({inner.get_description()})"
+
+    return RecordAll()
 
 
 @dataclass(frozen=True)

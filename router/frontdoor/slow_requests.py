@@ -77,6 +77,7 @@ class SpanRecord:
 class SlowRequest:
     request_id: str
     trace_id: str
+    """Empty unless the trace was exported (sampled): only then does a collector hold it."""
     finished_at: float
     """Epoch seconds."""
     ttft_s: float | None
@@ -248,9 +249,10 @@ def _request(
             )
         )
     context = root.context
+    exported = context is not None and context.trace_flags.sampled  # a collector has it
     return SlowRequest(
         request_id=str(a.get("baton.request_id", "")),
-        trace_id=format(context.trace_id, "032x") if context is not None else "",
+        trace_id=format(context.trace_id, "032x") if exported else "",
         finished_at=at,
         ttft_s=ttft,
         e2e_s=e2e,

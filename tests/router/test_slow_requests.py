@@ -84,7 +84,7 @@ def test_a_timeline_holds_its_own_spans_with_offsets(keeper: SlowRequests) -> No
     request(tracing, T0 + 1, 1.0, 0.5, "second", parent=caller)  # the same trace id
     (first, second) = keeper.slowest(Ranking.E2E, T0 + 10)
     assert (first.request_id, second.request_id) == ("first", "second")
-    assert first.trace_id == second.trace_id
+    assert first.trace_id == second.trace_id == ""  # nothing exported: no trace to name
     for kept in (first, second):
         names = [s.name for s in kept.spans]
         assert names == [SpanName.REQUEST, SpanName.ATTEMPT, SpanName.ROUTE, SpanName.PREFILL,

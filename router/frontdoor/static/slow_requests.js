@@ -62,7 +62,7 @@ function renderSlow() {
     row.className = "slow" + (keyOf(r) === slow.selected ? " selected" : "");
     row.dataset.requestId = r.request_id;
     cell(row, new Date(r.finished_at * 1000).toLocaleTimeString());
-    cell(row, r.request_id || r.trace_id.slice(0, 12));
+    cell(row, r.request_id || "(no id)");
     cell(row, seconds(r.ttft_s));
     cell(row, seconds(r.e2e_s));
     cell(row, `${r.prompt_tokens} → ${r.output_tokens}`);
@@ -81,7 +81,7 @@ function renderTimeline(request) {
   box.replaceChildren();
   if (!request) return;
   const title = document.createElement("h3");
-  title.textContent = `${request.request_id || request.trace_id}: TTFT ` +
+  title.textContent = `${request.request_id || "(no id)"}: TTFT ` +
     `${seconds(request.ttft_s)}, end to end ${seconds(request.e2e_s)}` +
     (request.trace_id ? `  (trace ${request.trace_id})` : "");
   box.appendChild(title);
