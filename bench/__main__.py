@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUBJECTS = ("engine", "transfer", "routing", "serving", "planning", "chaos")
+SUBJECTS = ("engine", "transfer", "routing", "serving", "planning", "chaos", "observability")
 
 
 def benchmarks(subject: str) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SUBJECTS = ("engine", "transfer", "routing", "serving", "planning", "chaos")
+SUBJECTS = ("engine", "transfer", "routing", "serving", "planning", "chaos", "observability")
 PROFILES = RESULTS / "planning" / "profiles"
 DEFAULT_PROFILE = PROFILES / "cpu_small.json"
 

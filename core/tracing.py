@@ -3,7 +3,8 @@ to both workers, exported over OTLP/gRPC (docs/observability.md has the span tre
 
     TracingConfig        where spans go and which share of traces is kept; off by default
     Tracing(config, s)   one process's tracer: a no-op tracer when off (nothing is created,
-                         nothing runs per token), else its own TracerProvider and exporter
+                         nothing runs per token), else its own TracerProvider and exporter;
+                         a door's `keep` processor (its slow requests) records beside it
     carry(span)          the W3C `traceparent` / `tracestate` of a span, as the request
                          records hold them across Ray (`EngineRequest.traceparent`)
     parent_of(...)       the context a carried or received traceparent names (a malformed
@@ -16,8 +17,8 @@ nothing about a span has to ride back to the door in a reply. (The other shape, 
 returning timestamps for the door to record, would add fields to every reply and lose
 whatever a worker saw after its reply went out, such as the end of a KV transfer.)
 
-The OpenTelemetry API is torch-free and small; the SDK and the exporter are imported only
-when tracing is on.
+The OpenTelemetry API is torch-free and small; the SDK is imported only when a provider is
+made (export on, or a front door keeping its slow requests), the exporter only with export.
 """
 
 from __future__ import annotations
@@ -80,10 +81,16 @@ class TracingConfig:
     sample_ratio: float = 1.0
     """Share of new traces kept (ParentBased(TraceIdRatioBased)): a request that comes with
     a traceparent follows its caller's decision."""
+    slow_requests: int = 20
+    """How many of the slowest recent requests each front door keeps with their door-side
+    spans for the admin dashboard, whatever is exported (router/frontdoor/slow_requests.py);
+    0: none. Workers ignore it."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sample_ratio <= 1.0:
             raise ValueError(f"sample_ratio must be in [0, 1], got {self.sample_ratio}")
+        if self.slow_requests < 0:
+            raise ValueError(f"slow_requests must be >= 0, got {self.slow_requests}")
 
     @property
     def enabled(self) -> bool:
@@ -91,20 +98,33 @@ class TracingConfig:
 
 
 class Tracing:
-    """One process's tracer. Off: the API's no-op tracer, whose spans record nothing, and
-    `recording` False so callers skip even the attributes."""
+    """One process's tracer. Off: the API's no-op tracer, whose spans record nothing, so
+    callers skip even the attributes (`span.is_recording()`).
 
-    def __init__(self, config: TracingConfig | None = None, service_name: str = "baton") -> None:
+    `keep`: a span processor that keeps spans in this process (a front door's slow
+    requests). With it there is a provider even when nothing is exported, and every span
+    records: the export still samples (a span outside the sampled share records but is not
+    sampled, and the exporter skips it), so the door sees every request."""
+
+    def __init__(
+        self, config: TracingConfig | None = None, service_name: str = "baton", keep: Any = None
+    ) -> None:
         self.config = config or TracingConfig()
         self._provider: Any = None
         self.tracer: trace.Tracer = _NOOP
-        if self.config.enabled:
-            self._provider = _provider(self.config, service_name)
+        if self.config.enabled or keep is not None:
+            self._provider = _provider(self.config, service_name, keep)
             self.tracer = self._provider.get_tracer("baton")
 
     @property
     def enabled(self) -> bool:
+        """Spans record (exported, kept locally, or both)."""
         return self._provider is not None
+
+    @property
+    def exporting(self) -> bool:
+        """Spans leave this process for a collector: a trace id names something there."""
+        return self._provider is not None and self.config.enabled
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Send every finished span now; False if the collector did not take them in time."""
@@ -119,22 +139,58 @@ class Tracing:
             self.tracer = _NOOP
 
 
-def _provider(config: TracingConfig, service_name: str) -> Any:
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+def _provider(config: TracingConfig, service_name: str, keep: Any) -> Any:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
-    endpoint = config.endpoint or ""
-    insecure = not endpoint.startswith("https://")
+    # Nothing exported: every span records for the door's own use and none is sampled (no
+    # collector holds its trace).
+    sampler: Any = _record_all(ALWAYS_OFF)
+    if config.enabled:
+        sampler = ParentBased(TraceIdRatioBased(config.sample_ratio))
+        if keep is not None:  # DROP becomes RECORD_ONLY: kept here, not exported
+            sampler = _record_all(sampler)
     provider = TracerProvider(
-        sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
-        resource=Resource.create({"service.name": service_name}),
+        sampler=sampler, resource=Resource.create({"service.name": service_name})
     )
-    exporter = OTLPSpanExporter(endpoint=endpoint, insecure=insecure)
-    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=EXPORT_DELAY_MS))
+    if keep is not None:
+        provider.add_span_processor(keep)
+    if config.enabled:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        endpoint = config.endpoint or ""
+        exporter = OTLPSpanExporter(endpoint=endpoint, insecure=not endpoint.startswith("https://"))
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, schedule_delay_millis=EXPORT_DELAY_MS)
+        )
     return provider
+
+
+def _record_all(inner: Any) -> Any:
+    """`inner`'s decisions, DROP turned into RECORD_ONLY: the span records (the door's
+    keeper sees it) but is not sampled (no exporter sends it, and a carried traceparent
+    tells the workers not to sample its children). Unlike the SDK's AlwaysRecordSampler it
+    keeps the span's start attributes, which a dropped decision's result leaves out."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+
+    class RecordAll(Sampler):
+        def should_sample(  # type: ignore[no-untyped-def]
+            self, parent_context, trace_id, name, kind=None, attributes=None, links=None,
+            trace_state=None,
+        ) -> SamplingResult:  # fmt: skip
+            result = inner.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+            if result.decision is not Decision.DROP:
+                return result
+            return SamplingResult(Decision.RECORD_ONLY, attributes, result.trace_state)
+
+        def get_description(self) -> str:
+            return f"RecordAll({inner.get_description()})"
+
+    return RecordAll()
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ async def _serve(config: ServeConfig) -> int:
         limits=controls,
         tracing=cluster.tracing,
         log_requests_json=config.observability.log_requests_json,
+        slow_requests=cluster.slow_requests,
     )
     import uvicorn
 

@@ -60,6 +60,9 @@ class Attempt:
         self.calling = self.decode
         self.tracer = self.path.tracing.tracer
         self.traced = self.span.is_recording()
+        self.carries = self.traced and self.path.tracing.exporting
+        """The workers are sent the trace context only when they export spans too (when
+        only the door keeps its spans, a worker would parse it for nothing)."""
 
     def _left(self) -> float:
         return max(_MIN_WAIT_S, self.deadline - asyncio.get_running_loop().time())
@@ -81,7 +84,7 @@ class Attempt:
 
     def _carried(self, span: trace.Span) -> EngineRequest:
         """The request as sent under `span`: its worker spans are that span's children."""
-        return replace(self.request, trace=carry(span)) if self.traced else self.request
+        return replace(self.request, trace=carry(span)) if self.carries else self.request
 
     async def run(self, ticket: Ticket) -> AsyncIterator[OutputDelta]:
         rid, decode, prefill, stats = (
@@ -126,7 +129,11 @@ class Attempt:
                     ),
                     self._left(),
                 )  # fmt: skip
-                s.set_attribute("baton.blocks_sent", reply.num_blocks_sent)
+                s.set_attributes({
+                    "baton.cached_tokens": reply.num_cached_tokens,
+                    "baton.blocks_sent": reply.num_blocks_sent,
+                    "baton.kv.bytes": reply.num_blocks_sent * prefill.info.kv_bytes_per_block,
+                })  # fmt: skip
             ticket.prefill_done(reply.backlog)
             reused(prefill.worker_id, reply.num_cached_tokens)
             self.calling = decode
@@ -142,7 +149,7 @@ class Attempt:
             with self._step(SpanName.ADMIT, **{"baton.worker": decode.worker_id}) as s:
                 admit = decode.handle.admit.remote(
                     rid, reply.first_token, reply.logprob, self._left(), channel.channel_id,
-                    carry(s) if self.traced else None,
+                    carry(s) if self.carries else None,
                 )  # fmt: skip
                 try:
                     await asyncio.wait_for(admit, self._left())
@@ -205,10 +212,15 @@ class Attempt:
             while True:
                 timeout = self._left()
                 try:
-                    return await asyncio.wait_for(
+                    reservation = await asyncio.wait_for(
                         self.decode.handle.reserve.remote(request, timeout, self.prefill.worker_id),
                         timeout,
                     )
+                    span.set_attributes({
+                        "baton.cached_tokens": reservation.num_cached_tokens,
+                        "baton.blocks": len(reservation.block_ids),
+                    })  # fmt: skip
+                    return reservation
                 except KVCapacityError:
                     if loop.time() + delay >= give_up:
                         raise
@@ -233,8 +245,12 @@ class _DecodeSpans:
 
     def __init__(self, attempt: Attempt, since: float) -> None:
         self.tracer, self.context = attempt.tracer, trace.set_span_in_context(attempt.span)
+        self.worker = {"baton.worker": attempt.decode.worker_id}
         self.span = self.tracer.start_span(
-            SpanName.FIRST_TOKEN, context=self.context, start_time=epoch_ns(since)
+            SpanName.FIRST_TOKEN,
+            context=self.context,
+            start_time=epoch_ns(since),
+            attributes=self.worker,
         )
         self.first, self.num_tokens, self.num_spans, self.from_token = True, 0, 0, 0
 
@@ -245,7 +261,9 @@ class _DecodeSpans:
             self.end()
             self.first = False
             self.num_spans += 1
-            self.span = self.tracer.start_span(SpanName.DECODE, context=self.context)
+            self.span = self.tracer.start_span(
+                SpanName.DECODE, context=self.context, attributes=self.worker
+            )
             self.from_token = self.num_tokens
 
     def end(self) -> None:

@@ -17,6 +17,7 @@ from core.tracing import Tracing
 from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
 from router.frontdoor.metrics import Metrics
+from router.frontdoor.slow_requests import SlowRequests
 from router.routing.index import make_store
 from router.routing.route import Router, RouterConfig
 
@@ -93,6 +94,11 @@ class Cluster:
         """This front door's tracer, for the doors to share with the request path."""
         return self.backend.tracing
 
+    @property
+    def slow_requests(self) -> SlowRequests | None:
+        """This front door's slowest recent requests (`--slow-requests`; None when 0)."""
+        return self.backend.slow_requests
+
     async def close(self, kill_workers: bool = True) -> None:
         self.backend.tracing.shutdown()  # sends what is left
         await self.membership.close()
@@ -159,14 +165,16 @@ async def start_cluster(
     store = make_store("redis", url=spec.redis_url) if spec.redis_url else make_store("memory")
     router = Router(router_config, store=store)
     membership = Membership(controller, router)
+    slow_requests = SlowRequests(spec.tracing.slow_requests) if spec.tracing.slow_requests else None
     backend = RequestPath(
         membership,
         router,
         Tokenizer.from_dir(spec.model_dir),
         os.path.basename(spec.model_dir.rstrip("/")),
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
-        tracing=Tracing(spec.tracing, "baton-router"),
+        tracing=Tracing(spec.tracing, "baton-router", slow_requests),
     )
+    backend.slow_requests = slow_requests
     if spec.autoscale is not None:
         from router.cluster.autoscale.signals import door_report
 

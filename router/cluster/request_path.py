@@ -56,6 +56,7 @@ from router.cluster.worker_channel import WorkerChannel
 from router.frontdoor import door_trace
 from router.frontdoor.backend import GenerateRequest
 from router.frontdoor.metrics import Metrics
+from router.frontdoor.slow_requests import SlowRequests
 from router.routing.route import NoWorkerError, Router
 from router.routing.ticket import Ticket
 
@@ -119,6 +120,8 @@ class RequestPath:
         """Requests queued at this door for a pool (reported to the autoscaler)."""
         self.tracing = tracing or Tracing()
         """This process's tracer (off: no span is made); the door shares it."""
+        self.slow_requests: SlowRequests | None = None
+        """The door's slowest recent requests, kept from this tracer's spans (bringup.py)."""
         self.metrics: Metrics | None = None
         """Set when front doors export metrics (routing decisions, KV transfers)."""
 

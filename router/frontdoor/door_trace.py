@@ -2,11 +2,12 @@
 
 A door (HTTP middleware, gRPC handler) opens a `DoorTrace` for each generate request: the
 root span (`baton.request`, a child of the caller's `traceparent` when one came) and the
-`RequestRecord` the JSON log line prints. It is installed in a context variable for the
+`RequestRecord` the JSON log line prints (and the root span's attributes, which the door's
+slow-request keeper reads: slow_requests.py). It is installed in a context variable for the
 request's duration, so the door's stages (`stage`) and the backend's request path
 (router/cluster/request_path.py, through `current()`) add to it without every call in
-between passing it on. With tracing and the log line both off, no DoorTrace is opened and
-`current()` is None: nothing is recorded.
+between passing it on. With tracing (export and the slow-request keeper) and the log line all
+off, no DoorTrace is opened and `current()` is None: nothing is recorded.
 
 The log line (`--log-requests-json`), one per request when it ends:
 
@@ -100,7 +101,7 @@ def opened(
     )
     door = DoorTrace(tracing.tracer, root)
     door.record.tenant = tenant_of(api_key)
-    door.record.trace_id = trace_id_hex(root)
+    door.record.trace_id = trace_id_hex(root) if tracing.exporting else ""
     token = _CURRENT.set(door)
     try:
         with trace.use_span(root, end_on_exit=False, record_exception=True):

@@ -94,9 +94,14 @@ def served(request):  # type: ignore[no-untyped-def]
     metrics = Metrics()
     cluster.use_metrics(metrics)
     admin = ControllerAdmin(cluster.controller, cluster.membership)
-    app = create_app(cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics)
+    app = create_app(
+        cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics,
+        tracing=cluster.tracing, slow_requests=cluster.slow_requests,
+    )  # fmt: skip
     http = HTTPServerThread(app).start()
-    grpc = GRPCServerThread(cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics)
+    grpc = GRPCServerThread(
+        cluster.backend, admin, admin_token=ADMIN_TOKEN, metrics=metrics, tracing=cluster.tracing
+    )
     grpc.start()
     yield cluster, http, grpc, model_dir
     grpc.stop()

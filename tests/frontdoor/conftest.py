@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from core.config import EngineConfig
+from core.tracing import Tracing, TracingConfig
 from engine.tiny_model import make_tiny_model
 from router.frontdoor.http.app import create_app
 from router.frontdoor.metrics import Metrics
+from router.frontdoor.slow_requests import SlowRequests
 from tests.support.grpc_server import GRPCServerThread
 from tests.support.http_server import HTTPServerThread
 from tests.support.in_process_admin import InProcessAdmin
@@ -66,6 +68,24 @@ def server(
     s = HTTPServerThread(app).start()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def slow_server(
+    backend: LocalBackend, admin: InProcessAdmin
+) -> Iterator[tuple[HTTPServerThread, SlowRequests]]:
+    """The app with its door keeping its slowest requests, no collector: what `baton serve`
+    runs by default (--slow-requests 20)."""
+    keeper = SlowRequests(capacity=5)
+    tracing = Tracing(TracingConfig(), "baton-router", keeper)
+    app = create_app(
+        backend, admin, api_key=API_KEY, admin_token=ADMIN_TOKEN, metrics=Metrics(),
+        tracing=tracing, slow_requests=keeper,
+    )  # fmt: skip
+    s = HTTPServerThread(app).start()
+    yield s, keeper
+    s.stop()
+    tracing.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,15 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 @pytest.mark.parametrize(
-    "path", ["/admin", "/admin/api/state", "/admin/api/stats", "/admin/static/admin.js"]
+    "path",
+    [
+        "/admin",
+        "/admin/api/state",
+        "/admin/api/stats",
+        "/admin/api/slow-requests",
+        "/admin/static/admin.js",
+        "/admin/static/slow_requests.js",
+    ],
 )
 def test_admin_needs_the_token(server: HTTPServerThread, path: str) -> None:
     assert httpx.get(f"{server.url}{path}").status_code == 401

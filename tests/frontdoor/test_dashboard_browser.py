@@ -103,3 +103,45 @@ def test_dashboard_lists_the_autoscalers_last_decisions(  # type: ignore[no-unty
         assert "oldest_wait_s=1.50" in oldest and "ttft_p90_s" not in oldest
     finally:
         admin.autoscale_history = []
+
+
+def test_dashboard_draws_a_slow_requests_timeline(  # type: ignore[no-untyped-def]
+    page, slow_server, backend
+) -> None:
+    server, keeper = slow_server
+    for max_tokens in (3, 30):
+        httpx.post(
+            f"{server.url}/v1/chat/completions",
+            timeout=60,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            json={"model": backend.model_name, "max_tokens": max_tokens, "ignore_eos": True,
+                  "messages": [{"role": "user", "content": "a slow one"}]},
+        ).raise_for_status()  # fmt: skip
+    page.goto(f"{server.url}/admin?token={ADMIN_TOKEN}")
+    page.wait_for_function("document.querySelectorAll('#slow-rows tr.slow').length >= 2")
+    assert page.locator("#slow-rows tr.selected").count() == 1  # the slowest, until one is picked
+    page.locator("#slow-rows tr.slow").nth(1).click()
+    assert "selected" in (page.locator("#slow-rows tr.slow").nth(1).get_attribute("class") or "")
+    timeline = page.locator("#timeline")
+    timeline.wait_for()
+    chosen = next(r for r in keeper.report()["e2e"][1:2])
+    rows = timeline.locator(".span-row")
+    assert rows.count() == len(chosen["spans"])
+    assert rows.first.get_attribute("data-span") == "baton.request"
+    # Bars to scale: the request's bar spans its track; each other bar sits where its span
+    # started, as wide as it lasted.
+    geometry = rows.evaluate_all(
+        """rows => rows.map(r => {
+            const track = r.querySelector('.span-track').getBoundingClientRect();
+            const bar = r.querySelector('.span-bar').getBoundingClientRect();
+            return [(bar.left - track.left) / track.width, bar.width / track.width,
+                    r.querySelector('.span-time').textContent];
+        })"""
+    )
+    total = chosen["e2e_s"]
+    for (left, width, label), span in zip(geometry, chosen["spans"], strict=True):
+        assert abs(left - span["start_s"] / total) < 0.01
+        assert abs(width - span["duration_s"] / total) < 0.01 or width * total < 0.01
+        assert label.endswith(" ms") or label.endswith(" s")
+    page.click("#slow-by-ttft")
+    page.wait_for_function("document.getElementById('slow-by-ttft').classList.contains('on')")

@@ -1,5 +1,6 @@
-"""The observability group: request traces over OTLP and the per-request JSON log line
-(core/tracing.py, router/frontdoor/door_trace.py; docs/observability.md)."""
+"""The observability group: request traces over OTLP, the doors' slow requests and the
+per-request JSON log line (core/tracing.py, router/frontdoor/slow_requests.py,
+router/frontdoor/door_trace.py; docs/observability.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from router.cli.config.knob import default_of, knob
 @dataclass(frozen=True)
 class ObservabilityOptions:
     TITLE: ClassVar[str] = "observability"
-    ABOUT: ClassVar[str] = "request traces (OpenTelemetry, OTLP/gRPC) and request log lines"
+    ABOUT: ClassVar[str] = (
+        "request traces (OpenTelemetry, OTLP/gRPC), slow requests and request log lines"
+    )
 
     otlp_traces_endpoint: str | None = knob(
         None,
@@ -30,6 +33,14 @@ class ObservabilityOptions:
         minimum=0,
         metavar="RATIO",
     )
+    slow_requests: int = knob(
+        default_of(TracingConfig, "slow_requests"),
+        "keep this many of the slowest requests of the last 10 minutes (by TTFT and by "
+        "end-to-end) with their span timeline at each front door, shown on the admin "
+        "dashboard; needs no collector; 0: off",
+        minimum=0,
+        metavar="N",
+    )
     log_requests_json: bool = knob(
         False,
         "log one JSON line per generate request at the door (ids, tenant, tokens, TTFT, "
@@ -37,4 +48,6 @@ class ObservabilityOptions:
     )
 
     def tracing_config(self) -> TracingConfig:
-        return TracingConfig(self.otlp_traces_endpoint, self.otlp_traces_sample_ratio)
+        return TracingConfig(
+            self.otlp_traces_endpoint, self.otlp_traces_sample_ratio, self.slow_requests
+        )

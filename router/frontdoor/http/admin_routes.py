@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
@@ -20,8 +21,15 @@ from router.frontdoor.admin_api import MAX_POOL_SIZE, ClusterAdmin
 from router.frontdoor.http.errors import APIError
 from router.frontdoor.metrics import Metrics
 
+if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which only a keeping door needs
+    from router.frontdoor.slow_requests import SlowRequests
+
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-_ASSETS = {"admin.js": "text/javascript", "admin.css": "text/css"}
+_ASSETS = {
+    "admin.js": "text/javascript",
+    "slow_requests.js": "text/javascript",
+    "admin.css": "text/css",
+}
 COOKIE = "baton_admin"
 
 _LOGIN_PAGE = """<!doctype html><html><head><meta charset="utf-8"><title>Baton admin</title>
@@ -40,7 +48,12 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
-def admin_router(admin: ClusterAdmin | None, token: str, metrics: Metrics) -> APIRouter:
+def admin_router(
+    admin: ClusterAdmin | None,
+    token: str,
+    metrics: Metrics,
+    slow_requests: SlowRequests | None = None,
+) -> APIRouter:
     router = APIRouter(prefix="/admin", include_in_schema=False)
 
     def authorized(request: Request, allow_query: bool = False) -> bool:
@@ -85,6 +98,17 @@ def admin_router(admin: ClusterAdmin | None, token: str, metrics: Metrics) -> AP
     async def stats(request: Request) -> JSONResponse:
         require(request)
         return JSONResponse(metrics.live.snapshot())
+
+    @router.get("/api/slow-requests")
+    async def slow(request: Request) -> JSONResponse:
+        """This door's slowest recent requests by TTFT (`ttft`) and end to end (`e2e`),
+        each with its door-side spans (router/frontdoor/slow_requests.py); `enabled` false
+        with `--slow-requests 0`."""
+        if not authorized(request):
+            raise APIError(401, "admin token required", "invalid_admin_token")
+        if slow_requests is None:
+            return JSONResponse({"enabled": False, "ttft": [], "e2e": []})
+        return JSONResponse({"enabled": True, **slow_requests.report()})
 
     @router.post("/api/pools/{pool}/scale")
     async def scale(pool: str, body: ScaleBody, request: Request) -> JSONResponse:

@@ -8,7 +8,7 @@ import functools
 import hmac
 import logging
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -41,6 +41,9 @@ from router.frontdoor.metrics import Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
 
+if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which only a keeping door needs
+    from router.frontdoor.slow_requests import SlowRequests
+
 logger = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse}
@@ -63,13 +66,16 @@ def create_app(
     limits: DoorLimits | DoorControls | None = None,
     tracing: Tracing | None = None,
     log_requests_json: bool = False,
+    slow_requests: SlowRequests | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
     by default, so no page elsewhere can script it. `limits`: rate limits, quotas, admission
     queue and body size (guard.py); none if None; `DoorControls` to share their state with
     the gRPC door. `tracing`: the request spans' tracer (off when None);
-    `log_requests_json`: one JSON log line per generate request (door_trace.py)."""
+    `log_requests_json`: one JSON log line per generate request (door_trace.py);
+    `slow_requests`: the keeper on `tracing`'s provider that /admin/api/slow-requests reads
+    (slow_requests.py; none: the dashboard says it is off)."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -158,5 +164,5 @@ def create_app(
         body, content_type = metrics.exposition(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
-    app.include_router(admin_router(admin, admin_token, metrics))
+    app.include_router(admin_router(admin, admin_token, metrics, slow_requests))
     return app

@@ -1,5 +1,6 @@
 // Baton admin dashboard: polls the admin JSON endpoints (the HttpOnly cookie set with the
-// page carries the token) and draws pools, workers and three small canvas charts.
+// page carries the token) and draws pools, workers, three small canvas charts and the slow
+// requests (slow_requests.js).
 "use strict";
 
 const POLL_MS = 1000;
@@ -202,7 +203,7 @@ function renderStats(stats) {
 
 async function poll() {
   try {
-    const [state, stats] = await Promise.all([api("state"), api("stats")]);
+    const [state, stats] = await Promise.all([api("state"), api("stats"), refreshSlow()]);
     renderPools(state);
     renderHistory(state);
     renderStats(stats);
