@@ -4,7 +4,10 @@ model, one prefill and one decode worker, a thread each) with tracing off and wi
 receiver in this process; the same fixed workload sent past saturation to each, a fresh
 server per run, the arms alternating (off, on, on, off, ...) so drift falls on both alike.
 
-    python -m bench.observability.tracing_overhead [--pairs 3 --rate 8 --num-requests 120]
+    python -m bench.observability.tracing_overhead [--arms off on] [--pairs 3 --rate 8]
+
+`--arms none off` measures the slow-request keeper alone (`--slow-requests 0` against the
+default).
 
 Prints a table; writes bench/results/observability/tracing_overhead.json with every run.
 """
@@ -27,14 +30,18 @@ from loadgen.run import measure, served_model
 from loadgen.server import ServerProcess
 from tests.support.otlp_receiver import OTLPReceiver
 
-ARMS = ("off", "on")
+ARMS = {
+    "none": ["--slow-requests", "0"],
+    "off": [],
+    "on": ["--otlp-traces-endpoint", "{endpoint}", "--otlp-traces-sample-ratio", "1.0"],
+}
+"""`none`: no span anywhere (the API's no-op tracer); `off`: the default, the door keeping
+its slow requests, nothing exported; `on`: every trace exported."""
 
 
 def _serve_args(model: Path, arm: str, endpoint: str) -> list[str]:
     args = ["--model", str(model), "--prefill", "1", "--decode", "1", "--threads", "1"]
-    if arm == "on":
-        args += ["--otlp-traces-endpoint", endpoint, "--otlp-traces-sample-ratio", "1.0"]
-    return args
+    return args + [a.format(endpoint=endpoint) for a in ARMS[arm]]
 
 
 async def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -48,7 +55,8 @@ async def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--pairs", type=int, default=3, help="rounds of every arm, order alternating")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=["off", "on"])
     p.add_argument("--rate", type=float, default=8.0, help="past the bench model's saturation")
     p.add_argument("--num-requests", type=int, default=120)
     p.add_argument("--duration", type=float, default=40.0)
@@ -66,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     try:
         for pair in range(args.pairs):
-            for arm in ARMS if pair % 2 == 0 else ARMS[::-1]:
+            for arm in args.arms if pair % 2 == 0 else args.arms[::-1]:
                 spans_before = len(receiver.spans)
                 log = LOGS / f"tracing_overhead_{pair}_{arm}.log"
                 with ServerProcess(_serve_args(model, arm, receiver.endpoint), log) as server:
@@ -87,17 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.processor() or platform.machine(),
         "args": {k: v for k, v in vars(args).items() if k != "out"},
         "runs": runs,
-        "median_req_s": {arm: median(arm, "request_throughput") for arm in ARMS},
-        "median_tok_s": {arm: median(arm, "output_tokens_per_s") for arm in ARMS},
+        "median_req_s": {arm: median(arm, "request_throughput") for arm in args.arms},
+        "median_tok_s": {arm: median(arm, "output_tokens_per_s") for arm in args.arms},
     }
-    result["on_over_off"] = result["median_req_s"]["on"] / result["median_req_s"]["off"]
+    base = result["median_req_s"][args.arms[0]]
+    result["over_first_arm"] = {arm: r / base for arm, r in result["median_req_s"].items()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print("| tracing | completed req/s (median) | output tok/s (median) |")
     print("| --- | ---: | ---: |")
-    for arm in ARMS:
+    for arm in args.arms:
         print(f"| {arm} | {result['median_req_s'][arm]:.3f} | {result['median_tok_s'][arm]:.1f} |")
-    print(f"on / off: {result['on_over_off']:.3f}")
+    print(f"over {args.arms[0]}: {result['over_first_arm']}")
     return 0
 
 

@@ -15,6 +15,7 @@ import ray
 from core.config import EngineConfig
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
+from router.frontdoor.metrics import Metrics
 from tests import oracle
 from tests.cluster.conftest import always_disaggregate, make_spec
 from tests.cluster.helpers import collect, poll, prompts
@@ -114,6 +115,7 @@ def test_kill_worker_mid_stream(
     model_dir = tiny_model_dir("llama")
     spec = make_spec(model_dir, num_prefill=num_prefill, num_decode=num_decode)
     cluster = cluster_factory(spec, always_disaggregate())
+    cluster.use_metrics(metrics := Metrics())
     batch = prompts(6, 1000, [30, 70, 120, 45, 90, 200], seed=31)
     with caplog.at_level(logging.WARNING, logger="router.cluster.request_path"):
         streams = run_with_kill(cluster, loop_thread, batch, victim)
@@ -125,3 +127,14 @@ def test_kill_worker_mid_stream(
     p = prompts(1, 1000, [50], seed=32)[0]
     out = loop_thread.run(collect(cluster.backend, "after", p, PARAMS))
     assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), LONG)
+    # The replacement joins under a new id with an empty index entry: no worker is credited
+    # with blocks it does not hold, so no prediction ran ahead of a worker's reuse, retries
+    # and the request after them included (router.routing.accuracy).
+    samples = [s for family in metrics.registry.collect() for s in family.samples]
+    judged = [s for s in samples if s.name == "baton:router_prefix_predicted_blocks_total"]
+    over = [
+        s.labels["worker"] for s in samples
+        if s.name == "baton:router_prefix_mispredictions_total"
+        and s.labels["direction"] == "over" and s.value > 0
+    ]  # fmt: skip
+    assert judged and over == []

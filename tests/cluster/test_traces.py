@@ -1,6 +1,7 @@
 """Request traces through a real local cluster, exported over OTLP/gRPC to a real receiver
 (the collector's TraceService) started here: one disaggregated request over the HTTP door is
-one connected trace whose spans cover its time; an incoming traceparent is honoured; a
+one connected trace whose spans cover its time; an incoming traceparent is honoured (as an
+HTTP header and as gRPC metadata); a
 retry after a worker's death shows; sampling ratio 0 exports nothing; and the JSON log line
 joins the trace."""
 
@@ -177,6 +178,32 @@ def test_an_incoming_traceparent_is_honoured(traced, receiver) -> None:
     chat(base, {"traceparent": f"00-{trace_id}-{parent_id}-01", "tracestate": "k=v"})
     spans = whole_trace(receiver, cluster, trace_id)
     assert root_of(spans).parent_span_id == parent_id
+
+
+def test_a_traceparent_in_grpc_metadata_is_honoured(traced, receiver) -> None:
+    import grpc
+
+    from proto.baton.v1 import generate_pb2_grpc
+    from router.frontdoor.grpc.client import build_request
+    from tests.support.grpc_server import GRPCServerThread
+
+    cluster, _ = traced
+    server = GRPCServerThread(
+        cluster.backend, None, admin_token="t", tracing=cluster.tracing
+    ).start()
+    trace_id, parent_id = "5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8"
+    try:
+        with grpc.insecure_channel(server.target) as channel:
+            stub = generate_pb2_grpc.GenerateServiceStub(channel)
+            request = build_request(MESSAGES, max_tokens=8, temperature=0.0)
+            metadata = (("traceparent", f"00-{trace_id}-{parent_id}-01"),)
+            replies = list(stub.Generate(request, timeout=120, metadata=metadata))
+    finally:
+        server.stop()
+    assert replies[-1].finished
+    spans = whole_trace(receiver, cluster, trace_id)
+    assert root_of(spans).parent_span_id == parent_id
+    assert {SpanName.PREFILL, SpanName.ADMIT, SpanName.KV_TRANSFER} <= {s.name for s in spans}
 
 
 def test_a_malformed_traceparent_starts_a_new_trace(traced, receiver, caplog) -> None:

@@ -16,14 +16,15 @@ const SPAN_KINDS = {
 
 // The attributes worth reading beside a span's name, and how to print them.
 const KiB = (n) => n >= 1 << 20 ? (n / (1 << 20)).toFixed(1) + " MiB" : (n / 1024).toFixed(0) + " KiB";
+const count = (n, noun) => `${n} ${noun}${n === 1 ? "" : "s"}`;
 const SPAN_FACTS = [
   ["baton.attempt", (v) => `try ${v}`],
   ["baton.retry.reason", (v) => `after ${v}`],
   ["baton.route.prefill_worker", (v) => v ? `→ ${v}` : "prefill on decode"],
-  ["baton.route.prefill_cached_blocks", (v) => `${v} cached blocks`],
+  ["baton.route.prefill_cached_blocks", (v) => count(v, "cached block")],
   ["baton.route.reason", (v) => v],
-  ["baton.cached_tokens", (v) => `${v} cached tokens`],
-  ["baton.blocks_sent", (v) => `${v} blocks sent`],
+  ["baton.cached_tokens", (v) => count(v, "cached token")],
+  ["baton.blocks_sent", (v) => `${count(v, "block")} sent`],
   ["baton.kv.bytes", (v) => KiB(v)],
   ["baton.tokens.from", (v, a) => `tokens ${v}–${a["baton.tokens.to"]}`],
   ["baton.finish_reason", (v) => v],
