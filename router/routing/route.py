@@ -353,9 +353,13 @@ class Router:
         """A worker the decision chose reused `reused_tokens` of the prompt: the prediction
         is judged (`on_reuse` hears it), and the worker's index entry resynced when its
         reuse keeps falling short of its own events (router.routing.accuracy)."""
-        r = judge(decision, worker_id, reused_tokens, self._models[decision.model].block_size)
-        with self._lock:
-            resync = not decision.index_degraded and self._accuracy.observe(r)
+        spec = self._models.get(decision.model)
+        if spec is None:  # every worker of the model left meanwhile
+            return
+        r = judge(decision, worker_id, reused_tokens, spec.block_size)
+        with self._lock:  # a worker that left meanwhile is not judged (nor remembered)
+            known = worker_id in self._loads.workers
+            resync = known and not decision.index_degraded and self._accuracy.observe(r)
         if resync:
             self.store.request_resync(decision.model, worker_id)
         if self.on_reuse is not None:
