@@ -103,8 +103,11 @@ def fit_decode(samples: list[Sample]) -> dict[str, float]:
 
 def fit_transfer(samples: list[Sample]) -> dict[str, float]:
     """`transfer_latency_ms` and `transfer_gbps` (1e9 bytes/s) of time = latency + bytes /
-    bandwidth: a profile's transfer keys. Raises ValueError where the time did not grow
-    with the bytes (no bandwidth to fit: measure larger transfers)."""
+    bandwidth: a profile's transfer keys. Least squares of the absolute error, as the other
+    fits: the largest sends, which cost the most time, decide the bandwidth; sends small
+    enough to stay in the CPU's caches run faster than that line, and the fit errs on the
+    pessimistic side for them. Raises ValueError where the time did not grow with the bytes
+    (no bandwidth to fit: measure larger transfers)."""
     fit = _fit(samples, transfer_terms, ("transfer_latency_ms", "ms_per_byte"))
     if fit["ms_per_byte"] <= 0:
         raise ValueError(f"transfer time did not grow with the bytes moved (fit: {fit})")

@@ -31,11 +31,15 @@ def test_a_time_that_does_not_grow_with_the_bytes_is_no_bandwidth() -> None:
         fit_transfer(flat)
 
 
-def test_a_transfer_between_two_processes_over_shm_is_measured() -> None:
+@pytest.mark.parametrize("backend", ["shm", "nixl"])
+def test_a_transfer_between_two_processes_is_measured(backend: str) -> None:
+    from kv_transfer import unavailable_reason
     from planner.transfer import MIN_LARGEST_BYTES, measure_transfer
 
+    if reason := unavailable_reason(backend):
+        pytest.skip(reason)
     layout = KVLayout(num_layers=2, num_blocks=1, block_size=16, num_kv_heads=4, head_dim=64)
-    result = measure_transfer(layout, "test-model", "shm", (1, 4, 16), repeat=2, timeout_s=30)
+    result = measure_transfer(layout, "test-model", backend, (1, 4, 16), repeat=2, timeout_s=30)
     assert result.block_bytes == layout.block_bytes_all_layers
     blocks = {row["blocks"] for row in result.sample_rows()}
     # The counts asked for, and more until one send moves MIN_LARGEST_BYTES.
@@ -44,4 +48,4 @@ def test_a_transfer_between_two_processes_over_shm_is_measured() -> None:
     assert all(s.seconds > 0 for s in result.samples)
     assert math.isfinite(result.gbps) and result.gbps > 0
     assert math.isfinite(result.latency_ms) and result.latency_ms >= 0
-    assert result.source.startswith("measured over shm on ")
+    assert result.source.startswith(f"measured over {backend} on ")
