@@ -154,7 +154,10 @@ class _Pair:
         # Generous: a spawned side imports torch and may build the block copy first.
         if not self.conns[side].poll(self.timeout_s * 4):
             raise TimeoutError(f"transfer side {side} did not answer in {self.timeout_s * 4} s")
-        return self.conns[side].recv()
+        try:
+            return self.conns[side].recv()
+        except EOFError:
+            raise RuntimeError(f"transfer side {side} exited (its error is above)") from None
 
     def call(self, side: int, command: object):  # type: ignore[no-untyped-def]
         self.conns[side].send(command)

@@ -129,3 +129,22 @@ def test_given_transfer_figures_override_the_measured_ones(
         assert samples == [{"blocks": 1, "bytes": 1024, "ms": 1.0}]
     assert (fields["transfer_gbps"], fields["transfer_latency_ms"]) == (gbps, latency)
     assert fields["transfer_source"].startswith(source)
+
+
+def test_a_transfer_that_cannot_be_measured_leaves_the_profile_standing(monkeypatch) -> None:
+    import argparse
+
+    from core.kv_layout import KVLayout
+    from planner import profile as baton_profile
+
+    def fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("transfer side 1 exited")
+
+    monkeypatch.setattr(baton_profile, "measure_transfer", fails)
+    parser = argparse.ArgumentParser()
+    baton_profile.add_profile_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--out", "o", "--transfer-gbps", "3"])
+    layout = KVLayout(num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=8)
+    fields, samples = baton_profile.transfer_fields(args, layout, "m", "cpu")
+    assert samples == [] and fields["transfer_gbps"] == 3 and fields["transfer_latency_ms"] == 0
+    assert fields["transfer_source"].startswith("not measured (transfer side 1 exited)")
