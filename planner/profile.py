@@ -5,12 +5,17 @@
 
 Prefill time against prompt length (with and without a cached prefix) and decode step time
 against batch size and context, each fitted to the performance model (core/perf), with the samples
-behind the fits. The KV transfer rate between hosts is not something one machine can
-measure alone: give it (`--transfer-gbps`, `--transfer-latency-ms`, from
-`bench/transfer/kv_transfer.py` run between two of your hosts) and the profile records it with its
-source. The prefill fit's keys are those the router simulator reads (`python -m
-bench.routing.router_sim --profile`). Run it on the node type the pool will use, with the threads
-(`--threads`) or GPU a worker gets there.
+behind the fits. The KV transfer between workers is measured too (a few seconds;
+`--no-measure-transfer` skips it): two processes with caches of the model's KV layout send
+1 to 256 blocks (more where a model's blocks are small) over the transport a cluster uses
+here (`--transport`: shm for CPU workers on one host, else nixl; both caches in host
+memory), fitted to time = latency + bytes / bandwidth (planner/transfer.py), recorded as
+`transfer_gbps`, `transfer_latency_ms`, `transfer_source` ("measured over shm on <host>") and
+`samples.transfer`. The rate between hosts is not something one machine can measure: give it
+(`--transfer-gbps`, `--transfer-latency-ms`, from `bench/transfer/kv_transfer.py` run between
+two of your hosts) and a given figure overrides the measured one. The prefill fit's keys are
+those the router simulator reads (`python -m bench.routing.router_sim --profile`). Run it on
+the node type the pool will use, with the threads (`--threads`) or GPU a worker gets there.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from core.config import EngineConfig
+from core.kv_layout import KVLayout
+from kv_transfer import unavailable_reason
+from planner.transfer import BLOCK_COUNTS, measure_transfer
 
 
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,8 +48,67 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-steps", type=int, default=8, help="steps timed per decode shape")
     p.add_argument("--repeat", type=int, default=2, help="rounds kept (after a warm-up)")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="default: room for the shapes")
-    p.add_argument("--transfer-gbps", type=float, default=None)
-    p.add_argument("--transfer-latency-ms", type=float, default=None)
+    p.add_argument(
+        "--measure-transfer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time KV sends between two processes here (a few seconds)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("auto", "shm", "nixl", "ucx"),
+        default="auto",
+        help="the backend measured; auto: shm for a CPU engine (workers on one host), else nixl",
+    )
+    p.add_argument("--transfer-blocks", type=int, nargs="+", default=list(BLOCK_COUNTS))
+    p.add_argument("--transfer-gbps", type=float, default=None, help="given: overrides the measure")
+    p.add_argument("--transfer-latency-ms", type=float, default=None, help="given: overrides")
+
+
+def transfer_fields(
+    args: argparse.Namespace, layout: KVLayout, model_id: str, device: str
+) -> tuple[dict[str, Any], list[dict[str, float]]]:
+    """The profile's transfer keys and the samples behind them. Given figures override the
+    measured ones, field by field (between hosts, which one machine cannot measure); with
+    both given nothing is measured."""
+    given = {
+        k: v
+        for k, v in (("transfer_gbps", args.transfer_gbps),
+                     ("transfer_latency_ms", args.transfer_latency_ms))
+        if v is not None
+    }  # fmt: skip
+    fields: dict[str, Any] = {"transfer_gbps": 0.0, "transfer_latency_ms": 0.0}
+    if len(given) == 2 or not args.measure_transfer:
+        fields.update(given)
+        fields["transfer_source"] = (
+            "given (--transfer-gbps / --transfer-latency-ms)"
+            if fields["transfer_gbps"]
+            else "not measured: 0, no transfer between workers is modelled"
+        )
+        return fields, []
+    backend = args.transport
+    if backend == "auto":
+        backend = "shm" if device == "cpu" else "nixl"
+    try:
+        if reason := unavailable_reason(backend):
+            raise RuntimeError(f"{backend} unavailable: {reason}")
+        measured = measure_transfer(layout, model_id, backend, tuple(args.transfer_blocks))
+    except (RuntimeError, TimeoutError, ValueError) as e:  # the engine's figures still stand
+        print(f"baton profile: the KV transfer was not measured: {e}", file=sys.stderr)
+        fields.update(given)
+        fields["transfer_source"] = f"not measured ({e}): 0 unless given"
+        return fields, []
+    fields.update(
+        transfer_gbps=round(measured.gbps, 4),
+        transfer_latency_ms=round(measured.latency_ms, 4),
+    )
+    fields.update(given)
+    fields.update(
+        transfer_source=measured.source + "".join(f"; {k} given" for k in given),
+        transfer_block_bytes=measured.block_bytes,
+        transfer_max_fit_error=round(measured.max_fit_error, 4),
+    )
+    return fields, measured.sample_rows()
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -73,6 +141,9 @@ def run_profile(args: argparse.Namespace) -> int:
         return 1
     decode = pp.measure_decode(engine, args.batches, args.contexts, args.decode_steps, rng)
     mc = engine.model_config
+    transfer, transfer_samples = transfer_fields(
+        args, engine.runner.kv_layout, mc.model_id, engine.runner.device.type
+    )
     profile = {
         "source": (
             f"baton profile: {Path(args.model).name}, {mc.dtype} on {engine.runner.device}, "
@@ -83,12 +154,8 @@ def run_profile(args: argparse.Namespace) -> int:
         **{k: round(v, 6) for k, v in prefill_fit.items()},
         "decode": {k: round(v, 6) for k, v in fit_decode(decode).items()},
         "kv_bytes_per_token": engine.runner.kv_layout.block_bytes_all_layers // config.block_size,
-        # 0: not given (the router simulator then never moves a prefix between workers).
-        "transfer_gbps": args.transfer_gbps or 0.0,
-        "transfer_latency_ms": args.transfer_latency_ms or 0.0,
-        "transfer_source": "given (--transfer-gbps / --transfer-latency-ms)"
-        if args.transfer_gbps
-        else "not given: 0, no transfer between workers is modelled",
+        # transfer_gbps 0: not measured (the plan then moves no KV between workers).
+        **transfer,
         "samples": {
             "prefill": [
                 {"steps": s, "tokens": n, "cached": c, "ms": round(t * 1000, 3)}
@@ -98,6 +165,7 @@ def run_profile(args: argparse.Namespace) -> int:
                 {"batch": b, "context": L, "step_ms": round(t * 1000, 3)}
                 for (b, L), t in ((x.shape, x.seconds) for x in decode)
             ],
+            "transfer": transfer_samples,
         },
         "measured_s": round(time.perf_counter() - started, 1),
     }

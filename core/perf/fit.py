@@ -7,15 +7,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from core.perf.model import decode_terms, prefill_terms
+from core.perf.model import decode_terms, prefill_terms, transfer_terms
 
 
 @dataclass(frozen=True)
 class Sample:
     shape: tuple[int, ...]
-    """prefill: (steps, new tokens, cached tokens); decode: (batch, context)."""
+    """prefill: (steps, new tokens, cached tokens); decode: (batch, context); transfer:
+    (bytes,)."""
     seconds: float
-    """prefill: the prompt's whole prefill; decode: one step."""
+    """prefill: the prompt's whole prefill; decode: one step; transfer: one send to its
+    acknowledgement."""
 
 
 def fastest(samples: list[Sample]) -> list[Sample]:
@@ -97,3 +99,20 @@ def fit_prefill(samples: list[Sample]) -> dict[str, float]:
 def fit_decode(samples: list[Sample]) -> dict[str, float]:
     """`decode_step_ms`, `decode_row_ms`, `decode_ctx_ms`: a profile's decode keys."""
     return _fit(samples, decode_terms, ("decode_step_ms", "decode_row_ms", "decode_ctx_ms"))
+
+
+def fit_transfer(samples: list[Sample]) -> dict[str, float]:
+    """`transfer_latency_ms` and `transfer_gbps` (1e9 bytes/s) of time = latency + bytes /
+    bandwidth: a profile's transfer keys. Least squares of the absolute error, as the other
+    fits: the largest sends, which cost the most time, decide the bandwidth; sends small
+    enough to stay in the CPU's caches run faster than that line, and the fit errs on the
+    pessimistic side for them. Raises ValueError where the time did not grow with the bytes
+    (no bandwidth to fit: measure larger transfers)."""
+    fit = _fit(samples, transfer_terms, ("transfer_latency_ms", "ms_per_byte"))
+    if fit["ms_per_byte"] <= 0:
+        raise ValueError(f"transfer time did not grow with the bytes moved (fit: {fit})")
+    return {
+        "transfer_latency_ms": fit["transfer_latency_ms"],
+        "transfer_gbps": 1e-6 / fit["ms_per_byte"],  # bytes per ms / 1e6 = GB/s
+        "max_fit_error": fit["max_fit_error"],
+    }

@@ -37,6 +37,10 @@ def decode_terms(batch: int, context: float) -> tuple[float, float, float]:
     return 1.0, float(batch), batch * context / KILO
 
 
+def transfer_terms(nbytes: int) -> tuple[float, float]:
+    return (1.0, float(nbytes))
+
+
 def _dot(coeffs: tuple[float, ...], terms: tuple[float, ...]) -> float:
     return sum(c * x for c, x in zip(coeffs, terms, strict=True))
 

@@ -37,7 +37,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "loadgen": {"core", "engine", "proto", "router.frontdoor"},
     # `baton profile` measures an engine; `baton plan` replays loadgen's workloads through
     # the real router and the prefill gate's order (router.cluster.prefill_gate).
-    "planner": {"core", "engine", "loadgen", "router.routing", "router.cluster"},
+    # It measures the KV transfer between two worker-like processes with kv_transfer.
+    "planner": {"core", "engine", "kv_transfer", "loadgen", "router.routing", "router.cluster"},
 }  # fmt: skip
 """Package -> the other product packages it may import (docs/architecture.md, "Packages")."""
 

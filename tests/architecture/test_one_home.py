@@ -14,7 +14,8 @@ RANK_CALLS = {"all", "first", "each", "call_all", "call_first", "call_each", "ca
 RANK_PACKAGES = ("worker", "prefill_worker", "decode_worker", "engine")
 MODEL_FUNCTIONS = {
     "least_squares", "prefill_terms", "decode_terms", "attention_pairs", "attention_area",
-    "num_prefill_steps", "fit_prefill", "fit_decode", "_compute_s",
+    "num_prefill_steps", "fit_prefill", "fit_decode", "_compute_s", "transfer_terms",
+    "fit_transfer",
 }  # fmt: skip
 """The performance model's formulas and fit: defined in core/perf and nowhere else."""
 

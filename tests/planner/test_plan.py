@@ -178,3 +178,28 @@ def test_plan_picks_the_smallest_split_that_meets_the_targets(tmp_path) -> None:
     assert pick["goodput"] >= best - 0.01
     # ~270 ms of prefill per request at 6 req/s needs two prefill workers at least.
     assert pick["prefill"] >= 2 and pick["prefill"] + pick["decode"] <= 4
+
+
+def test_a_measured_transfer_feeds_the_plan(tmp_path) -> None:
+    from core.perf import WorkerProfile
+
+    fields = {"step_ms": 10.0, "token_ms": 1.0, "chunk_tokens": 4096,
+              "decode": {"decode_step_ms": 5.0, "decode_row_ms": 1.0, "decode_ctx_ms": 0.0},
+              "kv_bytes_per_token": 100_000}  # fmt: skip
+    # As `baton profile` writes a measured transfer (planner/profile.py transfer_fields).
+    measured = {"transfer_gbps": 0.05, "transfer_latency_ms": 40.0,
+                "transfer_source": "measured over shm on h"}  # fmt: skip
+    results = {}
+    for name, extra in (("none", {}), ("measured", measured)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({**fields, **extra}))
+        args = baton_plan.build_arg_parser(argparse.ArgumentParser()).parse_args([
+            "--profile", str(path), "--prefill", "1", "--decode", "1", "--workload", "fixed",
+            "--input-len", "256", "--output-len", "16", "--rate", "1", "--num-requests", "10",
+        ])  # fmt: skip
+        results[name] = baton_plan.plan(args)["runs"][0]
+    loaded = WorkerProfile.load(tmp_path / "measured.json")
+    assert loaded.can_transfer
+    # 256 tokens x 100 kB at 0.05 GB/s: 512 ms after 40 ms of latency.
+    assert loaded.transfer_ms(256) == pytest.approx(40.0 + 512.0)
+    assert results["measured"]["ttft_p50_ms"] > results["none"]["ttft_p50_ms"] + 500

@@ -52,7 +52,15 @@ def test_baton_profile_measures_the_engine_and_writes_a_profile(tiny_model_dir, 
     # Fitted costs are never negative (a loaded machine can make a term's best fit 0).
     assert min(profile[k] for k in ("step_ms", "token_ms", "attn_ms")) >= 0
     assert min(profile["decode"].values()) >= 0
-    assert profile["kv_bytes_per_token"] > 0 and profile["transfer_gbps"] == 0.0
+    assert profile["kv_bytes_per_token"] > 0
+    # The KV transfer, measured over shm between two processes with the model's blocks.
+    assert profile["transfer_gbps"] > 0 and profile["transfer_latency_ms"] >= 0
+    assert profile["transfer_source"].startswith("measured over shm on ")
+    assert profile["transfer_block_bytes"] == 16 * profile["kv_bytes_per_token"]
+    transfer = profile["samples"]["transfer"]
+    assert {1, 4, 16, 64, 256} <= {s["blocks"] for s in transfer}
+    assert all(s["ms"] > 0 and s["bytes"] == s["blocks"] * 16 * profile["kv_bytes_per_token"]
+               for s in transfer)  # fmt: skip
     # The router simulator reads it as is.
     from core.perf import WorkerProfile
 
@@ -75,3 +83,68 @@ def test_decode_shapes_whose_prefill_spans_many_steps_are_measured(tiny_model_di
     assert {(s["batch"], s["context"]) for s in decode} == {
         (b, c) for b in (1, 8) for c in (32, 96)
     }
+
+
+def _measured(*args, **kwargs):  # type: ignore[no-untyped-def]
+    from core.perf.fit import Sample
+    from planner.transfer import TransferProfile
+
+    _measured.calls.append(args)
+    return TransferProfile("shm", "h", 1024, [Sample((1024,), 1e-3)], 0.2, 5.0, 0.01)
+
+
+@pytest.mark.parametrize(
+    ("flags", "measures", "gbps", "latency", "source"),
+    [
+        ([], True, 5.0, 0.2, "measured over shm on h"),
+        (
+            ["--transfer-gbps", "12.5"],
+            True,
+            12.5,
+            0.2,
+            "measured over shm on h; transfer_gbps given",
+        ),
+        (["--transfer-gbps", "12.5", "--transfer-latency-ms", "0.05"], False, 12.5, 0.05, "given"),
+        (["--no-measure-transfer"], False, 0.0, 0.0, "not measured"),
+    ],
+)
+def test_given_transfer_figures_override_the_measured_ones(
+    monkeypatch, flags, measures, gbps, latency, source
+) -> None:
+    import argparse
+
+    from core.kv_layout import KVLayout
+    from planner import profile as baton_profile
+
+    _measured.calls = []
+    monkeypatch.setattr(baton_profile, "measure_transfer", _measured)
+    parser = argparse.ArgumentParser()
+    baton_profile.add_profile_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--out", "o", *flags])
+    layout = KVLayout(num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=8)
+    fields, samples = baton_profile.transfer_fields(args, layout, "m", "cpu")
+    assert bool(_measured.calls) == measures
+    if measures:
+        assert _measured.calls[0][2] == "shm"  # a CPU engine: its workers share a host
+        assert samples == [{"blocks": 1, "bytes": 1024, "ms": 1.0}]
+    assert (fields["transfer_gbps"], fields["transfer_latency_ms"]) == (gbps, latency)
+    assert fields["transfer_source"].startswith(source)
+
+
+def test_a_transfer_that_cannot_be_measured_leaves_the_profile_standing(monkeypatch) -> None:
+    import argparse
+
+    from core.kv_layout import KVLayout
+    from planner import profile as baton_profile
+
+    def fails(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("transfer side 1 exited")
+
+    monkeypatch.setattr(baton_profile, "measure_transfer", fails)
+    parser = argparse.ArgumentParser()
+    baton_profile.add_profile_arguments(parser)
+    args = parser.parse_args(["--model", "m", "--out", "o", "--transfer-gbps", "3"])
+    layout = KVLayout(num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=8)
+    fields, samples = baton_profile.transfer_fields(args, layout, "m", "cpu")
+    assert samples == [] and fields["transfer_gbps"] == 3 and fields["transfer_latency_ms"] == 0
+    assert fields["transfer_source"].startswith("not measured (transfer side 1 exited)")

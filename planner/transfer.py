@@ -1,0 +1,215 @@
+"""How fast KV moves between two workers on this host: the measurement behind `baton
+profile`'s transfer figures.
+
+Two processes (spawned, as a cluster starts its workers), each holding a cache of the
+profiled model's KV layout in shared memory as the engine allocates it on CPU, connected by
+the project's transport (kv_transfer) over the backend named: `shm` is what a cluster's
+workers on one host use, `nixl` / `ucx` what they use between hosts (measured here over
+loopback). The receiver reserves blocks (`expect`) as a decode worker does; for each block
+count the sender times one `send` of that many contiguous blocks, every layer at once, to its
+acknowledgement (the receiver pulled them), `repeat` times after a warm-up; the receiver then
+confirms every transfer landed. The fastest send of each size is fitted to time = latency +
+bytes / bandwidth (core/perf `fit_transfer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import platform
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+
+from core.kv_layout import KVLayout
+from core.perf.fit import Sample, fit_transfer
+
+BLOCK_COUNTS = (1, 4, 16, 64, 256)
+MIN_LARGEST_BYTES = 32 << 20
+"""The largest send moves at least this much (more blocks where a model's are small): the
+bandwidth term must outgrow the latency's noise for the fit to separate them."""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Receiver: reserve `block_ids` for each request."""
+
+    request_ids: tuple[str, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Send:
+    """Sender: send `block_ids` (every layer) once per request, one at a time; answers the
+    seconds each took to its acknowledgement."""
+
+    request_ids: tuple[str, ...]
+    block_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Landed:
+    """Receiver: answers whether every request's KV landed (RECV ok)."""
+
+    request_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Either side: close the transport and exit."""
+
+
+@dataclass(frozen=True)
+class TransferProfile:
+    """The measured transfer: the fit and the samples behind it."""
+
+    backend: str
+    host: str
+    block_bytes: int
+    """One block of every layer: what a request's block costs to move."""
+    samples: list[Sample]
+    """shape (bytes,), seconds: one send to its acknowledgement."""
+    latency_ms: float
+    gbps: float
+    max_fit_error: float
+
+    @property
+    def source(self) -> str:
+        return f"measured over {self.backend} on {self.host}"
+
+    def sample_rows(self) -> list[dict[str, float]]:
+        return [
+            {"blocks": s.shape[0] // self.block_bytes, "bytes": s.shape[0],
+             "ms": round(s.seconds * 1000, 4)}
+            for s in self.samples
+        ]  # fmt: skip
+
+
+def _side(
+    conn: Connection, backend: str, layout: KVLayout, model_id: str, timeout_s: float
+) -> None:
+    """One worker-like process: a transport over its own cache, answering commands on
+    `conn` until Stop."""
+    import time
+
+    import torch
+
+    from engine import cpu_kernels
+    from engine.kv_cache.tensor import allocate_kv_cache
+    from kv_transfer import Role, create_transport
+
+    torch.set_num_threads(1)
+    kv = allocate_kv_cache(layout, torch.device("cpu"))
+    kv.view(torch.uint8).fill_(1)  # every page touched, as a served cache's are
+    transport = create_transport(
+        kv, layout, model_id, backend=backend, loopback=True,
+        block_copy=cpu_kernels.load("copy_blocks"),
+    )  # fmt: skip
+    layers = list(range(layout.num_layers))
+    try:
+        conn.send(transport.local_metadata())
+        peer = transport.add_peer(conn.recv())
+        while not isinstance(command := conn.recv(), Stop):
+            if isinstance(command, Expect):
+                for rid in command.request_ids:
+                    transport.expect(rid, command.block_ids, layout.num_layers, timeout_s)
+                conn.send(None)
+            elif isinstance(command, Send):
+                times = []
+                for rid in command.request_ids:
+                    ids = command.block_ids
+                    start = time.perf_counter()
+                    transport.send(rid, ids, peer, ids, layers, timeout_s).wait(timeout_s)
+                    times.append(time.perf_counter() - start)
+                    if not transport.wait(rid, Role.SEND, timeout_s).ok:
+                        raise RuntimeError(f"send {rid} failed")
+                conn.send(times)
+            elif isinstance(command, Landed):
+                results = [transport.wait(r, Role.RECV, timeout_s) for r in command.request_ids]
+                conn.send(all(r.ok for r in results))
+    finally:
+        transport.close()
+
+
+class _Pair:
+    """A sender (0) and a receiver (1), each a spawned `_side`, connected to each other."""
+
+    def __init__(self, backend: str, layout: KVLayout, model_id: str, timeout_s: float) -> None:
+        ctx = mp.get_context("spawn")
+        self.timeout_s = timeout_s
+        self.conns: list[Connection] = []
+        self.procs = []
+        for _ in range(2):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_side, args=(child, backend, layout, model_id, timeout_s), daemon=True
+            )
+            proc.start()
+            self.conns.append(parent)
+            self.procs.append(proc)
+        sender, receiver = (self._recv(side) for side in (0, 1))
+        self.conns[0].send(receiver)
+        self.conns[1].send(sender)
+
+    def _recv(self, side: int):  # type: ignore[no-untyped-def]
+        # Generous: a spawned side imports torch and may build the block copy first.
+        if not self.conns[side].poll(self.timeout_s * 4):
+            raise TimeoutError(f"transfer side {side} did not answer in {self.timeout_s * 4} s")
+        try:
+            return self.conns[side].recv()
+        except EOFError:
+            raise RuntimeError(f"transfer side {side} exited (its error is above)") from None
+
+    def call(self, side: int, command: object):  # type: ignore[no-untyped-def]
+        self.conns[side].send(command)
+        return self._recv(side)
+
+    def close(self) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):  # that side already ended
+                conn.send(Stop())
+        for proc in self.procs:
+            proc.join(self.timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(self.timeout_s)
+
+
+def measure_transfer(
+    layout: KVLayout,
+    model_id: str,
+    backend: str = "shm",
+    block_counts: tuple[int, ...] = BLOCK_COUNTS,
+    repeat: int = 5,
+    timeout_s: float = 30.0,
+) -> TransferProfile:
+    """Send each of `block_counts` blocks of `layout` (its block count is replaced by what
+    the largest send needs) `repeat` times between two processes over `backend`, and fit.
+    Counts four times the largest are added until one send moves MIN_LARGEST_BYTES."""
+    block_bytes = layout.block_bytes_all_layers
+    counts = sorted(set(block_counts))
+    while counts[-1] * block_bytes < MIN_LARGEST_BYTES:
+        counts.append(counts[-1] * 4)
+    layout = replace(layout, num_blocks=counts[-1])
+    samples: list[Sample] = []
+    pair = _Pair(backend, layout, model_id, timeout_s)
+    try:
+        for n in counts:
+            ids = tuple(range(n))
+            rids = tuple(f"measure-{n}-{i}" for i in range(repeat + 1))
+            pair.call(1, Expect(rids, ids))
+            times = pair.call(0, Send(rids, ids))[1:]  # the first one warms up
+            if not pair.call(1, Landed(rids)):
+                raise RuntimeError(f"a transfer of {n} blocks did not land")
+            samples += [Sample((n * block_bytes,), t) for t in times]
+    finally:
+        pair.close()
+    fit = fit_transfer(samples)
+    return TransferProfile(
+        backend=backend,
+        host=platform.node() or "this host",
+        block_bytes=block_bytes,
+        samples=samples,
+        latency_ms=fit["transfer_latency_ms"],
+        gbps=fit["transfer_gbps"],
+        max_fit_error=fit["max_fit_error"],
+    )
