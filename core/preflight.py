@@ -63,9 +63,9 @@ WHY: dict[str, str] = {
     "rope_theta": "keys are stored rotated by rope: both sides must rotate them alike",
     "rope_scaling": "keys are stored rotated by rope: both sides must scale rope alike",
     "adapters": _MEANING + "adapters: KV computed under an adapter belongs to it",
-    "block_size": _UNMAPPED + "one block size onto another (blocks are not re-cut)",
-    "kv_cache_dtype": _UNMAPPED + "one KV cache dtype onto another (nothing re-quantizes)",
-    "tp_size": _UNMAPPED + "one TP size onto another (rank r sends to rank r only)",
+    "block_size": _UNMAPPED + "one block size onto another: blocks are not re-cut",
+    "kv_cache_dtype": _UNMAPPED + "one KV cache dtype onto another: nothing re-quantizes",
+    "tp_size": _UNMAPPED + "one TP size onto another: rank r sends to rank r only",
 }
 """Why each field must match; every field of WorkerFacts has its line (a test checks)."""
 
