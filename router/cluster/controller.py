@@ -146,6 +146,10 @@ class Controller:
     def get_spec(self) -> ClusterSpec:
         return self.spec
 
+    def get_refused(self) -> dict[str, str]:
+        """pool -> why the preflight refused its worker (core/preflight.py)."""
+        return dict(self.refused)
+
     def get_desired(self) -> dict[str, int]:
         return dict(self.desired)
 

@@ -24,15 +24,16 @@ REFUSED_WITHIN_S = 120.0
 """Both tiny workers load in seconds; a request would wait minutes before timing out."""
 
 
-async def _members_then_stop(name: str) -> list:
-    """The controller's members, then the controller and its workers stopped."""
+async def _members_then_stop(name: str) -> tuple[list, dict[str, str]]:
+    """The controller's members and refusals, then the controller and its workers stopped."""
     import ray
 
     controller = ray.get_actor(name)
     _, members = await controller.get_members.remote()
+    refused = await controller.get_refused.remote()
     await controller.shutdown.remote()
     ray.kill(controller, no_restart=True)
-    return members
+    return members, refused
 
 
 @pytest.mark.parametrize(
@@ -56,7 +57,7 @@ def test_an_unlike_decode_pool_is_refused_at_start_up_naming_the_field(
         with pytest.raises(RuntimeError) as refused:
             cluster_factory(spec, always_disaggregate(), name=name)
     finally:
-        members = loop_thread.run(_members_then_stop(name), timeout=60)
+        members, refused_pools = loop_thread.run(_members_then_stop(name), timeout=60)
     assert time.monotonic() - started < REFUSED_WITHIN_S
     message = str(refused.value)
     assert message.startswith("the preflight refuses worker ")
@@ -66,6 +67,8 @@ def test_an_unlike_decode_pool_is_refused_at_start_up_naming_the_field(
     assert [m.state for m in members] == ["ready"]
     refused_id = message.split()[4].rstrip(":")
     assert refused_id not in {m.worker_id for m in members}
+    # The controller keeps why (the admin API's cluster state says it), and that pool only.
+    assert refused_pools == {refused_id.split("-")[0]: message}
 
 
 def test_pools_that_differ_where_the_kv_does_not_care_start_and_serve(
