@@ -156,6 +156,8 @@ class Controller:
     async def scale(self, pool: str, size: int) -> dict[str, int]:
         if pool not in self.desired:
             raise ValueError(f"unknown pool {pool!r}; pools: {sorted(self.desired)}")
+        if pool in self.refused:  # its workers would be refused again
+            raise ValueError(f"pool {pool} is not started: {self.refused[pool]}")
         smallest = _min_size(pool)
         if not smallest <= size <= 64:
             raise ValueError(f"pool {pool} size must be in [{smallest}, 64]")

@@ -29,10 +29,15 @@ async def _members_then_stop(name: str) -> tuple[list, dict[str, str]]:
     import ray
 
     controller = ray.get_actor(name)
-    _, members = await controller.get_members.remote()
-    refused = await controller.get_refused.remote()
-    await controller.shutdown.remote()
-    ray.kill(controller, no_restart=True)
+    try:
+        _, members = await controller.get_members.remote()
+        refused = await controller.get_refused.remote()
+        for pool in refused:  # scaling a refused pool is refused too, saying why
+            with pytest.raises(ValueError, match=f"pool {pool} is not started: the preflight"):
+                await controller.scale.remote(pool, 2)
+    finally:
+        await controller.shutdown.remote()
+        ray.kill(controller, no_restart=True)
     return members, refused
 
 
