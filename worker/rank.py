@@ -34,6 +34,7 @@ from engine import cpu_kernels
 from engine.engine import LLMEngine, Reservation
 from engine.parallel import SINGLE, TPGroup
 from kv_transfer import TransferResult, UnknownPeerError, create_transport
+from worker.facts import worker_facts
 from worker.records import WorkerInfo, WorkerSpec
 from worker.threads import bind_team, pin_threads, raise_team_priority
 
@@ -126,6 +127,7 @@ class WorkerRank:
             transport_metadata=transport_metadata,
             pid=pid,
             tp=spec.tp,
+            facts=worker_facts(spec.model_dir, e, spec.tp),
         )
 
     def report_state(self) -> tuple[KVEventBatch | None, WorkerLoad]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.events import KVEventBatch, WorkerLoad
+from core.preflight import WorkerFacts
 from core.roles import WorkerRole
 from core.tracing import TracingConfig
 
@@ -54,6 +55,9 @@ class WorkerInfo:
     """worker.group.GroupMetadata: one transport handshake per rank."""
     pid: int
     tp: int = 1
+    facts: WorkerFacts | None = None
+    """What its KV handoff depends on, for the controller's preflight (core/preflight.py);
+    every worker sends them (None only in test doubles of a worker)."""
 
 
 @dataclass(frozen=True)

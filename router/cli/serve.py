@@ -88,11 +88,12 @@ async def _serve(config: ServeConfig) -> int:
     else:
         pools = ", ".join(f"{n} {p}" for p, n in spec.initial_pools().items())
         logger.info("bringing up the pools (%s) for %s", pools, spec.model_dir)
-    cluster = await start_cluster(
-        spec,
-        config.routing.router_config(),
-        attach=cluster_options.attach,
-    )
+    try:
+        cluster = await start_cluster(
+            spec, config.routing.router_config(), attach=cluster_options.attach
+        )
+    except RuntimeError as e:  # the pools did not come up, or the preflight refused a worker
+        raise SystemExit(f"baton serve: {e}") from None
     metrics = Metrics()
     cluster.use_metrics(metrics)
     admin = ControllerAdmin(cluster.controller, cluster.membership)

@@ -25,6 +25,9 @@ class ControllerAdmin:
         status = await bounded(
             self.controller.autoscale_status.remote(), CONTROL_CALL_S, "the controller (autoscale)"
         )
+        refused = await bounded(
+            self.controller.get_refused.remote(), CONTROL_CALL_S, "the controller (refused)"
+        )
         decided = {d["pool"]: d for d in status["latest"]} if status else {}
         loads = self.membership.loads
         pools = []
@@ -35,7 +38,8 @@ class ControllerAdmin:
                 if m.role == pool
             )
             pools.append(PoolInfo(pool, size, workers, decided.get(pool)))
-        return ClusterState(tuple(pools), tuple(status["history"]) if status else ())
+        history = tuple(status["history"]) if status else ()
+        return ClusterState(tuple(pools), history, tuple(refused.values()))
 
     async def _desired(self) -> dict[str, int]:
         return await bounded(

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import secrets
 import time
@@ -33,14 +32,15 @@ from typing import Any
 import ray
 
 from core.errors import error_message
+from core.preflight import PreflightError, check_joining
 from core.roles import WorkerRole
 from router.cluster.deadlines import CONTROL_CALL_S, bounded
+from router.cluster.pool_sizes import SavedPoolSizes
 from router.cluster.spec import ClusterSpec
 
 logger = logging.getLogger(__name__)
 
 CONTROLLER_NAME = "baton-controller"
-_REDIS_KEY = "baton:controller:pools"
 
 
 @dataclass(frozen=True)
@@ -68,14 +68,16 @@ class Controller:
         self.version = 0
         self.last_start_failure = ""
         """Why the last worker that failed to start did (said when the pools never come up)."""
+        self.refused: dict[str, str] = {}
+        """pool -> why the preflight refused its worker; not started again (same facts)."""
         self._ids = itertools.count()
         self.incarnation = secrets.token_hex(2)
         self._id_prefix = f"{self.incarnation}-" if _restarted() else ""
         """Worker ids of a first controller are `prefill-0`...; a restarted one's carry
         its incarnation, so none repeats a dead worker's."""
-        self._redis = None
-        if spec.redis_url:
-            self._load_desired_from_redis()
+        self._saved = SavedPoolSizes(spec.redis_url) if spec.redis_url else None
+        if self._saved is not None:
+            self.desired = self._saved.restore(self.desired)
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
         self.autoscale = None
@@ -90,30 +92,9 @@ class Controller:
         to a task, so one nobody holds may be collected before it finishes (the likely cause
         of a scale-up that never started its worker, seen once in the suite)."""
 
-    # -- persistence -------------------------------------------------------------------------
-    def _load_desired_from_redis(self) -> None:
-        import redis
-
-        try:
-            self._redis = redis.Redis.from_url(self.spec.redis_url, socket_timeout=2.0)
-            saved = self._redis.get(_REDIS_KEY)
-        except Exception as e:  # Redis down: start from the spec, say so
-            logger.warning("controller: Redis unavailable (%s); using the pool sizes given", e)
-            return
-        if saved:
-            loaded = json.loads(saved)
-            if set(loaded) == set(self.desired):
-                logger.info("controller: restored pool sizes %s from Redis", loaded)
-                self.desired = {k: int(v) for k, v in loaded.items()}
-        self._save_desired()
-
     def _save_desired(self) -> None:
-        if self._redis is None:
-            return
-        try:
-            self._redis.set(_REDIS_KEY, json.dumps(self.desired))
-        except Exception as e:
-            logger.warning("controller: could not save pool sizes to Redis: %s", e)
+        if self._saved is not None:
+            self._saved.save(self.desired)
 
     # -- public API (actor methods) ----------------------------------------------------------
     async def start(self) -> None:
@@ -128,6 +109,8 @@ class Controller:
         await self.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            if self.refused:
+                return "; ".join(self.refused.values())
             if all(self._count(pool, ("ready",)) >= n for pool, n in self.desired.items()):
                 return None
             await asyncio.sleep(0.2)
@@ -163,12 +146,18 @@ class Controller:
     def get_spec(self) -> ClusterSpec:
         return self.spec
 
+    def get_refused(self) -> dict[str, str]:
+        """pool -> why the preflight refused its worker (core/preflight.py)."""
+        return dict(self.refused)
+
     def get_desired(self) -> dict[str, int]:
         return dict(self.desired)
 
     async def scale(self, pool: str, size: int) -> dict[str, int]:
         if pool not in self.desired:
             raise ValueError(f"unknown pool {pool!r}; pools: {sorted(self.desired)}")
+        if pool in self.refused:  # its workers would be refused again
+            raise ValueError(f"pool {pool} is not started: {self.refused[pool]}")
         smallest = _min_size(pool)
         if not smallest <= size <= 64:
             raise ValueError(f"pool {pool} size must be in [{smallest}, 64]")
@@ -223,6 +212,8 @@ class Controller:
             await self._health_check()
             starts = []
             for pool, want in self.desired.items():
+                if pool in self.refused:
+                    continue
                 have = self._count(pool, ("starting", "ready"))
                 for _ in range(want - have):
                     starts.append(self._start_worker(pool))
@@ -275,14 +266,17 @@ class Controller:
                 raise TimeoutError(
                     f"not up within {spec.worker_start_timeout_s:.0f} s (is {launched.asked}?)"
                 ) from None
+            self._preflight(member, info)  # then record it: no await between the two
             # Record the info before connecting: a peer that comes up concurrently then
             # sees it and connects both ways itself (add_peer is idempotent).
             member = replace(member, info=info)
             self.members[worker_id] = member
             await self._connect_peers(member, info)
         except Exception as e:
-            why = str(e) if isinstance(e, TimeoutError) else error_message(e)
+            why = str(e) if isinstance(e, TimeoutError | PreflightError) else error_message(e)
             logger.error("controller: worker %s failed to start: %s", worker_id, why)
+            if isinstance(e, PreflightError):
+                self.refused[pool] = why
             self.last_start_failure = f"{worker_id}: {why}"
             self._kill(member)
             self.members.pop(worker_id, None)
@@ -297,6 +291,12 @@ class Controller:
                 info.transport_backend,
                 info.num_kv_blocks,
             )
+
+    def _preflight(self, member: Member, info: Any) -> None:
+        """PreflightError when the worker cannot pair with one already up (the first first)."""
+        up = sorted((m for m in self.members.values() if m.info), key=lambda m: m.started_at)
+        others = [(m.worker_id, m.role, m.info.facts) for m in up if m is not member]
+        check_joining(member.worker_id, member.role, info.facts, others)
 
     async def _connect_peers(self, member: Member, info: Any) -> None:
         """Prefill workers talk to decode workers (and back, for acknowledgements), and to

@@ -57,7 +57,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         worker_id=worker_id,
         role=WorkerRole.parse(pool),
         model_dir=spec.model_dir,
-        engine=replace(spec.engine, device=spec.device),
+        engine=replace(spec.engine_of(pool), device=spec.device),
         transport=spec.transport,
         num_threads=spec.num_threads,
         engine_nice=spec.engine_nice,

@@ -18,6 +18,11 @@ class ClusterSpec:
     num_prefill: int = 1
     num_decode: int = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
+    prefill_engine: EngineConfig | None = None
+    decode_engine: EngineConfig | None = None
+    """A pool's own engine configuration (None: `engine`). The preflight refuses a worker
+    whose KV the other pool cannot take (core/preflight.py): block size, KV cache dtype and
+    the model's facts must be the same on both sides."""
     transport: str = "auto"
     num_threads: int = 1
     engine_nice: int | None = None
@@ -68,6 +73,12 @@ class ClusterSpec:
         """The tensor-parallel size of a pool's workers."""
         own = {WorkerRole.PREFILL: self.prefill_tp, WorkerRole.DECODE: self.decode_tp}.get(pool)
         return own if own is not None else self.tp
+
+    def engine_of(self, pool: str) -> EngineConfig:
+        """The engine configuration of a pool's workers."""
+        own = {WorkerRole.PREFILL: self.prefill_engine, WorkerRole.DECODE: self.decode_engine}
+        engine = own.get(WorkerRole.parse(pool))
+        return engine if engine is not None else self.engine
 
     def initial_pools(self) -> dict[WorkerRole, int]:
         if self.mode == "unified":

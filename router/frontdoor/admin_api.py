@@ -82,6 +82,9 @@ class ClusterState:
     autoscale_history: tuple[dict[str, Any], ...] = ()
     """The autoscaler's last decisions that changed a pool, oldest first (each as
     `PoolInfo.autoscale`); empty when autoscaling is off."""
+    refused: tuple[str, ...] = ()
+    """Why the preflight refused a worker, one line per pool it refused (core/preflight.py):
+    that pool is not started again until the cluster is restarted with matching settings."""
 
     def pool(self, name: str) -> PoolInfo | None:
         return next((p for p in self.pools if p.name == name), None)
