@@ -104,7 +104,7 @@ class PrefillWorker(WorkerBase):
             if span.is_recording():
                 timings = reply.output.timings
                 uncached = len(request.prompt_token_ids) - reply.num_cached_tokens
-                chunks = -(-uncached // self.engine_config(self.spec).max_num_batched_tokens)
+                chunks = -(-uncached // self.config.max_num_batched_tokens)
                 prefill_spans(self.tracing, span, timings, max(1, chunks))
                 span.set_attributes({
                     "baton.cached_tokens": reply.num_cached_tokens,

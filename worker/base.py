@@ -59,7 +59,8 @@ class WorkerBase:
         self.tracing = Tracing(spec.tracing, f"baton-{spec.role}")
         """This worker's own exporter (core/tracing.py says why each process has one)."""
         start = time.monotonic()
-        config = self.engine_config(spec)
+        self.config = config = self.engine_config(spec)
+        """The engine's configuration, as this worker's role sets it."""
         # Built on the engine thread, which steps it (faster on CPU: see AsyncEngine).
         self.engine = AsyncEngine(lambda: self._start_ranks(spec, config, placement))  # type: ignore[arg-type,return-value]
         self.group: RankGroup = self.engine.engine  # type: ignore[assignment]
