@@ -174,7 +174,7 @@ def _vocab_high(model_dir: Path) -> int:
     return int(vocab)
 
 
-async def _warm_up(url: str, model: str, args: argparse.Namespace) -> None:
+async def warm_up(url: str, model: str, args: argparse.Namespace) -> None:
     """Two short requests with tokens no workload uses, so first-call costs (allocations,
     connection set-up) stay out of the first rate's numbers without warming any prefix."""
     space = wl.TokenSpace(args.token_range[0], args.token_range[0] + 1)
@@ -209,7 +209,7 @@ async def _run_config(
             flush=True,
         )
         model = await served_model(server.url)
-        await _warm_up(server.url, model, args)
+        await warm_up(server.url, model, args)
         if exp.warm_tenants:
             await _warm_tenants(server.url, model, args, space)
         for rate, timed in schedules(args, space):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import workloads as wl
-from loadgen.compare import LOGS, RESULTS, Config, _warm_up, ensure_bench_model
+from loadgen.compare import LOGS, RESULTS, Config, ensure_bench_model, warm_up
 from loadgen.run import HEADER, format_row, measure, served_model
 from loadgen.schedule import schedules
 from loadgen.server import ServerProcess
@@ -132,7 +132,7 @@ async def _run_server(
         print(f"[peer] {name}: serving in {time.monotonic() - started:.0f} s ({server.url})",
               flush=True)  # fmt: skip
         model = await served_model(server.url)
-        await _warm_up(server.url, model, args)
+        await warm_up(server.url, model, args)
         for rate, timed in schedules(args, space):
             if args.client == "vllm":
                 s = await asyncio.to_thread(

@@ -14,8 +14,15 @@ KV transfer, continuous-batching decode with the short prompts it prefills itsel
 timed by the profile. It prints, per configuration, the expected TTFT and ITL (mean time per
 output token after the first, as `baton bench` reports TPOT) at p50 / p99 and the goodput
 (share of requests meeting both targets), and picks the smallest configuration whose goodput
-is within 1% of the best. How close a plan comes to a real run: `python -m
-bench.planning.plan_validate` (docs/performance.md).
+is within 1% of the best. The splits are every one of `--workers`, an empty prefill pool
+included (decode workers then prefill every prompt themselves).
+
+Checking a plan against the cluster it plans: `--validate N` serves its best N splits for real
+and ranks them as served beside the plan's ranking (planner/validate.py); `--calibration-out`
+keeps what those runs measured against the plan, and `--calibration` plans with it
+(planner/calibration.py: the served runs' largest measured / planned ratio of each latency
+figure, so a plan that errs errs pessimistic). How close a plan comes to repeated real runs:
+`python -m bench.planning.plan_validate` (docs/performance.md).
 
 CPU workers share their host's cores with the serving work: `--host-cpu` (planner/sim/host.py,
 measured by `python -m bench.planning.host_cpu`) models that.
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +44,8 @@ from core.perf import WorkerProfile
 from loadgen import workloads as wl
 from loadgen.schedule import add_workload_arguments, fill_workload_defaults, schedules
 from loadgen.traces import TraceRequest
+from planner import validate as served_splits
+from planner.calibration import Calibration
 from planner.sim.cluster import (
     DecodeProfile,
     HostCPU,
@@ -45,6 +55,16 @@ from planner.sim.cluster import (
 )  # fmt: skip
 
 BLOCK = 16
+
+
+def _at_least(low: int):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
 
 
 def trace_of(requests: list[TraceRequest], duration_s: float) -> list[TraceRequest]:
@@ -64,13 +84,15 @@ def trace_of(requests: list[TraceRequest], duration_s: float) -> list[TraceReque
 
 
 def candidates(args: argparse.Namespace, tps: list[int]) -> list[tuple[int, int, int]]:
-    """(tp, prefill workers, decode workers) to simulate."""
+    """(tp, prefill workers, decode workers) to simulate: every split of the budget, an empty
+    prefill pool included (decode workers then prefill every prompt themselves)."""
     if args.prefill is not None or args.decode is not None:
-        return [(tps[0], args.prefill or 1, args.decode or 1)]
+        prefill = 1 if args.prefill is None else args.prefill
+        return [(tps[0], prefill, 1 if args.decode is None else args.decode)]
     out = []
     for tp in tps:
         budget = args.workers // tp
-        out += [(tp, p, d) for p in range(1, budget) for d in range(1, budget - p + 1)]
+        out += [(tp, p, d) for p in range(0, budget) for d in range(1, budget - p + 1)]
     return out
 
 
@@ -79,6 +101,7 @@ def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]
     holds its per-request records (planner.sim.cluster), in the order the benchmark sends them,
     and its workers' busy time (`workers`)."""
     fill_workload_defaults(args)
+    calibration = Calibration.load(args.calibration) if args.calibration else None
     profiles = {}
     for path in args.profile:
         raw = json.loads(Path(path).read_text())
@@ -101,6 +124,8 @@ def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]
                 host=host,
             )  # fmt: skip
             s = summarize(records, args.ttft_slo * 1000, args.tpot_slo * 1000)
+            if calibration is not None:
+                s = calibration.apply(s, records, args.ttft_slo * 1000, args.tpot_slo * 1000)
             runs.append({"rate": rate, "tp": tp, "prefill": p, "decode": d, **s})
             if keep_records:
                 runs[-1].update(records=records, workers=workers)
@@ -109,7 +134,10 @@ def plan(args: argparse.Namespace, keep_records: bool = False) -> dict[str, Any]
         (r for r in runs if r["goodput"] >= best - 0.01),
         key=lambda r: (r["tp"] * (r["prefill"] + r["decode"]), r["ttft_p99_ms"]),
     )
-    return {"runs": runs, "pick": pick}
+    result = {"runs": runs, "pick": pick}
+    if calibration is not None:
+        result["calibration"] = {"factors": calibration.factors, "source": calibration.source}
+    return result
 
 
 def _table(result: dict[str, Any]) -> str:
@@ -129,8 +157,13 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--profile", action="append", required=True,
                    help="a `baton profile` JSON (one per TP size)")  # fmt: skip
     p.add_argument("--workers", type=int, default=4, help="GPUs (workers x TP) to split")
-    p.add_argument("--prefill", type=int, default=None, help="simulate this split only")
-    p.add_argument("--decode", type=int, default=None, help="simulate this split only")
+    p.add_argument(
+        "--prefill",
+        type=_at_least(0),
+        default=None,
+        help="simulate this split only (0: decode workers prefill every prompt)",
+    )
+    p.add_argument("--decode", type=_at_least(1), default=None, help="simulate this split only")
     p.add_argument("--policy", default="cache_aware", help="the router's prefill policy")
     p.add_argument("--kv-blocks", type=int, default=4096, help="KV blocks per worker")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -162,17 +195,51 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1,
                    help="compute threads per worker, as `baton serve --threads` "
                    "(with --host-cpu)")  # fmt: skip
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="multiply the plan's latencies by what served runs measured against "
+                   "it (planner/calibration.py; written by --calibration-out)")  # fmt: skip
+    p.add_argument("--validate", type=_at_least(1), default=None, metavar="N",
+                   help="serve the plan's best N splits for real (needs --model) and rank them "
+                   "as served beside the plan's ranking (planner/validate.py)")  # fmt: skip
+    p.add_argument("--model", default=None, help="--validate: the checkpoint to serve")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="--validate: one more `baton serve` argument (repeat it)")  # fmt: skip
+    p.add_argument("--calibration-out", default=None, metavar="FILE",
+                   help="--validate: write the served runs' measured / planned latencies "
+                   "as a calibration")  # fmt: skip
     p.add_argument("--out", default=None, help="JSON results")
     add_workload_arguments(p)
     return p
 
 
 def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (ValueError, OSError) as e:  # a flag the plan cannot use: say which, no traceback
+        print(f"baton plan: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.validate and not args.model:
+        raise ValueError("--validate needs --model (the checkpoint the splits serve)")
+    if args.calibration_out and not args.validate:
+        raise ValueError("--calibration-out needs --validate (served runs to calibrate from)")
     result = plan(args)
     print(_table(result))
     pick = result["pick"]
     print(f"\npick: tp={pick['tp']}, {pick['prefill']} prefill + {pick['decode']} decode "
           f"(goodput {pick['goodput']:.2f})")  # fmt: skip
+    if args.validate:
+        validation = served_splits.validate(args, result)
+        result["validation"] = validation
+        print(served_splits.table(validation))
+        print("the plan's first is the served first" if validation["agrees"]
+              else "the plan's first is NOT the served first")  # fmt: skip
+        if args.calibration_out:
+            cal = served_splits.calibration_of(validation, "baton plan --validate")
+            cal.save(args.calibration_out)
+            print(f"calibration {cal.factors} -> {args.calibration_out}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.paths import results_file
 from loadgen import workloads as wl
-from loadgen.compare import LOGS, _warm_up, ensure_bench_model
+from loadgen.compare import LOGS, ensure_bench_model, warm_up
 from loadgen.run import measure, served_model
 from loadgen.server import ServerProcess
 from tests.support.otlp_receiver import OTLPReceiver
@@ -46,7 +46,7 @@ def _serve_args(model: Path, arm: str, endpoint: str) -> list[str]:
 
 async def _run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     model = await served_model(url)
-    await _warm_up(url, model, args)
+    await warm_up(url, model, args)
     space = wl.TokenSpace(args.token_range[0] + 2, args.token_range[1])
     requests = wl.fixed_lengths(args.num_requests, args.input_len, args.output_len, space)
     timed = wl.with_poisson_arrivals(requests, args.rate, 0)

@@ -19,7 +19,10 @@ The profile is measured first (`baton profile`, the SHAPES below) on this machin
 one is given; then the serving overhead on a first token (bench/planning/request_overhead.py, on a
 fresh server of the same configuration at idle), which the plan adds to each TTFT. With
 `--reprofile` each real run is predicted from a profile measured just before it (the JSON
-then has each run's own prediction and ratio), for hosts whose speed drifts.
+then has each run's own prediction and ratio), for hosts whose speed drifts. With
+`--calibrate-runs K`, K real runs of each workload come first and calibrate the plan
+(planner/calibration.py, written beside the results); the `--repeat` runs after them are
+compared with the calibrated plan, so no run is compared with a calibration it made.
 """
 
 from __future__ import annotations
@@ -36,14 +39,12 @@ from typing import Any
 
 from bench.paths import results_file
 from bench.planning import host_cpu, request_overhead
-from loadgen import cli as baton_bench
-from loadgen import workloads as wl
-from loadgen.compare import LOGS, _warm_up, ensure_bench_model
+from loadgen.compare import LOGS, ensure_bench_model
 from loadgen.metrics import RequestResult
-from loadgen.run import measure, served_model
-from loadgen.schedule import fill_workload_defaults, schedules
 from loadgen.server import ServerProcess
 from planner import plan as baton_plan
+from planner.calibration import Calibration
+from planner.validate import served
 
 PROFILE_OUT = results_file("planning", "plan_validation_profile.json")
 """Where each run's `baton profile` goes (the profile the runs were predicted from)."""
@@ -78,24 +79,6 @@ def kv_blocks(profile_path: Path, kv_cache_gb: float, block_size: int = 16) -> i
     return int(kv_cache_gb * (1 << 30) // (per_token * block_size))
 
 
-async def served(
-    model_dir: Path, serve: list[str], flags: list[str], name: str
-) -> tuple[dict[str, Any], list[RequestResult]]:
-    """One real run of the workload on a fresh server: `baton bench`'s summary and its
-    per-request results, in the order they were sent."""
-    args = baton_bench.build_arg_parser(argparse.ArgumentParser()).parse_args(
-        ["--url", "http://unused", "--no-progress", *flags]
-    )
-    fill_workload_defaults(args)
-    ((rate, timed),) = schedules(args, wl.TokenSpace(*args.token_range))
-    with ServerProcess([*serve, "--model", str(model_dir)], LOGS / f"plan_{name}.log") as server:
-        model = await served_model(server.url)
-        await _warm_up(server.url, model, args)
-        results: list[RequestResult] = []
-        summary = await measure(server.url, model, rate, timed, args, name, results)
-        return summary, results
-
-
 async def overhead(
     model_dir: Path, serve: list[str], disagg_min_uncached_tokens: int, prof: Path
 ) -> tuple[dict, dict]:
@@ -112,6 +95,22 @@ async def overhead(
             prefill_tokens=2 * max(disagg_min_uncached_tokens, 64),
         )  # fmt: skip
         return first, cpu
+
+
+def calibrate(runs: list[dict[str, Any]], out: str, workload: str) -> Path:
+    """The calibration (planner/calibration.py) the runs give the plan they were predicted
+    from, written beside `out`; its path."""
+    pairs = []
+    for run in runs:
+        measured = {f"{plan_key}_{q}_ms": run[bench_key][q] * 1000
+                    for _, bench_key, plan_key in METRICS for q in ("p50", "p99")}  # fmt: skip
+        pairs.append((run["predicted_ms"], measured))
+    path = Path(out).with_name(f"{Path(out).stem}_calibration_{workload}.json")
+    source = f"{len(runs)} served runs of {workload} (python -m bench.planning.plan_validate)"
+    cal = Calibration.from_runs(pairs, source)
+    cal.save(path)
+    print(f"calibration from {len(runs)} runs: {cal.factors} -> {path}", flush=True)
+    return path
 
 
 def without(flags: list[str], drop: list[str]) -> list[str]:
@@ -209,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disagg-min-uncached-tokens", type=int, default=256)
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--repeat", type=int, default=3, help="real runs per workload (median)")
+    p.add_argument("--calibrate-runs", type=int, default=0, metavar="K",
+                   help="K more real runs per workload first, whose measured / planned "
+                   "latencies calibrate the plan the --repeat runs are then compared with "
+                   "(planner/calibration.py)")  # fmt: skip
+    p.add_argument("--profile-out", default=str(PROFILE_OUT),
+                   help="where a measured profile goes")  # fmt: skip
     p.add_argument("--reprofile", action="store_true",
                    help="measure the profile again before every real run and predict that "
                    "run from it (a host whose speed drifts)")  # fmt: skip
@@ -221,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(results_file("planning", "plan_validation.json")))
     args = p.parse_args(argv)
     model_dir = ensure_bench_model(args.model)
-    prof = Path(args.profile) if args.profile else profile(model_dir, args.threads, PROFILE_OUT)
+    profile_out = Path(args.profile_out)
+    prof = Path(args.profile) if args.profile else profile(model_dir, args.threads, profile_out)
     blocks = kv_blocks(prof, args.kv_cache_gb)
     pools = ["--prefill", str(args.prefill), "--decode", str(args.decode)]
     common = ["--max-num-seqs", str(args.max_num_seqs),
@@ -243,12 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
     for name in args.workloads.split(","):
         flags = WORKLOADS[name]
-        measured, predictions = [], []
-        for i in range(args.repeat):
+        measured, predictions, calibrating = [], [], []
+        cal_flags: list[str] = []
+        for i in range(args.calibrate_runs + args.repeat):
             if args.reprofile and (i or runs):  # the first run has the one just measured
-                prof = profile(model_dir, args.threads, PROFILE_OUT)
-            if args.reprofile or i == 0:
-                predicted = planned(prof, plan_flags, flags)
+                prof = profile(model_dir, args.threads, profile_out)
+            if args.reprofile or i in (0, args.calibrate_runs):
+                predicted = planned(prof, [*plan_flags, *cal_flags], flags)
                 records, workers = predicted.pop("records"), predicted.pop("workers")
                 # the same plan with the host's cores left out: what the host model changes
                 unhosted = planned(prof, without(plan_flags, host_flags), flags)
@@ -259,12 +266,18 @@ def main(argv: list[str] | None = None) -> int:
             summary["predicted_ms_without_host"] = {
                 k: v for k, v in unhosted.items() if k.endswith("_ms")
             }
+            if i < args.calibrate_runs:
+                calibrating.append(summary)
+                if i == args.calibrate_runs - 1:
+                    cal_flags = ["--calibration", str(calibrate(calibrating, args.out, name))]
+                continue
             measured.append(summary)
             predictions.append(predicted)
         predicted = {k: statistics.median(p[k] for p in predictions) for k in predictions[0]
                      if isinstance(predictions[0][k], (int, float))}  # fmt: skip
         runs[name] = {**compare(measured, predicted), "predicted": predicted,
-                      "predicted_workers": workers, "measured": measured}  # fmt: skip
+                      "predicted_workers": workers, "measured": measured,
+                      "calibration": cal_flags[1:], "calibration_runs": calibrating}  # fmt: skip
         print(table({name: runs[name]}).splitlines()[-1], flush=True)
     doc = {
         "what": "baton plan's prediction against the same requests run for real",

@@ -172,7 +172,9 @@ def test_plan_picks_the_smallest_split_that_meets_the_targets(tmp_path) -> None:
         "--tpot-slo", "0.05",
     ])  # fmt: skip
     result = baton_plan.plan(args)
-    assert len(result["runs"]) == 6  # every split of 4 workers with both pools non-empty
+    # Every split of 4 workers, an empty prefill pool included: 4 + 3 + 2 + 1.
+    assert len(result["runs"]) == 10
+    assert sum(1 for r in result["runs"] if r["prefill"] == 0) == 4
     pick = result["pick"]
     best = max(r["goodput"] for r in result["runs"])
     assert pick["goodput"] >= best - 0.01
@@ -203,3 +205,19 @@ def test_a_measured_transfer_feeds_the_plan(tmp_path) -> None:
     # 256 tokens x 100 kB at 0.05 GB/s: 512 ms after 40 ms of latency.
     assert loaded.transfer_ms(256) == pytest.approx(40.0 + 512.0)
     assert results["measured"]["ttft_p50_ms"] > results["none"]["ttft_p50_ms"] + 500
+
+
+def test_an_empty_prefill_pool_prefills_every_prompt_on_the_decode_workers(tmp_path) -> None:
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps({
+        "step_ms": 10.0, "token_ms": 1.0, "chunk_tokens": 4096,
+        "decode": {"decode_step_ms": 5.0, "decode_row_ms": 1.0, "decode_ctx_ms": 0.0},
+    }))  # fmt: skip
+    args = baton_plan.build_arg_parser(argparse.ArgumentParser()).parse_args([
+        "--profile", str(profile), "--prefill", "0", "--decode", "2", "--workload", "fixed",
+        "--input-len", "512", "--output-len", "8", "--rate", "1", "--num-requests", "10",
+    ])  # fmt: skip
+    (run,) = baton_plan.plan(args, keep_records=True)["runs"]
+    assert (run["prefill"], run["decode"]) == (0, 2)
+    assert all(r["on_decode"] for r in run["records"])
+    assert sum(w["prefill_tokens"] for w in run["workers"].values()) == 10 * 512
