@@ -10,8 +10,11 @@ calls and the output streams share the host's cores with the engines, and queues
 every millisecond of that under bursts. On a 2-vCPU host the model's TTFT and time per
 output token run 0.54-0.94 of the served runs' (docs/performance.md, "Planning"), an
 optimistic plan that under-provisions. A calibration is measured / planned for each
-latency figure (TTFT and ITL at p50 and p99), the *largest* over the runs it was taken
-from: a plan that errs, errs on the pessimistic side. The ratios come from runs of the
+latency figure (TTFT and ITL at p50 and p99) over the runs it was taken from: for a p50 the
+*largest* ratio (a p50 moves little from run to run, so the largest is a small margin and a
+plan that errs, errs on the pessimistic side), for a p99 the median ratio (a p99 is a run's
+few slowest requests: on a shared host one run's can be ten times another's, and the largest
+would carry that one outlier into every plan). The ratios come from runs of the
 cluster being planned, on its own traffic, as an operator's running cluster gives them
 (NVIDIA Dynamo's SLA planner corrects its interpolated latencies the same way).
 
@@ -24,6 +27,7 @@ stay beside them (`model_*`), so a calibration never hides what the model itself
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,13 +47,14 @@ class Calibration:
     @classmethod
     def from_runs(cls, pairs: list[tuple[dict, dict]], source: str) -> Calibration:
         """From (planned, measured) pairs, each `{<metric>_ms: value}`: the largest ratio of
-        each metric over the pairs."""
+        each p50 over the pairs, the median ratio of each p99."""
         if not pairs:
             raise ValueError("a calibration needs at least one served run")
         factors = {}
         for m in METRICS:
             ratios = [ms[f"{m}_ms"] / p[f"{m}_ms"] for p, ms in pairs if p[f"{m}_ms"] > 0]
-            factors[m] = round(max(ratios), 3) if ratios else 1.0
+            pick = max if m.endswith("p50") else statistics.median
+            factors[m] = round(pick(ratios), 3) if ratios else 1.0
         return cls(factors, source, len(pairs))
 
     @classmethod

@@ -120,20 +120,17 @@ async def _serve(config: ServeConfig) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, host=door.host, port=door.port, log_level="warning", lifespan="off")
     )
-    grpc_server = await GRPCServer.start(
-        cluster.backend,
-        admin,
-        host=door.host,
-        port=door.grpc_port,
-        admin_token=token,
-        api_key=door.api_key,
-        metrics=metrics,
-        request_timeout_s=door.request_timeout,
-        tool_call_parser=tool_call_parser,
-        limits=controls,
-        tracing=cluster.tracing,
-        log_requests_json=config.observability.log_requests_json,
-    )
+    try:
+        grpc_server = await GRPCServer.start(
+            cluster.backend, admin, host=door.host, port=door.grpc_port, admin_token=token,
+            api_key=door.api_key, metrics=metrics, request_timeout_s=door.request_timeout,
+            tool_call_parser=tool_call_parser, limits=controls, tracing=cluster.tracing,
+            log_requests_json=config.observability.log_requests_json,
+        )  # fmt: skip
+    except OSError as e:
+        await cluster.close()
+        raise SystemExit(f"baton serve: could not serve gRPC on {door.host}:{door.grpc_port}: "
+                         f"{e.strerror or e}") from None  # fmt: skip
     http_task = asyncio.create_task(_serve_http(server))
     while not server.started and not http_task.done():
         await asyncio.sleep(0.05)

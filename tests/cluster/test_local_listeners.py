@@ -84,17 +84,22 @@ def test_a_local_cluster_listens_on_loopback_only(tmp_path: Path, tiny_model_dir
             os.killpg(server.pid, signal.SIGKILL)  # what is left of the group we started
 
 
-def test_a_taken_http_port_ends_baton_serve_with_an_error(tmp_path: Path, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    """uvicorn exits from inside its task when it cannot bind; the server closes its cluster
-    and exits non-zero, naming the address, instead of staying up on the cluster's threads."""
+@pytest.mark.parametrize("door", ["HTTP", "gRPC"])
+def test_a_taken_port_ends_baton_serve_with_an_error(
+    door: str, tmp_path: Path, tiny_model_dir
+) -> None:  # type: ignore[no-untyped-def]
+    """uvicorn exits from inside its task when it cannot bind, grpcio raises; either way the
+    server closes its cluster and exits non-zero, naming the address, instead of staying up
+    on the cluster's threads."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UCX_", "GLOO_"))}
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        ports = [str(port), str(free_port())] if door == "HTTP" else [str(free_port()), str(port)]
         server = subprocess.Popen(
             [sys.executable, "-m", "router.cli", "serve", "--model", str(tiny_model_dir("llama")),
-             "--port", str(port), "--grpc-port", str(free_port()), "--kv-cache-gb", "0.05"],
+             "--port", ports[0], "--grpc-port", ports[1], "--kv-cache-gb", "0.05"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             start_new_session=True,
         )  # fmt: skip
@@ -104,4 +109,4 @@ def test_a_taken_http_port_ends_baton_serve_with_an_error(tmp_path: Path, tiny_m
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(server.pid, signal.SIGKILL)  # what is left of the group we started
     assert server.returncode != 0
-    assert f"could not serve HTTP on 127.0.0.1:{port}" in out.decode(errors="replace")
+    assert f"could not serve {door} on 127.0.0.1:{port}" in out.decode(errors="replace")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import math
 from collections.abc import AsyncIterator
@@ -288,9 +289,12 @@ class GRPCServer:
         health_pb2_grpc.add_HealthServicer_to_server(health, server)
         names.append(health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        try:  # grpcio returns 0 or (newer releases) raises when the port cannot be bound
+            bound = server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            bound = 0
         if bound == 0:
-            raise OSError(f"cannot bind gRPC on {host}:{port}")
+            raise OSError(errno.EADDRINUSE, "address already in use")
         await server.start()
         task = asyncio.get_running_loop().create_task(_track_health(backend, health))
         logger.info("gRPC listening on %s:%d", host, bound)
