@@ -158,6 +158,16 @@ def out_paths(out: str, tps: list[int]) -> dict[int, Path]:
     return {tp: path.with_name(f"{path.stem}_tp{tp}{path.suffix or '.json'}") for tp in tps}
 
 
+def check_gpus(device: str, tp: int) -> None:
+    """Refuse a TP size this node has too few GPUs for (one a rank, GPUs 0 .. tp-1)."""
+    if device == "cpu":
+        return
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < tp:
+        raise ValueError(f"tp {tp} needs {tp} GPUs; {torch.cuda.device_count()} visible here")
+
+
 def engine_config(args: argparse.Namespace, tp: int) -> EngineConfig:
     """Room for the largest decode shape without preempting: each row's context and every
     token it asks for, and a few spare (per rank: each holds every block, its heads' share)."""
@@ -245,6 +255,7 @@ def run_profile(args: argparse.Namespace) -> int:
     try:  # every size checked before the first is measured (minutes)
         for tp in args.tp:
             check_tp_size(ModelConfig.from_dir(model_dir), tp)
+        check_gpus(args.device, max(args.tp))
     except ValueError as e:
         print(f"baton profile: --tp: {e}", file=sys.stderr)
         return 2
