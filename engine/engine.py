@@ -26,6 +26,7 @@ from core.config import EngineConfig
 from core.errors import InvalidRequestError
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
+from core.kv_layout import KVLayout
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
@@ -337,6 +338,10 @@ class LLMEngine:
             oldest_wait_s=0.0 if oldest is None else time.monotonic() - oldest,
             max_num_seqs=self.config.max_num_seqs,
         )
+
+    def kv_layout(self) -> KVLayout:
+        """The KV cache's layout here (on a tensor-parallel rank: its shard's KV heads)."""
+        return self.runner.kv_layout
 
     def _totals(self) -> StepTotals:
         """The step totals, with the offload tiers' block counts (kept by the tiers)."""

@@ -3,7 +3,10 @@
 Everything is read from the engine's own step totals (core/step_stats.py), before and after
 each measured piece of work, exactly as a router reads two load reports, so a profile
 counts what a served step costs (schedule, forward, sampling, output), not a kernel alone.
-The samples are fitted to the performance model (core/perf: its formulas and the fit).
+The engine is anything with the `LLMEngine` calls used here (`add_request`, `step`,
+`abort`, `has_unfinished`, `load`): an `LLMEngine`, or a `TPEngine` whose ranks step in
+lockstep and whose rank 0 reports the totals. The samples are fitted to the performance
+model (core/perf: its formulas and the fit).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def measure_decode(
             ids = [f"d{batch}-{context}-{i}" for i in range(batch)]
             for rid in ids:
                 engine.add_request(rid, _random_prompt(rng, vocab, context), params)
-            while any(engine.requests[r].num_computed_tokens < context for r in ids):
+            while engine.load().num_waiting_tokens:  # prompt tokens not yet computed
                 engine.step()
             engine.step()  # the first all-decode step (its shapes' first use)
             before = engine.load().steps

@@ -2,6 +2,14 @@
 
     baton profile --model models/small --out profile.json            # CPU, 1 thread
     baton profile --model /ckpt --device cuda --dtype bfloat16 --out gpu.json
+    baton profile --model /ckpt --device cuda --tp 1 2 --out gpu.json   # gpu_tp1/2.json
+
+`--tp` names the tensor-parallel sizes to profile, one profile each, each with its `tp`
+(what `baton plan --profile` keys them by): one size writes `--out` as given, several write
+`--out`'s name with `_tp<t>` before its suffix. At TP t > 1 the engine is a real
+tensor-parallel one, as a worker serves it: t rank processes, each an engine over its shard,
+stepping in lockstep over torch.distributed (gloo on CPU, NCCL on GPU: engine/tp), timed on
+the same shapes as at TP 1, from rank 0's step totals; `--threads` is per rank.
 
 Prefill time against prompt length (with and without a cached prefix) and decode step time
 against batch size and context, each fitted to the performance model (core/perf), with the samples
@@ -16,6 +24,8 @@ memory), fitted to time = latency + bytes / bandwidth (planner/transfer.py), rec
 two of your hosts) and a given figure overrides the measured one. The prefill fit's keys are
 those the router simulator reads (`python -m bench.routing.router_sim --profile`). Run it on
 the node type the pool will use, with the threads (`--threads`) or GPU a worker gets there.
+At TP t the KV transfer is t rank pairs sending at once, each its rank's heads, as a
+worker's ranks do (planner/transfer.py); `kv_bytes_per_token` is the whole worker's.
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.kv_layout import KVLayout
+from engine.config import ModelConfig
 from kv_transfer import unavailable_reason
+from planner import measure as pp
 from planner.transfer import BLOCK_COUNTS, measure_transfer
 
 
@@ -40,7 +52,14 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="where the JSON profile goes")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="tensor-parallel sizes, one profile each (several: OUT_tp<t>.json)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
     p.add_argument("--chunk-tokens", type=int, default=2048, help="max_num_batched_tokens")
     p.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32, 64])
@@ -111,18 +130,52 @@ def transfer_fields(
     return fields, measured.sample_rows()
 
 
-def run_profile(args: argparse.Namespace) -> int:
-    from core.perf.fit import fit_decode
-    from engine.engine import LLMEngine
-    from planner import measure as pp
+SHAPE_FLAGS = (
+    ("lengths", "the prefill fit separates the cost per token from the attention's"),
+    ("batches", "the decode fit separates the cost per step from the cost per row"),
+    ("contexts", "the decode fit separates the cost per row from the cost per context token"),
+)
 
-    # Room for the largest decode shape without preempting: each row's context and every
-    # token it asks for, and a few spare.
+
+def shape_error(args: argparse.Namespace) -> str | None:
+    """Why the shapes asked for cannot be fitted (naming the flag), or None: each fit needs
+    two different values of the dimension it separates two terms along."""
+    for name, why in SHAPE_FLAGS:
+        values = getattr(args, name)
+        if len(set(values)) < 2:
+            return f"--{name} needs at least two different values ({why}); got {values}"
+    if min(args.tp) < 1 or len(set(args.tp)) < len(args.tp):
+        return f"--tp takes different sizes of at least 1; got {args.tp}"
+    return None
+
+
+def out_paths(out: str, tps: list[int]) -> dict[int, Path]:
+    """Where each TP size's profile goes: `out` itself for one size; for several, `out`'s
+    name with `_tp<t>` before its suffix (p.json: p_tp1.json, p_tp2.json)."""
+    path = Path(out)
+    if len(tps) == 1:
+        return {tps[0]: path}
+    return {tp: path.with_name(f"{path.stem}_tp{tp}{path.suffix or '.json'}") for tp in tps}
+
+
+def check_gpus(device: str, tp: int) -> None:
+    """Refuse a TP size this node has too few GPUs for (one a rank, GPUs 0 .. tp-1)."""
+    if device == "cpu":
+        return
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < tp:
+        raise ValueError(f"tp {tp} needs {tp} GPUs; {torch.cuda.device_count()} visible here")
+
+
+def engine_config(args: argparse.Namespace, tp: int) -> EngineConfig:
+    """Room for the largest decode shape without preempting: each row's context and every
+    token it asks for, and a few spare (per rank: each holds every block, its heads' share)."""
     batch, context = max(args.batches), max(args.contexts)
     asked = pp.decode_max_tokens(batch, context, args.chunk_tokens, args.decode_steps)
     tokens_per_row = context + asked + 4
     kv_tokens = max(batch * tokens_per_row, 2 * max(args.lengths) + 64)
-    config = EngineConfig(
+    return EngineConfig(
         device=args.device,
         dtype=args.dtype,
         num_threads=args.threads if args.device == "cpu" else None,
@@ -130,30 +183,50 @@ def run_profile(args: argparse.Namespace) -> int:
         max_num_seqs=max(args.batches),
         num_kv_blocks=None if args.kv_cache_gb else -(-kv_tokens // 16) + 16,  # 16-token blocks
         kv_cache_memory_bytes=int(args.kv_cache_gb * (1 << 30)) if args.kv_cache_gb else None,
+        tp_size=tp,
     )
+
+
+def measure_tp(args: argparse.Namespace, model_dir: Path, tp: int) -> dict[str, Any]:
+    """One TP size's profile: its engine measured (then shut down), then the transfer.
+    Raises ValueError where the prefill fit has no per-token cost (profile_prefill)."""
+    from core.perf.fit import fit_decode
+    from engine.device import resolve_device
+    from engine.engine import LLMEngine
+    from engine.tp import TPEngine
+
+    config = engine_config(args, tp)
+    device = resolve_device(args.device).type
     started = time.perf_counter()
-    engine = LLMEngine(args.model, config, worker_id="profile")
+    engine = (
+        LLMEngine(model_dir, config, worker_id="profile")
+        if tp == 1
+        else TPEngine(model_dir, config, worker_id="profile")
+    )
     rng = random.Random(0)
     try:
         prefill, prefill_fit = pp.profile_prefill(engine, args.lengths, args.repeat, rng)
-    except ValueError as e:
-        print(f"baton profile: {e}", file=sys.stderr)
-        return 1
-    decode = pp.measure_decode(engine, args.batches, args.contexts, args.decode_steps, rng)
-    mc = engine.model_config
-    transfer, transfer_samples = transfer_fields(
-        args, engine.runner.kv_layout, mc.model_id, engine.runner.device.type
-    )
-    profile = {
+        decode = pp.measure_decode(engine, args.batches, args.contexts, args.decode_steps, rng)
+        rank_layout = engine.kv_layout()
+    finally:
+        if isinstance(engine, TPEngine):
+            engine.shutdown()
+        del engine  # its memory and cores back before the transfer is timed
+    mc = ModelConfig.from_dir(model_dir)
+    transfer, transfer_samples = transfer_fields(args, rank_layout, mc.model_id, device)
+    ranks = f", {tp} rank processes over {'gloo' if device == 'cpu' else 'nccl'}"
+    return {
         "source": (
-            f"baton profile: {Path(args.model).name}, {mc.dtype} on {engine.runner.device}, "
-            f"{args.threads} thread(s), {platform.machine()} {platform.processor() or ''}".strip()
+            f"baton profile: {Path(args.model).name}, {mc.dtype} on {device}, "
+            f"tp {tp}{ranks if tp > 1 else ''}, {args.threads} thread(s) per rank, "
+            f"{platform.machine()} {platform.processor() or ''}".strip()
         ),
-        "tp": 1,  # the engine in this process (tensor parallelism is not profiled yet)
+        "tp": tp,
         "chunk_tokens": args.chunk_tokens,
         **{k: round(v, 6) for k, v in prefill_fit.items()},
         "decode": {k: round(v, 6) for k, v in fit_decode(decode).items()},
-        "kv_bytes_per_token": engine.runner.kv_layout.block_bytes_all_layers // config.block_size,
+        # Every rank's heads: what the worker holds and moves per token.
+        "kv_bytes_per_token": rank_layout.block_bytes_all_layers * tp // config.block_size,
         # transfer_gbps 0: not measured (the plan then moves no KV between workers).
         **transfer,
         "samples": {
@@ -169,10 +242,36 @@ def run_profile(args: argparse.Namespace) -> int:
         },
         "measured_s": round(time.perf_counter() - started, 1),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in profile.items() if k != "samples"}, indent=1))
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from engine.gguf import resolve_model
+    from engine.tp import check_tp_size
+
+    if error := shape_error(args):
+        print(f"baton profile: {error}", file=sys.stderr)
+        return 2
+    model_dir = resolve_model(args.model)
+    try:  # every size checked before the first is measured (minutes)
+        for tp in args.tp:
+            check_tp_size(ModelConfig.from_dir(model_dir), tp)
+        check_gpus(args.device, max(args.tp))
+    except ValueError as e:
+        print(f"baton profile: --tp: {e}", file=sys.stderr)
+        return 2
+    paths = out_paths(args.out, args.tp)
+    for tp, out in paths.items():
+        try:
+            profile = measure_tp(args, model_dir, tp)
+        except ValueError as e:
+            print(f"baton profile: tp {tp}: {e}", file=sys.stderr)
+            return 1
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(profile, indent=1) + "\n")
+        print(json.dumps({k: v for k, v in profile.items() if k != "samples"}, indent=1))
+        print(f"baton profile: tp {tp} written to {out}", file=sys.stderr)
+    if len(paths) > 1:
+        print("profiles: " + " ".join(str(p) for p in paths.values()))
     return 0
 
 

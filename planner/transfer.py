@@ -10,6 +10,14 @@ count the sender times one `send` of that many contiguous blocks, every layer at
 acknowledgement (the receiver pulled them), `repeat` times after a warm-up; the receiver then
 confirms every transfer landed. The fastest send of each size is fitted to time = latency +
 bytes / bandwidth (core/perf `fit_transfer`).
+
+A worker of TP t moves its KV as t rank pairs at once, each rank's heads to the matching
+rank of the peer (worker/rank.py), so at TP t there are t pairs, each with one rank's share
+of the layout, and each send is started on every pair together: its time is the slowest
+pair's, its bytes every rank's (what the worker moves).
+
+    pair 0: sender (rank 0's heads) --send n blocks--> receiver  -+  one sample: the
+    pair 1: sender (rank 1's heads) --send n blocks--> receiver  -+  max time, summed bytes
 """
 
 from __future__ import annotations
@@ -65,16 +73,19 @@ class TransferProfile:
     backend: str
     host: str
     block_bytes: int
-    """One block of every layer: what a request's block costs to move."""
+    """One block of every layer and every rank: what a request's block costs to move."""
     samples: list[Sample]
     """shape (bytes,), seconds: one send to its acknowledgement."""
     latency_ms: float
     gbps: float
     max_fit_error: float
+    num_ranks: int = 1
+    """Rank pairs sending at once (the worker's TP)."""
 
     @property
     def source(self) -> str:
-        return f"measured over {self.backend} on {self.host}"
+        pairs = f", {self.num_ranks} rank pairs at once" if self.num_ranks > 1 else ""
+        return f"measured over {self.backend} on {self.host}{pairs}"
 
     def sample_rows(self) -> list[dict[str, float]]:
         return [
@@ -131,7 +142,8 @@ def _side(
 
 
 class _Pair:
-    """A sender (0) and a receiver (1), each a spawned `_side`, connected to each other."""
+    """A sender (0) and a receiver (1), each a spawned `_side`; `connect` joins them (apart
+    from the start, so several pairs start their processes together)."""
 
     def __init__(self, backend: str, layout: KVLayout, model_id: str, timeout_s: float) -> None:
         ctx = mp.get_context("spawn")
@@ -146,11 +158,13 @@ class _Pair:
             proc.start()
             self.conns.append(parent)
             self.procs.append(proc)
-        sender, receiver = (self._recv(side) for side in (0, 1))
+
+    def connect(self) -> None:
+        sender, receiver = (self.collect(side) for side in (0, 1))
         self.conns[0].send(receiver)
         self.conns[1].send(sender)
 
-    def _recv(self, side: int):  # type: ignore[no-untyped-def]
+    def collect(self, side: int):  # type: ignore[no-untyped-def]
         # Generous: a spawned side imports torch and may build the block copy first.
         if not self.conns[side].poll(self.timeout_s * 4):
             raise TimeoutError(f"transfer side {side} did not answer in {self.timeout_s * 4} s")
@@ -159,9 +173,12 @@ class _Pair:
         except EOFError:
             raise RuntimeError(f"transfer side {side} exited (its error is above)") from None
 
-    def call(self, side: int, command: object):  # type: ignore[no-untyped-def]
+    def submit(self, side: int, command: object) -> None:
         self.conns[side].send(command)
-        return self._recv(side)
+
+    def call(self, side: int, command: object):  # type: ignore[no-untyped-def]
+        self.submit(side, command)
+        return self.collect(side)
 
     def close(self) -> None:
         for conn in self.conns:
@@ -184,25 +201,40 @@ def measure_transfer(
 ) -> TransferProfile:
     """Send each of `block_counts` blocks of `layout` (its block count is replaced by what
     the largest send needs) `repeat` times between two processes over `backend`, and fit.
-    Counts four times the largest are added until one send moves MIN_LARGEST_BYTES."""
-    block_bytes = layout.block_bytes_all_layers
+    Counts four times the largest are added until one send moves MIN_LARGEST_BYTES. A
+    layout of a tensor-parallel rank (`tp_size` t > 1) is measured as t pairs sending at
+    once (the module docstring)."""
+    num_ranks = layout.tp_size
+    rank_block_bytes = layout.block_bytes_all_layers
+    block_bytes = rank_block_bytes * num_ranks
     counts = sorted(set(block_counts))
-    while counts[-1] * block_bytes < MIN_LARGEST_BYTES:
+    while counts[-1] * rank_block_bytes < MIN_LARGEST_BYTES:
         counts.append(counts[-1] * 4)
     layout = replace(layout, num_blocks=counts[-1])
     samples: list[Sample] = []
-    pair = _Pair(backend, layout, model_id, timeout_s)
+    pairs: list[_Pair] = []
     try:
+        for rank in range(num_ranks):
+            rank_layout = replace(layout, tp_rank=rank)
+            pairs.append(_Pair(backend, rank_layout, model_id, timeout_s))
+        for pair in pairs:
+            pair.connect()
         for n in counts:
             ids = tuple(range(n))
             rids = tuple(f"measure-{n}-{i}" for i in range(repeat + 1))
-            pair.call(1, Expect(rids, ids))
-            times = pair.call(0, Send(rids, ids))[1:]  # the first one warms up
-            if not pair.call(1, Landed(rids)):
+            for pair in pairs:
+                pair.call(1, Expect(rids, ids))
+            for k, rid in enumerate(rids):
+                for pair in pairs:  # every rank's send starts together, as a worker's do
+                    pair.submit(0, Send((rid,), ids))
+                seconds = max(pair.collect(0)[0] for pair in pairs)
+                if k:  # the first one warms up
+                    samples.append(Sample((n * block_bytes,), seconds))
+            if not all(pair.call(1, Landed(rids)) for pair in pairs):
                 raise RuntimeError(f"a transfer of {n} blocks did not land")
-            samples += [Sample((n * block_bytes,), t) for t in times]
     finally:
-        pair.close()
+        for pair in pairs:
+            pair.close()
     fit = fit_transfer(samples)
     return TransferProfile(
         backend=backend,
@@ -212,4 +244,5 @@ def measure_transfer(
         latency_ms=fit["transfer_latency_ms"],
         gbps=fit["transfer_gbps"],
         max_fit_error=fit["max_fit_error"],
+        num_ranks=num_ranks,
     )

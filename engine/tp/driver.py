@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from core.config import EngineConfig
+from core.events import WorkerLoad
+from core.kv_layout import KVLayout
 from core.request import OutputDelta, RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
@@ -212,6 +214,15 @@ class TPEngine:
 
     def check_invariants(self) -> None:
         self.all(LLMEngine.check_invariants)
+
+    def load(self) -> WorkerLoad:
+        """Rank 0's load report: its step totals time the whole group's steps (a rank
+        waits in the collectives for the others)."""
+        return self.first(LLMEngine.load)
+
+    def kv_layout(self) -> KVLayout:
+        """One rank's KV layout: its share of the KV heads (every rank holds as many)."""
+        return self.first(LLMEngine.kv_layout)
 
     def generate(
         self, prompts: Sequence[list[int]], params: SamplingParams | None = None

@@ -221,3 +221,26 @@ def test_an_empty_prefill_pool_prefills_every_prompt_on_the_decode_workers(tmp_p
     assert (run["prefill"], run["decode"]) == (0, 2)
     assert all(r["on_decode"] for r in run["records"])
     assert sum(w["prefill_tokens"] for w in run["workers"].values()) == 10 * 512
+
+
+def test_plan_weighs_each_tp_size_by_its_gpus(tmp_path, capsys) -> None:
+    # A TP 2 worker prefills twice as fast but costs two of the 4 GPUs: 0 + 1, 0 + 2, 1 + 1.
+    decode = {"decode_step_ms": 5.0, "decode_row_ms": 1.0, "decode_ctx_ms": 0.0}
+    fields = {"chunk_tokens": 4096, "decode": decode}
+    paths = []
+    for tp, token_ms in ((1, 1.0), (2, 0.5)):
+        path = tmp_path / f"p_tp{tp}.json"
+        path.write_text(json.dumps({**fields, "tp": tp, "step_ms": 10.0, "token_ms": token_ms}))
+        paths += ["--profile", str(path)]
+    from router.cli.main import main
+
+    argv = ["plan", *paths, "--workers", "4", "--workload", "fixed", "--input-len", "256",
+            "--output-len", "16", "--rate", "2", "--num-requests", "40",
+            "--out", str(tmp_path / "plan.json")]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "plan.json").read_text())
+    splits = {(r["tp"], r["prefill"], r["decode"]) for r in result["runs"]}
+    assert {(2, 0, 1), (2, 0, 2), (2, 1, 1)} == {s for s in splits if s[0] == 2}
+    assert len(splits) == 10 + 3 and all(tp * (p + d) <= 4 for tp, p, d in splits)
+    table = capsys.readouterr().out
+    assert "| 2.00 | 2 | 1 | 1 |" in table and "| 2.00 | 1 | 3 | 1 |" in table

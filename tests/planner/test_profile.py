@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +149,67 @@ def test_a_transfer_that_cannot_be_measured_leaves_the_profile_standing(monkeypa
     fields, samples = baton_profile.transfer_fields(args, layout, "m", "cpu")
     assert samples == [] and fields["transfer_gbps"] == 3 and fields["transfer_latency_ms"] == 0
     assert fields["transfer_source"].startswith("not measured (transfer side 1 exited)")
+
+
+def test_baton_profile_measures_each_tp_size_on_its_own_engine(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+) -> None:
+    # TP 2 is a real tensor-parallel engine: two rank processes over gloo, each holding one
+    # of the model's two KV heads (the spy reads rank 0's layout as the profile does). A wide
+    # MLP gives each prompt token a cost that stands out from the collectives' noise (every
+    # layer's all-reduce over loopback is about as slow as the rest of a tiny model's step).
+    from engine.tp import TPEngine
+    from router.cli.main import main
+
+    rank_layouts = []
+    kv_layout = TPEngine.kv_layout
+
+    def spy(self):  # type: ignore[no-untyped-def]
+        rank_layouts.append(kv_layout(self))
+        return rank_layouts[-1]
+
+    monkeypatch.setattr(TPEngine, "kv_layout", spy)
+    out = tmp_path / "p.json"
+    model = tiny_model_dir("llama", intermediate_size=2048)
+    argv = ["profile", "--model", str(model), "--out", str(out), "--tp", "1", "2",
+            "--lengths", "16", "128", "512", "--batches", "1", "4", "--contexts", "32", "96",
+            "--decode-steps", "3", "--repeat", "1", "--no-measure-transfer"]  # fmt: skip
+    assert main(argv) == 0
+    paths = {tp: tmp_path / f"p_tp{tp}.json" for tp in (1, 2)}
+    assert not out.exists() and f"profiles: {paths[1]} {paths[2]}" in capsys.readouterr().out
+    profiles = {tp: json.loads(path.read_text()) for tp, path in paths.items()}
+    assert [(r.tp_size, r.num_kv_heads) for r in rank_layouts] == [(2, 1)]
+    for tp, profile in profiles.items():
+        assert profile["tp"] == tp
+        assert profile["token_ms"] > 0 and min(profile["step_ms"], profile["attn_ms"]) >= 0
+        assert profile["decode"]["decode_step_ms"] > 0 and min(profile["decode"].values()) >= 0
+        # The same shapes at every size.
+        assert {(s["batch"], s["context"]) for s in profile["samples"]["decode"]} == {
+            (b, c) for b in (1, 4) for c in (32, 96)
+        }
+        assert len(profile["samples"]["prefill"]) == 6
+    assert "tp 2, 2 rank processes over gloo" in profiles[2]["source"]
+    # The worker's KV per token is every rank's heads: the same at either size.
+    assert profiles[2]["kv_bytes_per_token"] == profiles[1]["kv_bytes_per_token"]
+
+
+@pytest.mark.parametrize("flag", ["--lengths", "--batches", "--contexts"])
+def test_shapes_that_cannot_be_fitted_are_refused_before_measuring(capsys, flag) -> None:
+    # One context cannot separate the decode step's cost per row from its cost per context
+    # token (nor one batch size per step from per row, nor one length per token from the
+    # attention): refused naming the flag, before the model (missing here) is loaded.
+    from router.cli.main import main
+
+    argv = ["profile", "--model", "/nonexistent", "--out", "p.json", flag, "128", "128"]
+    assert main(argv) == 2
+    assert f"{flag} needs at least two different values" in capsys.readouterr().err
+
+
+def test_several_tp_sizes_write_one_profile_each_beside_out() -> None:
+    from planner.profile import out_paths
+
+    assert out_paths("runs/p.json", [4]) == {4: Path("runs/p.json")}
+    assert out_paths("runs/p.json", [1, 2]) == {
+        1: Path("runs/p_tp1.json"), 2: Path("runs/p_tp2.json")
+    }  # fmt: skip
+    assert out_paths("p", [1, 2])[2] == Path("p_tp2.json")

@@ -31,19 +31,24 @@ def test_a_time_that_does_not_grow_with_the_bytes_is_no_bandwidth() -> None:
         fit_transfer(flat)
 
 
-@pytest.mark.parametrize("backend", ["shm", "nixl"])
-def test_a_transfer_between_two_processes_is_measured(backend: str) -> None:
+@pytest.mark.parametrize(("backend", "tp"), [("shm", 2), ("nixl", 1)])
+def test_a_transfer_between_two_processes_is_measured(backend: str, tp: int) -> None:
+    # At tp 2, one pair per rank, each with its rank's heads, sending at once (a worker's
+    # ranks each move their own heads); the samples count every rank's bytes.
     from kv_transfer import unavailable_reason
     from planner.transfer import MIN_LARGEST_BYTES, measure_transfer
 
     if reason := unavailable_reason(backend):
         pytest.skip(reason)
-    layout = KVLayout(num_layers=2, num_blocks=1, block_size=16, num_kv_heads=4, head_dim=64)
+    layout = KVLayout(num_layers=2, num_blocks=1, block_size=16, num_kv_heads=4 // tp,
+                      head_dim=64, tp_size=tp)  # fmt: skip
     result = measure_transfer(layout, "test-model", backend, (1, 4, 16), repeat=2, timeout_s=30)
-    assert result.block_bytes == layout.block_bytes_all_layers
+    assert result.block_bytes == tp * layout.block_bytes_all_layers
+    assert result.num_ranks == tp and ("2 rank pairs at once" in result.source) == (tp == 2)
     blocks = {row["blocks"] for row in result.sample_rows()}
-    # The counts asked for, and more until one send moves MIN_LARGEST_BYTES.
-    assert {1, 4, 16} < blocks and max(blocks) * result.block_bytes >= MIN_LARGEST_BYTES
+    # The counts asked for, and more until one rank's send moves MIN_LARGEST_BYTES.
+    assert {1, 4, 16} < blocks
+    assert max(blocks) * layout.block_bytes_all_layers >= MIN_LARGEST_BYTES
     assert all(sum(r["blocks"] == n for r in result.sample_rows()) == 2 for n in blocks)
     assert all(s.seconds > 0 for s in result.samples)
     assert math.isfinite(result.gbps) and result.gbps > 0
