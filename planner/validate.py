@@ -115,9 +115,8 @@ def measured_row(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]
 
 
 def validate(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]:
-    """Serve the plan's best `args.validate` splits; the rows, both rankings and `agrees`."""
-    if not args.model:
-        raise ValueError("--validate needs --model (the checkpoint the splits serve)")
+    """Serve the plan's best `args.validate` splits of `args.model`; the rows, both rankings
+    and `agrees`."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line a request: noise here
     profiles = {int(json.loads(Path(p).read_text()).get("tp", 1)): Path(p) for p in args.profile}
     best = ranked(result["runs"])
