@@ -21,8 +21,8 @@ Checking a plan against the cluster it plans: `--validate N` serves its best N s
 and ranks them as served beside the plan's ranking (planner/validate.py); `--calibration-out`
 keeps what those runs measured against the plan, and `--calibration` plans with it
 (planner/calibration.py: the served runs' measured / planned ratio of each latency figure,
-a p50's largest and a p99's median, so a plan that errs errs pessimistic). How close a plan comes to repeated real runs:
-`python -m bench.planning.plan_validate` (docs/performance.md).
+a p50's largest and a p99's median, so a plan that errs errs pessimistic). How close a plan
+comes to repeated real runs: `python -m bench.planning.plan_validate` (docs/performance.md).
 
 CPU workers share their host's cores with the serving work: `--host-cpu` (planner/sim/host.py,
 measured by `python -m bench.planning.host_cpu`) models that.
