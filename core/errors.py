@@ -30,6 +30,11 @@ class OverloadedError(BatonError):
         self.retry_after_s = retry_after_s
 
 
+class DrainingError(OverloadedError):
+    """The worker is draining (a scale-down): it finishes what it runs and takes nothing new;
+    the front door routes the request to another worker."""
+
+
 class KVCapacityError(OverloadedError):
     """A worker has no free KV blocks for the prompt right now (running requests will free
     some): the front door waits and retries before giving up with 429."""

@@ -40,16 +40,23 @@ def hf_greedy(
     max_tokens: int,
     device: str = "cpu",
     int8_activations: bool = False,
+    ignore_eos: bool = False,
 ) -> list[int]:
     """`int8_activations`: every linear layer's input quantized per row first (the oracle of
-    `quantization="w8a8"`, on a checkpoint from `write_fake_quantized`)."""
+    `quantization="w8a8"`, on a checkpoint from `write_fake_quantized`). `ignore_eos`: all
+    `max_tokens`, an end-of-sequence token among them (SamplingParams' `ignore_eos`)."""
     import torch
 
     model = _hf_model(model_dir, device, int8_activations)
     ids = torch.tensor([prompt], device=device)
+    until = {"eos_token_id": None} if ignore_eos else {}
     with torch.no_grad():
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            **until,
         )
     return out[0, len(prompt) :].tolist()
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from core.config import EngineConfig
-from core.errors import KVCapacityError, OverloadedError, WorkerFailedError
+from core.errors import DrainingError, KVCapacityError, WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from core.tracing import SpanName, Tracing, ending
@@ -98,7 +98,7 @@ class WorkerBase:
 
     def _check_admitting(self) -> None:
         if self.draining:
-            raise OverloadedError(f"{self.worker_id} is draining")
+            raise DrainingError(f"{self.worker_id} is draining")
 
     # -- transfers (engine thread) -----------------------------------------------------------
     def _after_step(self) -> None:

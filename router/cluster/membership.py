@@ -62,7 +62,13 @@ class Membership:
         self.model: WorkerInfo | None = None
         """The first worker's facts: the model every worker serves (id, context, blocks)."""
         self.on_left: list[Callable[[str], None]] = []
-        """Called with a worker id when it leaves (the prefill gate fails its waiters)."""
+        """Called with a worker id when it leaves for good (its output channel closes: a
+        stream still open on it is retried elsewhere)."""
+        self.on_draining: list[Callable[[str], None]] = []
+        """Called with a worker id when it starts draining: no request is routed to it (the
+        prefill gate fails its waiters, who are routed again), and the streams it runs go on
+        to their end over its output channel."""
+        self._draining: set[str] = set()
         self.door_report: Callable[[], Any] | None = None
         """This front door's queues and latencies for the controller's autoscaler
         (autoscale/signals.py door_report), sent every `door_report_every_s` when set (the
@@ -144,8 +150,12 @@ class Membership:
         desired = await self._ask_controller("get_desired", "pool sizes")
         self._prefill_pool_wanted = desired.get(WorkerRole.PREFILL, 0) > 0
         ready = {m.worker_id: m for m in members if m.state == "ready"}
+        draining = {m.worker_id for m in members if m.state == "draining"}
         for worker_id in [w for w in self.workers if w not in ready]:
-            self._leave(worker_id)
+            self._leave(worker_id, draining=worker_id in draining)
+        for worker_id in self._draining - draining:  # drained (or died draining): gone
+            self._draining.discard(worker_id)
+            self._left(worker_id)
         # A suspect the controller still lists as ready after _SUSPECT_S was alive after all
         # (its call failed for another reason): it rejoins, membership change or not.
         self._suspects = {w: t for w, t in self._suspects.items() if now - t < _SUSPECT_S}
@@ -186,12 +196,22 @@ class Membership:
         self.router.add_worker(member.worker_id, member.role, self.model.model_id)
         logger.info("router: worker %s (%s) joined", member.worker_id, member.role)
 
-    def _leave(self, worker_id: str) -> None:
+    def _leave(self, worker_id: str, draining: bool = False) -> None:
+        """Out of routing; `draining`: its streams run on until it is gone (`_left`)."""
         del self.workers[worker_id]
         self.loads.pop(worker_id, None)
         self._cursors.pop(worker_id, None)
         self._streamed.pop(worker_id, None)
         self.router.remove_worker(worker_id)
+        if not draining:
+            self._left(worker_id)
+            return
+        self._draining.add(worker_id)
+        for callback in self.on_draining:
+            callback(worker_id)
+        logger.info("router: worker %s draining; no longer routing to it", worker_id)
+
+    def _left(self, worker_id: str) -> None:
         for callback in self.on_left:
             callback(worker_id)
         logger.info("router: worker %s left", worker_id)

@@ -39,6 +39,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError,
 from core.errors import (
     BatonError,
     DeadlineExceededError,
+    DrainingError,
     OverloadedError,
     WorkerFailedError,
 )
@@ -111,6 +112,7 @@ class RequestPath:
         self.model_name = model_name
         self.gate = PrefillGate(router, prefill_queue_tokens)
         membership.on_left.append(self.gate.drop_worker)
+        membership.on_draining.append(self.gate.drop_worker)
         self._channels: dict[str, WorkerChannel] = {}
         membership.on_left.append(self._drop_channel)
         self.max_retries = max_retries
@@ -170,10 +172,11 @@ class RequestPath:
             door.record.prompt_tokens += len(prompt)
         parent = trace.set_span_in_context(trace.get_current_span())  # the door's root
         retry_reason = ""
-        attempt = 0
+        attempt = reroutes = 0
         while True:
             attempt += 1
-            rid = request.request_id if attempt == 1 else f"{request.request_id}.retry{attempt - 1}"
+            tries = attempt - 1 + reroutes
+            rid = request.request_id if tries == 0 else f"{request.request_id}.retry{tries}"
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceededError(f"request {request.request_id} passed its deadline")
@@ -196,6 +199,12 @@ class RequestPath:
                             finish_span(self.tracing, parent, delta, len(done_tokens), attempt)
                         yield delta
                 return
+            except DrainingError:
+                # A worker began draining after this door's last look: route again (no
+                # retry: nothing failed), under a new sub-request id.
+                attempt -= 1
+                reroutes += 1
+                await self.membership.sync()
             except OverloadedError:
                 if attempt == 1:
                     raise

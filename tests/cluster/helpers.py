@@ -103,6 +103,31 @@ def wait_until_offloaded(
         time.sleep(0.02)
 
 
+def desired(cluster: Any) -> dict[str, int]:
+    """The controller's desired pool sizes."""
+    import ray
+
+    return ray.get(cluster.controller.get_desired.remote(), timeout=30)
+
+
+def wait_for(cluster: Any, pool: str, size: int, timeout_s: float = 90.0) -> None:
+    """Wait until `pool` is meant to have `size` workers and has exactly that many, all
+    ready (a drained worker gone, a started one up)."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, members = ray.get(cluster.controller.get_members.remote(), timeout=30)
+        mine = [m for m in members if m.role == pool]
+        settled = len(mine) == size and all(m.state == "ready" for m in mine)
+        if settled and desired(cluster)[pool] == size:
+            return
+        assert time.monotonic() < deadline, (pool, size, [(m.worker_id, m.state) for m in mine])
+        time.sleep(0.1)
+
+
 async def poll(predicate: Any, timeout_s: float, what: str) -> None:
     """Wait on the running loop until `predicate()` holds; AssertionError naming `what`
     past `timeout_s`."""

@@ -15,7 +15,7 @@ from router.frontdoor.http.admin_routes import refresh_cluster_metrics
 from router.frontdoor.metrics import Metrics
 from tests import oracle
 from tests.cluster.conftest import always_disaggregate, make_spec
-from tests.cluster.helpers import collect, prompts
+from tests.cluster.helpers import collect, prompts, wait_for
 
 pytestmark = pytest.mark.slow
 SHORT = 8
@@ -37,12 +37,6 @@ def fast_config(min_prefill: int) -> AutoscaleConfig:
     )
 
 
-def desired(cluster) -> dict[str, int]:  # type: ignore[no-untyped-def]
-    import ray
-
-    return ray.get(cluster.controller.get_desired.remote(), timeout=30)
-
-
 def serve_burst(cluster, loop_thread, batch, sizes_seen: list[int]) -> list:  # type: ignore[no-untyped-def]
     """Every prompt at once; the prefill pool's desired size is sampled meanwhile."""
 
@@ -58,20 +52,6 @@ def serve_burst(cluster, loop_thread, batch, sizes_seen: list[int]) -> list:  # 
         return [t.result() for t in tasks]
 
     return loop_thread.run(run(), timeout=240)
-
-
-def wait_for(cluster, pool: str, size: int, timeout_s: float = 90.0) -> None:  # type: ignore[no-untyped-def]
-    import ray
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _, members = ray.get(cluster.controller.get_members.remote(), timeout=30)
-        mine = [m for m in members if m.role == pool]
-        settled = len(mine) == size and all(m.state == "ready" for m in mine)
-        if settled and desired(cluster)[pool] == size:
-            return
-        assert time.monotonic() < deadline, (pool, size, [(m.worker_id, m.state) for m in mine])
-        time.sleep(0.1)
 
 
 def check_exact(model_dir, batch, outs) -> None:  # type: ignore[no-untyped-def]
