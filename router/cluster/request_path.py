@@ -200,7 +200,7 @@ class RequestPath:
                         yield delta
                 return
             except DrainingError:
-                # A worker began draining after this door's last look: route again (no
+                # A worker began draining after this door last polled it: route again (no
                 # retry: nothing failed), under a new sub-request id.
                 attempt -= 1
                 reroutes += 1
