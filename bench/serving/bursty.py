@@ -31,15 +31,15 @@ import contextlib
 import json
 import os
 import random
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.paths import results_file
+from bench.serving.pools import Samples, sample_pools, worker_seconds
 from loadgen import workloads as wl
-from loadgen.client import run_load, scrape_metrics
+from loadgen.client import run_load
 from loadgen.compare import LOGS, ensure_bench_model
-from loadgen.metrics import SLO, RequestResult, scrape_by_label, summarize
+from loadgen.metrics import SLO, RequestResult, summarize
 from loadgen.run import served_model
 from loadgen.server import ServerProcess
 from loadgen.traces import DEFAULT_TRACE, TraceRequest
@@ -85,17 +85,6 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
-async def _sample_pools(url: str, samples: list[tuple[float, int]]) -> None:
-    """(time, workers in every pool) once a second until cancelled."""
-    start = time.monotonic()
-    while True:
-        exposition = await scrape_metrics(url)
-        if exposition is not None:
-            sizes = scrape_by_label(exposition, "baton:pool_size", "pool")
-            samples.append((time.monotonic() - start, int(sum(sizes.values()))))
-        await asyncio.sleep(1.0)
-
-
 def met_by_phase(
     results: list[RequestResult], slo: SLO, phases: int, phase_s: float
 ) -> list[float | None]:
@@ -109,13 +98,6 @@ def met_by_phase(
     return [met / sent if sent else None for sent, met in counts]
 
 
-def worker_seconds(samples: list[tuple[float, int]], end_s: float) -> float:
-    total = 0.0
-    for (t, n), (t_next, _) in zip(samples, [*samples[1:], (end_s, 0)], strict=True):
-        total += n * max(0.0, min(t_next, end_s) - t)
-    return total
-
-
 async def run_config(
     name: str, serve_args: list[str], model_dir: Path, requests: list[TraceRequest],
     args: argparse.Namespace,
@@ -125,8 +107,8 @@ async def run_config(
         model = await served_model(server.url)
         warm = wl.fixed_lengths(2, 16, 4, wl.TokenSpace(args.token_low, args.token_low + 1))
         await run_load(server.url, model, warm, progress=False)
-        samples: list[tuple[float, int]] = []
-        sampler = asyncio.create_task(_sample_pools(server.url, samples))
+        samples: Samples = []
+        sampler = asyncio.create_task(sample_pools(server.url, samples))
         try:
             run = await run_load(server.url, model, requests,
                                  max_duration_s=args.phase_s * args.phases + 5,
@@ -140,7 +122,7 @@ async def run_config(
     summary = summarize(run.results, run.duration_s, slo, None)
     met = sum(1 for r in run.results if slo.met_by(r))
     lost = sum(1 for r in run.results if not r.ok) + run.num_not_sent
-    ws = worker_seconds(samples, run.duration_s)
+    ws = sum(worker_seconds(samples, run.duration_s).values())
     return {
         "config": name,
         "serve_args": serve_args,

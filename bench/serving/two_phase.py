@@ -52,10 +52,11 @@ from typing import Any
 import httpx
 
 from bench.paths import results_file
+from bench.serving.pools import sample_pools, worker_seconds
 from loadgen import workloads as wl
-from loadgen.client import run_load, scrape_metrics
+from loadgen.client import run_load
 from loadgen.compare import LOGS, ensure_bench_model
-from loadgen.metrics import SLO, RequestResult, scrape_by_label, summarize
+from loadgen.metrics import SLO, RequestResult, summarize
 from loadgen.run import served_model
 from loadgen.server import ServerProcess
 from loadgen.traces import TraceRequest
@@ -112,17 +113,6 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     }
 
 
-async def _sample_pools(url: str, samples: list[tuple[float, dict[str, int]]]) -> None:
-    """(time, workers per pool) once a second until cancelled."""
-    start = time.monotonic()
-    while True:
-        exposition = await scrape_metrics(url)
-        if exposition is not None:
-            sizes = scrape_by_label(exposition, "baton:pool_size", "pool")
-            samples.append((time.monotonic() - start, {k: int(v) for k, v in sizes.items()}))
-        await asyncio.sleep(1.0)
-
-
 def by_phase(results: list[RequestResult], slo: SLO, plan: list[Phase]) -> list[dict[str, Any]]:
     """Per phase (by send time; one sent after the last phase's end counts in it): requests
     sent, the share within both SLOs, and those per second of the phase."""
@@ -137,14 +127,6 @@ def by_phase(results: list[RequestResult], slo: SLO, plan: list[Phase]) -> list[
          "goodput_per_s": met / p.duration_s}
         for p, (sent, met) in zip(plan, counts, strict=True)
     ]  # fmt: skip
-
-
-def worker_seconds(samples: list[tuple[float, dict[str, int]]], end_s: float) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for (t, sizes), (t_next, _) in zip(samples, [*samples[1:], (end_s, {})], strict=True):
-        for pool, n in sizes.items():
-            total[pool] = total.get(pool, 0.0) + n * max(0.0, min(t_next, end_s) - t)
-    return total
 
 
 async def autoscale_history(url: str, token: str, started: float) -> list[dict[str, Any]]:
@@ -175,7 +157,7 @@ async def run_config(
         warm = wl.fixed_lengths(2, 16, 4, wl.TokenSpace(args.token_low, args.token_low + 1))
         await run_load(server.url, model, warm, progress=False)
         samples: list[tuple[float, dict[str, int]]] = []
-        sampler = asyncio.create_task(_sample_pools(server.url, samples))
+        sampler = asyncio.create_task(sample_pools(server.url, samples))
         started = time.time()
         try:
             run = await run_load(server.url, model, requests, max_duration_s=total_s + 5,

@@ -8,6 +8,7 @@ import itertools
 import pytest
 
 from bench.serving import bursty
+from bench.serving.pools import worker_seconds
 
 
 def test_phases_alternate_low_and_high_around_the_mean() -> None:
@@ -23,9 +24,9 @@ def test_phases_alternate_low_and_high_around_the_mean() -> None:
 
 
 def test_worker_seconds_integrate_the_sampled_pool_sizes() -> None:
-    samples = [(0.0, 2), (10.0, 4), (15.0, 2)]
-    assert bursty.worker_seconds(samples, end_s=20.0) == 2 * 10 + 4 * 5 + 2 * 5
-    assert bursty.worker_seconds(samples, end_s=12.0) == 2 * 10 + 4 * 2
+    samples = [(0.0, {"decode": 2}), (10.0, {"decode": 4, "prefill": 1}), (15.0, {"decode": 2})]
+    assert worker_seconds(samples, end_s=20.0) == {"decode": 2 * 10 + 4 * 5 + 2 * 5, "prefill": 5}
+    assert worker_seconds(samples, end_s=12.0) == {"decode": 2 * 10 + 4 * 2, "prefill": 2}
 
 
 def test_the_autoscaled_pools_range_from_the_average_to_the_peak() -> None:
