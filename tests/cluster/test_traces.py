@@ -25,6 +25,7 @@ from tests.support.otlp_receiver import OTLPReceiver, ReceivedSpan
 pytestmark = pytest.mark.slow
 
 FLUSH_TIMEOUT_S = 15.0
+CLIENT_SLACK_S = 0.02
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a baton in a relay race."}]
 
 
@@ -148,8 +149,11 @@ def test_one_disaggregated_request_is_one_connected_trace(
     assert expected <= names, expected - names
     assert {s.service for s in spans} == {"baton-router", "baton-prefill", "baton-decode"}
     # The root covers the client's end-to-end time, its children (their union) the root.
+    # The root cannot hold the client's and the HTTP server's own work before the door's
+    # handler runs: on a loaded 2-core host that alone can be several ms of a 40-token
+    # request's ~80 ms, so up to CLIENT_SLACK_S is allowed besides the 5%.
     root_s = (root.end_ns - root.start_ns) / 1e9
-    assert root_s >= 0.95 * e2e_s, (root_s, e2e_s)
+    assert root_s >= 0.95 * e2e_s - CLIENT_SLACK_S, (root_s, e2e_s)
     children = [(s.start_ns, s.end_ns) for s in spans if s is not root]
     assert union_s(children, root.start_ns, root.end_ns) >= 0.95 * root_s
     # Routing says what it chose and from what; the transfer what it moved, and how.
