@@ -156,10 +156,12 @@ class Scheduler:
         return max(range(first, len(self.running)), key=lambda k: (self.running[k].priority, k))
 
     def _preempt_for_priority(self, batch: ScheduledBatch, budget: int) -> None:
+        """Step 0: running requests the queue's head outranks give up their blocks and slots
+        (`_victim` order) until the head fits, or none it outranks is left."""
         head = self.waiting.head()
         if head is None or not any(r.priority > head.priority for r in self.running):
             return
-        while True:
+        while self.running:
             hits = self.kv.get_computed_blocks(head) if head.params.prompt_logprobs is None else []
             left = head.num_tokens - head.num_computed_tokens - len(hits) * self.kv.block_size
             room = len(self.running) < self.config.max_num_seqs
