@@ -3,7 +3,9 @@ cluster controller can build and ship it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from core.fair_share import FairShareConfig
 
 CPU_KV_CACHE_BYTES = 1 << 30
 """The KV cache of a CPU worker when no size is given (there is no device to fill)."""
@@ -63,6 +65,8 @@ class EngineConfig:
     tp_size: int = 1
     """Tensor-parallel ranks of this engine. A cluster's TP size is ClusterSpec.tp (per pool:
     `tp_of`); each worker sets its engine's from its own spec."""
+    fair_share: FairShareConfig = field(default_factory=FairShareConfig)
+    """How the waiting queue orders tenants (core/fair_share.py); priority always counts."""
     cuda_graphs: bool = True
     """Replay decode steps from CUDA graphs captured at start-up (CUDA devices with the
     Triton backend only; never on CPU). False runs every step eagerly (vLLM's

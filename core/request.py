@@ -105,6 +105,11 @@ class EngineRequest:
     trace: Carried = field(default_factory=Carried)
     """The W3C trace context of the router's attempt span: the worker's spans are its
     children (core/tracing.py); empty when the request is not traced."""
+    priority: int = 0
+    """Lower runs first: queued ahead of, and preempting, requests of a higher number."""
+    tenant: str = ""
+    """Whose request it is: the fair share between tenants counts what each was served
+    (core/fair_share.py)."""
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import msgspec
@@ -120,9 +121,14 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
+        tenant: str = "",
     ) -> Request:
         """Check and queue a request; a bad one raises ValueError and changes nothing."""
-        return self.enqueue(self.prepare(request_id, prompt, params), arrival_time)
+        request = replace(
+            self.prepare(request_id, prompt, params), priority=priority, tenant=tenant
+        )
+        return self.enqueue(request, arrival_time)
 
     def prepare(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
@@ -144,7 +150,8 @@ class LLMEngine:
         request_id, token_ids, params = request.request_id, request.prompt_token_ids, request.params
         if request_id in self.requests or request_id in self.held:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes))
+        req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes),
+                      priority=request.priority, tenant=request.tenant)  # fmt: skip
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
         req.arrival_step = self.step_totals.steps

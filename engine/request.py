@@ -72,6 +72,11 @@ class Request:
     yet part of `all_token_ids`."""
     spec_stats: Any = None
     """`engine.spec.SpecStats` once the request has speculated."""
+    priority: int = 0
+    """Lower runs first (vLLM's semantics): it is admitted before, and preempts, requests of
+    a higher number (engine/scheduler.py)."""
+    tenant: str = ""
+    """Whose request it is, for the fair share between tenants (core/fair_share.py)."""
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

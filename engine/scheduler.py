@@ -3,16 +3,23 @@ offload tiers.
 
 Each step spends a token budget (`max_num_batched_tokens`):
 
+  0. If the next waiting request outranks running ones (a lower `priority`) and finds no
+     room (blocks or sequence slots), the lowest-priority running requests are preempted
+     for it, the most recently admitted first, until it fits.
   1. Running requests first, in arrival order: each asks for its remaining uncomputed
      tokens (1 when decoding, the rest of its prompt when mid-prefill), capped by the budget.
-     If the pool has no room, the most recently admitted running request is preempted (its
-     blocks freed, its computed count reset, back to the front of the queue) until there is
+     If the pool has no room, a running request not yet scheduled this step is preempted
+     (the lowest priority, the most recently admitted of those: its blocks freed, its
+     computed count reset, back to the front of its class in the queue) until there is
      room or the request itself was the one preempted. Its full blocks stay in the prefix
      cache; with offload tiers they spill to host memory if evicted while it waits, and its
      partial last block is swapped there, so it resumes with nothing to recompute.
   2. Then waiting requests, in order, while budget, sequence slots and blocks last; a new
      request first takes its prefix-cache hit, so only the rest of its prompt costs budget.
-     The queue is FIFO: if the head does not fit, nothing behind it jumps ahead.
+     The order is engine/wait_queue.py's: priority, then the tenant served least
+     (core/fair_share.py), then first in; if the head does not fit, nothing behind it
+     jumps ahead. What each step computes is charged to its request's tenant.
+Preempted requests resume exactly (their output kept, its KV recomputed or swapped in).
 
 A request whose tokens are all computed after this step gets a sampled token; a request that
 got only part of its prompt (a chunk) does not. With speculation on, a running request about
@@ -25,15 +32,16 @@ into the running batch.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from core.config import EngineConfig
+from core.fair_share import FairShare
 from core.perf import attention_pairs
 from core.step_stats import StepTotals
 from engine.kv_cache.manager import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.spec import Speculator
+from engine.wait_queue import WaitQueue
 
 
 @dataclass
@@ -73,7 +81,8 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.speculator = speculator
-        self.waiting: deque[Request] = deque()
+        self.fair = FairShare(config.fair_share)
+        self.waiting = WaitQueue(self.fair)
         self.running: list[Request] = []
         self.num_preemptions = 0
         """Total preemptions since start (a metric: a high rate means the cache is too small)."""
@@ -86,6 +95,9 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[Request, int]] = []
 
+        # 0. room for a request that outranks running ones
+        self._preempt_for_priority(batch, budget)
+
         # 1. running requests
         proposed = self._propose(budget)
         i = 0
@@ -95,7 +107,7 @@ class Scheduler:
             drafts = self._drafts(req, num_new, budget, proposed)
             num_new += len(drafts)
             while not self.kv.allocate_slots(req, num_new):
-                victim = self.running.pop()
+                victim = self.running.pop(self._victim(i))
                 self._preempt(victim)
                 batch.preempted.append(victim)
                 if victim is req:
@@ -110,7 +122,8 @@ class Scheduler:
 
         # 2. waiting requests
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+            req = self.waiting.head()
+            assert req is not None
             hits = self.kv.get_computed_blocks(req) if req.params.prompt_logprobs is None else []
             num_hit_tokens = len(hits) * self.kv.block_size
             tail = self.kv.swapped_tail(req, len(hits))  # a preempted request's last block
@@ -134,7 +147,40 @@ class Scheduler:
         # Decodes (speculating ones too: a decode row per position) first, stable otherwise.
         scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
         batch.items = scheduled
+        self._charge(scheduled)
         return batch
+
+    def _victim(self, first: int) -> int:
+        """Which running request (by position, from `first` on: those not scheduled yet
+        this step) gives up its blocks: the lowest priority, the latest admitted."""
+        return max(range(first, len(self.running)), key=lambda k: (self.running[k].priority, k))
+
+    def _preempt_for_priority(self, batch: ScheduledBatch, budget: int) -> None:
+        """Step 0: running requests the queue's head outranks give up their blocks and slots
+        (`_victim` order) until the head fits, or none it outranks is left."""
+        head = self.waiting.head()
+        if head is None or not any(r.priority > head.priority for r in self.running):
+            return
+        while self.running:
+            hits = self.kv.get_computed_blocks(head) if head.params.prompt_logprobs is None else []
+            left = head.num_tokens - head.num_computed_tokens - len(hits) * self.kv.block_size
+            room = len(self.running) < self.config.max_num_seqs
+            if room and self.kv.can_allocate(head, max(1, min(left, budget)), hits):
+                return
+            k = self._victim(0)
+            if self.running[k].priority <= head.priority:
+                return  # nobody it outranks is left
+            victim = self.running.pop(k)
+            self._preempt(victim)
+            batch.preempted.append(victim)
+
+    def _charge(self, scheduled: list[tuple[Request, int]]) -> None:
+        """Each tenant's share of this step: its requests' prompt and output tokens."""
+        for req, n in scheduled:
+            real = n - len(req.draft_token_ids)
+            prompt = max(0, min(req.num_prompt_tokens, req.num_computed_tokens + real)
+                         - req.num_computed_tokens)  # fmt: skip
+            self.fair.charge(req.tenant, prompt, real - prompt)
 
     def _propose(self, budget: int) -> dict[str, list[int]]:
         """Drafts for every running request about to decode one token (engine/spec), all
@@ -200,6 +246,7 @@ class Scheduler:
         own prompts admits them up to its batch cap, so its queue forms only after TTFT has
         grown). None when there is none."""
         unanswered = [r.arrival_time for r in self.running if not r.num_sampled_here]
-        if self.waiting:
-            unanswered.append(self.waiting[0].arrival_time)
+        queued = self.waiting.oldest_arrival()
+        if queued is not None:
+            unanswered.append(queued)
         return min(unanswered, default=None)

@@ -114,6 +114,7 @@ async def _serve(config: ServeConfig) -> int:
         tracing=cluster.tracing,
         log_requests_json=config.observability.log_requests_json,
         slow_requests=cluster.slow_requests,
+        tenant_header=config.limits.tenant_header,
     )
     import uvicorn
 
@@ -126,6 +127,7 @@ async def _serve(config: ServeConfig) -> int:
             api_key=door.api_key, metrics=metrics, request_timeout_s=door.request_timeout,
             tool_call_parser=tool_call_parser, limits=controls, tracing=cluster.tracing,
             log_requests_json=config.observability.log_requests_json,
+            tenant_header=config.limits.tenant_header,
         )  # fmt: skip
     except OSError as e:
         await cluster.close()

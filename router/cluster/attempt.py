@@ -114,7 +114,8 @@ class Attempt:
                     yield delta
                 return
             with self._step(SpanName.GATE_WAIT), self.path.waits[WorkerRole.PREFILL].waiting():
-                await self.path.gate.admit(ticket, self._left(), self.request.block_hashes)
+                await self.path.gate.admit(ticket, self._left(), self.request.block_hashes,
+                                           self.request.priority, self.request.tenant)  # fmt: skip
             if ticket.decision.pull_from is not None:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()

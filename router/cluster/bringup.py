@@ -84,6 +84,7 @@ class Cluster:
         """Record routing decisions, their accuracy, KV transfers and index resyncs into
         the front doors' metrics."""
         self.backend.metrics = metrics
+        metrics.tenants.queued_source = self.backend.gate.tenants_waiting
         self.membership.on_resync.append(metrics.record_index_resync)
         self.router.on_reuse = lambda r, _resynced: metrics.accuracy.record(
             r.worker_id, r.predicted, r.reused
@@ -173,6 +174,7 @@ async def start_cluster(
         os.path.basename(spec.model_dir.rstrip("/")),
         prefill_queue_tokens=2 * spec.engine.max_num_batched_tokens,
         tracing=Tracing(spec.tracing, "baton-router", slow_requests),
+        fair_share=spec.engine.fair_share,
     )
     backend.slow_requests = slow_requests
     if spec.autoscale is not None:

@@ -32,6 +32,13 @@ each simulated worker's queue is this gate) 39 of 39 runs meet the reuse and bal
 with 4, 8 or 16 skips against 34 first in, first out; the burst pattern's reuse rises with
 the bound, Mooncake's does not move (docs/performance.md, "Routing").
 
+Before any of that, classes (core/fair_share.py): the waiters of the best `priority` go
+first, and among those the tenant whose requests this door has served least (prompt tokens
+charged as the gate admits them, output tokens as the door streams them); the longest-prefix
+order and the skip bound apply within that class. Unrouted requests (late binding) go by
+class too, first in within one. With fair share off and every priority equal there is one
+class and the gate is as described above.
+
 A request is always admitted when nothing is in flight, however long its prompt. Written
 here rather than with `asyncio.Semaphore` because admission is weighted by tokens and its
 order is the gate's own (a semaphore would let short prompts overtake a long one forever).
@@ -41,12 +48,12 @@ Runs on the front door's event loop only.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.errors import WorkerFailedError
+from core.fair_share import FairShare
 from router.routing.route import Router
 from router.routing.ticket import Ticket
 
@@ -56,14 +63,18 @@ class _Waiter:
     ticket: Ticket
     future: asyncio.Future[None]
     block_hashes: Sequence[int] = ()
+    priority: int = 0
+    tenant: str = ""
     skips: int = 0
-    """Times a later waiter was admitted before it."""
+    """Times a later waiter of its class was admitted before it."""
 
 
 @dataclass(eq=False)
 class _Unrouted:
     route: Callable[[], Ticket]
     future: asyncio.Future[Ticket]
+    priority: int = 0
+    tenant: str = ""
 
 
 _RECHECK_S = 0.5
@@ -93,18 +104,24 @@ def next_in_line(
 
 
 class PrefillGate:
-    def __init__(self, router: Router, max_tokens: int) -> None:
+    def __init__(self, router: Router, max_tokens: int, fair: FairShare | None = None) -> None:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         self.router = router
         self.max_tokens = max_tokens
+        self.fair = fair or FairShare()
         self._queues: dict[str, deque[_Waiter]] = {}
         self._unrouted: dict[str, deque[_Unrouted]] = {}  # model -> requests not routed yet
         self.num_bound_late = 0
         """Requests that waited unrouted for room (late binding) since start."""
 
     async def admit(
-        self, ticket: Ticket, timeout_s: float, block_hashes: Sequence[int] = ()
+        self,
+        ticket: Ticket,
+        timeout_s: float,
+        block_hashes: Sequence[int] = (),
+        priority: int = 0,
+        tenant: str = "",
     ) -> None:
         """Wait until the ticket's prefill worker may take its tokens and it is the ticket's
         turn (`next_in_line`: its prompt's chain `block_hashes` decides by what the worker
@@ -116,9 +133,11 @@ class PrefillGate:
             raise ValueError("a request prefilled by its decode worker passes no gate")
         queue = self._queues.setdefault(worker_id, deque())
         if not queue and self._fits(worker_id, ticket):
-            self._admit(worker_id, ticket)
+            self._admit(worker_id, ticket, tenant)
             return
-        waiter = _Waiter(ticket, asyncio.get_running_loop().create_future(), block_hashes)
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(ticket, future, block_hashes, priority, tenant)
+        self._rejoin(tenant)
         queue.append(waiter)
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout_s)
@@ -131,7 +150,14 @@ class PrefillGate:
             # else: admitted as we gave up; closing the ticket frees the slot again
             raise
 
-    async def bind(self, model: str, route: Callable[[], Ticket], timeout_s: float) -> Ticket:
+    async def bind(
+        self,
+        model: str,
+        route: Callable[[], Ticket],
+        timeout_s: float,
+        priority: int = 0,
+        tenant: str = "",
+    ) -> Ticket:
         """Late binding: wait (first in, first out for the model) until some prefill worker
         has room, then `route()` and return its ticket (the caller admits it at its worker's
         gate next, and closes it). `route` runs on this loop, maybe from another request's
@@ -139,7 +165,8 @@ class PrefillGate:
         queue = self._unrouted.setdefault(model, deque())
         if not queue and self._has_room(model):
             return route()
-        waiter = _Unrouted(route, asyncio.get_running_loop().create_future())
+        waiter = _Unrouted(route, asyncio.get_running_loop().create_future(), priority, tenant)
+        self._rejoin(tenant)
         queue.append(waiter)
         self.num_bound_late += 1
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -181,7 +208,8 @@ class PrefillGate:
         route charges its worker at once, so the next one sees the room that is left."""
         queue = self._unrouted.get(model)
         while queue and self._has_room(model):
-            waiter = queue.popleft()
+            waiter = self._first_of_class(queue)
+            queue.remove(waiter)
             if waiter.future.done():  # timed out or cancelled
                 continue
             try:
@@ -193,8 +221,38 @@ class PrefillGate:
         admitted = self.router.admitted_tokens(worker_id)
         return not admitted or admitted + max(1, ticket.prefill_tokens) <= self.max_tokens
 
-    def _admit(self, worker_id: str, ticket: Ticket) -> None:
+    def _admit(self, worker_id: str, ticket: Ticket, tenant: str) -> None:
+        self.fair.charge(tenant, prompt_tokens=ticket.prefill_tokens)
         ticket.admit(on_release=lambda: self._wake(worker_id))
+
+    def _class(self, waiter: _Waiter | _Unrouted) -> tuple[int, str]:
+        return self.fair.class_of(waiter.priority, waiter.tenant)
+
+    def _line(self, queue: deque[_Waiter]) -> list[_Waiter]:
+        """The waiting (not given up) waiters of the class served next, in queue order,
+        the first LOOKAHEAD of them."""
+        live = [w for w in queue if not w.future.done()]
+        best = self.fair.next_class({self._class(w) for w in live})
+        return [w for w in live if self._class(w) == best][:LOOKAHEAD]
+
+    def _first_of_class(self, queue: deque[_Unrouted]) -> _Unrouted:
+        best = self.fair.next_class({self._class(w) for w in queue})
+        return next(w for w in queue if self._class(w) == best)
+
+    def _rejoin(self, tenant: str) -> None:
+        """A tenant with nobody waiting here queues again: no credit for its idle time."""
+        waiting = self.tenants_waiting()
+        if not waiting.get(tenant):
+            self.fair.rejoin(tenant, waiting)
+
+    def tenants_waiting(self) -> dict[str, int]:
+        """Requests waiting at this door's gates (routed or not), per tenant."""
+        counts: dict[str, int] = {}
+        for q in [*self._queues.values(), *self._unrouted.values()]:
+            for w in q:
+                if not w.future.done():
+                    counts[w.tenant] = counts.get(w.tenant, 0) + 1
+        return counts
 
     def _wake(self, worker_id: str) -> None:
         """Admit, one turn after another (`_next`), whoever now fits; then route unrouted
@@ -205,28 +263,32 @@ class PrefillGate:
             if queue[0].future.done():  # timed out or cancelled
                 queue.popleft()
                 continue
-            i = self._next(worker_id, queue, held)
+            line = self._line(queue)
+            if not line:
+                queue.clear()  # every one of them gave up
+                break
+            i = self._next(worker_id, line, held)
             if i is None:
                 break
-            waiter = queue[i]
-            del queue[i]
-            for passed in itertools.islice(queue, i):
+            waiter = line[i]
+            queue.remove(waiter)
+            for passed in line[:i]:
                 passed.skips += 1
-            self._admit(worker_id, waiter.ticket)
+            self._admit(worker_id, waiter.ticket, waiter.tenant)
             waiter.future.set_result(None)
         for model in [m for m, q in self._unrouted.items() if q]:
             self._bind_waiting(model)
 
-    def _next(self, worker_id: str, queue: deque[_Waiter], known: dict[_Waiter, int]) -> int | None:
-        """`next_in_line` over the queue's first LOOKAHEAD waiters: the blocks of each one's
-        chain the worker's KV events say it holds (0 while the index is degraded), looked up
-        once per waiter in `known`."""
-        head, max_skips = queue[0], self.router.config.gate_max_skips
-        if head.skips >= max_skips or len(queue) == 1:  # no lookups: the head's turn
+    def _next(self, worker_id: str, line: list[_Waiter], known: dict[_Waiter, int]) -> int | None:
+        """`next_in_line` over one class's waiters (`_line`): the blocks of each one's chain
+        the worker's KV events say it holds (0 while the index is degraded), looked up once
+        per waiter in `known`."""
+        head, max_skips = line[0], self.router.config.gate_max_skips
+        if head.skips >= max_skips or len(line) == 1:  # no lookups: the head's turn
             return 0 if self._fits(worker_id, head.ticket) else None
         held: list[int] = []
         fits: list[bool] = []
-        for waiter in itertools.islice(queue, LOOKAHEAD):
+        for waiter in line:
             fits.append(not waiter.future.done() and self._fits(worker_id, waiter.ticket))
             blocks = known.get(waiter)
             if blocks is None:

@@ -43,6 +43,7 @@ from core.errors import (
     OverloadedError,
     WorkerFailedError,
 )
+from core.fair_share import FairShare, FairShareConfig
 from core.hashing import BlockHash
 from core.request import EngineRequest, OutputDelta, check_prompt
 from core.resume import ResumeState
@@ -101,6 +102,7 @@ class RequestPath:
         max_retries: int = 2,
         max_kv_wait_s: float = 30.0,
         tracing: Tracing | None = None,
+        fair_share: FairShareConfig | None = None,
     ) -> None:
         """`prefill_queue_tokens`: uncached prompt tokens admitted to one prefill worker at a
         time (router.cluster.prefill_gate); about two engine steps' token budget.
@@ -110,7 +112,10 @@ class RequestPath:
         self.router = router
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self.gate = PrefillGate(router, prefill_queue_tokens)
+        self.fair = FairShare(fair_share)
+        """Each tenant's served tokens: the gate's order; charged with the prompt tokens it
+        admits and the output tokens streamed here."""
+        self.gate = PrefillGate(router, prefill_queue_tokens, self.fair)
         membership.on_left.append(self.gate.drop_worker)
         membership.on_draining.append(self.gate.drop_worker)
         self._channels: dict[str, WorkerChannel] = {}
@@ -169,6 +174,7 @@ class RequestPath:
         door = door_trace.current()
         if door is not None:
             door.record.request_id = request.request_id
+            door.record.tenant = request.tenant or door.record.tenant
             door.record.prompt_tokens += len(prompt)
         parent = trace.set_span_in_context(trace.get_current_span())  # the door's root
         retry_reason = ""
@@ -182,7 +188,8 @@ class RequestPath:
                 raise DeadlineExceededError(f"request {request.request_id} passed its deadline")
             hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes)
             resume = ResumeState(tuple(done_tokens), "".join(done_text))
-            sub = EngineRequest(rid, prompt, params, tuple(hashes), resume)
+            sub = EngineRequest(rid, prompt, params, tuple(hashes), resume,
+                                priority=request.priority, tenant=request.tenant)  # fmt: skip
             span = self.tracing.tracer.start_span(SpanName.ATTEMPT, context=parent)
             if span.is_recording():
                 span.set_attributes(attempt_attributes(sub, attempt, retry_reason))
@@ -190,6 +197,7 @@ class RequestPath:
                 with ending(span):
                     async for delta in self._attempt(sub, remaining, span):
                         done_tokens += delta.new_token_ids
+                        self.fair.charge(request.tenant, output_tokens=len(delta.new_token_ids))
                         done_text.append(delta.new_text)
                         delta.request_id = request.request_id
                         if door is not None:
@@ -271,8 +279,9 @@ class RequestPath:
                 ticket.close()
                 with self.waits[WorkerRole.PREFILL].waiting():
                     ticket = await self.gate.bind(
-                        model.model_id, lambda: self._route(request), timeout_s
-                    )
+                        model.model_id, lambda: self._route(request), timeout_s,
+                        request.priority, request.tenant,
+                    )  # fmt: skip
             if route_span.is_recording():
                 route_span.set_attributes(route_attributes(ticket.decision))
         door = door_trace.current()

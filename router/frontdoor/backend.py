@@ -23,6 +23,10 @@ class GenerateRequest:
     params: SamplingParams
     timeout_s: float = 300.0
     """Deadline for the whole request, from now; past it: DeadlineExceededError."""
+    priority: int = 0
+    """Lower runs first (vLLM's semantics), at the prefill gate and in each engine."""
+    tenant: str = ""
+    """Whose request it is (router/frontdoor/tenants.py): the fair share counts by it."""
 
 
 class Backend(Protocol):

@@ -19,7 +19,6 @@ The log line (`--log-requests-json`), one per request when it ends:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from core.tracing import SpanName, Tracing, parent_of, trace_id_hex
+from router.frontdoor.tenants import of_api_key
 
 request_logger = logging.getLogger("baton.requests")
 """Where the JSON request lines go (one logger, so an operator can route them apart)."""
@@ -80,10 +80,6 @@ def current() -> DoorTrace | None:
     return _CURRENT.get()
 
 
-def tenant_of(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()[:12] if api_key else ""
-
-
 @contextlib.contextmanager
 def opened(
     tracing: Tracing, log_json: bool, headers: Mapping[str, str], api_key: str, name: str
@@ -100,7 +96,7 @@ def opened(
         attributes={"baton.door.route": name},
     )
     door = DoorTrace(tracing.tracer, root)
-    door.record.tenant = tenant_of(api_key)
+    door.record.tenant = of_api_key(api_key)
     door.record.trace_id = trace_id_hex(root) if tracing.exporting else ""
     token = _CURRENT.set(door)
     try:

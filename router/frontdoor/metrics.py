@@ -7,7 +7,8 @@ and controller call `record_worker`, `record_kv_transfer`, `record_kv_transfer_f
 `record_index_resync`, `set_pool_size`, `record_autoscale` (autoscale_metrics.py) and
 `record_router_decision`. `baton:worker_pool{worker, pool}` (always 1) names each worker's
 pool, so per-worker series sum per pool with `* on (worker) group_left (pool)`.
-`LiveStats` keeps the short per-second history the dashboard charts.
+Per-tenant series live in tenant_metrics.py. `LiveStats` keeps the short per-second history
+the dashboard charts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from core.step_stats import PHASES
 from router.frontdoor.autoscale_metrics import AutoscaleGauges
 from router.frontdoor.routing_metrics import AccuracyMetrics
 from router.frontdoor.slo_window import SloWindow
+from router.frontdoor.tenant_metrics import TenantMetrics
 
 __all__ = ["CONTENT_TYPE_LATEST", "LiveStats", "Metrics", "RequestRecord"]
 
@@ -73,6 +75,7 @@ class RequestRecord:
     num_cached_tokens: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    tenant: str = ""
     request_id: str = ""
     """Attached to the latency observations as an OpenMetrics exemplar: a slow bucket
     names a request that landed in it (X-Request-Id leads the id), without a label per
@@ -104,6 +107,7 @@ class Metrics:
         self.e2e = seconds("e2e_request_latency", "End-to-end request latency.")
         self.queue = seconds("request_queue_time", "Time a request waited before it was scheduled.")
         self.requests = Counter("baton:requests", "Requests by outcome.", ["outcome"], registry=r)
+        self.tenants = TenantMetrics(r, _LATENCY_BUCKETS)
         self.draft_acceptance = Histogram(
             "baton:request_draft_acceptance_rate",
             "Per request that speculated: accepted / drafted tokens (--speculative).",
@@ -216,6 +220,7 @@ class Metrics:
         ):
             if value is not None:
                 hist.observe(value, exemplar)
+        self.tenants.observe(rec.tenant, rec.ttft_s, rec.num_prompt_tokens, rec.num_output_tokens)
         self.live.add(rec)
 
     # -- request path / cluster state ---------------------------------------------------
@@ -329,6 +334,7 @@ class Metrics:
         """(body, content type): OpenMetrics, exemplars included, when `accept` (the
         scraper's Accept header) asks for it, as Prometheus does with exemplar storage on;
         else the classic text format."""
+        self.tenants.refresh()
         if "application/openmetrics-text" in accept:
             # Names printed as they are: the default escaping turns the colon into `_` in
             # the samples but not in their family's HELP/TYPE lines (prometheus_client

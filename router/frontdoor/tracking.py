@@ -89,6 +89,7 @@ async def run_tracked(
                 num_cached_tokens=0 if last is None else last.num_cached_tokens,
                 num_draft_tokens=0 if last is None else last.num_draft_tokens,
                 num_accepted_tokens=0 if last is None else last.num_accepted_tokens,
+                tenant=request.tenant,
                 request_id=request.request_id,
             )
         )

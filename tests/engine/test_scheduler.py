@@ -60,8 +60,8 @@ def test_preemption_by_recompute_when_blocks_run_out() -> None:
     assert s.kv.pool.num_free_blocks == 0
     advance(s)  # position 7: both still fit their second block
     advance(s)  # a needs a 3rd block at position 8 -> preempts b (the newest)
-    assert s.waiting and s.waiting[0].request_id == "b"
-    b = s.waiting[0]
+    b = s.waiting.head()
+    assert b is not None and b.request_id == "b"
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.num_preemptions == 1
     s.kv.pool.check_invariants()

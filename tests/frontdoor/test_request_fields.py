@@ -108,6 +108,9 @@ VLLM_FIELDS: list[tuple[str, Any, int]] = [
     ("use_beam_search", True, REFUSED),  # not served: unknown here
     ("logits_processors", ["my.module:Processor"], REFUSED),
     ("timeout", 30.0, OK),
+    ("priority", -3, OK),
+    ("priority", "urgent", REFUSED),
+    ("priority", 2**40, REFUSED),
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from core.errors import WorkerFailedError
 from core.events import BlockStored, KVEventBatch
+from core.fair_share import FairShare, FairShareConfig
 from router.cluster.prefill_gate import PrefillGate, next_in_line
 from router.routing.route import Router, RouterConfig
 from router.routing.ticket import Ticket
@@ -311,3 +312,53 @@ def test_a_longer_cached_prefix_that_fits_passes_a_head_that_does_not():
         assert order == ["warm", "cold"]
 
     run(main())
+
+
+def class_order(gate: PrefillGate, waiters: list[tuple[str, int, str]]) -> list[str]:
+    """Fill p0's slot with one request, queue `waiters` ((id, priority, tenant), 10 tokens
+    each), then free the slot one admission at a time: the order they were admitted in."""
+
+    async def main() -> list[str]:
+        holder = ticket(gate, "holder", 100)
+        await gate.admit(holder, 1)
+        order: list[str] = []
+        tickets = {rid: ticket(gate, rid, 100) for rid, _, _ in waiters}
+
+        async def wait(rid: str, priority: int, tenant: str) -> None:
+            await gate.admit(tickets[rid], 5, priority=priority, tenant=tenant)
+            order.append(rid)
+
+        tasks = []
+        for w in waiters:
+            tasks.append(asyncio.create_task(wait(*w)))
+            await asyncio.sleep(0)  # queued in this order
+        holder.prefill_done()
+        for _ in waiters:
+            await asyncio.sleep(0.01)
+            tickets[order[-1]].prefill_done()
+        await asyncio.gather(*tasks)
+        return order
+
+    return run(main())
+
+
+def test_the_best_priority_is_admitted_first_then_first_in():
+    gate = make_gate(100)
+    waiters = [("a", 1, ""), ("b", 0, ""), ("c", 1, ""), ("d", -2, "")]
+    assert class_order(gate, waiters) == ["d", "b", "a", "c"]
+
+
+def test_tenants_take_turns_by_what_they_were_served():
+    gate = make_gate(100)
+    waiters = [(f"flood{i}", 0, "flood") for i in range(4)] + [("quiet0", 0, "quiet")]
+    order = class_order(gate, waiters)
+    # flood0 is served first (the quiet one had not arrived); then quiet0 has the least.
+    assert order[:2] == ["flood0", "quiet0"], order
+    assert gate.fair.served("flood") == 400 and gate.fair.served("quiet") == 100
+
+
+def test_without_fair_share_tenants_queue_first_in_first_out():
+    gate = make_gate(100)
+    gate.fair = FairShare(FairShareConfig(enabled=False))
+    waiters = [(f"flood{i}", 0, "flood") for i in range(4)] + [("quiet0", 0, "quiet")]
+    assert class_order(gate, waiters) == [*(f"flood{i}" for i in range(4)), "quiet0"]

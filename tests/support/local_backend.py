@@ -28,7 +28,11 @@ class LocalBackend:
         try:
             await self.engine.call(
                 lambda e: e.add_request(
-                    request.request_id, request.prompt_token_ids, request.params
+                    request.request_id,
+                    request.prompt_token_ids,
+                    request.params,
+                    priority=request.priority,
+                    tenant=request.tenant,
                 )
             )
         except BaseException:  # a bad prompt, or cancelled (the client hung up) meanwhile

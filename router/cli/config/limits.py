@@ -1,19 +1,32 @@
 """The limits group: overload and abuse limits of the HTTP and gRPC APIs, counted together
-(router/frontdoor/limits.py's DoorLimits); all off unless given."""
+(router/frontdoor/limits.py's DoorLimits), all off unless given; and how tenants share the
+cluster (core/fair_share.py's FairShareConfig: priority and the fair share, on by default)."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import ClassVar
 
+from core.fair_share import FairShareConfig, parse_weights
 from router.cli.config.knob import default_of, knob
 from router.frontdoor.limits import DoorLimits
+
+
+def _weights(value: str) -> tuple[tuple[str, float], ...]:
+    try:
+        return parse_weights(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 @dataclass(frozen=True)
 class LimitOptions:
     TITLE: ClassVar[str] = "limits"
-    ABOUT: ClassVar[str] = "HTTP and gRPC APIs, counted together; off unless set"
+    ABOUT: ClassVar[str] = (
+        "HTTP and gRPC APIs, counted together; off unless set. Tenants' fair share of the "
+        "prefill gates and the engines' queues"
+    )
 
     rate_limit: float | None = knob(
         default_of(DoorLimits, "rate_per_s"),
@@ -56,6 +69,45 @@ class LimitOptions:
         default_doc="off",
         metavar="BYTES",
     )
+
+    fair_share: bool = knob(
+        default_of(FairShareConfig, "enabled"),
+        "serve waiting tenants by a token-weighted fair share (the least served first; "
+        "priority still comes first); off: first in, first out within a priority",
+    )
+    tenant_header: str | None = knob(
+        None,
+        "HTTP header (gRPC metadata key) naming a request's tenant, e.g. one a gateway sets",
+        default_doc="the API key's hash",
+        metavar="NAME",
+    )
+    tenant_weights: tuple[tuple[str, float], ...] = knob(
+        default_of(FairShareConfig, "weights"),
+        "tenants' shares when several wait, as NAME=W,...; a tenant not named has weight 1",
+        default_doc="all 1",
+        metavar="NAME=W,...",
+        parse=_weights,
+    )
+    prompt_token_weight: float = knob(
+        default_of(FairShareConfig, "prompt_token_weight"),
+        "what a prompt token counts toward its tenant's served share",
+        metavar="W",
+        minimum=0,
+    )
+    output_token_weight: float = knob(
+        default_of(FairShareConfig, "output_token_weight"),
+        "what an output token counts toward its tenant's served share",
+        metavar="W",
+        minimum=0,
+    )
+
+    def fair_share_config(self) -> FairShareConfig:
+        return FairShareConfig(
+            enabled=self.fair_share,
+            weights=self.tenant_weights,
+            prompt_token_weight=self.prompt_token_weight,
+            output_token_weight=self.output_token_weight,
+        )
 
     def door_limits(self) -> DoorLimits:
         return DoorLimits(

@@ -124,6 +124,7 @@ class ServeConfig:
             speculative_model=speculative_model or engine.speculative_model,
             num_speculative_tokens=engine.num_speculative_tokens,
             cuda_graphs=engine.cuda_graphs,
+            fair_share=self.limits.fair_share_config(),
         )
 
     def cluster_spec(

@@ -43,6 +43,7 @@ from router.frontdoor.grpc.tools import tool_calls, tool_request
 from router.frontdoor.limits import DoorControls, DoorLimits, Refusal
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.requests import new_request_id, tokenizer_of
+from router.frontdoor.tenants import tenant_of
 from router.frontdoor.tools.calls import ToolRequest
 from router.frontdoor.tools.constraint import forced_call_constraint
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
@@ -92,8 +93,10 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         controls: DoorControls | None = None,
         tracing: Tracing | None = None,
         log_requests_json: bool = False,
+        tenant_header: str | None = None,
     ) -> None:
         self.backend = backend
+        self.tenant_header = tenant_header
         self.tracing = tracing or Tracing()
         self.log_requests_json = log_requests_json
         self.metrics = metrics
@@ -134,7 +137,10 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         remaining = context.time_remaining()
         timeout = self.request_timeout_s if remaining is None else remaining
         rid = msg.request_id or new_request_id("grpc")
-        return GenerateRequest(rid, ids, params, min(timeout, self.request_timeout_s)), tools
+        metadata = [(k, str(v)) for k, v in context.invocation_metadata() or ()]
+        tenant = tenant_of(metadata, self.tenant_header)
+        timeout_s = min(timeout, self.request_timeout_s)
+        return GenerateRequest(rid, ids, params, timeout_s, msg.priority, tenant), tools
 
     def _with_calls(
         self, msg: generate_pb2.GenerateResponse, tools: ToolRequest | None, text: str
@@ -260,11 +266,13 @@ class GRPCServer:
         limits: DoorLimits | DoorControls | None = None,
         tracing: Tracing | None = None,
         log_requests_json: bool = False,
+        tenant_header: str | None = None,
     ) -> GRPCServer:
         """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
         carry `admin_token`. `limits`: the door's rate limits, quotas and admission queue
         (RESOURCE_EXHAUSTED / UNAVAILABLE with `retry-after`), and its largest request
-        message; the HTTP door's `DoorControls` to share their counts."""
+        message; the HTTP door's `DoorControls` to share their counts. `tenant_header`: the
+        metadata key naming a request's tenant (router/frontdoor/tenants.py)."""
         tokens = {SERVICE_NAMES[1]: admin_token}
         if api_key is not None:
             tokens[SERVICE_NAMES[0]] = api_key
@@ -278,7 +286,7 @@ class GRPCServer:
         metrics = metrics or Metrics()
         servicer = GenerateServicer(
             backend, metrics, request_timeout_s, tool_call_parser, controls, tracing,
-            log_requests_json,
+            log_requests_json, tenant_header,
         )  # fmt: skip
         generate_pb2_grpc.add_GenerateServiceServicer_to_server(servicer, server)
         names = [SERVICE_NAMES[0]]

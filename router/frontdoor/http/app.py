@@ -39,6 +39,7 @@ from router.frontdoor.http.tracing import TraceMiddleware
 from router.frontdoor.limits import DoorControls, DoorLimits
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.reasoning import PARSERS as REASONING_PARSERS
+from router.frontdoor.tenants import tenant_of
 from router.frontdoor.tools.parsers import DEFAULT_PARSER, get_parser
 
 if TYPE_CHECKING:  # it imports the OpenTelemetry SDK, which only a keeping door needs
@@ -67,6 +68,7 @@ def create_app(
     tracing: Tracing | None = None,
     log_requests_json: bool = False,
     slow_requests: SlowRequests | None = None,
+    tenant_header: str | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
@@ -75,7 +77,8 @@ def create_app(
     the gRPC door. `tracing`: the request spans' tracer (off when None);
     `log_requests_json`: one JSON log line per generate request (door_trace.py);
     `slow_requests`: the keeper on `tracing`'s provider that /admin/api/slow-requests reads
-    (slow_requests.py; none: the dashboard says it is off)."""
+    (slow_requests.py; none: the dashboard says it is off). `tenant_header`: the header
+    naming a request's tenant (tenants.py; else its API key's hash)."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
@@ -137,12 +140,14 @@ def create_app(
     @post("/v1/completions", response_model=CompletionResponse)
     async def completions(body: CompletionRequest, request: Request) -> object:
         check_model(body.model)
-        return await until_disconnect(request, create_completion(body, ctx))
+        tenant = tenant_of(request.headers.items(), tenant_header)
+        return await until_disconnect(request, create_completion(body, ctx, tenant))
 
     @post("/v1/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> object:
         check_model(body.model)
-        return await until_disconnect(request, create_chat_completion(body, ctx))
+        tenant = tenant_of(request.headers.items(), tenant_header)
+        return await until_disconnect(request, create_chat_completion(body, ctx, tenant))
 
     app.include_router(token_router(backend, check_model, dependencies=api, responses=_ERRORS))
 

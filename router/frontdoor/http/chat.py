@@ -86,7 +86,9 @@ def _logprobs(items: list[TokenLogprob], n_top: int, token_text: TokenText) -> C
     return ChatLogprobs(content=content)
 
 
-async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext) -> object:
+async def create_chat_completion(
+    body: ChatCompletionRequest, ctx: ServerContext, tenant: str = ""
+) -> object:
     door_trace.parsed()
     backend = ctx.backend
     refuse_unsupported(body, CHAT)
@@ -117,7 +119,15 @@ async def create_chat_completion(body: ChatCompletionRequest, ctx: ServerContext
     model = backend.model_name
     token_text = TokenText(backend)
     stream = await Prefetched(
-        generate_choices(backend, backend_rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
+        generate_choices(
+            backend,
+            backend_rid,
+            choices,
+            ctx.metrics,
+            ctx.timeout_s(body.timeout),
+            body.priority,
+            tenant,
+        )
     ).start()
 
     if not body.stream:

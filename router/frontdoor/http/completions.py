@@ -62,7 +62,9 @@ def _logprobs(
     return lp, offset
 
 
-async def create_completion(body: CompletionRequest, ctx: ServerContext) -> object:
+async def create_completion(
+    body: CompletionRequest, ctx: ServerContext, tenant: str = ""
+) -> object:
     door_trace.parsed()
     backend = ctx.backend
     refuse_unsupported(body, COMPLETIONS)
@@ -94,7 +96,15 @@ async def create_completion(body: CompletionRequest, ctx: ServerContext) -> obje
         return prompts[index // body.n].text if body.echo else ""
 
     stream = await Prefetched(
-        generate_choices(backend, backend_rid, choices, ctx.metrics, ctx.timeout_s(body.timeout))
+        generate_choices(
+            backend,
+            backend_rid,
+            choices,
+            ctx.metrics,
+            ctx.timeout_s(body.timeout),
+            body.priority,
+            tenant,
+        )
     ).start()
 
     if not body.stream:

@@ -42,10 +42,12 @@ async def generate_choices(
     choices: list[Choice],
     metrics: Metrics,
     timeout_s: float,
+    priority: int = 0,
+    tenant: str = "",
 ) -> AsyncGenerator[tuple[int, OutputDelta]]:
     def request(c: Choice) -> GenerateRequest:
         rid = request_id if len(choices) == 1 else f"{request_id}-{c.index}"
-        return GenerateRequest(rid, c.prompt_token_ids, c.params, timeout_s)
+        return GenerateRequest(rid, c.prompt_token_ids, c.params, timeout_s, priority, tenant)
 
     if len(choices) == 1:  # the common case: no tasks, no queue
         c = choices[0]

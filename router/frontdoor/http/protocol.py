@@ -71,6 +71,10 @@ class SamplingFields(StructuredOutputFields):
     timeout: float | None = Field(
         None, gt=0.0, le=MAX_TIMEOUT_S, description="Baton: seconds before a 504."
     )
+    priority: int = Field(
+        0, ge=-(2**31), le=2**31 - 1,
+        description="vLLM's: lower runs first (queued ahead of, and preempting, higher).",
+    )  # fmt: skip
 
 
 class CompletionRequest(SamplingFields):
