@@ -201,6 +201,9 @@ def build_arg_parser(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--validate", type=_at_least(1), default=None, metavar="N",
                    help="serve the plan's best N splits for real (needs --model) and rank them "
                    "as served beside the plan's ranking (planner/validate.py)")  # fmt: skip
+    p.add_argument("--validate-runs", type=_at_least(1), default=1, metavar="K",
+                   help="--validate: serve each split K times, the splits taking turns, and "
+                   "rank by each figure's median over its runs")  # fmt: skip
     p.add_argument("--model", default=None, help="--validate: the checkpoint to serve")
     p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                    help="--validate: one more `baton serve` argument (repeat it)")  # fmt: skip

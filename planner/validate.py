@@ -10,10 +10,12 @@ settings the plan assumed (`--max-num-seqs`, `--disagg-min-uncached-tokens`, `--
 KV cache of `--kv-blocks` blocks, TP from the profile), warmed with two requests no workload
 shares, and sent exactly the requests the plan replayed (`baton bench`'s client, the same
 workload flags). Measured, per split: the share of requests within both SLOs (`--ttft-slo`,
-`--tpot-slo`), TTFT and TPOT p50 / p99. The measured ranking uses the plan's own order (the
-share within the SLOs, then TTFT p99); `agrees` says whether the plan's first is the served
-first. `--calibration-out` writes what the served runs say of the plan's latencies
-(planner/calibration.py).
+`--tpot-slo`), TTFT and TPOT p50 / p99. With `--validate-runs K` each split is served K times,
+the splits taking turns (split 1, 2, 3, 1, 2, 3, ...: a host whose speed drifts moves every
+split alike), and each figure is the median of its runs (each run's are kept beside). The
+measured ranking uses the plan's own order (the share within the SLOs, then TTFT p99);
+`agrees` says whether the plan's first is the served first. `--calibration-out` writes what
+the served runs say of the plan's latencies (planner/calibration.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import asyncio
 import json
 import logging
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +103,26 @@ def workload_flags(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def measured_row(run: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    """One validated split: the plan's figures beside the served ones."""
+def served_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """One served run's figures, as the plan names them."""
     served_ms = {f"{name}_{q}_ms": summary[key][q] * 1000
                  for name, key in (("ttft", "ttft_s"), ("itl", "tpot_s"))
                  for q in ("p50", "p99")}  # fmt: skip
+    return {"goodput": summary["slo_attainment"], **served_ms,
+            "lost": summary["num_errors"] + summary.get("num_not_sent", 0)}  # fmt: skip
+
+
+def measured_row(run: dict[str, Any], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One validated split: the plan's figures beside the served ones (each the median of
+    the split's served runs; `lost` their sum)."""
+    each = [served_figures(s) for s in summaries]
+    measured = {k: statistics.median(f[k] for f in each) for k in each[0] if k != "lost"}
     return {
         "tp": run["tp"], "prefill": run["prefill"], "decode": run["decode"],
         "planned": {k: run[k] for k in ("goodput", *(f"{m}_ms" for m in METRICS))},
         "model": {f"{m}_ms": run.get(f"model_{m}_ms", run[f"{m}_ms"]) for m in METRICS},
-        "measured": {"goodput": summary["slo_attainment"], **served_ms,
-                     "lost": summary["num_errors"] + summary.get("num_not_sent", 0)},
+        "measured": {**measured, "lost": sum(f["lost"] for f in each)},
+        "measured_runs": each,
     }  # fmt: skip
 
 
@@ -124,13 +136,18 @@ def validate(args: argparse.Namespace, result: dict[str, Any]) -> dict[str, Any]
     if args.rate is not None:  # the splits are served at the rate they were ranked at
         at_one_rate.rate = [best[0]["rate"]]
     flags = workload_flags(at_one_rate)
-    rows = []
-    for n, run in enumerate(best[: args.validate]):
-        name = f"{run['tp']}x{run['prefill']}p{run['decode']}d"
-        print(f"serving split {n + 1} of {args.validate}: {name}", flush=True)
-        serve = serve_args(args, run, profiles[run["tp"]])
-        summary, _ = asyncio.run(served(Path(args.model), serve, flags, name))
-        rows.append({**measured_row(run, summary), "plan_rank": n + 1})
+    splits = best[: args.validate]
+    runs = getattr(args, "validate_runs", 1)
+    summaries: list[list[dict[str, Any]]] = [[] for _ in splits]
+    for k in range(runs):
+        for n, run in enumerate(splits):
+            name = f"{run['tp']}x{run['prefill']}p{run['decode']}d"
+            print(f"serving split {n + 1} of {len(splits)}: {name} (run {k + 1} of {runs})",
+                  flush=True)  # fmt: skip
+            serve = serve_args(args, run, profiles[run["tp"]])
+            summary, _ = asyncio.run(served(Path(args.model), serve, flags, name))
+            summaries[n].append(summary)
+    rows = [{**measured_row(run, summaries[n]), "plan_rank": n + 1} for n, run in enumerate(splits)]
     by_served = sorted(
         rows, key=lambda r: (-r["measured"]["goodput"], r["measured"]["ttft_p99_ms"])
     )

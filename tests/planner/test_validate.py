@@ -73,6 +73,36 @@ def test_the_splits_are_ranked_best_first_at_the_first_rate() -> None:
     assert [r["prefill"] for r in served_splits.ranked(runs)] == [2, 0, 1]
 
 
+def test_each_split_is_served_k_times_taking_turns_and_ranked_by_medians(
+    tmp_path, monkeypatch
+) -> None:
+    args = plan_args(tmp_path, "--validate", "2", "--validate-runs", "3", "--model", "m")
+    fill_workload_defaults(args)
+    result = {"runs": [
+        {"rate": 3.0, "tp": 1, "prefill": p, "decode": d, "goodput": g, "ttft_p50_ms": 1.0,
+         "ttft_p99_ms": 2.0, "itl_p50_ms": 1.0, "itl_p99_ms": 2.0}
+        for p, d, g in ((1, 1, 0.9), (0, 2, 0.8))
+    ]}  # fmt: skip
+    served_goodput = {"1x1p1d": iter([0.5, 0.9, 0.7]), "1x0p2d": iter([0.8, 0.6, 0.95])}
+    calls: list[str] = []
+
+    async def fake_served(model_dir, serve, flags, name):  # type: ignore[no-untyped-def]
+        calls.append(name)
+        g = next(served_goodput[name])
+        quantiles = {"p50": g, "p99": g}
+        return {"slo_attainment": g, "ttft_s": quantiles, "tpot_s": quantiles,
+                "num_errors": 0}, []  # fmt: skip
+
+    monkeypatch.setattr(served_splits, "served", fake_served)
+    validation = served_splits.validate(args, result)
+    assert calls == ["1x1p1d", "1x0p2d"] * 3  # the splits take turns
+    first, second = validation["splits"]
+    assert [r["goodput"] for r in first["measured_runs"]] == [0.5, 0.9, 0.7]
+    assert first["measured"]["goodput"] == 0.7 and second["measured"]["goodput"] == 0.8
+    assert first["measured"]["ttft_p99_ms"] == pytest.approx(700.0)
+    assert (second["measured_rank"], validation["agrees"]) == (1, False)
+
+
 def test_two_splits_served_for_real_ranked_beside_the_plan(
     tiny_model_dir: Callable[..., Path], tmp_path
 ) -> None:
