@@ -12,7 +12,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from core.sampling import SamplingParams
 from proto.baton.v1 import generate_pb2
+from router.frontdoor.admin_api import ClusterState, PoolInfo
 from router.frontdoor.backend import GenerateRequest
+from router.frontdoor.grpc import convert
 from router.frontdoor.grpc.client import BatonClient
 from tests.frontdoor.conftest import ADMIN_TOKEN, MAX_MODEL_LEN, engine_usage, wait_until_idle
 from tests.support.grpc_server import GRPCServerThread
@@ -140,6 +142,12 @@ def test_admin_service_needs_the_token(grpc_server: GRPCServerThread, client: Ba
     with pytest.raises(grpc.RpcError) as info:
         client.drain("nosuchworker")
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_cluster_state_says_why_a_pool_was_refused() -> None:
+    why = "decode pool: block_size 32 where the prefill pool has 16"
+    msg = convert.cluster_state(ClusterState(pools=(PoolInfo("decode", 1),), refused=(why,)))
+    assert list(msg.refused) == [why] and msg.pools[0].name == "decode"
 
 
 def test_cluster_state_counts_prompt_tokens(client: BatonClient, admin: InProcessAdmin) -> None:

@@ -53,10 +53,12 @@ class Pool(_message.Message):
     def __init__(self, name: _Optional[str] = ..., desired_size: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
 
 class ClusterState(_message.Message):
-    __slots__ = ("pools",)
+    __slots__ = ("pools", "refused")
     POOLS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     pools: _containers.RepeatedCompositeFieldContainer[Pool]
-    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ...) -> None: ...
+    refused: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, pools: _Optional[_Iterable[_Union[Pool, _Mapping]]] = ..., refused: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetClusterStateRequest(_message.Message):
     __slots__ = ()

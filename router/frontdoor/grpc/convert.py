@@ -166,5 +166,6 @@ def cluster_state(state: ClusterState) -> admin_pb2.ClusterState:
                 ],
             )
             for p in state.pools
-        ]
+        ],
+        refused=list(state.refused),
     )
