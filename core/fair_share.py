@@ -19,6 +19,7 @@ Torch-free: the front door and the engines use it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,8 +41,13 @@ class FairShareConfig:
         if self.prompt_token_weight < 0 or self.output_token_weight < 0:
             raise ValueError("prompt_token_weight and output_token_weight must be >= 0")
 
+    @functools.cached_property
+    def _weight_of(self) -> dict[str, float]:
+        return dict(self.weights)
+
     def weight(self, tenant: str) -> float:
-        return dict(self.weights).get(tenant, 1.0)
+        """Read on every charge (each engine step): the pairs as a dict, built once."""
+        return self._weight_of.get(tenant, 1.0)
 
 
 def parse_weights(text: str) -> tuple[tuple[str, float], ...]:
