@@ -66,6 +66,11 @@ class EngineConfig:
     """Tensor-parallel ranks of this engine. A cluster's TP size is ClusterSpec.tp (per pool:
     `tp_of`); each worker sets its engine's from its own spec."""
     fair_share: FairShareConfig = field(default_factory=FairShareConfig)
+    max_loras: int = 0
+    """LoRA adapters resident at once (engine/lora): a step runs at most this many; 0 serves
+    the base model only (no adapter weights are allocated)."""
+    max_lora_rank: int = 16
+    """The largest adapter rank served (every slot is allocated this wide)."""
     """How the waiting queue orders tenants (core/fair_share.py); priority always counts."""
     cuda_graphs: bool = True
     """Replay decode steps from CUDA graphs captured at start-up (CUDA devices with the
@@ -110,5 +115,10 @@ class EngineConfig:
             raise ValueError("kv_offload_disk_bytes needs a host tier (kv_offload_host_bytes)")
         if self.kv_offload_host_bytes and not self.enable_prefix_caching:
             raise ValueError("KV offload tiers hold prefix-cache blocks: enable prefix caching")
+        if self.max_loras < 0 or self.max_lora_rank < 1:
+            raise ValueError(
+                f"max_loras must be >= 0 and max_lora_rank >= 1, got {self.max_loras} and "
+                f"{self.max_lora_rank}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

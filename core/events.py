@@ -97,6 +97,10 @@ class WorkerLoad(msgspec.Struct, frozen=True):
     running) has waited: the autoscaler's early signal, a wait grows before any TTFT shows it."""
     max_num_seqs: int = 0
     """Its engine's cap on running requests (0: not reported, as by older workers)."""
+    adapters: tuple[str, ...] = ()
+    """The LoRA adapters resident in its slots (engine/lora), least recently used first."""
+    max_loras: int = 0
+    """Its adapter slots (0: it serves the base model only)."""
 
     @property
     def kv_usage(self) -> float:

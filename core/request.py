@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from core.errors import InvalidRequestError
 from core.hashing import BlockHash
+from core.lora import LoRARef
 from core.resume import ResumeState
 from core.sampling import SamplingParams
 from core.tracing import Carried
@@ -110,6 +111,9 @@ class EngineRequest:
     tenant: str = ""
     """Whose request it is: the fair share between tenants counts what each was served
     (core/fair_share.py)."""
+    lora: LoRARef | None = None
+    """The LoRA adapter it runs under (core/lora.py); None: the base model. Its block
+    hashes are made with the adapter's `hash_extra`."""
 
 
 @dataclass(kw_only=True)

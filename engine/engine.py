@@ -28,6 +28,7 @@ from core.errors import InvalidRequestError
 from core.events import KVEventBatch, WorkerLoad
 from core.hashing import model_root_hash
 from core.kv_layout import KVLayout
+from core.lora import LoRARef
 from core.request import EngineRequest, FinishReason, OutputDelta, TokenLogprob, check_prompt
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
@@ -123,10 +124,11 @@ class LLMEngine:
         arrival_time: float | None = None,
         priority: int = 0,
         tenant: str = "",
+        lora: LoRARef | None = None,
     ) -> Request:
         """Check and queue a request; a bad one raises ValueError and changes nothing."""
         request = replace(
-            self.prepare(request_id, prompt, params), priority=priority, tenant=tenant
+            self.prepare(request_id, prompt, params), priority=priority, tenant=tenant, lora=lora
         )
         return self.enqueue(request, arrival_time)
 
@@ -150,8 +152,22 @@ class LLMEngine:
         request_id, token_ids, params = request.request_id, request.prompt_token_ids, request.params
         if request_id in self.requests or request_id in self.held:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        req = Request(request_id, list(token_ids), params, block_hashes=list(request.block_hashes),
-                      priority=request.priority, tenant=request.tenant)  # fmt: skip
+        if request.lora is not None:
+            if self.runner.lora is None:
+                raise InvalidRequestError(
+                    f"model: {request.lora.name!r} is a LoRA adapter; this engine serves none "
+                    "(max_loras=0)"
+                )
+            self.runner.lora.check(request.lora)
+        req = Request(
+            request_id,
+            list(token_ids),
+            params,
+            block_hashes=list(request.block_hashes),
+            priority=request.priority,
+            tenant=request.tenant,
+            lora=request.lora,
+        )
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
         req.arrival_step = self.step_totals.steps
@@ -344,6 +360,8 @@ class LLMEngine:
             steps=self._totals(),
             oldest_wait_s=0.0 if oldest is None else time.monotonic() - oldest,
             max_num_seqs=self.config.max_num_seqs,
+            adapters=tuple(self.runner.lora.resident) if self.runner.lora is not None else (),
+            max_loras=self.config.max_loras,
         )
 
     def kv_layout(self) -> KVLayout:

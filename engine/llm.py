@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from core.config import EngineConfig
+from core.lora import LoRARef
 from core.request import RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
@@ -36,8 +38,11 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora: LoRARef | Sequence[LoRARef | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text, or a list of token ids); outputs in input order.
+        `lora`: the LoRA adapter (`core.lora.lora_ref`) of every prompt, or one per prompt
+        (None: the base model); the engine needs `max_loras` slots.
 
         Invalid input raises ValueError before anything is queued.
         """
@@ -54,9 +59,12 @@ class LLM:
                 raise ValueError(
                     f"{len(param_list)} sampling params for {len(prompt_list)} prompts"
                 )
+        loras = list(lora) if isinstance(lora, Sequence) else [lora] * len(prompt_list)
+        if len(loras) != len(prompt_list):
+            raise ValueError(f"{len(loras)} LoRA adapters for {len(prompt_list)} prompts")
         requests = [
-            self.engine.prepare(f"llm-{next(self._ids)}", p, sp)
-            for p, sp in zip(prompt_list, param_list, strict=True)
+            replace(self.engine.prepare(f"llm-{next(self._ids)}", p, sp), lora=ref)
+            for p, sp, ref in zip(prompt_list, param_list, loras, strict=True)
         ]
         for request in requests:
             self.engine.enqueue(request)

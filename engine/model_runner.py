@@ -28,6 +28,7 @@ from engine.kv_cache.manager import KVCacheManager, cdiv
 from engine.kv_cache.tensor import allocate_kv_cache
 from engine.kv_connector import LayerHook, layer_written
 from engine.layers import cpu_gemm, quant
+from engine.lora.manager import LoRAManager
 from engine.memory_profile import CudaMemory, DeviceMemory, measure_device_usage
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
@@ -92,6 +93,10 @@ class ModelRunner:
         quant.finish(self.model)
         if cpu_gemm.enabled(device, dtype):
             logger.info("%d linear layers on the CPU GEMM path", cpu_gemm.enable(self.model))
+        self.lora = None
+        """The LoRA adapters' slots (engine/lora); None: the base model only."""
+        if config.max_loras:
+            self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, dtype)
         logger.info(
             "loaded %s (%s, %s) in %.1f s",
             model_config.model_id,
@@ -166,12 +171,18 @@ class ModelRunner:
         prompt_logprobs = any(_wants_prompt_logprobs(r) for r, _ in batch.items)
         graphs = self.decode_graphs
         start = time.perf_counter()
-        if graphs is not None and not prompt_logprobs and graphs.can_replay(meta):
+        # A step with LoRA rows runs the modules: their linear layers add the deltas.
+        lora = self.lora is not None and self.lora.activate(batch.items) is not None
+        if graphs is not None and not prompt_logprobs and not lora and graphs.can_replay(meta):
             hidden = graphs.replay(input_ids, positions, meta)
-        elif self.cpu_forward is not None:
+        elif self.cpu_forward is not None and not lora:
             hidden = self.cpu_forward.run(input_ids, positions, meta)
         else:
-            hidden = self.model(input_ids, positions, self.kv_cache, meta)
+            try:
+                hidden = self.model(input_ids, positions, self.kv_cache, meta)
+            finally:
+                if self.lora is not None:
+                    self.lora.finish_step()
         forwarded = time.perf_counter()
         if totals is not None:
             totals.forward_s += forwarded - start

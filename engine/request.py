@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.hashing import BlockHash
+from core.lora import LoRARef
 from core.request import FinishReason, RequestTimings, TokenLogprob
 from core.sampling import SamplingParams
 
@@ -77,6 +78,13 @@ class Request:
     a higher number (engine/scheduler.py)."""
     tenant: str = ""
     """Whose request it is, for the fair share between tenants (core/fair_share.py)."""
+    lora: LoRARef | None = None
+    """The adapter it runs under (engine/lora); None: the base model."""
+
+    @property
+    def hash_extra(self) -> bytes:
+        """What its blocks' hashes carry besides the tokens (core/hashing.py)."""
+        return b"" if self.lora is None else self.lora.hash_extra
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -14,8 +14,11 @@ Each step spends a token budget (`max_num_batched_tokens`):
      room or the request itself was the one preempted. Its full blocks stay in the prefix
      cache; with offload tiers they spill to host memory if evicted while it waits, and its
      partial last block is swapped there, so it resumes with nothing to recompute.
-  2. Then waiting requests, in order, while budget, sequence slots and blocks last; a new
-     request first takes its prefix-cache hit, so only the rest of its prompt costs budget.
+     A step runs at most `max_loras` LoRA adapters (engine/lora): a running request whose
+     adapter finds no slot left sits the step out.
+  2. Then waiting requests, in order, while budget, sequence slots, blocks and LoRA slots
+     last; a new request first takes its prefix-cache hit, so only the rest of its prompt
+     costs budget.
      The order is engine/wait_queue.py's: priority, then the tenant served least
      (core/fair_share.py), then first in; if the head does not fit, nothing behind it
      jumps ahead. What each step computes is charged to its request's tenant.
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 
 from core.config import EngineConfig
 from core.fair_share import FairShare
+from core.lora import LoRARef
 from core.perf import attention_pairs
 from core.step_stats import StepTotals
 from engine.kv_cache.manager import KVCacheManager
@@ -100,9 +104,13 @@ class Scheduler:
 
         # 1. running requests
         proposed = self._propose(budget)
+        adapters: set[LoRARef] = set()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if not self._adapter_fits(req, adapters):
+                i += 1  # its adapter waits for a slot: the step's are all taken
+                continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
             drafts = self._drafts(req, num_new, budget, proposed)
             num_new += len(drafts)
@@ -124,6 +132,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.head()
             assert req is not None
+            if not self._adapter_fits(req, adapters):
+                break
             hits = self.kv.get_computed_blocks(req) if req.params.prompt_logprobs is None else []
             num_hit_tokens = len(hits) * self.kv.block_size
             tail = self.kv.swapped_tail(req, len(hits))  # a preempted request's last block
@@ -149,6 +159,16 @@ class Scheduler:
         batch.items = scheduled
         self._charge(scheduled)
         return batch
+
+    def _adapter_fits(self, req: Request, adapters: set[LoRARef]) -> bool:
+        """Whether `req`'s LoRA adapter (if any) can run in this step beside `adapters`, the
+        step's so far (added to them if so): a step holds at most `max_loras`."""
+        if req.lora is None or req.lora in adapters:
+            return True
+        if len(adapters) >= self.config.max_loras:
+            return False
+        adapters.add(req.lora)
+        return True
 
     def _victim(self, first: int) -> int:
         """Which running request (by position, from `first` on: those not scheduled yet

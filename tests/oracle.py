@@ -107,3 +107,51 @@ def write_fake_quantized(model_dir: str, out_dir: str) -> str:
                 tensors[name] = (wq.float() * scale[:, None]).to(t.dtype)
         save_file(tensors, str(dst / path.name), metadata={"format": "pt"})
     return str(dst)
+
+
+def make_lora_adapter(
+    model_dir: str, out_dir: str, rank: int, targets: tuple[str, ...], seed: int, **config: Any
+) -> str:
+    """A PEFT LoRA adapter of `model_dir` with random A and B (PEFT's own init leaves B zero,
+    an adapter that changes nothing), written by PEFT's `save_pretrained`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lora = LoraConfig(r=rank, target_modules=list(targets), init_lora_weights=False, **config)
+    model = get_peft_model(base, lora)
+    with torch.no_grad():  # deltas large enough to change the greedy tokens
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.5 / rank)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+@cache
+def peft_greedy(
+    model_dir: str, adapter_dir: str, prompt: tuple[int, ...], max_tokens: int
+) -> list[int]:
+    """Greedy tokens of `model_dir` under the PEFT adapter `adapter_dir` (transformers + peft)."""
+    import torch
+
+    model = _peft_model(model_dir, adapter_dir)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+            do_sample=False,
+        )  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@cache
+def _peft_model(model_dir: str, adapter_dir: str) -> Any:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, adapter_dir).eval()

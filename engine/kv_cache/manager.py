@@ -49,6 +49,7 @@ class KVCacheManager:
                 req.all_token_ids,
                 self.block_size,
                 self.root_hash,
+                req.hash_extra,
                 start_parent=parent,
                 start_block=start,
             )

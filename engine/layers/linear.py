@@ -12,6 +12,7 @@ merged (QKV, gate+up) projections, and no cast copy of a whole tensor is ever ma
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,8 @@ class _ShardedLinear(nn.Module):
         """Quantized W8A8: the input rows are quantized too (engine/layers/quant.py)."""
         self.register_buffer("weight_sum", None)
         """W8A8: each int8 weight row's sum (quant.finish), for the VNNI kernel."""
+        self.lora: Any = None
+        """An engine serving LoRA adapters: their weights for this layer (engine/lora)."""
 
     def _set_loaders(self, weight: WeightLoader, bias: WeightLoader | None = None) -> None:
         """`bias` defaults to the weight's loader (output-sharded biases are cut alike)."""
@@ -99,6 +102,18 @@ class _ShardedLinear(nn.Module):
         what = f"{type(self).__name__} weight"
         start = self.tp.rank * self.per_rank
         _copy_shard(what, param.data, loaded, self.split_dim, start, self.per_rank)
+
+    def shard_of(self, part: str | int | None = None) -> tuple[int, int, int]:
+        """(offset in this rank's weight, start in the full checkpoint tensor, size) along
+        `split_dim` of `part` (None: the whole, unfused, projection): where this rank's
+        slice of a checkpoint tensor goes (the weight loaders; LoRA's A or B, engine/lora)."""
+        return 0, self.tp.rank * self.per_rank, self.per_rank
+
+    def add_lora(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y plus this step's LoRA deltas of x (engine/lora), if any adapter is on it."""
+        if self.lora is not None:
+            self.lora.add(x, y)
+        return y
 
     def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.weight_scale is not None:
@@ -114,7 +129,7 @@ class ColumnParallelLinear(_ShardedLinear):
     split_dim = 0  # output rows: each rank computes its slice of y, no communication
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._gemm(x, self.bias)
+        return self.add_lora(x, self._gemm(x, self.bias))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -140,16 +155,22 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         kernel can fuse it (a 256-token prompt's MLP then writes and rereads no [256, 2I]
         intermediate), else the product and then the activation."""
         fusable = self.use_cpu_gemm and self.weight_scale is None and self.bias is None
+        fusable = fusable and (self.lora is None or not self.lora.active)
         if fusable and len(self.part_sizes) == 2:
             y = cpu_gemm.silu_mul_linear(x, self.weight)
             if y is not None:
                 return y
         return silu_and_mul(self(x))
 
-    def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, part: int) -> None:
+    def shard_of(self, part: str | int | None = None) -> tuple[int, int, int]:
+        assert isinstance(part, int)
         size = self.part_sizes[part]
-        dst = param.data.narrow(0, sum(self.part_sizes[:part]), size)
-        _copy_shard(f"merged weight part {part}", dst, loaded, 0, self.tp.rank * size, size)
+        return sum(self.part_sizes[:part]), self.tp.rank * size, size
+
+    def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, part: int) -> None:
+        offset, start, size = self.shard_of(part)
+        dst = param.data.narrow(0, offset, size)
+        _copy_shard(f"merged weight part {part}", dst, loaded, 0, start, size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -191,7 +212,7 @@ class QKVParallelLinear(ColumnParallelLinear):
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def _load_qkv(self, param: nn.Parameter, loaded: torch.Tensor, part: str) -> None:
+    def shard_of(self, part: str | int | None = None) -> tuple[int, int, int]:
         if part == "q":
             src_head, offset, size = self.tp.rank * self.num_heads, 0, self.q_size
         else:
@@ -201,8 +222,12 @@ class QKVParallelLinear(ColumnParallelLinear):
                 src_head = self.tp.rank * self.num_kv_heads
             offset = self.q_size + (0 if part == "k" else self.kv_size)
             size = self.kv_size
+        return offset, src_head * self.head_dim, size
+
+    def _load_qkv(self, param: nn.Parameter, loaded: torch.Tensor, part: str) -> None:
+        offset, start, size = self.shard_of(part)
         dst = param.data.narrow(0, offset, size)
-        _copy_shard(f"{part}_proj", dst, loaded, 0, src_head * self.head_dim, size)
+        _copy_shard(f"{part}_proj", dst, loaded, 0, start, size)
 
 
 class RowParallelLinear(_ShardedLinear):
@@ -210,7 +235,8 @@ class RowParallelLinear(_ShardedLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return self._gemm(x, self.bias)
-        # Bias once, after the sum, so it is not counted size times.
-        y = self.tp.all_reduce(self._gemm(x, None))
+            return self.add_lora(x, self._gemm(x, self.bias))
+        # Bias once, after the sum, so it is not counted size times; a LoRA delta of this
+        # rank's input columns is partial like the GEMM's, so it joins the same sum.
+        y = self.tp.all_reduce(self.add_lora(x, self._gemm(x, None)))
         return y if self.bias is None else y + self.bias

@@ -67,8 +67,10 @@ def _detect_device() -> str:
 
 
 async def _serve(config: ServeConfig) -> int:
+    from core.errors import InvalidRequestError
     from router.cluster.admin import ControllerAdmin
     from router.cluster.bringup import init_ray, start_cluster
+    from router.frontdoor.adapters import AdapterRegistry
     from router.frontdoor.grpc.server import GRPCServer
     from router.frontdoor.http.app import create_app
     from router.frontdoor.limits import DoorControls
@@ -100,6 +102,11 @@ async def _serve(config: ServeConfig) -> int:
     token = door.admin_token or secrets.token_urlsafe(24)
     tool_call_parser = door.tool_call_parser or _parser_for(spec.model_dir if spec else None)
     controls = DoorControls(config.limits.door_limits())  # one count for both doors
+    try:
+        adapters = AdapterRegistry(cluster.backend.model_name, config.model.lora_modules)
+    except InvalidRequestError as e:
+        await cluster.close()
+        raise SystemExit(f"baton serve: --lora-modules: {e}") from None
     app = create_app(
         cluster.backend,
         admin,
@@ -115,6 +122,7 @@ async def _serve(config: ServeConfig) -> int:
         log_requests_json=config.observability.log_requests_json,
         slow_requests=cluster.slow_requests,
         tenant_header=config.limits.tenant_header,
+        adapters=adapters,
     )
     import uvicorn
 
@@ -127,7 +135,7 @@ async def _serve(config: ServeConfig) -> int:
             api_key=door.api_key, metrics=metrics, request_timeout_s=door.request_timeout,
             tool_call_parser=tool_call_parser, limits=controls, tracing=cluster.tracing,
             log_requests_json=config.observability.log_requests_json,
-            tenant_header=config.limits.tenant_header,
+            tenant_header=config.limits.tenant_header, adapters=adapters,
         )  # fmt: skip
     except OSError as e:
         await cluster.close()

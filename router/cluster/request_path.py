@@ -186,10 +186,13 @@ class RequestPath:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise DeadlineExceededError(f"request {request.request_id} passed its deadline")
-            hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes)
+            extra = b"" if request.lora is None else request.lora.hash_extra
+            hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes, extra)
             resume = ResumeState(tuple(done_tokens), "".join(done_text))
-            sub = EngineRequest(rid, prompt, params, tuple(hashes), resume,
-                                priority=request.priority, tenant=request.tenant)  # fmt: skip
+            sub = EngineRequest(
+                rid, prompt, params, tuple(hashes), resume,
+                priority=request.priority, tenant=request.tenant, lora=request.lora,
+            )  # fmt: skip
             span = self.tracing.tracer.start_span(SpanName.ATTEMPT, context=parent)
             if span.is_recording():
                 span.set_attributes(attempt_attributes(sub, attempt, retry_reason))
@@ -253,6 +256,7 @@ class RequestPath:
                 num_prompt_tokens=len(request.prompt_token_ids) + request.resume.num_output_tokens,
                 num_output_tokens=request.params.max_tokens - request.resume.num_output_tokens,
                 request_id=request.request_id,
+                adapter=None if request.lora is None else request.lora.name,
             )
         except NoWorkerError as e:
             raise OverloadedError(f"no worker can take the request now: {e}", 2.0) from e

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from core.lora import LoRARef
 from core.request import OutputDelta
 from core.sampling import SamplingParams
 
@@ -27,6 +28,8 @@ class GenerateRequest:
     """Lower runs first (vLLM's semantics), at the prefill gate and in each engine."""
     tenant: str = ""
     """Whose request it is (router/frontdoor/tenants.py): the fair share counts by it."""
+    lora: LoRARef | None = None
+    """The LoRA adapter its `model` named (router/frontdoor/adapters.py); None: the base."""
 
 
 class Backend(Protocol):

@@ -87,3 +87,5 @@ class Lookup:
     """Blocks each worker's cache holds, for a policy that wants them (else empty)."""
     tail_age_s: Mapping[str, float]
     """The age of each worker's LRU tail where known, with `held_blocks`."""
+    adapter: str | None = None
+    """The request's LoRA adapter (router.routing.adapters), None for the base model."""

@@ -130,6 +130,8 @@ class LoadTracker:
         state.remote.reported(load.timestamp, self.remote_ttl_s)
         state.step_rate.update(load)
         state.pending_prefill_tokens = state.pending_requests = state.pending_blocks = 0
+        state.adapters = set(load.adapters)
+        state.max_loras = load.max_loras
         self._refile(state)
         return True
 
@@ -141,10 +143,16 @@ class LoadTracker:
         decode: WorkerState,
         decode_blocks: int,
         placed_s: float = 0.0,
+        adapter: str | None = None,
     ) -> Charge:
         """Charge a routed request: its prefill tokens wait at the gate of `prefill`, or,
         with no prefill worker, are admitted to the decode worker at once. `placed_s`: the
-        prefill policy's own count of the work (router.routing.load_share)."""
+        prefill policy's own count of the work (router.routing.load_share). `adapter`: its
+        LoRA adapter, held by both workers from now on (router.routing.adapters)."""
+        if adapter is not None:
+            decode.adapters.add(adapter)
+            if prefill is not None:
+                prefill.adapters.add(adapter)
         charge = Charge(
             prefill or decode,
             prefill_tokens,

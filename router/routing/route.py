@@ -38,6 +38,7 @@ from core.events import KVEventBatch, WorkerLoad
 from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
 from core.roles import WorkerRole
 from router.routing.accuracy import AccuracyConfig, PredictionCheck, Reuse, judge
+from router.routing.adapters import adapter_pool
 from router.routing.decision import Lookup, RoutingDecision
 from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
 from router.routing.index.store import IndexStore, InProcessStore, Prefixes, ResyncCallback
@@ -187,17 +188,17 @@ class Router:
                 logger.debug("load report from unknown worker %s ignored", load.worker_id)
 
     def hash_blocks(
-        self, model: str, token_ids: Sequence[int], known: Sequence[BlockHash] = ()
+        self, model: str, tokens: Sequence[int], known: Sequence[BlockHash] = (), extra: bytes = b""
     ) -> list[BlockHash]:
-        """The chained hashes of every full block of `token_ids` (core.hashing), for a
-        registered model; `known` are the hashes of its leading blocks, not recomputed."""
+        """The chained hashes of every full block of `tokens` (core.hashing), for a registered
+        model; `known` are the hashes of its leading blocks, not recomputed. `extra`: what
+        else the KV depends on (a LoRA adapter's `hash_extra`)."""
         spec = self._models.get(model)
         if spec is None:
             raise NoWorkerError(f"model {model!r} has no workers")
         parent = known[-1] if known else None
-        more = hash_prompt_blocks(
-            token_ids, spec.block_size, spec.root, spec.extra, parent, len(known)
-        )
+        extra = extra or spec.extra
+        more = hash_prompt_blocks(tokens, spec.block_size, spec.root, extra, parent, len(known))
         return [*known, *more]
 
     # ---- decision ------------------------------------------------------------------------
@@ -211,9 +212,11 @@ class Router:
         num_prompt_tokens: int | None = None,
         num_output_tokens: int = 0,
         request_id: str | None = None,
+        adapter: str | None = None,
     ) -> Ticket:
         """Decide where a request goes and charge it to the ledger; the caller owns the
-        returned ticket and must close it (see router.routing.ticket)."""
+        returned ticket and must close it (see router.routing.ticket). `adapter`: its LoRA
+        adapter's name (router.routing.adapters narrows the pools to its holders)."""
         spec = self._models.get(model)
         if spec is None:
             raise NoWorkerError(f"model {model!r} has no workers")
@@ -238,7 +241,7 @@ class Router:
         held, ages = views or _NO_VIEWS
         lookup = Lookup(
             model, spec.block_size, len(hashes), tokens, num_output_tokens, request_id,
-            prefixes if prefixes is not None else _DEGRADED, degraded, held, ages,
+            prefixes if prefixes is not None else _DEGRADED, degraded, held, ages, adapter,
         )  # fmt: skip
         with self._lock:
             ticket = self._decide(lookup)
@@ -265,7 +268,7 @@ class Router:
         reported, cached, offloaded = lookup.prefixes
         loads = self._loads
         # 3. decode worker
-        decode_pool = loads.pool(model, WorkerRole.DECODE)
+        decode_pool = adapter_pool(loads.pool(model, WorkerRole.DECODE), lookup.adapter)
         if not decode_pool.workers:
             raise NoWorkerError(f"model {model!r} has no decode (or unified) worker")
         d_choice = self._decode.choose(RouteContext(
@@ -274,7 +277,7 @@ class Router:
         d = d_choice.worker
         d_cached = cached.get(d.worker_id, 0)
         # 4. conditional disaggregation
-        prefill_pool = loads.pool(model, WorkerRole.PREFILL)
+        prefill_pool = adapter_pool(loads.pool(model, WorkerRole.PREFILL), lookup.adapter)
         d_uncached = max(0, tokens - d_cached * block)
         p_choice = None
         if not prefill_pool.workers:
@@ -314,7 +317,7 @@ class Router:
         prefill_tokens = max(0, tokens - p_reused * block) if p is not None else d_uncached
         decode_blocks = num_blocks - min(d_cached, num_blocks) + -(-num_output_tokens // block)
         placed = p_choice.placed_s if p_choice is not None else 0.0
-        charge = loads.start(p, prefill_tokens, d, decode_blocks, placed)
+        charge = loads.start(p, prefill_tokens, d, decode_blocks, placed, lookup.adapter)
         terms = self._terms(p_choice, d_choice)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(

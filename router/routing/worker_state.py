@@ -48,8 +48,17 @@ class WorkerState:
     pending_requests: int = 0
     pending_blocks: int = 0
     remote: RemoteCharges = field(default_factory=RemoteCharges)
+    adapters: set[str] = field(default_factory=set)
+    """LoRA adapters it holds: its last report's, and those routed to it since."""
+    max_loras: int = 0
+    """Its adapter slots, as reported."""
     step_rate: StepRate = field(default_factory=StepRate)
     """Its speed and cache reuse, from its reports' step totals (router.routing.step_rate)."""
+
+    @property
+    def has_adapter_room(self) -> bool:
+        """A LoRA adapter it does not hold loads without evicting one."""
+        return len(self.adapters) < self.max_loras
 
     @property
     def queued_prefill_tokens(self) -> int:

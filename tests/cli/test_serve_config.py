@@ -66,7 +66,7 @@ def test_the_parser_is_the_knobs() -> None:
     for name, setting in knobs.items():
         assert actions[name].default == setting.default, name
         assert setting.flag in actions[name].option_strings, name
-    assert len(knobs) == 74
+    assert len(knobs) == 77
 
 
 def test_no_flags_is_the_default_config() -> None:
@@ -202,3 +202,16 @@ def test_tracing_is_off_unless_an_endpoint_is_given() -> None:
 def test_a_sample_ratio_outside_0_1_names_its_flag(ratio: str) -> None:
     with pytest.raises(ConfigError, match="--otlp-traces-sample-ratio"):
         config("--otlp-traces-sample-ratio", ratio)
+
+
+def test_lora_modules_give_each_worker_their_slots(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = config("--lora-modules", "sql=/ad/sql, chat=/ad/chat", "--max-lora-rank", "32")
+    assert cfg.model.lora_modules == (("sql", "/ad/sql"), ("chat", "/ad/chat"))
+    engine = cfg.engine_config()
+    assert (engine.max_loras, engine.max_lora_rank) == (2, 32)
+    assert config("--lora-modules", "a=/a", "--max-loras", "4").engine_config().max_loras == 4
+    assert config().engine_config().max_loras == 0
+    for bad in ("sql", "a=/a,a=/b", "=/a"):
+        with pytest.raises(SystemExit):
+            parse("--lora-modules", bad)
+        assert "--lora-modules" in capsys.readouterr().err

@@ -33,6 +33,7 @@ class LocalBackend:
                     request.params,
                     priority=request.priority,
                     tenant=request.tenant,
+                    lora=request.lora,
                 )
             )
         except BaseException:  # a bad prompt, or cancelled (the client hung up) meanwhile

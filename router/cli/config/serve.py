@@ -125,6 +125,8 @@ class ServeConfig:
             num_speculative_tokens=engine.num_speculative_tokens,
             cuda_graphs=engine.cuda_graphs,
             fair_share=self.limits.fair_share_config(),
+            max_loras=model.loras(),
+            max_lora_rank=model.max_lora_rank,
         )
 
     def cluster_spec(

@@ -31,10 +31,12 @@ from core.errors import (
     WorkerFailedError,
     error_message,
 )
+from core.lora import LoRARef
 from core.request import RequestOutput
 from core.tracing import Tracing
 from proto.baton.v1 import admin_pb2, admin_pb2_grpc, generate_pb2, generate_pb2_grpc
 from router.frontdoor import door_trace
+from router.frontdoor.adapters import AdapterRegistry, UnknownAdapterError
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend, GenerateRequest
 from router.frontdoor.grpc import convert
@@ -94,9 +96,11 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         tracing: Tracing | None = None,
         log_requests_json: bool = False,
         tenant_header: str | None = None,
+        adapters: AdapterRegistry | None = None,
     ) -> None:
         self.backend = backend
         self.tenant_header = tenant_header
+        self.adapters = adapters or AdapterRegistry(backend.model_name)
         self.tracing = tracing or Tracing()
         self.log_requests_json = log_requests_json
         self.metrics = metrics
@@ -140,7 +144,17 @@ class GenerateServicer(generate_pb2_grpc.GenerateServiceServicer):
         metadata = [(k, str(v)) for k, v in context.invocation_metadata() or ()]
         tenant = tenant_of(metadata, self.tenant_header)
         timeout_s = min(timeout, self.request_timeout_s)
-        return GenerateRequest(rid, ids, params, timeout_s, msg.priority, tenant), tools
+        lora = self._lora(msg.model)
+        return GenerateRequest(rid, ids, params, timeout_s, msg.priority, tenant, lora), tools
+
+    def _lora(self, model: str) -> LoRARef | None:
+        try:
+            return self.adapters.resolve(model or self.adapters.base_model)
+        except UnknownAdapterError:
+            raise InvalidRequestError(
+                f"model: {model!r} is neither {self.adapters.base_model!r} nor a loaded LoRA "
+                "adapter"
+            ) from None
 
     def _with_calls(
         self, msg: generate_pb2.GenerateResponse, tools: ToolRequest | None, text: str
@@ -267,12 +281,14 @@ class GRPCServer:
         tracing: Tracing | None = None,
         log_requests_json: bool = False,
         tenant_header: str | None = None,
+        adapters: AdapterRegistry | None = None,
     ) -> GRPCServer:
         """`api_key`: generate calls must carry it (as the HTTP API's do); admin calls always
         carry `admin_token`. `limits`: the door's rate limits, quotas and admission queue
         (RESOURCE_EXHAUSTED / UNAVAILABLE with `retry-after`), and its largest request
         message; the HTTP door's `DoorControls` to share their counts. `tenant_header`: the
-        metadata key naming a request's tenant (router/frontdoor/tenants.py)."""
+        metadata key naming a request's tenant (router/frontdoor/tenants.py). `adapters`: the
+        LoRA adapters `model` may name (the HTTP door's, to share its loads)."""
         tokens = {SERVICE_NAMES[1]: admin_token}
         if api_key is not None:
             tokens[SERVICE_NAMES[0]] = api_key
@@ -286,7 +302,7 @@ class GRPCServer:
         metrics = metrics or Metrics()
         servicer = GenerateServicer(
             backend, metrics, request_timeout_s, tool_call_parser, controls, tracing,
-            log_requests_json, tenant_header,
+            log_requests_json, tenant_header, adapters,
         )  # fmt: skip
         generate_pb2_grpc.add_GenerateServiceServicer_to_server(servicer, server)
         names = [SERVICE_NAMES[0]]

@@ -48,6 +48,14 @@ def _bearer(request: Request) -> str | None:
     return value.strip() if scheme.lower() == "bearer" and value.strip() else None
 
 
+def is_authorized(request: Request, token: str, allow_query: bool = False) -> bool:
+    """Whether `request` carries the admin token (see the module's docstring)."""
+    offered = [_bearer(request), request.cookies.get(COOKIE)]
+    if allow_query:
+        offered.append(request.query_params.get("token"))
+    return any(o is not None and hmac.compare_digest(o, token) for o in offered)
+
+
 def admin_router(
     admin: ClusterAdmin | None,
     token: str,
@@ -57,10 +65,7 @@ def admin_router(
     router = APIRouter(prefix="/admin", include_in_schema=False)
 
     def authorized(request: Request, allow_query: bool = False) -> bool:
-        offered = [_bearer(request), request.cookies.get(COOKIE)]
-        if allow_query:
-            offered.append(request.query_params.get("token"))
-        return any(o is not None and hmac.compare_digest(o, token) for o in offered)
+        return is_authorized(request, token, allow_query)
 
     def require(request: Request) -> ClusterAdmin:
         if not authorized(request):

@@ -15,9 +15,16 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 
 from core.tracing import Tracing
+from router.frontdoor.adapters import AdapterRegistry, UnknownAdapterError
 from router.frontdoor.admin_api import ClusterAdmin
 from router.frontdoor.backend import Backend
-from router.frontdoor.http.admin_routes import _bearer, admin_router, refresh_cluster_metrics
+from router.frontdoor.http.adapter_routes import adapter_routes, admin_adapter_routes
+from router.frontdoor.http.admin_routes import (
+    _bearer,
+    admin_router,
+    is_authorized,
+    refresh_cluster_metrics,
+)
 from router.frontdoor.http.chat import create_chat_completion
 from router.frontdoor.http.completions import create_completion
 from router.frontdoor.http.context import ServerContext
@@ -69,6 +76,7 @@ def create_app(
     log_requests_json: bool = False,
     slow_requests: SlowRequests | None = None,
     tenant_header: str | None = None,
+    adapters: AdapterRegistry | None = None,
 ) -> FastAPI:
     """`admin_token=None` generates one (logged, and kept in `app.state.admin_token`).
     `cors_origins`: the browser origins allowed to call the API (`--allowed-origins`); none
@@ -78,15 +86,22 @@ def create_app(
     `log_requests_json`: one JSON log line per generate request (door_trace.py);
     `slow_requests`: the keeper on `tracing`'s provider that /admin/api/slow-requests reads
     (slow_requests.py; none: the dashboard says it is off). `tenant_header`: the header
-    naming a request's tenant (tenants.py; else its API key's hash)."""
+    naming a request's tenant (tenants.py; else its API key's hash). `adapters`: the LoRA
+    adapters `model` may name (adapters.py; none loaded if None)."""
     metrics = metrics or Metrics()
     if admin_token is None:
         admin_token = secrets.token_urlsafe(24)
         logger.warning("admin token (dashboard: /admin?token=...): %s", admin_token)
     if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
         raise ValueError(f"unknown reasoning parser {reasoning_parser!r}")
+    adapters = adapters or AdapterRegistry(backend.model_name)
     ctx = ServerContext(
-        backend, metrics, request_timeout_s, get_parser(tool_call_parser), reasoning_parser
+        backend,
+        metrics,
+        request_timeout_s,
+        get_parser(tool_call_parser),
+        reasoning_parser,
+        adapters,
     )
     app = FastAPI(title="Baton", version="1", description="OpenAI-compatible LLM serving.")
     app.state.admin_token = admin_token
@@ -120,20 +135,28 @@ def create_app(
             raise APIError(401, "missing or invalid API key", "invalid_api_key")
 
     def check_model(model: str) -> None:
-        if model != backend.model_name:
+        try:
+            adapters.resolve(model)
+        except UnknownAdapterError:
+            loaded = "".join(f", {n!r}" for n in adapters.names()[:8])
             raise APIError(
                 404,
-                f"the model {model!r} does not exist; this server serves {backend.model_name!r}",
+                f"the model {model!r} does not exist; this server serves "
+                f"{backend.model_name!r}{loaded}",
                 "model_not_found",
                 "model",
-            )
+            ) from None
 
     api = [Depends(check_api_key)]
 
     @app.get("/v1/models", dependencies=api, response_model=ModelList, responses=_ERRORS)
     async def models() -> ModelList:
-        card = ModelCard(id=backend.model_name, created=0, max_model_len=backend.max_model_len)
-        return ModelList(data=[card])
+        base, size = backend.model_name, backend.max_model_len
+        cards = [ModelCard(id=base, created=0, max_model_len=size)]
+        for ref in filter(None, map(adapters.get, adapters.names())):
+            cards.append(ModelCard(id=ref.name, created=0, max_model_len=size, root=ref.path,
+                                   parent=base))  # fmt: skip
+        return ModelList(data=cards)
 
     post = functools.partial(app.post, dependencies=api, responses=_ERRORS)
 
@@ -150,6 +173,8 @@ def create_app(
         return await until_disconnect(request, create_chat_completion(body, ctx, tenant))
 
     app.include_router(token_router(backend, check_model, dependencies=api, responses=_ERRORS))
+    app.include_router(adapter_routes(adapters, dependencies=api, responses=_ERRORS))
+    app.include_router(admin_adapter_routes(adapters, lambda r: is_authorized(r, admin_token)))
 
     @app.get("/health", responses={503: {"model": ErrorResponse}})
     async def health() -> JSONResponse:

@@ -116,7 +116,7 @@ async def create_chat_completion(
 
     rid, backend_rid = request_ids.for_api("chatcmpl")
     created = common.now_s()
-    model = backend.model_name
+    model = body.model  # the base model's name or an adapter's
     token_text = TokenText(backend)
     stream = await Prefetched(
         generate_choices(
@@ -127,6 +127,7 @@ async def create_chat_completion(
             ctx.timeout_s(body.timeout),
             body.priority,
             tenant,
+            ctx.adapters.resolve(body.model),
         )
     ).start()
 

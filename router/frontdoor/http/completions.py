@@ -87,7 +87,7 @@ async def create_completion(
 
     rid, backend_rid = request_ids.for_api("cmpl")
     created = common.now_s()
-    model = backend.model_name
+    model = body.model  # the base model's name or an adapter's
     token_text = TokenText(backend)
     n_top = body.logprobs or 0
     want_logprobs = body.logprobs is not None
@@ -104,6 +104,7 @@ async def create_completion(
             ctx.timeout_s(body.timeout),
             body.priority,
             tenant,
+            ctx.adapters.resolve(body.model),
         )
     ).start()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from router.frontdoor.adapters import AdapterRegistry
 from router.frontdoor.backend import Backend
 from router.frontdoor.metrics import Metrics
 from router.frontdoor.tools.parsers import HermesParser, ToolCallParser
@@ -19,6 +20,8 @@ class ServerContext:
     """Reads tool calls from replies to tool_choice "auto" (`--tool-call-parser`)."""
     reasoning_parser: str | None = None
     """Splits `<think>` text into reasoning_content (`--reasoning-parser`); None: off."""
+    adapters: AdapterRegistry = field(default_factory=lambda: AdapterRegistry(""))
+    """The LoRA adapters `model` may name besides the base model."""
 
     def timeout_s(self, requested: float | None) -> float:
         if requested is None:

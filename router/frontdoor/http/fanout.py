@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, replace
 
+from core.lora import LoRARef
 from core.request import OutputDelta
 from core.sampling import SamplingParams
 from router.frontdoor.backend import Backend, GenerateRequest
@@ -44,10 +45,11 @@ async def generate_choices(
     timeout_s: float,
     priority: int = 0,
     tenant: str = "",
+    lora: LoRARef | None = None,
 ) -> AsyncGenerator[tuple[int, OutputDelta]]:
     def request(c: Choice) -> GenerateRequest:
         rid = request_id if len(choices) == 1 else f"{request_id}-{c.index}"
-        return GenerateRequest(rid, c.prompt_token_ids, c.params, timeout_s, priority, tenant)
+        return GenerateRequest(rid, c.prompt_token_ids, c.params, timeout_s, priority, tenant, lora)
 
     if len(choices) == 1:  # the common case: no tasks, no queue
         c = choices[0]

@@ -262,6 +262,10 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "baton"
     max_model_len: int
+    root: str | None = None
+    """Where it was loaded from (a LoRA adapter's folder); None for the base model."""
+    parent: str | None = None
+    """A LoRA adapter's base model; None for the base model."""
 
 
 class ModelList(BaseModel):
