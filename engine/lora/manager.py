@@ -108,7 +108,14 @@ class LoRAManager:
             )
         device = self.linears[0].a.device
         groups = [(self._slot(ref, rows), _rows(runs, device)) for ref, runs in rows.items()]
-        self.context.batch = LoRABatch(tuple(groups))
+        row_slots = None
+        if device.type == "cuda":
+            slot_of = [-1] * t
+            for (slot, _), runs in zip(groups, rows.values(), strict=True):
+                for start, end in runs:
+                    slot_of[start:end] = [slot] * (end - start)
+            row_slots = torch.tensor(slot_of, dtype=torch.int32, device=device)
+        self.context.batch = LoRABatch(tuple(groups), row_slots)
         return self.context.batch
 
     def finish_step(self) -> None:

@@ -13,7 +13,8 @@ rows of its output shard (the same rows as its weight: `shard_of`); a row-parall
 columns of its input shard, its partial delta summed by the layer's all-reduce.
 
 `LoRABatch` is a step's rows grouped by slot; `add_lora` adds `(x @ a_s^T) @ b_s^T` to
-each group's rows: torch's matmuls on CPU (one pair per adapter in the step, gathered rows).
+each group's rows: torch's matmuls on CPU (one pair per adapter in the step, gathered rows);
+on a GPU the segmented kernel (engine/kernels/lora.py) does every row in two launches.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ Rows = slice | torch.Tensor
 class LoRABatch:
     groups: tuple[tuple[int, Rows], ...]
     """(slot, its rows) for each adapter in the step; rows without an adapter are in none."""
+    row_slots: torch.Tensor | None = None
+    """On CUDA: every row's slot (-1: none), for the Triton kernel (engine/kernels/lora.py)."""
 
 
 class LoRAContext:
@@ -99,5 +102,10 @@ class LoRALinear:
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         batch = self.context.batch
         if batch is None:
+            return
+        if batch.row_slots is not None:
+            from engine.kernels.lora import lora_add  # Triton: only where a GPU runs
+
+            lora_add(y, x, self.a, self.b, batch.row_slots)
             return
         add_lora(y, x, self.a, self.b, batch)

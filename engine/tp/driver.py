@@ -29,6 +29,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from core.config import EngineConfig
 from core.events import WorkerLoad
 from core.kv_layout import KVLayout
+from core.lora import LoRARef
 from core.request import OutputDelta, RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
@@ -198,10 +199,15 @@ class TPEngine:
 
     # -- the LLMEngine surface (a worker's rank serves the same names) --------------------
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        lora: LoRARef | None = None,
     ) -> None:
         name = LLMEngine.add_request.__name__
-        self._call(self.ranks, name, (request_id, prompt, params), {}, want_result=False)
+        kwargs = {} if lora is None else {"lora": lora}
+        self._call(self.ranks, name, (request_id, prompt, params), kwargs, want_result=False)
 
     def step(self) -> list[OutputDelta]:
         return self.all(LLMEngine.step)
@@ -225,13 +231,17 @@ class TPEngine:
         return self.first(LLMEngine.kv_layout)
 
     def generate(
-        self, prompts: Sequence[list[int]], params: SamplingParams | None = None
+        self,
+        prompts: Sequence[list[int]],
+        params: SamplingParams | None = None,
+        lora: LoRARef | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts to completion; outputs in input order (a convenience for tests)."""
+        """Run prompts to completion (under the LoRA adapter `lora`, if any); outputs in
+        input order (a convenience for tests)."""
         ids = [f"tp-{self._next_id + i}" for i in range(len(prompts))]
         self._next_id += len(ids)
         for rid, prompt in zip(ids, prompts, strict=True):
-            self.add_request(rid, prompt, params)
+            self.add_request(rid, prompt, params, lora)
         outputs = run_to_completion(self, dict(zip(ids, prompts, strict=True)))
         return [outputs[rid] for rid in ids]
 

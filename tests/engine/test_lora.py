@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from core.config import EngineConfig
 from core.errors import InvalidRequestError
 from core.lora import lora_ref
 from core.sampling import SamplingParams
 from engine import LLM
+from engine.tp import TPEngine
 from tests import oracle
 
 MAX_TOKENS = 10
@@ -145,3 +147,20 @@ def test_refusals_name_the_limit(model_dir: Path, adapters: dict[str, str], tmp_
         narrow.generate([[5, 6, 7]], GREEDY, lora=ref)
     with pytest.raises(InvalidRequestError, match="lora_path"):
         lora_ref("x", tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # 1: the KV head replicated on both ranks
+def test_tensor_parallel_ranks_hold_their_shard_of_each_adapter(
+    tiny_model_dir, tmp_path: Path, kv_heads: int
+) -> None:
+    model_dir = tiny_model_dir("llama", num_key_value_heads=kv_heads)
+    folder = oracle.make_lora_adapter(str(model_dir), str(tmp_path / "a"), 8, ALL, 5)
+    ref = lora_ref("all-r8", folder)
+    prompts = _prompts(256, 3)
+    config = EngineConfig(tp_size=2, num_kv_blocks=128, num_threads=1, max_loras=1,
+                          max_lora_rank=8)  # fmt: skip
+    with TPEngine(model_dir, config) as engine:
+        outs = engine.generate(prompts, GREEDY, ref)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == oracle.peft_greedy(str(model_dir), folder, tuple(prompt),
+                                                   MAX_TOKENS)  # fmt: skip
