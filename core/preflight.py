@@ -5,7 +5,8 @@ A block moves from one cache to the other byte for byte (kv_transfer), and the d
 goes on from the prompt's KV with its own weights and tokenizer. So a pair can work only
 when the two agree on:
 
-    what the KV means    model (id, weights), tokenizer, head geometry, rope, adapters
+    what the KV means    model (id, weights), tokenizer, head geometry, rope, the LoRA
+                         adapters it serves (a request's adapter runs on both sides)
     how the KV is laid   block size, KV cache dtype, TP size (rank r sends to rank r)
 
 The first group can never differ. The second could be mapped by the transfer (heads split
@@ -45,8 +46,10 @@ class WorkerFacts:
     kv_cache_dtype: str
     """The cache's dtype name as allocated ("float32", "int8", ...)."""
     tp_size: int
-    adapters: tuple[str, ...] = ()
-    """The LoRA adapters the worker holds (none: Baton serves the base model only)."""
+    max_lora_rank: int = 0
+    """The largest LoRA adapter rank its engine serves (0: it serves no adapters). Each
+    request names its own adapter, which both workers load and check by its digest
+    (core/lora.py): they need only serve the same adapters."""
 
 
 _MEANING = "the decode worker must go on from the prefill worker's KV with the same "
@@ -62,7 +65,7 @@ WHY: dict[str, str] = {
     "head_dim": "each KV head entry holds head_dim values: the head sizes must be equal",
     "rope_theta": "keys are stored rotated by rope: both sides must rotate them alike",
     "rope_scaling": "keys are stored rotated by rope: both sides must scale rope alike",
-    "adapters": _MEANING + "adapters: KV computed under an adapter belongs to it",
+    "max_lora_rank": _MEANING + "adapters: a request's adapter must run on both workers",
     "block_size": _UNMAPPED + "one block size onto another: blocks are not re-cut",
     "kv_cache_dtype": _UNMAPPED + "one KV cache dtype onto another: nothing re-quantizes",
     "tp_size": _UNMAPPED + "one TP size onto another: rank r sends to rank r only",

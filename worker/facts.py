@@ -71,4 +71,5 @@ def worker_facts(model_dir: str, engine: Any, tp_size: int) -> WorkerFacts:
         block_size=engine.config.block_size,
         kv_cache_dtype=engine.runner.kv_layout.dtype,
         tp_size=tp_size,
+        max_lora_rank=engine.config.max_lora_rank if engine.config.max_loras else 0,
     )
