@@ -201,16 +201,33 @@ class Attempt:
     async def _reserve(self) -> Any:
         """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
         requests to free blocks (bounded by the deadline and `max_kv_wait_s`) rather than
-        refuse at once: a burst is queued, as a single engine would queue it."""
+        refuse at once: a burst is queued, as a single engine would queue it, in the fair
+        share's order (router/cluster/decode_line.py)."""
         loop = asyncio.get_running_loop()
         give_up = min(self.deadline, loop.time() + self.path.max_kv_wait_s)
-        delay, queued_since_refusal = 0.02, False
+        line, worker = self.path.decode_line, self.decode.worker_id
+        delay, waiting = 0.02, None
         with (
-            self._step(SpanName.RESERVE, **{"baton.worker": self.decode.worker_id}) as span,
+            self._step(SpanName.RESERVE, **{"baton.worker": worker}) as span,
             contextlib.ExitStack() as queued,
         ):
             request = self._carried(span)
+
+            def join() -> Any:  # it waits for the decode pool from here on
+                queued.enter_context(self.path.waits[WorkerRole.DECODE].waiting())
+                span.add_event("decode pool full: waiting for blocks")
+                joined = line.join(worker, request.priority, request.tenant)
+                queued.callback(line.leave, joined)
+                return joined
+
+            if line.busy(worker):
+                waiting = join()
             while True:
+                if waiting is not None:
+                    try:
+                        await line.wait_turn(waiting, max(0.0, give_up - loop.time()))
+                    except TimeoutError:
+                        raise KVCapacityError(f"{worker}: no KV blocks freed in time") from None
                 timeout = self._left()
                 try:
                     reservation = await asyncio.wait_for(
@@ -225,10 +242,8 @@ class Attempt:
                 except KVCapacityError:
                     if loop.time() + delay >= give_up:
                         raise
-                if not queued_since_refusal:  # it waits for the decode pool from here on
-                    queued.enter_context(self.path.waits[WorkerRole.DECODE].waiting())
-                    queued_since_refusal = True
-                    span.add_event("decode pool full: waiting for blocks")
+                if waiting is None:
+                    waiting = join()
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
 

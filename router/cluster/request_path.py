@@ -51,6 +51,7 @@ from core.roles import WorkerRole
 from core.tracing import SpanName, Tracing, ending
 from router.cluster.attempt import Attempt
 from router.cluster.autoscale.signals import WaitBook
+from router.cluster.decode_line import DecodeLine
 from router.cluster.membership import Membership
 from router.cluster.prefill_gate import PrefillGate
 from router.cluster.request_spans import attempt_attributes, finish_span, route_attributes
@@ -116,6 +117,8 @@ class RequestPath:
         """Each tenant's served tokens: the gate's order; charged with the prompt tokens it
         admits and the output tokens streamed here."""
         self.gate = PrefillGate(router, prefill_queue_tokens, self.fair)
+        self.decode_line = DecodeLine(self.fair)
+        """Requests waiting for a decode worker's KV blocks, in the fair share's order."""
         membership.on_left.append(self.gate.drop_worker)
         membership.on_draining.append(self.gate.drop_worker)
         self._channels: dict[str, WorkerChannel] = {}
