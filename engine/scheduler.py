@@ -78,6 +78,11 @@ class ScheduledBatch:
         return bool(self.items)
 
 
+def _layout_key(item: tuple[Request, int]) -> tuple[bool, str]:
+    req, n = item
+    return (n != 1 and not req.draft_token_ids, "" if req.lora is None else req.lora.name)
+
+
 class Scheduler:
     def __init__(
         self, config: EngineConfig, kv: KVCacheManager, speculator: Speculator | None = None
@@ -154,8 +159,10 @@ class Scheduler:
             scheduled.append((req, num_new))
             budget -= num_new
 
-        # Decodes (speculating ones too: a decode row per position) first, stable otherwise.
-        scheduled.sort(key=lambda item: item[1] != 1 and not item[0].draft_token_ids)
+        # Decodes (speculating ones too: a decode row per position) first, and within each
+        # kind the requests of one LoRA adapter together (its rows one run: engine/lora),
+        # stable otherwise.
+        scheduled.sort(key=_layout_key)
         batch.items = scheduled
         self._charge(scheduled)
         return batch

@@ -1,8 +1,8 @@
 """The segmented LoRA matmul: every row of a step under its own adapter, in one launch per
 half (Punica's shrink and expand, S-LoRA's batching):
 
-    shrink   v[t, :] = x[t, :] @ a[slot[t]]^T          a [slots, W, K]     v [T, W]
-    expand   y[t, n] += v[t, :] @ b[slot[t], n, :]^T   b [slots, N, W]     y [T, N]
+    shrink   v[t, :] = x[t, :] @ a[slot[t]]            a [slots, K, W]     v [T, W]
+    expand   y[t, :] += v[t, :] @ b[slot[t]]           b [slots, W, N]     y [T, N]
 
 A row whose slot is -1 (the base model) is skipped. W is the slots' stacked rank (every
 projection fused in the layer, each padded to the engine's max rank: engine/lora/weights.py),
@@ -35,7 +35,7 @@ from engine.kernels._checks import (
 def _shrink_kernel(
     x_ptr, a_ptr, slot_ptr, v_ptr,
     K, W,
-    stride_x, stride_as, stride_aw, stride_v,
+    stride_x, stride_as, stride_ak, stride_v,
     BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -48,11 +48,11 @@ def _shrink_kernel(
         k = k0 + tl.arange(0, BLOCK_K)
         xk = tl.load(x_ptr + row * stride_x + k, mask=k < K, other=0.0).to(tl.float32)
         a = tl.load(
-            a_ptr + slot * stride_as + w[:, None] * stride_aw + k[None, :],
-            mask=(w[:, None] < W) & (k[None, :] < K),
+            a_ptr + slot * stride_as + k[:, None] * stride_ak + w[None, :],
+            mask=(k[:, None] < K) & (w[None, :] < W),
             other=0.0,
         ).to(tl.float32)
-        acc += tl.sum(a * xk[None, :], 1)
+        acc += tl.sum(a * xk[:, None], 0)
     tl.store(v_ptr + row * stride_v + w, acc, mask=w < W)
 
 
@@ -60,7 +60,7 @@ def _shrink_kernel(
 def _expand_kernel(
     v_ptr, b_ptr, slot_ptr, y_ptr,
     N, W,
-    stride_v, stride_bs, stride_bn, stride_y,
+    stride_v, stride_bs, stride_bw, stride_y,
     BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -71,11 +71,11 @@ def _expand_kernel(
     w = tl.arange(0, BLOCK_W)
     v = tl.load(v_ptr + row * stride_v + w, mask=w < W, other=0.0)
     b = tl.load(
-        b_ptr + slot * stride_bs + n[:, None] * stride_bn + w[None, :],
-        mask=(n[:, None] < N) & (w[None, :] < W),
+        b_ptr + slot * stride_bs + w[:, None] * stride_bw + n[None, :],
+        mask=(w[:, None] < W) & (n[None, :] < N),
         other=0.0,
     ).to(tl.float32)
-    delta = tl.sum(b * v[None, :], 1)
+    delta = tl.sum(b * v[:, None], 0)
     y_at = y_ptr + row * stride_y + n
     y = tl.load(y_at, mask=n < N, other=0.0).to(tl.float32)
     tl.store(y_at, (y + delta).to(y_ptr.dtype.element_ty), mask=n < N)
@@ -83,17 +83,17 @@ def _expand_kernel(
 
 def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
              slots: torch.Tensor) -> None:  # fmt: skip
-    """y[t] += (x[t] @ a[slots[t]]^T) @ b[slots[t]]^T for every row t with slots[t] >= 0."""
+    """y[t] += (x[t] @ a[slots[t]]) @ b[slots[t]] for every row t with slots[t] >= 0."""
     check_tensor("x", x, 2, FLOAT_DTYPES)
     check_tensor("a", a, 3, (x.dtype,), x.device)
     check_tensor("b", b, 3, (x.dtype,), x.device)
     check_tensor("y", y, 2, FLOAT_DTYPES, x.device)
     check_tensor("slots", slots, 1, INDEX_DTYPES, x.device)
     rows, k = x.shape
-    num_slots, w, _ = a.shape
-    n = b.shape[1]
-    check_shape("a", a, (num_slots, w, k))
-    check_shape("b", b, (num_slots, n, w))
+    num_slots, _, w = a.shape
+    n = b.shape[2]
+    check_shape("a", a, (num_slots, k, w))
+    check_shape("b", b, (num_slots, w, n))
     check_shape("y", y, (rows, n))
     check_shape("slots", slots, (rows,))
     check(a.is_contiguous() and b.is_contiguous(), "a and b must be contiguous")

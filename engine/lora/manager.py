@@ -155,7 +155,13 @@ class LoRAManager:
 
 
 def _rows(runs: list[tuple[int, int]], device: torch.device) -> Rows:
-    if len(runs) == 1:
-        return slice(*runs[0])
+    merged = [list(runs[0])]
+    for start, end in runs[1:]:
+        if start == merged[-1][1]:
+            merged[-1][1] = end  # adjacent requests: the scheduler groups them by adapter
+        else:
+            merged.append([start, end])
+    if len(merged) == 1:
+        return slice(*merged[0])
     index = [i for start, end in runs for i in range(start, end)]
     return torch.tensor(index, dtype=torch.long, device=device)

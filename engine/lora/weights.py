@@ -1,18 +1,19 @@
 """Resident adapters' weights on one linear layer, and the segmented LoRA matmul of a step.
 
-Each linear layer holds every slot's adapter stacked, in this rank's shard:
+Each linear layer holds every slot's adapter stacked, in this rank's shard, transposed from
+PEFT's A [r, in] and B [out, r] so that both products read them as stored:
 
-    a [slots, parts * R, in]    parts: the projections fused in the layer (q, k, v: 3;
-    b [slots, out, parts * R]          gate, up: 2; o, down: 1), R: the engine's max rank
+    a [slots, in, parts * R]    parts: the projections fused in the layer (q, k, v: 3;
+    b [slots, parts * R, out]          gate, up: 2; o, down: 1), R: the engine's max rank
 
-Part p of an adapter of rank r fills rows [p*R, p*R + r) of its slot's `a` and, in `b`, the
-same columns of the rows its projection has in the layer's output: `b` is block-diagonal, so
-one pair of matmuls per slot gives every fused projection its own delta. Unused rank and
+Part p of an adapter of rank r fills columns [p*R, p*R + r) of its slot's `a` and, in `b`,
+the same rows in the columns its projection has in the layer's output: `b` is
+block-diagonal, so one pair of matmuls per slot gives every fused projection its own delta. Unused rank and
 absent projections stay zero, which adds exactly nothing. A column-parallel layer holds B's
 rows of its output shard (the same rows as its weight: `shard_of`); a row-parallel one A's
 columns of its input shard, its partial delta summed by the layer's all-reduce.
 
-`LoRABatch` is a step's rows grouped by slot; `add_lora` adds `(x @ a_s^T) @ b_s^T` to
+`LoRABatch` is a step's rows grouped by slot; `add_lora` adds `(x @ a_s) @ b_s` to
 each group's rows: torch's matmuls on CPU (one pair per adapter in the step, gathered rows);
 on a GPU the segmented kernel (engine/kernels/lora.py) does every row in two launches.
 """
@@ -45,13 +46,13 @@ class LoRAContext:
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
              batch: LoRABatch) -> None:  # fmt: skip
-    """y[rows] += (x[rows] @ a[slot]^T) @ b[slot]^T for every group: the reference the GPU
+    """y[rows] += (x[rows] @ a[slot]) @ b[slot] for every group: the reference the GPU
     kernel is tested against, and the CPU path."""
     for slot, rows in batch.groups:
         if isinstance(rows, slice):
-            y[rows] += (x[rows] @ a[slot].T) @ b[slot].T
+            y[rows].addmm_(x[rows] @ a[slot], b[slot])
         else:
-            y.index_add_(0, rows, (x.index_select(0, rows) @ a[slot].T) @ b[slot].T)
+            y.index_add_(0, rows, (x.index_select(0, rows) @ a[slot]) @ b[slot])
 
 
 class LoRALinear:
@@ -75,8 +76,8 @@ class LoRALinear:
         out, inp = linear.weight.shape
         width = len(parts) * max_rank
         device = linear.weight.device
-        self.a = torch.zeros(slots, width, inp, dtype=dtype, device=device)
-        self.b = torch.zeros(slots, out, width, dtype=dtype, device=device)
+        self.a = torch.zeros(slots, inp, width, dtype=dtype, device=device)
+        self.b = torch.zeros(slots, width, out, dtype=dtype, device=device)
 
     @property
     def active(self) -> bool:
@@ -93,11 +94,11 @@ class LoRALinear:
             lora_a, lora_b = pair
             r, c = lora_a.shape[0], p * rank
             if self.column:
-                a[c : c + r].copy_(lora_a)
-                b[offset : offset + size, c : c + r].copy_(lora_b[start : start + size])
+                a[:, c : c + r].copy_(lora_a.T)
+                b[c : c + r, offset : offset + size].copy_(lora_b[start : start + size].T)
             else:
-                a[c : c + r].copy_(lora_a[:, start : start + size])
-                b[:, c : c + r].copy_(lora_b)
+                a[:, c : c + r].copy_(lora_a[:, start : start + size].T)
+                b[c : c + r].copy_(lora_b.T)
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> None:
         batch = self.context.batch

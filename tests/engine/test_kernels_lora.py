@@ -22,8 +22,8 @@ def test_segmented_lora_equals_the_reference(dtype, rows: int, k: int, n: int, w
     g = torch.Generator().manual_seed(rows + k)
     slots = torch.tensor([(i * 5) % 4 - 1 for i in range(rows)], dtype=torch.int32)  # -1..2
     x = torch.randn(rows, k, generator=g).to(dtype)
-    a = (torch.randn(3, w, k, generator=g) / k**0.5).to(dtype)
-    b = (torch.randn(3, n, w, generator=g) / w**0.5).to(dtype)
+    a = (torch.randn(3, k, w, generator=g) / k**0.5).to(dtype)
+    b = (torch.randn(3, w, n, generator=g) / w**0.5).to(dtype)
     y = torch.randn(rows, n, generator=g).to(dtype)
     groups = tuple((s, torch.nonzero(slots == s).flatten()) for s in range(3) if (slots == s).any())
     want = y.float().clone()
@@ -36,8 +36,8 @@ def test_segmented_lora_equals_the_reference(dtype, rows: int, k: int, n: int, w
 
 
 def test_bad_shapes_are_refused_naming_the_argument() -> None:
-    x, a, b = torch.zeros(2, 8), torch.zeros(1, 4, 8), torch.zeros(1, 6, 4)
+    x, a, b = torch.zeros(2, 8), torch.zeros(1, 8, 4), torch.zeros(1, 4, 6)
     with pytest.raises(ValueError, match="slots"):
         lora_add(torch.zeros(2, 6), x, a, b, torch.zeros(3, dtype=torch.int32))
     with pytest.raises(ValueError, match="b has shape"):
-        lora_add(torch.zeros(2, 6), x, a, torch.zeros(1, 6, 5), torch.zeros(2, dtype=torch.int32))
+        lora_add(torch.zeros(2, 6), x, a, torch.zeros(1, 5, 6), torch.zeros(2, dtype=torch.int32))
