@@ -8,14 +8,16 @@ PEFT's A [r, in] and B [out, r] so that both products read them as stored:
 
 Part p of an adapter of rank r fills columns [p*R, p*R + r) of its slot's `a` and, in `b`,
 the same rows in the columns its projection has in the layer's output: `b` is
-block-diagonal, so one pair of matmuls per slot gives every fused projection its own delta. Unused rank and
-absent projections stay zero, which adds exactly nothing. A column-parallel layer holds B's
-rows of its output shard (the same rows as its weight: `shard_of`); a row-parallel one A's
-columns of its input shard, its partial delta summed by the layer's all-reduce.
+block-diagonal, so one pair of matmuls per slot gives every fused projection its own delta.
+Unused rank and absent projections stay zero, which adds exactly nothing. A column-parallel
+layer holds B's output columns of its shard (those of its weight's rows: `shard_of`); a
+row-parallel one A's input rows of its shard, its partial delta summed by the layer's
+all-reduce.
 
-`LoRABatch` is a step's rows grouped by slot; `add_lora` adds `(x @ a_s) @ b_s` to
-each group's rows: torch's matmuls on CPU (one pair per adapter in the step, gathered rows);
-on a GPU the segmented kernel (engine/kernels/lora.py) does every row in two launches.
+`LoRABatch` is a step's rows grouped by slot; `add_lora` adds `(x @ a_s) @ b_s` to each
+group's rows: torch's matmuls on CPU (one pair per adapter in the step: the scheduler puts
+an adapter's requests together, so its rows are one run); on a GPU the segmented kernel
+(engine/kernels/lora.py) does every row in two launches.
 """
 
 from __future__ import annotations
