@@ -1,9 +1,9 @@
 """A LoRA adapter as a request names it: its served name, its PEFT folder and a digest of
-its weights.
+its config and weights.
 
 The digest makes an adapter's identity its content, not its name: the KV a request computes
 under an adapter is hashed with `hash_extra` (core/hashing.py's `extra`), so two adapters,
-or one name loaded again from changed weights, never share a prefix-cache block, on a worker
+or one name loaded again from changed files, never share a prefix-cache block, on a worker
 or in the router's index. Every worker checks the digest when it loads the folder, so a file
 changed after the front door read it is refused rather than served under the old name.
 """
@@ -30,7 +30,7 @@ class LoRARef:
     path: str
     """The PEFT folder (adapter_config.json and the weights), readable by every worker."""
     digest: str
-    """xxh3-64 of the weights file, hex."""
+    """xxh3-64 of its config and weights files, hex (`digest_of`)."""
 
     @property
     def hash_extra(self) -> bytes:
@@ -49,7 +49,8 @@ def weight_file(folder: Path) -> Path:
 
 
 def digest_of(folder: Path) -> str:
-    h = xxhash.xxh3_64()
+    """xxh3-64 of the adapter's config (its alpha scales the weights) and weights, hex."""
+    h = xxhash.xxh3_64((folder / CONFIG_FILE).read_bytes())
     with weight_file(folder).open("rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import statistics
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -79,8 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--local-tokens", type=int, default=64)
     p.add_argument("--disagg-tokens", type=int, default=512)
+    p.add_argument("--out", default=None, help="also write the figures here (JSON)")
     args = p.parse_args(argv)
     r = asyncio.run(measure(args.url, args.samples, args.local_tokens, args.disagg_tokens))
+    if args.out:
+        doc = {"args": vars(args), **r, "load_avg_1m": os.getloadavg()[0]}
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"request overhead: local {r['local_ms']:.1f} ms, through the prefill pool "
           f"{r['disagg_ms']:.1f} ms (medians of {args.samples}; baton plan "
           f"--request-overhead-ms {r['local_ms']:.1f} {r['disagg_ms']:.1f})")  # fmt: skip

@@ -1,5 +1,7 @@
 """One try of one request on one (prefill, decode) pair: gate -> reserve -> prefill -> admit
--> stream (router/cluster/request_path.py routes it and retries it), with its spans.
+-> stream (router/cluster/request_path.py routes it and retries it), with its spans. The
+first token, sampled where the prompt was computed, goes to the client with the prefill's
+reply; the decode worker's stream carries the rest.
 
 Each step that waits on a worker is a client span under the attempt's span, and the worker's
 own spans are children of it (the call carries its traceparent: core/tracing.py). The
@@ -20,7 +22,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from core.errors import KVCapacityError
+from core.errors import KVCapacityError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta
 from core.roles import WorkerRole
 from core.tracing import (
@@ -147,6 +149,9 @@ class Attempt:
                 self.finished = True
                 yield reply.output
                 return
+            # The first token was sampled on P: the client has it now, not after the last
+            # layers land on D and D admits it (D's first delta repeats it: not sent again).
+            yield reply.output
             with self._step(SpanName.ADMIT, **{"baton.worker": decode.worker_id}) as s:
                 admit = decode.handle.admit.remote(
                     rid, reply.first_token, reply.logprob, self._left(), channel.channel_id,
@@ -163,7 +168,9 @@ class Attempt:
                 if first:  # it comes once every layer has landed: what the transfer added
                     first = False
                     self._record_transfer(reply.num_blocks_sent, first_token_at)
-                    delta.prompt_logprobs = reply.output.prompt_logprobs  # ran on P
+                    if delta.new_token_ids == reply.output.new_token_ids and not delta.finished:
+                        continue
+                    delta = _after_first(delta, reply.output)
                 yield delta
         finally:
             channel.close(rid)
@@ -253,6 +260,27 @@ class Attempt:
             if m is not None:
                 with contextlib.suppress(Exception):
                     m.handle.abort.remote(self.request.request_id)
+
+
+def _after_first(delta: OutputDelta, first: OutputDelta) -> OutputDelta:
+    """D's first delta less the first token P's delta carried already: both engines processed
+    that token from the same state, so it leads D's delta, text and logprobs alike."""
+    n = len(first.new_token_ids)
+    if delta.new_token_ids[:n] != first.new_token_ids or not delta.new_text.startswith(
+        first.new_text
+    ):
+        raise WorkerFailedError(
+            f"the decode worker's first output {delta.new_token_ids[:n]} is not the prefill "
+            f"worker's {first.new_token_ids}"
+        )
+    logprobs = None if delta.new_logprobs is None else delta.new_logprobs[n:]
+    return replace(
+        delta,
+        new_token_ids=delta.new_token_ids[n:],
+        new_text=delta.new_text[len(first.new_text) :],
+        new_logprobs=logprobs,
+        prompt_logprobs=None,
+    )
 
 
 class _DecodeSpans:

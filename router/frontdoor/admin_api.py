@@ -42,6 +42,8 @@ class WorkerStatus:
     of two differences of these)."""
     steps: dict[str, float] = field(default_factory=dict)
     """Its engine steps' totals (core.step_stats.StepTotals as a dict)."""
+    adapters: tuple[str, ...] = ()
+    """The LoRA adapters in its slots, least recently used first."""
 
     @classmethod
     def of(
@@ -63,6 +65,7 @@ class WorkerStatus:
             load.num_prompt_tokens,
             load.num_cached_prompt_tokens,
             msgspec.structs.asdict(load.steps),
+            load.adapters,
         )
 
 

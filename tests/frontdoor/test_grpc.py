@@ -176,3 +176,14 @@ def test_cluster_state_counts_prompt_tokens(client: BatonClient, admin: InProces
     # The second prompt found the first's two full blocks cached; other workers saw nothing.
     assert grown.pop(worker.worker_id) == (2 * len(prompt), 32)
     assert set(grown.values()) <= {(0, 0)}
+
+
+def test_the_cluster_state_lists_each_workers_adapters() -> None:
+    from core.events import WorkerLoad
+    from router.frontdoor.admin_api import WorkerStatus
+
+    load = WorkerLoad("d0", "decode", 1, 0, 0, 10, 20, adapters=("sql", "chat"), max_loras=4)
+    worker = WorkerStatus.of("d0", "decode", "ready", load)
+    assert worker.adapters == ("sql", "chat")
+    msg = convert.cluster_state(ClusterState(pools=(PoolInfo("decode", 1, (worker,)),)))
+    assert list(msg.pools[0].workers[0].adapters) == ["sql", "chat"]

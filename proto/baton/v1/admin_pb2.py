@@ -24,27 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aproto/baton/v1/admin.proto\x12\x08\x62\x61ton.v1\"\xe1\x01\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.baton.v1.WorkerState\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x10\n\x08kv_usage\x18\x06 \x01(\x02\x12\x17\n\x0fprefix_hit_rate\x18\x07 \x01(\x02\x12\x19\n\x11num_prompt_tokens\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\"M\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65sired_size\x18\x02 \x01(\r\x12!\n\x07workers\x18\x03 \x03(\x0b\x32\x10.baton.v1.Worker\">\n\x0c\x43lusterState\x12\x1d\n\x05pools\x18\x01 \x03(\x0b\x32\x0e.baton.v1.Pool\x12\x0f\n\x07refused\x18\x02 \x03(\t\"\x18\n\x16GetClusterStateRequest\".\n\x10ScalePoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t*\x90\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x15\n\x11WORKER_STATE_DEAD\x10\x04\x32\xe1\x01\n\x0c\x41\x64minService\x12K\n\x0fGetClusterState\x12 .baton.v1.GetClusterStateRequest\x1a\x16.baton.v1.ClusterState\x12?\n\tScalePool\x12\x1a.baton.v1.ScalePoolRequest\x1a\x16.baton.v1.ClusterState\x12\x43\n\x0b\x44rainWorker\x12\x1c.baton.v1.DrainWorkerRequest\x1a\x16.baton.v1.ClusterStateb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aproto/baton/v1/admin.proto\x12\x08\x62\x61ton.v1\"\xf3\x01\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12$\n\x05state\x18\x03 \x01(\x0e\x32\x15.baton.v1.WorkerState\x12\x13\n\x0bnum_running\x18\x04 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x05 \x01(\r\x12\x10\n\x08kv_usage\x18\x06 \x01(\x02\x12\x17\n\x0fprefix_hit_rate\x18\x07 \x01(\x02\x12\x19\n\x11num_prompt_tokens\x18\x08 \x01(\x04\x12 \n\x18num_cached_prompt_tokens\x18\t \x01(\x04\x12\x10\n\x08\x61\x64\x61pters\x18\n \x03(\t\"M\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x64\x65sired_size\x18\x02 \x01(\r\x12!\n\x07workers\x18\x03 \x03(\x0b\x32\x10.baton.v1.Worker\">\n\x0c\x43lusterState\x12\x1d\n\x05pools\x18\x01 \x03(\x0b\x32\x0e.baton.v1.Pool\x12\x0f\n\x07refused\x18\x02 \x03(\t\"\x18\n\x16GetClusterStateRequest\".\n\x10ScalePoolRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\r\"\'\n\x12\x44rainWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t*\x90\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x16\n\x12WORKER_STATE_READY\x10\x02\x12\x19\n\x15WORKER_STATE_DRAINING\x10\x03\x12\x15\n\x11WORKER_STATE_DEAD\x10\x04\x32\xe1\x01\n\x0c\x41\x64minService\x12K\n\x0fGetClusterState\x12 .baton.v1.GetClusterStateRequest\x1a\x16.baton.v1.ClusterState\x12?\n\tScalePool\x12\x1a.baton.v1.ScalePoolRequest\x1a\x16.baton.v1.ClusterState\x12\x43\n\x0b\x44rainWorker\x12\x1c.baton.v1.DrainWorkerRequest\x1a\x16.baton.v1.ClusterStateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'proto.baton.v1.admin_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WORKERSTATE']._serialized_start=527
-  _globals['_WORKERSTATE']._serialized_end=671
+  _globals['_WORKERSTATE']._serialized_start=545
+  _globals['_WORKERSTATE']._serialized_end=689
   _globals['_WORKER']._serialized_start=41
-  _globals['_WORKER']._serialized_end=266
-  _globals['_POOL']._serialized_start=268
-  _globals['_POOL']._serialized_end=345
-  _globals['_CLUSTERSTATE']._serialized_start=347
-  _globals['_CLUSTERSTATE']._serialized_end=409
-  _globals['_GETCLUSTERSTATEREQUEST']._serialized_start=411
-  _globals['_GETCLUSTERSTATEREQUEST']._serialized_end=435
-  _globals['_SCALEPOOLREQUEST']._serialized_start=437
-  _globals['_SCALEPOOLREQUEST']._serialized_end=483
-  _globals['_DRAINWORKERREQUEST']._serialized_start=485
-  _globals['_DRAINWORKERREQUEST']._serialized_end=524
-  _globals['_ADMINSERVICE']._serialized_start=674
-  _globals['_ADMINSERVICE']._serialized_end=899
+  _globals['_WORKER']._serialized_end=284
+  _globals['_POOL']._serialized_start=286
+  _globals['_POOL']._serialized_end=363
+  _globals['_CLUSTERSTATE']._serialized_start=365
+  _globals['_CLUSTERSTATE']._serialized_end=427
+  _globals['_GETCLUSTERSTATEREQUEST']._serialized_start=429
+  _globals['_GETCLUSTERSTATEREQUEST']._serialized_end=453
+  _globals['_SCALEPOOLREQUEST']._serialized_start=455
+  _globals['_SCALEPOOLREQUEST']._serialized_end=501
+  _globals['_DRAINWORKERREQUEST']._serialized_start=503
+  _globals['_DRAINWORKERREQUEST']._serialized_end=542
+  _globals['_ADMINSERVICE']._serialized_start=692
+  _globals['_ADMINSERVICE']._serialized_end=917
 # @@protoc_insertion_point(module_scope)

@@ -21,7 +21,7 @@ WORKER_STATE_DRAINING: WorkerState
 WORKER_STATE_DEAD: WorkerState
 
 class Worker(_message.Message):
-    __slots__ = ("worker_id", "role", "state", "num_running", "num_waiting", "kv_usage", "prefix_hit_rate", "num_prompt_tokens", "num_cached_prompt_tokens")
+    __slots__ = ("worker_id", "role", "state", "num_running", "num_waiting", "kv_usage", "prefix_hit_rate", "num_prompt_tokens", "num_cached_prompt_tokens", "adapters")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class Worker(_message.Message):
     PREFIX_HIT_RATE_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     state: WorkerState
@@ -40,7 +41,8 @@ class Worker(_message.Message):
     prefix_hit_rate: float
     num_prompt_tokens: int
     num_cached_prompt_tokens: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ...) -> None: ...
+    adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., prefix_hit_rate: _Optional[float] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_prompt_tokens: _Optional[int] = ..., adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Pool(_message.Message):
     __slots__ = ("name", "desired_size", "workers")

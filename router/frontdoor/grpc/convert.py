@@ -161,6 +161,7 @@ def cluster_state(state: ClusterState) -> admin_pb2.ClusterState:
                         prefix_hit_rate=w.prefix_hit_rate,
                         num_prompt_tokens=w.num_prompt_tokens,
                         num_cached_prompt_tokens=w.num_cached_prompt_tokens,
+                        adapters=list(w.adapters),
                     )
                     for w in p.workers
                 ],

@@ -77,7 +77,8 @@ function renderPools(state) {
 
     const table = document.createElement("table");
     const head = table.createTHead().insertRow();
-    for (const h of ["worker", "role", "state", "running", "waiting", "KV", "prefix hits", ""]) {
+    for (const h of ["worker", "role", "state", "running", "waiting", "KV", "prefix hits",
+                     "adapters", ""]) {
       const th = document.createElement("th");
       th.textContent = h;
       head.appendChild(th);
@@ -94,6 +95,7 @@ function renderPools(state) {
       cell(row, String(w.num_waiting));
       cell(row, pct(w.kv_usage));
       cell(row, pct(w.prefix_hit_rate));
+      cell(row, (w.adapters || []).join(", "));
       const td = cell(row, "");
       if (w.state === "ready" || w.state === "starting") {
         td.appendChild(button("drain", "drain-" + w.worker_id, () => drain(w.worker_id)));
