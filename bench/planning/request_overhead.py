@@ -12,10 +12,11 @@ workers' `baton:worker_step_seconds_total` counters gained while it ran (for the
 pool's, the prefill workers' only: the decode worker's step after the admission comes after
 the first token). Overhead = client TTFT - engine time; the medians are printed.
 
-Measured here (2 cores, 20M bench model, 1 prefill + 1 decode worker): local 10-12 ms (the
-door 3-8, the generate call ~3, the output stream ~3, the stream to the client 1-2), through
-the prefill pool 26-34 ms (gate, reserve and prefill calls 7-9 before the prefill starts; the
-reply, the admit call and the KV's arrival 6-19 after it; then the same stream).
+Measured (2 cores, 20M bench model, 1 prefill + 1 decode worker): local 10-12 ms (the door
+3-8, the generate call ~3, the output stream ~3, the stream to the client 1-2); through the
+prefill pool 14-16 ms on a Xeon AMX (gate, reserve and prefill calls 7-9 before the prefill
+starts; the first token rides on the prefill's reply), 29 when the first token waited for the
+admission on the decode worker (docs/performance.md).
 """
 
 from __future__ import annotations
