@@ -36,7 +36,7 @@ OTHER = {
     "block_size": 32,
     "kv_cache_dtype": "int8",
     "tp_size": 2,
-    "adapters": ("sql-lora",),
+    "max_lora_rank": 16,
 }
 UNMAPPED = ("block_size", "kv_cache_dtype", "tp_size")
 

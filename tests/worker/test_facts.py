@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from core.config import EngineConfig
@@ -25,7 +26,9 @@ def test_facts_of_a_tiny_model(tiny_model_dir) -> None:
     assert (facts.block_size, facts.kv_cache_dtype, facts.tp_size) == (32, "int8", 1)
     assert facts.vocab_size == model.vocab_size
     assert facts.tokenizer and facts.weights
-    assert facts.adapters == ()
+    assert facts.max_lora_rank == 0  # it serves no LoRA adapters
+    lora = LLMEngine(Path(model_dir), replace(config, max_loras=2, max_lora_rank=8))
+    assert worker_facts(str(model_dir), lora, tp_size=1).max_lora_rank == 8
 
 
 def test_tokenizer_and_weights_are_told_apart(tiny_model_dir, tmp_path) -> None:
