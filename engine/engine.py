@@ -19,6 +19,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -152,13 +153,7 @@ class LLMEngine:
         request_id, token_ids, params = request.request_id, request.prompt_token_ids, request.params
         if request_id in self.requests or request_id in self.held:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        if request.lora is not None:
-            if self.runner.lora is None:
-                raise InvalidRequestError(
-                    f"model: {request.lora.name!r} is a LoRA adapter; this engine serves none "
-                    "(max_loras=0)"
-                )
-            self.runner.lora.check(request.lora)
+        lora_weights = self._lora_weights(request.lora)
         req = Request(
             request_id,
             list(token_ids),
@@ -167,6 +162,7 @@ class LLMEngine:
             priority=request.priority,
             tenant=request.tenant,
             lora=request.lora,
+            lora_weights=lora_weights,
         )
         if arrival_time is not None:
             req.arrival_time = req.timings.arrival = arrival_time
@@ -183,6 +179,16 @@ class LLMEngine:
         restore(req, request.resume, self.model_config.vocab_size)
         req.grammar = self.grammars.start(params.structured_outputs, req.output_token_ids)
         return req
+
+    def _lora_weights(self, ref: LoRARef | None) -> Any:
+        """The adapter `ref` names, read and checked (None for the base model)."""
+        if ref is None:
+            return None
+        if self.runner.lora is None:
+            raise InvalidRequestError(
+                f"model: {ref.name!r} is a LoRA adapter; this engine serves none (max_loras=0)"
+            )
+        return self.runner.lora.check(ref)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request anywhere in its life and free its blocks."""

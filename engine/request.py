@@ -80,6 +80,9 @@ class Request:
     """Whose request it is, for the fair share between tenants (core/fair_share.py)."""
     lora: LoRARef | None = None
     """The adapter it runs under (engine/lora); None: the base model."""
+    lora_weights: Any = None
+    """That adapter as read when the request arrived (`engine.lora.adapter.LoRAAdapter`):
+    held while the request lives, so its step never reads the folder again."""
 
     @property
     def hash_extra(self) -> bytes:

@@ -70,9 +70,10 @@ class LoRAManager:
     def resident(self) -> list[str]:
         return [ref.name for ref in self._resident]
 
-    def check(self, ref: LoRARef) -> None:
-        """Read `ref`'s adapter if it is not at hand; InvalidRequestError names what is wrong."""
-        self._adapter(ref)
+    def check(self, ref: LoRARef) -> LoRAAdapter:
+        """`ref`'s adapter, read if it is not at hand; InvalidRequestError names what is wrong.
+        The request keeps it (`Request.lora_weights`), so activating it never reads again."""
+        return self._adapter(ref)
 
     def _adapter(self, ref: LoRARef) -> LoRAAdapter:
         adapter = self._host.get(ref)
@@ -93,10 +94,12 @@ class LoRAManager:
         """Make this step's adapters resident and group its rows (`items` in the order the
         runner lays them out) by slot; None when no row has an adapter."""
         rows: dict[LoRARef, list[tuple[int, int]]] = {}
+        weights: dict[LoRARef, LoRAAdapter] = {}
         t = 0
         for req, n in items:
             if req.lora is not None:
                 rows.setdefault(req.lora, []).append((t, t + n))
+                weights[req.lora] = req.lora_weights
             t += n
         if not rows:
             self.context.batch = None
@@ -107,7 +110,9 @@ class LoRAManager:
                 "(the scheduler keeps within them)"
             )
         device = self.linears[0].a.device
-        groups = [(self._slot(ref, rows), _rows(runs, device)) for ref, runs in rows.items()]
+        groups = [
+            (self._slot(weights[ref], rows), _rows(runs, device)) for ref, runs in rows.items()
+        ]
         row_slots = None
         if device.type == "cuda":
             slot_of = [-1] * t
@@ -121,7 +126,8 @@ class LoRAManager:
     def finish_step(self) -> None:
         self.context.batch = None
 
-    def _slot(self, ref: LoRARef, needed: dict[LoRARef, list[tuple[int, int]]]) -> int:
+    def _slot(self, adapter: LoRAAdapter, needed: dict[LoRARef, list[tuple[int, int]]]) -> int:
+        ref = adapter.ref
         slot = self._resident.get(ref)
         if slot is not None:
             self._resident.move_to_end(ref)
@@ -134,7 +140,6 @@ class LoRAManager:
             old = next(r for r in self._resident if r not in needed)
             slot = self._resident.pop(old)
             logger.debug("LoRA adapter %s leaves slot %d", old.name, slot)
-        adapter = self._adapter(ref)
         for linear in self.linears:
             linear.load(slot, adapter)
         self._resident[ref] = slot

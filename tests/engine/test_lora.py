@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from core.errors import InvalidRequestError
 from core.lora import lora_ref
 from core.sampling import SamplingParams
 from engine import LLM
+from engine.completion import run_to_completion
 from engine.tp import TPEngine
 from tests import oracle
 
@@ -164,3 +166,22 @@ def test_tensor_parallel_ranks_hold_their_shard_of_each_adapter(
     for prompt, out in zip(prompts, outs, strict=True):
         assert out.token_ids == oracle.peft_greedy(str(model_dir), folder, tuple(prompt),
                                                    MAX_TOKENS)  # fmt: skip
+
+
+def test_a_queued_request_keeps_its_adapter_when_the_folder_goes(
+    model_dir: Path, adapters: dict[str, str], tmp_path: Path
+) -> None:
+    """Read once, on arrival: a step never reads the folder again (one slot, three adapters
+    taking turns, their folders deleted while the requests wait)."""
+    llm = LLM(model_dir, num_kv_blocks=256, max_loras=1, max_lora_rank=8)
+    engine = llm.engine
+    prompts = _prompts(engine.model_config.vocab_size, 3)
+    copies = {n: _copy_adapter(p, tmp_path / n) for n, p in adapters.items()}
+    for i, (name, folder) in enumerate(copies.items()):
+        engine.add_request(f"r{i}", prompts[i], GREEDY, lora=lora_ref(name, folder))
+    for folder in copies.values():
+        shutil.rmtree(folder)
+    outs = run_to_completion(engine, {f"r{i}": p for i, p in enumerate(prompts)})
+    for i, name in enumerate(copies):
+        want = oracle.peft_greedy(str(model_dir), adapters[name], tuple(prompts[i]), MAX_TOKENS)
+        assert outs[f"r{i}"].token_ids == want
