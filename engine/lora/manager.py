@@ -43,16 +43,15 @@ class LoRAManager:
         layers = model.model.layers
         self.num_layers = len(layers)
         self.linears: list[LoRALinear] = []
-        self.shapes: dict[str, tuple[int, int]] = {}
-        """Each projection's full [out, in]: what an adapter's A and B must fit."""
         cfg = model.config
         hidden, inter = cfg.hidden_size, cfg.intermediate_size
         q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        self.shapes = {
+        self.shapes: dict[str, tuple[int, int]] = {
             "q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden),
             "o_proj": (hidden, q), "gate_proj": (inter, hidden), "up_proj": (inter, hidden),
             "down_proj": (hidden, inter),
         }  # fmt: skip
+        """Each projection's full [out, in]: what an adapter's A and B must fit."""
         assert set(self.shapes) == set(TARGETS)
         for i, layer in enumerate(layers):
             for block, name, parts in _LAYOUT:
