@@ -139,6 +139,17 @@ def _check_indices(values: Sequence[int], bound: int, what: str) -> None:
         raise ValueError(f"{what} {bad} outside [0, {bound})")
 
 
+def kv_head_range(total_kv_heads: int, tp_size: int, tp_rank: int) -> range:
+    """The model's KV heads that rank `tp_rank` of `tp_size` holds: an equal share each, or,
+    past one rank per head, the one head it shares with `tp_size / total_kv_heads` ranks
+    (engine/layers/linear.py's QKVParallelLinear shards the weights by this rule)."""
+    if tp_size >= total_kv_heads:
+        head = tp_rank * total_kv_heads // tp_size
+        return range(head, head + 1)
+    share = total_kv_heads // tp_size
+    return range(tp_rank * share, (tp_rank + 1) * share)
+
+
 def dtype_name(dtype: object) -> str:
     """'torch.float16' / numpy dtype('float16') / 'float16' -> 'float16'."""
     return str(dtype).removeprefix("torch.")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core.kv_layout import kv_head_range
 from engine.checkpoint import copy_into
 from engine.layers import cpu_gemm, quant
 from engine.layers.activation import silu_and_mul
@@ -216,10 +217,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         if part == "q":
             src_head, offset, size = self.tp.rank * self.num_heads, 0, self.q_size
         else:
-            if self.tp.size >= self.total_kv_heads:
-                src_head = self.tp.rank * self.total_kv_heads // self.tp.size
-            else:
-                src_head = self.tp.rank * self.num_kv_heads
+            src_head = kv_head_range(self.total_kv_heads, self.tp.size, self.tp.rank).start
             offset = self.q_size + (0 if part == "k" else self.kv_size)
             size = self.kv_size
         return offset, src_head * self.head_dim, size
