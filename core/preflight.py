@@ -1,19 +1,20 @@
 """The preflight: whether a prefill worker's KV can become a decode worker's, decided at
 start-up from what each worker says it is (`WorkerFacts`), never at the first request.
 
-A block moves from one cache to the other byte for byte (kv_transfer), and the decode worker
-goes on from the prompt's KV with its own weights and tokenizer. So a pair can work only
-when the two agree on:
+The decode worker goes on from the prompt's KV with its own weights and tokenizer, so a pair
+can work only when the two agree on what the KV means:
 
-    what the KV means    model (id, weights), tokenizer, head geometry, rope, the LoRA
-                         adapters it serves (a request's adapter runs on both sides)
-    how the KV is laid   block size, KV cache dtype, TP size (rank r sends to rank r)
+    model (id, weights), tokenizer, head geometry, rope, the LoRA adapters it serves (a
+    request's adapter runs on both sides)
 
-The first group can never differ. The second could be mapped by the transfer (heads split
-or joined across ranks, blocks re-cut, values re-quantized), but the transfer maps none of
-it today, so the preflight refuses those too and says the mapping is missing. `preflight`
-is the one place this rule lives: the controller calls it when a worker is up, before it
-connects the worker to a peer or admits it (router/cluster/controller.py).
+How the KV is laid out (block size, KV cache dtype, TP size) may differ between the pools:
+a decode worker lands an unlike prefill worker's KV in areas of the prefill's layout and
+rewrites it in its own (worker/landing.py: blocks re-cut, heads joined or split across
+ranks, values converted or quantized). Within one pool the layout must match: the router
+hashes a pool's blocks with one block size, and two prefill workers swap prefixes block for
+block, rank to rank. `preflight` is the one place this rule lives: the controller calls it
+when a worker is up, before it connects the worker to a peer or admits it
+(router/cluster/controller.py).
 
 Torch-free: the router imports it.
 """
@@ -53,7 +54,8 @@ class WorkerFacts:
 
 
 _MEANING = "the decode worker must go on from the prefill worker's KV with the same "
-_UNMAPPED = "the KV transfer copies blocks as they are and cannot yet map "
+_POOL = "workers of one pool share one KV layout (the router hashes a pool's blocks alike, "
+_POOL += "prefill workers swap prefixes block for block, rank to rank): "
 
 WHY: dict[str, str] = {
     "model_id": _MEANING + "model: its KV is meaningless to another one",
@@ -66,11 +68,15 @@ WHY: dict[str, str] = {
     "rope_theta": "keys are stored rotated by rope: both sides must rotate them alike",
     "rope_scaling": "keys are stored rotated by rope: both sides must scale rope alike",
     "max_lora_rank": _MEANING + "adapters: a request's adapter must run on both workers",
-    "block_size": _UNMAPPED + "one block size onto another: blocks are not re-cut",
-    "kv_cache_dtype": _UNMAPPED + "one KV cache dtype onto another: nothing re-quantizes",
-    "tp_size": _UNMAPPED + "one TP size onto another: rank r sends to rank r only",
+    "block_size": _POOL + "the block sizes must be equal",
+    "kv_cache_dtype": _POOL + "the KV cache dtypes must be equal",
+    "tp_size": _POOL + "the TP sizes must be equal",
 }
 """Why each field must match; every field of WorkerFacts has its line (a test checks)."""
+
+LAYOUT = ("block_size", "kv_cache_dtype", "tp_size")
+"""The fields that must match within a pool only: the other pool's KV is landed and
+rewritten (worker/landing.py)."""
 
 
 @dataclass(frozen=True)
@@ -98,13 +104,15 @@ class PreflightError(ValueError):
         self.mismatches = mismatches
 
 
-def preflight(prefill: WorkerFacts, decode: WorkerFacts) -> list[Mismatch]:
+def preflight(prefill: WorkerFacts, decode: WorkerFacts, same_pool: bool = False) -> list[Mismatch]:
     """Every field on which KV from a worker with `prefill`'s facts cannot become KV of a
-    worker with `decode`'s; empty when the pair works. Pure: no I/O, no state."""
+    worker with `decode`'s (`same_pool`: two workers of one pool, whose layouts must match
+    too); empty when the pair works. Pure: no I/O, no state."""
     return [
         Mismatch(f.name, getattr(prefill, f.name), getattr(decode, f.name), WHY[f.name])
         for f in fields(WorkerFacts)
         if getattr(prefill, f.name) != getattr(decode, f.name)
+        and (same_pool or f.name not in LAYOUT)
     ]
 
 
@@ -116,19 +124,18 @@ def check_joining(
 ) -> None:
     """Raise PreflightError when worker `worker_id` (of pool `role`, with `facts`) cannot
     pair with one of `others` ((worker id, pool, facts) of the workers already there, the
-    first one first). Every worker is checked against every other, its own pool's included:
-    one engine configuration holds throughout a cluster today (the router also hashes every
-    worker's blocks with the first worker's block size). A worker without facts (a test
-    double) is not checked."""
+    first one first). Every worker is checked against every other, its own pool's included.
+    A worker without facts (a test double) is not checked."""
     for other_id, other_role, other_facts in others:
         if facts is None or other_facts is None:
             continue
+        same_pool = role == other_role
         joining_first = role == "prefill" and other_role != "prefill"
         if joining_first:
-            found = preflight(facts, other_facts)
+            found = preflight(facts, other_facts, same_pool)
             sides = (f"{role} {worker_id}", f"{other_role} {other_id}")
         else:
-            found = preflight(other_facts, facts)
+            found = preflight(other_facts, facts, same_pool)
             sides = (f"{other_role} {other_id}", f"{role} {worker_id}")
         if found:
             raise PreflightError(worker_id, sides, found)

@@ -33,6 +33,7 @@ class Reservation:
     request_id: str
     block_ids: list[int]
     num_cached_tokens: int
+    num_tokens: int
 
 
 class HeldRequests:
@@ -60,7 +61,8 @@ class HeldRequests:
         self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
         req.status = RequestStatus.WAITING_FOR_KV
         self._held[req.request_id] = req
-        return Reservation(req.request_id, self.kv.block_ids(req.request_id), num_hit_tokens)
+        block_ids = self.kv.block_ids(req.request_id)
+        return Reservation(req.request_id, block_ids, num_hit_tokens, req.num_tokens)
 
     def land(self, request_id: str) -> Request:
         """The reservation whose KV has landed, taken off hold, its blocks named in the prefix

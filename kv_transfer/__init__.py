@@ -95,6 +95,7 @@ from kv_transfer.api import (
 )
 from kv_transfer.handshake import PROTOCOL_VERSION, CompatRecord, IncompatiblePeerError
 from kv_transfer.layout import pair_regions
+from kv_transfer.paired import peer_compat
 from kv_transfer.registry import (
     backend_names,
     create_transport,
@@ -118,6 +119,7 @@ __all__ = [
     "backend_names",
     "create_transport",
     "pair_regions",
+    "peer_compat",
     "register_backend",
     "select_backend",
     "unavailable_reason",

@@ -32,7 +32,12 @@ from kv_transfer.api import (
     Transport,
     UnknownPeerError,
 )
-from kv_transfer.handshake import IncompatiblePeerError, decode_versioned
+from kv_transfer.handshake import (
+    CompatRecord,
+    IncompatiblePeerError,
+    decode_peer_info,
+    decode_versioned,
+)
 from kv_transfer.host import host_identity
 
 NETWORK_BACKENDS = ("nixl", "ucx")
@@ -172,3 +177,15 @@ class PairedTransport(Transport):
     def close(self) -> None:
         for transport in self._transports.values():
             transport.close()
+
+
+def peer_compat(metadata: bytes) -> CompatRecord:
+    """The compatibility record in a peer's `local_metadata()`, of a paired transport or of
+    one backend's: the layout of the cache it registered."""
+    try:
+        info = _decoder.decode(metadata)
+    except msgspec.DecodeError:
+        return decode_peer_info(metadata).compat
+    if info.version != PAIRED_VERSION or not info.transports:
+        raise IncompatiblePeerError("version", PAIRED_VERSION, info.version)
+    return decode_peer_info(next(iter(info.transports.values()))).compat

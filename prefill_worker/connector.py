@@ -10,6 +10,11 @@ layers, and parks each prompt after its first token until its KV was handed over
     take_prefilled()         the worker collects them after the step
     take_post_times(id)      when each layer of a traced prompt was handed to the transport
     forget(request_id)       aborted: no send, no result
+    gather(results)          the transport's results, a prompt's parts folded into one
+
+A decode worker laid out otherwise takes the KV in landing areas (worker/landing.py): then
+this rank may send each layer to several of its ranks, each a part of the prompt's transfer
+under a wire id of its own (worker/fanin.py).
 """
 
 from __future__ import annotations
@@ -25,17 +30,21 @@ from engine.engine import LLMEngine
 from engine.kv_connector import LayerHook
 from engine.request import Request
 from kv_transfer import Role, TransferResult, Transport
+from worker.fanin import FanIn, wire_id
 
 logger = logging.getLogger(__name__)
 
-PeerName = Callable[[str], str]
-"""A decode worker's id -> the transport name of its rank that pairs with this one."""
+PeerRoutes = Callable[[str], list[tuple[str, int | None]]]
+"""A decode worker's id -> where this rank sends a prompt's KV there: per receiving rank, its
+transport (peer) name and, when the KV lands there (worker/landing.py), that rank's index,
+which names the part's wire id (worker/fanin.py); None: straight into its cache, under the
+request's own id."""
 
 
 @dataclass(frozen=True)
 class Destination:
-    """Where a prompt's KV goes: the decode worker and the blocks it reserved; the first
-    `skip_blocks` it already holds and are not sent."""
+    """Where a prompt's KV goes: the decode worker, and the blocks there for this worker's
+    blocks from `skip_blocks` on (the first `skip_blocks` it already holds: not sent)."""
 
     peer_worker_id: str
     dst_block_ids: list[int]
@@ -65,9 +74,11 @@ class PrefillResult:
 
 @dataclass
 class _Send:
-    """One request's per-layer sends within a step; `num_posted` < 0 once one failed."""
+    """One request's per-layer sends to one receiving rank within a step, under `wire_id`;
+    `num_posted` < 0 once one failed."""
 
     request_id: str
+    wire_id: str
     src_block_ids: list[int]
     peer: str
     dst_block_ids: list[int]
@@ -76,18 +87,20 @@ class _Send:
 
 
 class PrefillConnector:
-    """`engine.kv_connector.KVConnector` of one prefill rank: `peer_name` maps a decode
-    worker's id to the transport name of its matching rank."""
+    """`engine.kv_connector.KVConnector` of one prefill rank: `routes` says where a decode
+    worker takes this rank's KV."""
 
-    def __init__(self, engine: LLMEngine, transport: Transport, peer_name: PeerName) -> None:
-        self.engine, self.transport, self.peer_name = engine, transport, peer_name
+    def __init__(self, engine: LLMEngine, transport: Transport, routes: PeerRoutes) -> None:
+        self.engine, self.transport, self.routes = engine, transport, routes
+        self.fan = FanIn()
+        """Prompts sent to several receiving ranks, or landing in one's area: their parts."""
         self.destinations: dict[str, Destination] = {}
         """Prompts whose sends are not planned yet."""
         self._sending: set[str] = set()
         """Prompts parked after their first token."""
         self._prefilled: list[PrefillResult] = []
         self.unsent: list[TransferResult] = []
-        """Results of sends that never started: the rank's next kv_poll reports them."""
+        """Results of sends (by wire id) that never started: the next `gather` has them."""
         self.post_times: dict[str, list[int]] = {}
         """Traced prompts only: the epoch ns each layer was posted, for the trace's
         kv_transfer span (one int a layer; taken when the transfer ends)."""
@@ -131,11 +144,32 @@ class PrefillConnector:
         self._sending.discard(request_id)
         self.post_times.pop(request_id, None)
 
+    # -- results --------------------------------------------------------------------------
+    def gather(self, results: list[TransferResult]) -> list[TransferResult]:
+        """This rank's transfer results, with the unsent ones, the parts of a prompt (by wire
+        id) folded into the prompt's one result once every part ended."""
+        results, self.unsent = self.unsent + results, []
+        out = []
+        for result in results:
+            part = (0, result.request_id)
+            if not self.fan.owns(part):
+                out.append(result)
+            elif (ended := self.fan.feed(part, result)) is not None:
+                out.append(ended)
+        return out
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a prompt's sends (each part reports its end)."""
+        if request_id in self.fan:
+            self.fan.cancel(request_id)
+        else:
+            self.transport.cancel(request_id)
+
     # -- layer side ----------------------------------------------------------------------
     def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
         """Runs inside this rank's step, with the requests whose prompt KV the step
         completes: returns the hook that sends each layer the moment it is written."""
-        sends = [s for req, block_ids in completing if (s := self._plan(req, block_ids))]
+        sends = [s for req, block_ids in completing for s in self._plan(req, block_ids)]
         if not sends:
             return None
 
@@ -149,35 +183,49 @@ class PrefillConnector:
     def end_step(self) -> None:
         pass
 
-    def _plan(self, req: Request, block_ids: list[int]) -> _Send | None:
+    def _plan(self, req: Request, block_ids: list[int]) -> list[_Send]:
         dest = self.destinations.pop(req.request_id, None)
         if dest is None:
-            return None
-        peer = self.peer_name(dest.peer_worker_id)
-        src, dst = block_ids[dest.skip_blocks :], dest.dst_block_ids[dest.skip_blocks :]
-        if len(block_ids) != len(dest.dst_block_ids) or not src:
-            error = f"{len(block_ids)} source blocks for {len(dest.dst_block_ids)} reserved"
-            self.unsent.append(TransferResult(req.request_id, Role.SEND, False, peer, (), error))
-            return None
-        return _Send(req.request_id, src, peer, dst, dest.timeout_s)
+            return []
+        rid, routes = req.request_id, self.routes(dest.peer_worker_id)
+        src = block_ids[dest.skip_blocks :]
+        if len(src) != len(dest.dst_block_ids) or not src or not routes:
+            error = f"{len(src)} source blocks to send, {len(dest.dst_block_ids)} reserved"
+            if not routes:
+                error = f"no route to {dest.peer_worker_id}"
+            self.unsent.append(TransferResult(rid, Role.SEND, False, None, (), error))
+            return []
+        sends = [
+            _Send(rid, rid if rank is None else wire_id(rid, rank), src, peer,
+                  dest.dst_block_ids, dest.timeout_s)
+            for peer, rank in routes
+        ]  # fmt: skip
+        if len(sends) > 1 or sends[0].wire_id != rid:
+            self.fan.open(
+                rid, Role.SEND, {(0, s.wire_id): self._canceller(s.wire_id) for s in sends}
+            )
+        return sends
+
+    def _canceller(self, wire: str) -> Callable[[], None]:
+        return lambda: self.transport.cancel(wire)
 
     def _send_layer(self, send: _Send, layer: int, written: DeviceEvent | None) -> None:
         try:
             # Offered once `written` completed: on a GPU the layer's kernels may still be
             # queued when the hook fires.
             self.transport.send(
-                send.request_id, send.src_block_ids, send.peer, send.dst_block_ids, [layer],
+                send.wire_id, send.src_block_ids, send.peer, send.dst_block_ids, [layer],
                 send.timeout_s, written,
             )  # fmt: skip
             send.num_posted += 1
             posted = self.post_times.get(send.request_id)
-            if posted is not None:
+            if posted is not None and send.num_posted > len(posted):
                 posted.append(time.time_ns())
         except Exception as e:  # never fail the step (the other ranks go on)
-            logger.warning("%s: sending layer %d failed: %s", send.request_id, layer, e)
+            logger.warning("%s: sending layer %d failed: %s", send.wire_id, layer, e)
             if send.num_posted == 0:
-                result = TransferResult(send.request_id, Role.SEND, False, send.peer, (), str(e))
+                result = TransferResult(send.wire_id, Role.SEND, False, send.peer, (), str(e))
                 self.unsent.append(result)
             else:  # posted layers: the transport reports the failure itself
-                self.transport.cancel(send.request_id)
+                self.transport.cancel(send.wire_id)
             send.num_posted = -1

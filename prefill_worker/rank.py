@@ -7,14 +7,33 @@ from __future__ import annotations
 from core.request import EngineRequest
 from kv_transfer import TransferResult
 from prefill_worker.connector import Destination, PrefillConnector, PrefillResult
+from worker.group import RouteTo
 from worker.rank import WorkerRank
 
 
 class PrefillRank(WorkerRank):
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self.connector = PrefillConnector(self.engine, self.transport, self.peer_name)
+        self.routes: dict[str, list[tuple[str, int | None]]] = {}
+        """Decode worker id -> where this rank's KV goes there (`kv_route`)."""
+        self.connector = PrefillConnector(self.engine, self.transport, self._route)
         self.engine.kv_connector = self.connector
+
+    def kv_route(self, receiver: str, routes: list[list[RouteTo]]) -> None:
+        """Connect to where receiving worker `receiver` takes this rank's KV (its answer to
+        this worker's metadata, per sender rank: `WorkerBase.accept`)."""
+        self.routes[receiver] = [
+            (self.transport.add_peer(to.metadata), to.rank) for to in routes[self.tp_rank]
+        ]
+
+    def kv_remove_peer(self, peer_worker_id: str) -> None:
+        for peer, _ in self.routes.pop(peer_worker_id, []):
+            self.transport.remove_peer(peer)
+        super().kv_remove_peer(peer_worker_id)
+
+    def _route(self, receiver: str) -> list[tuple[str, int | None]]:
+        """A prefill peer (prefix migration) is laid out alike: rank r to its rank r."""
+        return self.routes.get(receiver) or [(self.peer_name(receiver), None)]
 
     def add_prefill(self, request: EngineRequest, dest: Destination) -> None:
         self.connector.add(request, dest)
@@ -35,5 +54,8 @@ class PrefillRank(WorkerRank):
         return self.engine.cache_landed(request_id)
 
     def kv_poll(self) -> list[TransferResult]:
-        results, self.connector.unsent = self.connector.unsent, []
-        return results + super().kv_poll()
+        return self.connector.gather(super().kv_poll())
+
+    def kv_cancel(self, request_id: str) -> None:
+        self.connector.cancel(request_id)
+        self.landings.cancel(request_id)

@@ -1,10 +1,12 @@
 """The prefill worker actor.
 
-`prefill()` tells every rank the prompt and its destination (decode worker, reserved block
-ids, blocks to skip). In the step that completes the prompt, each rank's KV connector
-(prefill_worker/connector.py) sends that rank's heads of each layer to the matching rank of
-the decode worker the moment the model finishes the layer, so the transfer overlaps the
-remaining layers. The first token goes back to the caller; the
+`route()` connects every rank to where a decode worker takes its KV (the decode worker's
+answer to this one's metadata: its matching rank, or, laid out otherwise, the landing areas
+of the ranks that need this rank's heads: worker/landing.py). `prefill()` tells every rank
+the prompt and its destination (decode worker, reserved block ids, blocks to skip). In the
+step that completes the prompt, each rank's KV connector (prefill_worker/connector.py) sends
+that rank's heads of each layer there the moment the model finishes the layer, so the
+transfer overlaps the remaining layers. The first token goes back to the caller; the
 blocks stay held until every rank's transfer finished (acknowledged or failed), then
 return to this worker's prefix cache, on all ranks at once.
 
@@ -34,7 +36,7 @@ from kv_transfer import Role
 from prefill_worker.connector import Destination, PrefillResult
 from prefill_worker.rank import PrefillRank
 from worker.base import WorkerBase
-from worker.group import RankGroup
+from worker.group import RankGroup, decode_routes
 from worker.records import WorkerSpec
 from worker.spans import kv_transfer_span, prefill_spans, served
 from worker.tracker import Outcome
@@ -90,9 +92,10 @@ class PrefillWorker(WorkerBase):
         timeout_s: float,
         hand_over: bool = False,
     ) -> PrefillReply:
-        """`peer` is the decode worker's id; rank r sends to its rank r. `hand_over`: the
-        prompt is a prefix `peer`, a prefill worker, pulls (prefix migration): once sent,
-        its blocks are the first this worker's cache evicts."""
+        """`peer` is the receiving worker's id, `dst_block_ids` its blocks for this worker's
+        blocks from `skip_blocks` on (its `KVReservation`). `hand_over`: the prompt is a
+        prefix `peer`, a prefill worker, pulls (prefix migration): once sent, its blocks are
+        the first this worker's cache evicts."""
         self._check_admitting()
         span = served(
             self.tracing, request.trace, SpanName.PREFILL, **{"baton.worker": self.worker_id}
@@ -131,7 +134,7 @@ class PrefillWorker(WorkerBase):
             g.all(PrefillRank.add_prefill, request, dest)
             self.tracker.add(request_id, Role.SEND)
             if span.is_recording():
-                self._traced_sends[request_id] = (span, len(dst_block_ids) - skip_blocks)
+                self._traced_sends[request_id] = (span, len(dst_block_ids))
 
         self.waiters[request_id] = waiter
         if hand_over:
@@ -156,6 +159,15 @@ class PrefillWorker(WorkerBase):
             num_sent,
             result.backlog,
         )
+
+    async def route(self, routes: bytes) -> str:
+        """Connect every rank to where a receiving worker takes its KV (the `Routes` its
+        `accept` answered with). Returns the receiver's id."""
+        answer = decode_routes(routes, self.spec.tp)
+        await self.engine.call(
+            lambda g: g.each(PrefillRank.kv_route, answer.worker_id, answer.ranks)
+        )
+        return answer.worker_id
 
     async def import_prefix(self, request_id: str, timeout_s: float) -> int:
         """Once a reserved prefix (`reserve`) has arrived from the peer, put its blocks in

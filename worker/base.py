@@ -32,12 +32,19 @@ from core.events import KVEventBatch, WorkerLoad
 from core.request import EngineRequest
 from core.tracing import SpanName, Tracing, ending
 from engine.async_engine import AsyncEngine
-from engine.engine import NoCapacityError, Reservation
+from engine.engine import NoCapacityError
 from kv_transfer import Role
 from worker.event_log import EventLog
-from worker.group import LocalGroup, RankGroup, decode_group_metadata, encode_group_metadata
+from worker.group import (
+    LocalGroup,
+    RankGroup,
+    RouteTo,
+    decode_group_metadata,
+    encode_group_metadata,
+    encode_routes,
+)
 from worker.rank import WorkerRank
-from worker.records import WorkerInfo, WorkerReport, WorkerSpec
+from worker.records import KVReservation, WorkerInfo, WorkerReport, WorkerSpec
 from worker.spans import served
 from worker.threads import pin_threads
 from worker.tracker import Outcome, TransferTracker
@@ -126,10 +133,26 @@ class WorkerBase:
         return self._info
 
     async def connect(self, peer_metadata: bytes) -> str:
-        """Connect each rank to the matching rank of a peer worker (same TP size only)."""
+        """Connect each rank to the matching rank of a peer worker of this pool (same TP
+        size: prefix migration between prefill workers)."""
         meta = decode_group_metadata(peer_metadata, self.worker_id, self.spec.tp)
         await self.engine.call(lambda g: g.each(WorkerRank.kv_add_peer, meta.ranks))
         return meta.worker_id
+
+    async def accept(self, sender_metadata: bytes) -> bytes:
+        """Take prompts' KV from a sender worker of any TP size and layout (its
+        `transport_metadata`): every rank connects to the sender ranks that hold its heads,
+        straight or through landing areas (worker/landing.py). Returns the `Routes` the
+        sender connects by (`PrefillWorker.route`)."""
+        meta = decode_group_metadata(sender_metadata, self.worker_id, None)
+        answers = await self.engine.call(
+            lambda g: g.each(WorkerRank.kv_accept, meta.worker_id, meta.ranks)
+        )
+        routes: list[list[RouteTo]] = [[] for _ in meta.ranks]
+        for rank, (lands, per_sender_rank) in enumerate(answers):
+            for sender_rank, metadata in per_sender_rank.items():
+                routes[sender_rank].append(RouteTo(metadata, rank if lands else None))
+        return encode_routes(self.worker_id, routes)
 
     async def disconnect(self, peer: str) -> None:
         await self.engine.call(lambda g: g.each(WorkerRank.kv_remove_peer, peer))
@@ -173,7 +196,7 @@ class WorkerBase:
         self.events.append(snapshot)  # every reader's sequence stays without gaps
         return snapshot
 
-    async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
+    async def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> KVReservation:
         """Reserve blocks for the prompt and arm every rank's transport to receive its KV
         heads from worker `sender`. Blocks this worker already caches for the prefix are
         reused: the sender skips them. The block ids are the same on every rank (lockstep
@@ -181,7 +204,7 @@ class WorkerBase:
         self._check_admitting()
         request_id = request.request_id
 
-        def reserve(g: RankGroup) -> Reservation:
+        def reserve(g: RankGroup) -> KVReservation:
             res = g.all(WorkerRank.reserve, request, timeout_s, sender)
             self._arrivals[request_id] = self.tracker.add(request_id, Role.RECV)
             return res
@@ -196,7 +219,7 @@ class WorkerBase:
                 raise KVCapacityError(f"{self.worker_id}: {e}") from e
             if span.is_recording():
                 span.set_attributes({
-                    "baton.blocks": len(reservation.block_ids),
+                    "baton.blocks": reservation.num_blocks,
                     "baton.cached_tokens": reservation.num_cached_tokens,
                 })  # fmt: skip
             return reservation

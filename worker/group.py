@@ -23,7 +23,7 @@ import msgspec
 from core.request import OutputDelta
 from worker.rank import WorkerRank
 
-GROUP_METADATA_VERSION = 1
+GROUP_METADATA_VERSION = 2
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -59,14 +59,16 @@ class LocalGroup:
         self.rank = rank
 
     def all(self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return method(self.rank, *args, **kwargs)
+        # Looked up on the rank, as a TP rank looks it up (engine/tp/driver.py): a role's
+        # override of a `WorkerRank` method runs, whichever class named it.
+        return getattr(self.rank, method.__name__)(*args, **kwargs)
 
     first = all
 
     def each(
         self, method: Callable[Concatenate[Any, P], T], *args: P.args, **kwargs: P.kwargs
     ) -> list[T]:
-        return [method(self.rank, *args, **kwargs)]
+        return [self.all(method, *args, **kwargs)]
 
     def step(self) -> list[OutputDelta]:
         return self.rank.step()
@@ -80,7 +82,8 @@ class LocalGroup:
 
 class GroupMetadata(msgspec.Struct, frozen=True):
     """`WorkerInfo.transport_metadata`: one transport handshake per rank, in rank order.
-    Rank r connects only to the peer's rank r, so both sides need the same TP size."""
+    Two workers of one pool connect rank r to rank r (`connect`), so they need the same TP
+    size; a decode worker answers a prefill worker of any TP size with `Routes`."""
 
     version: int
     worker_id: str
@@ -93,8 +96,11 @@ def encode_group_metadata(worker_id: str, ranks: list[bytes]) -> bytes:
     return msgspec.msgpack.encode(meta)
 
 
-def decode_group_metadata(data: bytes, local_worker_id: str, local_tp_size: int) -> GroupMetadata:
-    """Decode a peer worker's metadata; refuse another version or another TP size."""
+def decode_group_metadata(
+    data: bytes, local_worker_id: str, local_tp_size: int | None
+) -> GroupMetadata:
+    """Decode a peer worker's metadata; refuse another version, or another TP size than
+    `local_tp_size` (None: any)."""
     try:
         meta = msgspec.msgpack.decode(data, type=GroupMetadata)
     except msgspec.DecodeError as e:
@@ -103,10 +109,47 @@ def decode_group_metadata(data: bytes, local_worker_id: str, local_tp_size: int)
         raise ValueError(
             f"worker transport metadata version {meta.version}, expected {GROUP_METADATA_VERSION}"
         )
-    if meta.tp_size != local_tp_size or len(meta.ranks) != meta.tp_size:
+    if len(meta.ranks) != meta.tp_size:
+        raise ValueError(
+            f"worker {meta.worker_id} sent {len(meta.ranks)} ranks at tp={meta.tp_size}"
+        )
+    if local_tp_size is not None and meta.tp_size != local_tp_size:
         raise ValueError(
             f"tensor-parallel size mismatch: worker {meta.worker_id} runs tp={meta.tp_size} "
-            f"but {local_worker_id} runs tp={local_tp_size}; KV moves from each rank to the "
-            "matching rank of the peer, so prefill and decode workers need the same TP size"
+            f"but {local_worker_id} runs tp={local_tp_size}; workers of one pool connect "
+            "rank to rank, so they need the same TP size"
         )
     return meta
+
+
+class RouteTo(msgspec.Struct, frozen=True, array_like=True):
+    """One receiving rank a sender rank writes to: that rank's transport metadata (its own
+    cache's, or a landing area's: worker/landing.py), and `rank`, which names the part's
+    wire id when the KV lands (worker/fanin.py; None: written straight into its cache)."""
+
+    metadata: bytes
+    rank: int | None
+
+
+class Routes(msgspec.Struct, frozen=True):
+    """A receiving worker's answer to a sender worker's `GroupMetadata`
+    (`WorkerBase.accept`): per sender rank, the ranks it writes each prompt's KV to."""
+
+    version: int
+    worker_id: str
+    ranks: list[list[RouteTo]]
+
+
+def encode_routes(worker_id: str, ranks: list[list[RouteTo]]) -> bytes:
+    return msgspec.msgpack.encode(Routes(GROUP_METADATA_VERSION, worker_id, ranks))
+
+
+def decode_routes(data: bytes, local_tp_size: int) -> Routes:
+    routes = msgspec.msgpack.decode(data, type=Routes)
+    if routes.version != GROUP_METADATA_VERSION or len(routes.ranks) != local_tp_size:
+        raise ValueError(
+            f"routes of {routes.worker_id} (version {routes.version}) for "
+            f"{len(routes.ranks)} sender ranks, expected version {GROUP_METADATA_VERSION}, "
+            f"{local_tp_size} ranks"
+        )
+    return routes

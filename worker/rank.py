@@ -2,11 +2,15 @@
 
 A worker with `tp=N` runs N ranks in lockstep (tp=1: one, inside the worker actor). Each
 rank owns the KV heads of its shard, so each registers its own cache with its own
-transport and ships (or receives) only its heads, to the matching rank of the peer worker:
+transport and ships (or receives) only its heads, to the matching rank of a peer worker
+laid out alike:
 
     prefill worker P (tp=2)                      decode worker D (tp=2)
       rank 0: heads [0, H/2)  --- transport --->   rank 0: heads [0, H/2)
       rank 1: heads [H/2, H)  --- transport --->   rank 1: heads [H/2, H)
+
+and, from a prefill worker laid out otherwise (another TP size, block size or cache dtype),
+into the landing areas of the ranks that hold those heads here (worker/landing.py).
 
 The worker actor is the control plane: it tells every rank the same thing and aggregates
 what each rank's transport reports (`kv_poll`). Block ids are the same on every rank because
@@ -26,16 +30,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from core.config import EngineConfig
 from core.errors import WorkerFailedError
 from core.events import KVEventBatch, WorkerLoad
+from core.kv_layout import KVLayout
 from core.request import EngineRequest, OutputDelta
 from engine import cpu_kernels
-from engine.engine import LLMEngine, Reservation
+from engine.engine import LLMEngine
 from engine.parallel import SINGLE, TPGroup
-from kv_transfer import TransferResult, UnknownPeerError, create_transport
+from kv_transfer import TransferResult, Transport, UnknownPeerError, create_transport
 from worker.facts import worker_facts
-from worker.records import WorkerInfo, WorkerSpec
+from worker.landing import Landings
+from worker.records import KVReservation, WorkerInfo, WorkerSpec
 from worker.threads import bind_team, pin_threads, raise_team_priority
 
 
@@ -59,36 +67,51 @@ class WorkerRank:
         self.engine = LLMEngine(Path(spec.model_dir), config, tp=tp, worker_id=spec.worker_id)
         # No failure hook: failures come back through kv_poll and the worker frees the
         # blocks on every rank at once.
-        self.transport = create_transport(
-            self.engine.runner.kv_cache,
-            self.engine.runner.kv_layout,
-            self.engine.model_config.model_id,
-            backend=spec.transport,
-            name=rank_transport_name(spec.worker_id, tp.rank, tp.size),
-            loopback=spec.local_cluster,
-            block_copy=cpu_kernels.load("copy_blocks"),
-            require_network=not spec.local_cluster,
-        )
+        runner, name = self.engine.runner, rank_transport_name(spec.worker_id, tp.rank, tp.size)
+
+        def transport(cache: torch.Tensor, layout: KVLayout, name: str) -> Transport:
+            return create_transport(
+                cache, layout, self.engine.model_config.model_id, backend=spec.transport,
+                name=name, loopback=spec.local_cluster,
+                block_copy=cpu_kernels.load("copy_blocks"),
+                require_network=not spec.local_cluster,
+            )  # fmt: skip
+
+        self.transport = transport(runner.kv_cache, runner.kv_layout, name)
+        self.landings = Landings(
+            tp.rank, self.engine.model_config.num_key_value_heads, runner.kv_cache,
+            runner.kv_layout, self.engine.max_model_len + config.max_num_batched_tokens,
+            transport, name,
+        )  # fmt: skip
         if self.engine.runner.device.type == "cpu":  # on the thread that steps the engine
             raise_team_priority(spec.engine_nice)  # after the transport's thread started
             bind_team(spec.cpu_bind)
 
-    def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> Reservation:
+    def reserve(self, request: EngineRequest, timeout_s: float, sender: str) -> KVReservation:
         """Reserve blocks (reusing this engine's cached prefix, which is not sent) and
-        expect the rest of the prompt's KV into them, from worker `sender` only."""
+        expect the rest of the prompt's KV from worker `sender` only: into them, or, from a
+        sender laid out otherwise, into a landing area first (worker/landing.py)."""
         res = self.engine.reserve(request)
-        skip = res.num_cached_tokens // self.engine.config.block_size
+        layers = self.engine.model_config.num_hidden_layers
         try:
-            self.transport.expect(
-                request.request_id, res.block_ids[skip:],
-                self.engine.model_config.num_hidden_layers, timeout_s, self.peer_name(sender),
-            )  # fmt: skip
+            if self.landings.routes(sender):
+                skip, dst = self.landings.reserve(
+                    request.request_id, sender, res, res.num_tokens, timeout_s, layers
+                )
+            else:
+                skip = res.num_cached_tokens // self.engine.config.block_size
+                dst = res.block_ids[skip:]
+                self.transport.expect(
+                    request.request_id, dst, layers, timeout_s, self.peer_name(sender)
+                )
         except Exception as e:
             self.engine.abort(request.request_id)  # the same refusal on every rank: in step
             if isinstance(e, UnknownPeerError):  # the sender left: retry elsewhere, blame none
                 raise WorkerFailedError(f"prefill worker {sender} is no longer connected") from e
             raise
-        return res
+        return KVReservation(
+            request.request_id, res.num_cached_tokens, skip, dst, len(res.block_ids)
+        )
 
     # -- the engine ---------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
@@ -103,7 +126,7 @@ class WorkerRank:
     def abort(self, request_id: str) -> bool:
         """Cancel the request's transfer on this rank and drop it from the engine (its
         connector forgets it too): the one way a request leaves a rank early."""
-        self.transport.cancel(request_id)
+        self.kv_cancel(request_id)
         return self.engine.abort(request_id)
 
     def check_invariants(self) -> None:
@@ -141,11 +164,22 @@ class WorkerRank:
         return self.transport.local_metadata()
 
     def kv_add_peer(self, rank_metadata: list[bytes]) -> str:
-        """Connect to the matching rank of a peer worker (`rank_metadata` is per rank)."""
+        """Connect to the matching rank of a peer worker of this pool (`rank_metadata` is
+        per rank)."""
         return self.transport.add_peer(rank_metadata[self.tp_rank])
 
+    def kv_accept(self, sender: str, sender_ranks: list[bytes]) -> tuple[bool, dict[int, bytes]]:
+        """Take KV from sender worker `sender` (its ranks' metadata): straight into this
+        rank's cache from its rank r when it is laid out alike, else through landing areas.
+        Returns whether it lands, and per sender rank that sends here what it connects to."""
+        if not self.landings.is_unlike(sender_ranks):
+            self.transport.add_peer(sender_ranks[self.tp_rank])
+            return False, {self.tp_rank: self.transport.local_metadata()}
+        return True, self.landings.accept(sender, sender_ranks)
+
     def kv_remove_peer(self, peer_worker_id: str) -> None:
-        self.transport.remove_peer(rank_transport_name(peer_worker_id, self.tp_rank, self.tp_size))
+        self.transport.remove_peer(self.peer_name(peer_worker_id))
+        self.landings.remove(peer_worker_id)
 
     def peer_name(self, peer_worker_id: str) -> str:
         """The transport name of the peer worker's rank that pairs with this one."""
@@ -154,7 +188,7 @@ class WorkerRank:
     # -- transfers -----------------------------------------------------------------------
     def kv_poll(self) -> list[TransferResult]:
         """TransferResults (either role) finished on this rank since the last poll."""
-        return self.transport.poll()
+        return self.transport.poll() + self.landings.poll()
 
     def is_parked(self, request_id: str) -> bool:
         """Held outside the schedule: reserved for KV in flight, or prefilled and held until
@@ -163,6 +197,8 @@ class WorkerRank:
 
     def kv_cancel(self, request_id: str) -> None:
         self.transport.cancel(request_id)
+        self.landings.cancel(request_id)
 
     def close(self) -> None:
+        self.landings.close()
         self.transport.close()

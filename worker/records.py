@@ -66,3 +66,19 @@ class WorkerReport:
 
     events: list[KVEventBatch]
     load: WorkerLoad
+
+
+@dataclass(frozen=True)
+class KVReservation:
+    """Where a prompt's KV goes on the worker that reserved it, as its sender needs to know:
+    the sender's first `skip_blocks` blocks are cached here already (not sent), the rest go
+    to `dst_block_ids`, one per sender block (the reservation's own blocks, or a landing
+    area's when the sender is laid out otherwise: worker/landing.py)."""
+
+    request_id: str
+    num_cached_tokens: int
+    """Prompt tokens this worker caches already."""
+    skip_blocks: int
+    dst_block_ids: list[int]
+    num_blocks: int
+    """Blocks reserved in this worker's own cache."""

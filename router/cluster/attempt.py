@@ -122,12 +122,12 @@ class Attempt:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
             reservation = await self._reserve()
             reused(decode.worker_id, reservation.num_cached_tokens)
-            skip = reservation.num_cached_tokens // decode.info.block_size
+            skip = reservation.skip_blocks  # of the prefill worker's blocks
             self.calling = prefill
             with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
                 reply = await asyncio.wait_for(
                     prefill.handle.prefill.remote(
-                        self._carried(s), decode.worker_id, reservation.block_ids, skip,
+                        self._carried(s), decode.worker_id, reservation.dst_block_ids, skip,
                         self._left(),
                     ),
                     self._left(),
@@ -243,7 +243,7 @@ class Attempt:
                     )
                     span.set_attributes({
                         "baton.cached_tokens": reservation.num_cached_tokens,
-                        "baton.blocks": len(reservation.block_ids),
+                        "baton.blocks": reservation.num_blocks,
                     })  # fmt: skip
                     return reservation
                 except KVCapacityError:

@@ -34,7 +34,7 @@ import ray
 from core.errors import error_message
 from core.preflight import PreflightError, check_joining
 from core.roles import WorkerRole
-from router.cluster.deadlines import CONTROL_CALL_S, bounded
+from router.cluster.pairing import pair_workers
 from router.cluster.pool_sizes import SavedPoolSizes
 from router.cluster.spec import ClusterSpec
 
@@ -300,7 +300,8 @@ class Controller:
 
     async def _connect_peers(self, member: Member, info: Any) -> None:
         """Prefill workers talk to decode workers (and back, for acknowledgements), and to
-        each other (prefix migration: one sends a cached prefix into another's cache)."""
+        each other (prefix migration: one sends a cached prefix into another's cache):
+        paired with the member (router/cluster/pairing.py)."""
         if member.role == WorkerRole.UNIFIED:
             return
         others = (
@@ -319,14 +320,7 @@ class Controller:
         ]
         for peer in peers:
             try:
-                await bounded(
-                    peer.handle.connect.remote(info.transport_metadata),
-                    CONTROL_CALL_S, f"{peer.worker_id} (connect to {member.worker_id})",
-                )  # fmt: skip
-                await bounded(
-                    member.handle.connect.remote(peer.info.transport_metadata),
-                    CONTROL_CALL_S, f"{member.worker_id} (connect to {peer.worker_id})",
-                )  # fmt: skip
+                await pair_workers(member, peer)
             except Exception:
                 # A peer that died after the last health check is the check's to replace
                 # (its replacement connects to this worker then); throwing this healthy new

@@ -188,7 +188,10 @@ class Membership:
 
     def _join(self, member: Any) -> None:
         info: WorkerInfo = member.info
-        if self.model is None:
+        # Prompts are hashed by the block size of the pool they run on first (prefill, or
+        # unified); a decode pool of another block size (worker/landing.py) is routed by load.
+        hashed_by_decode = self.model is not None and self.model.role == WorkerRole.DECODE
+        if self.model is None or (hashed_by_decode and info.role != WorkerRole.DECODE):
             self.model = info
             self.router.register_model(info.model_id, info.block_size)
             self.router.set_kv_bytes_per_token(info.kv_bytes_per_block / info.block_size)

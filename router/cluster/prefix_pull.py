@@ -51,10 +51,10 @@ async def pull_prefix(
         res = await asyncio.wait_for(
             prefill.handle.reserve.remote(prefix, left(), peer.worker_id), left()
         )
-        skip = res.num_cached_tokens // block
+        skip = res.skip_blocks
         await asyncio.wait_for(
             peer.handle.prefill.remote(
-                prefix, prefill.worker_id, res.block_ids, skip, left(), hand_over=True
+                prefix, prefill.worker_id, res.dst_block_ids, skip, left(), hand_over=True
             ),
             left(),
         )

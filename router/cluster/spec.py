@@ -20,9 +20,10 @@ class ClusterSpec:
     engine: EngineConfig = field(default_factory=EngineConfig)
     prefill_engine: EngineConfig | None = None
     decode_engine: EngineConfig | None = None
-    """A pool's own engine configuration (None: `engine`). The preflight refuses a worker
-    whose KV the other pool cannot take (core/preflight.py): block size, KV cache dtype and
-    the model's facts must be the same on both sides."""
+    """A pool's own engine configuration (None: `engine`). The pools may differ in block size
+    and KV cache dtype (a decode worker lands an unlike prefill worker's KV:
+    worker/landing.py); the preflight refuses a worker whose KV the other pool cannot take
+    (core/preflight.py): the model's facts must be the same on both sides."""
     transport: str = "auto"
     num_threads: int = 1
     engine_nice: int | None = None
@@ -34,7 +35,8 @@ class ClusterSpec:
     one place a cluster's TP size is set (each worker's engine takes its own from it)."""
     prefill_tp: int | None = None
     decode_tp: int | None = None
-    """Per-pool TP sizes; they must be equal (KV moves from prefill rank r to decode rank r)."""
+    """Per-pool TP sizes (None: `tp`). They may differ: a decode worker takes each of its
+    ranks' heads from the prefill ranks that hold them (worker/landing.py)."""
     device: str = "cpu"
     redis_url: str | None = None
     local: bool = True
@@ -61,13 +63,6 @@ class ClusterSpec:
         for name, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        prefill_tp, decode_tp = self.tp_of(WorkerRole.PREFILL), self.tp_of(WorkerRole.DECODE)
-        if self.mode == "disaggregated" and prefill_tp != decode_tp:
-            raise ValueError(
-                f"prefill workers would run tp={prefill_tp} and decode workers "
-                f"tp={decode_tp}: KV moves from each prefill rank to the matching "
-                "decode rank, so both pools need the same tensor-parallel size"
-            )
 
     def tp_of(self, pool: str) -> int:
         """The tensor-parallel size of a pool's workers."""

@@ -66,7 +66,7 @@ def test_the_parser_is_the_knobs() -> None:
     for name, setting in knobs.items():
         assert actions[name].default == setting.default, name
         assert setting.flag in actions[name].option_strings, name
-    assert len(knobs) == 77
+    assert len(knobs) == 79
 
 
 def test_no_flags_is_the_default_config() -> None:
@@ -98,6 +98,25 @@ def test_one_tp_size() -> None:
     spec = config("--tp", "2").cluster_spec("/models/m", "cuda")
     assert (spec.tp, spec.engine.tp_size) == (2, EngineConfig().tp_size)
     assert spec.tp_of("prefill") == spec.tp_of("decode") == 2
+
+
+def test_each_pool_may_have_its_own_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = config(
+        "--tp", "2", "--prefill-layout", "tp=1,block-size=32", "--decode-layout",
+        "kv-cache-dtype=int8",
+    ).cluster_spec("/models/m", "cpu")  # fmt: skip
+    assert (spec.tp_of("prefill"), spec.tp_of("decode")) == (1, 2)
+    prefill, decode = spec.engine_of("prefill"), spec.engine_of("decode")
+    assert (prefill.block_size, prefill.kv_cache_dtype) == (32, "auto")
+    assert (decode.block_size, decode.kv_cache_dtype) == (16, "int8")
+    with pytest.raises(SystemExit):
+        config("--decode-layout", "tp=2,heads=4")
+    assert "'heads=4': expected KEY=VALUE with KEY one of tp, block-size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        config("--prefill-layout", "block-size=24")
+    assert "block_size must be a power of two, got 24" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--prefill-layout and --decode-layout need --mode"):
+        config("--mode", "unified", "--decode-layout", "tp=2")
 
 
 def test_unified_mode_puts_every_worker_in_one_pool() -> None:

@@ -1,7 +1,8 @@
-"""The preflight on a real local Ray cluster (core/preflight.py): a decode pool started with
-another block size or KV cache dtype than the prefill pool is refused at start-up, naming
-the field, long before any request could time out; pools that differ only where the KV does
-not care start and serve."""
+"""The preflight on a real local Ray cluster (core/preflight.py): a decode pool that cannot
+go on from the prefill pool's KV (here: it serves LoRA adapters the prefill pool does not) is
+refused at start-up, naming the field, long before any request could time out; pools that
+differ only where the KV does not care start and serve (pools of unlike layouts:
+tests/cluster/test_unlike_pools.py)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,11 @@ async def _members_then_stop(name: str) -> tuple[list, dict[str, str]]:
 @pytest.mark.parametrize(
     ("field", "decode_engine", "said"),
     [
-        ("block_size", replace(ENGINE, block_size=32), r"has 16, decode decode-\d+ has 32 "),
         (
-            "kv_cache_dtype",
-            replace(ENGINE, kv_cache_dtype="int8"),
-            r"has 'float32', decode decode-\d+ has 'int8' ",
-        ),
+            "max_lora_rank",
+            replace(ENGINE, max_loras=2, max_lora_rank=8),
+            r"has 0, decode decode-\d+ has 8 ",
+        )
     ],
 )
 def test_an_unlike_decode_pool_is_refused_at_start_up_naming_the_field(
@@ -67,7 +67,7 @@ def test_an_unlike_decode_pool_is_refused_at_start_up_naming_the_field(
     message = str(refused.value)
     assert message.startswith("the preflight refuses worker ")
     assert re.search(rf"{field} differs: prefill prefill-\d+ {said}", message), message
-    assert "cannot yet map" in message
+    assert "adapters: a request's adapter must run on both workers" in message
     # The worker refused is stopped, not admitted; the one it was checked against stays.
     assert [m.state for m in members] == ["ready"]
     refused_id = message.split()[4].rstrip(":")

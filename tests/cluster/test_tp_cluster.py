@@ -1,7 +1,7 @@
 """Tensor parallelism through the cluster (real local Ray, CPU, gloo on 127.0.0.1): a prefill
 and a decode worker with tp=2 each (ranks are actors in one STRICT_PACK placement group per
-worker), KV moving from prefill rank r to decode rank r. Greedy output equals transformers;
-pools with different TP sizes are refused before anything starts."""
+worker), KV moving from prefill rank r to decode rank r. Greedy output equals transformers.
+(Pools of different TP sizes: tests/cluster/test_unlike_pools.py.)"""
 
 from __future__ import annotations
 
@@ -50,14 +50,9 @@ def test_tp2_prefill_and_decode_match_transformers(
         assert table["bundles"][0][m.role] == 1.0
 
 
-def test_tp_mismatch_between_pools_is_refused(tiny_model_dir) -> None:
-    with pytest.raises(ValueError, match=r"prefill workers would run tp=2 and decode workers tp=1"):
-        make_spec(tiny_model_dir("llama"), prefill_tp=2, decode_tp=1)
-
-
 def test_tp_mismatch_between_workers_is_refused() -> None:
-    # The handshake of two workers refuses too, naming both TP sizes (defence in depth for
-    # workers started by hand or by another controller).
+    # Two workers of one pool connect rank to rank: another TP size is refused, naming both
+    # (defence in depth for workers started by hand or by another controller).
     from worker.group import decode_group_metadata, encode_group_metadata
 
     meta = encode_group_metadata("prefill-0", [b"rank0", b"rank1"])

@@ -36,9 +36,9 @@ async def disaggregated(prefill: PipedProcess, decode: DecodeWorker, request: En
     the decode worker, prefill (sending the KV), admit, read the deltas. Returns (tokens,
     prompt blocks the decode worker already held)."""
     res = await decode.reserve(request, TIMEOUT_S, prefill.name)
-    skip = res.num_cached_tokens // EngineConfig().block_size
+    skip = res.skip_blocks
     reply = await asyncio.to_thread(
-        prefill.call, "prefill", request, decode.worker_id, res.block_ids, skip, TIMEOUT_S,
+        prefill.call, "prefill", request, decode.worker_id, res.dst_block_ids, skip, TIMEOUT_S,
         timeout_s=TIMEOUT_S,
     )  # fmt: skip
     if reply.output.finished:  # the first token ended it
@@ -76,8 +76,7 @@ def test_prefill_to_decode_over_nixl_equals_one_process(tiny_model_dir, loop_thr
     try:
         assert decode.info().transport_backend == "nixl"
         assert decode.group.rank.engine.runner.kv_cache.is_cuda
-        loop_thread.run(decode.connect(prefill.metadata))
-        prefill.call("connect", decode.info().transport_metadata)
+        prefill.call("route", loop_thread.run(decode.accept(prefill.metadata)))
         skipped = []
         for round_ in range(2):  # the second: prefixes come from the decode worker's cache
             got = []

@@ -11,6 +11,7 @@ import torch
 
 from core.request import EngineRequest, OutputDelta, TokenLogprob
 from engine.engine import LLMEngine
+from engine.kv_cache import quant
 from engine.kv_connector import LayerHook
 from engine.request import Request
 
@@ -52,7 +53,13 @@ class ParkingConnector:
 
 
 def copy_kv(prefill: LLMEngine, decode: LLMEngine, src: list[int], dst: list[int]) -> None:
-    decode.runner.kv_cache[:, torch.tensor(dst)] = prefill.runner.kv_cache[:, torch.tensor(src)]
+    """Blocks `src` of the prefill cache into blocks `dst` of the decode cache (quantized as
+    the decode engine stores them when its cache is quantized and the prefill's is not)."""
+    values = prefill.runner.kv_cache[:, torch.tensor(src)]
+    cache = decode.runner.kv_cache
+    if values.dtype != cache.dtype:
+        values = quant.quantize(values.float(), cache.dtype)
+    cache[:, torch.tensor(dst)] = values
 
 
 def run_disaggregated(prefill: LLMEngine, decode: LLMEngine, request: EngineRequest) -> list:

@@ -54,6 +54,12 @@ def same(a: dict[int, torch.Tensor], b: dict[int, torch.Tensor], keys: Any) -> b
     return all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in keys)
 
 
+async def connect_pair(prefill: Any, decode: DecodeWorker) -> None:
+    """Connect a prefill and a decode worker as the controller does
+    (router/cluster/pairing.py)."""
+    await prefill.route(await decode.accept(prefill.info().transport_metadata))
+
+
 async def run_here(decode: DecodeWorker, req: EngineRequest) -> None:
     """Prefill and decode `req` on the decode worker itself, to its end."""
     channel = f"ch-{req.request_id}"

@@ -23,6 +23,7 @@ from tests.support.worker_pair import (
     PROMPT_BLOCKS,
     TIMEOUT_S,
     cached_kv,
+    connect_pair,
     on_engine,
     request,
     run_here,
@@ -40,7 +41,7 @@ async def held_transfer(prefill: PrefillWorker, decode: DecodeWorker, req: Engin
     """Reserve, prefill, and hold the decode worker's first pull at its gate."""
     gate_of(decode).close()
     res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-    reply = await prefill.prefill(req, decode.worker_id, res.block_ids, 0, TIMEOUT_S)
+    reply = await prefill.prefill(req, decode.worker_id, res.dst_block_ids, 0, TIMEOUT_S)
     held = await asyncio.to_thread(gate_of(decode).holding.wait, 10)
     assert held, "the pull never reached the gate"
     return res, reply
@@ -62,8 +63,7 @@ def pair(tiny_model_dir, loop_thread):
         made.append(prefill)
         decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model, decode_blocks, BACKEND))
         made.append(decode)
-        loop_thread.run(decode.connect(prefill.info().transport_metadata))
-        loop_thread.run(prefill.connect(decode.info().transport_metadata))
+        loop_thread.run(connect_pair(prefill, decode))
         return prefill, decode
 
     yield make
@@ -109,7 +109,7 @@ def test_prefill_abort_keeps_source_blocks_until_the_reader_ended(pair, loop_thr
         assert free == 0, "a's source blocks were freed while the decode worker reads them"
         res_c = await decode.reserve(c, TIMEOUT_S, prefill.worker_id)
         c_prefilled = asyncio.create_task(
-            prefill.prefill(c, decode.worker_id, res_c.block_ids, 0, TIMEOUT_S)
+            prefill.prefill(c, decode.worker_id, res_c.dst_block_ids, 0, TIMEOUT_S)
         )
         await give_a_chance(c_prefilled)  # c, the source blocks' next owner, waits for them
         gate_of(decode).open()

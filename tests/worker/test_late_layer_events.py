@@ -24,6 +24,7 @@ from tests.support.worker_pair import (
     PROMPT_BLOCKS,
     TIMEOUT_S,
     cached_kv,
+    connect_pair,
     on_engine,
     request,
     run_here,
@@ -62,8 +63,7 @@ def pair(tiny_model_dir, loop_thread):
     blocks = 2 * PROMPT_BLOCKS
     prefill = PrefillWorker(spec("p0", WorkerRole.PREFILL, model, blocks, "shm"))
     decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model, blocks, "shm"))
-    loop_thread.run(decode.connect(prefill.info().transport_metadata))
-    loop_thread.run(prefill.connect(decode.info().transport_metadata))
+    loop_thread.run(connect_pair(prefill, decode))
     yield prefill, decode
     prefill.shutdown()
     decode.shutdown()
@@ -90,7 +90,7 @@ def test_decode_gets_the_kv_written_after_the_event(pair, loop_thread) -> None:
         assert await on_engine(decode, lambda r: r.engine.kv.pool.reset_prefix_cache())
         await on_engine(prefill, make_late)
         res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-        reply = await prefill.prefill(req, decode.worker_id, res.block_ids, 0, TIMEOUT_S)
+        reply = await prefill.prefill(req, decode.worker_id, res.dst_block_ids, 0, TIMEOUT_S)
         await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, "ch")
         stream = decode.outputs("ch")
         await stream.aclose()

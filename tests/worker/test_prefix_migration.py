@@ -24,6 +24,7 @@ from tests.support.worker_pair import (
     BLOCK,
     TIMEOUT_S,
     cached_kv,
+    connect_pair,
     on_engine,
     request,
     same,
@@ -40,9 +41,10 @@ def trio(tiny_model_dir, loop_thread):
     p0 = PrefillWorker(spec("p0", WorkerRole.PREFILL, model, NUM_BLOCKS, "shm"))
     p1 = PrefillWorker(spec("p1", WorkerRole.PREFILL, model, NUM_BLOCKS, "shm"))
     d0 = DecodeWorker(spec("d0", WorkerRole.DECODE, model, NUM_BLOCKS, "shm"))
-    for a, b in ((p0, d0), (p1, d0), (p0, p1)):
-        loop_thread.run(a.connect(b.info().transport_metadata))
-        loop_thread.run(b.connect(a.info().transport_metadata))
+    for prefill in (p0, p1):
+        loop_thread.run(connect_pair(prefill, d0))
+    loop_thread.run(p0.connect(p1.info().transport_metadata))
+    loop_thread.run(p1.connect(p0.info().transport_metadata))
     yield p0, p1, d0
     for w in (p0, p1, d0):
         w.shutdown()
@@ -51,8 +53,8 @@ def trio(tiny_model_dir, loop_thread):
 async def disaggregated(prefill: Any, decode: Any, req: EngineRequest) -> tuple[Any, list[int]]:
     """Prefill on `prefill`, decode on `decode`: (the prefill reply, every output token)."""
     res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-    skip = res.num_cached_tokens // BLOCK
-    reply = await prefill.prefill(req, decode.worker_id, res.block_ids, skip, TIMEOUT_S)
+    skip = res.skip_blocks
+    reply = await prefill.prefill(req, decode.worker_id, res.dst_block_ids, skip, TIMEOUT_S)
     channel = f"ch-{req.request_id}"
     await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, channel)
     tokens: list[int] = []
@@ -90,7 +92,7 @@ def test_a_prefix_pulled_from_a_peer_is_its_kv_and_is_hit(trio, loop_thread) -> 
         )
         res = await p1.reserve(prefix, TIMEOUT_S, p0.worker_id)
         assert res.num_cached_tokens == 0
-        await p0.prefill(prefix, p1.worker_id, res.block_ids, 0, TIMEOUT_S, hand_over=True)
+        await p0.prefill(prefix, p1.worker_id, res.dst_block_ids, 0, TIMEOUT_S, hand_over=True)
         assert await p1.import_prefix(prefix.request_id, TIMEOUT_S) == num_full
         await settled(p0)
         await settled(p1)

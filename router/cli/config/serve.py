@@ -20,7 +20,7 @@ from typing import Any
 
 from core.config import EngineConfig
 from router.cli.config.autoscale import AutoscaleOptions
-from router.cli.config.cluster import ClusterOptions
+from router.cli.config.cluster import ClusterOptions, PoolLayout
 from router.cli.config.engine import EngineOptions
 from router.cli.config.frontdoor import FrontDoorOptions
 from router.cli.config.knob import Setting, settings
@@ -95,6 +95,9 @@ class ServeConfig:
             raise ConfigError("--speculative-model goes with --speculative draft")
         if self.observability.otlp_traces_sample_ratio > 1:
             raise ConfigError("--otlp-traces-sample-ratio must be <= 1")
+        layouts = self.cluster.prefill_layout or self.cluster.decode_layout
+        if layouts and self.cluster.mode == "unified":
+            raise ConfigError("--prefill-layout and --decode-layout need --mode disaggregated")
         if self.cluster.attach and not self.cluster.address:
             raise ConfigError("--attach serves a running cluster: give its --address")
         try:
@@ -136,12 +139,19 @@ class ServeConfig:
         checkpoint folder; cpu or cuda)."""
         cluster = self.cluster
         unified = cluster.mode == "unified"
+        engine = self.engine_config(speculative_model)
+        prefill = cluster.prefill_layout or PoolLayout()
+        decode = cluster.decode_layout or PoolLayout()
         return ClusterSpec(
             model_dir=model_dir,
             mode=cluster.mode,
             num_prefill=0 if unified else cluster.prefill,
             num_decode=cluster.prefill + cluster.decode if unified else cluster.decode,
-            engine=self.engine_config(speculative_model),
+            engine=engine,
+            prefill_engine=prefill.engine(engine),
+            decode_engine=decode.engine(engine),
+            prefill_tp=prefill.tp,
+            decode_tp=decode.tp,
             transport=self.transfer.transport,
             num_threads=self.engine.threads,
             engine_nice=self.engine.engine_nice,
