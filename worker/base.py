@@ -125,8 +125,10 @@ class WorkerBase:
         if outcome.error is not None:
             logger.warning("%s: transfer of %s failed: %s", self.worker_id, outcome.request_id,
                            outcome.error)  # fmt: skip
-        if outcome.role is Role.RECV and (outcome.error is not None or outcome.abandoned):
-            self.group.all(WorkerRank.abort, outcome.request_id)  # frees the reservation
+        if outcome.role is Role.RECV:
+            self.group.all(WorkerRank.kv_ended, outcome.request_id)  # a landing area's blocks
+            if outcome.error is not None or outcome.abandoned:
+                self.group.all(WorkerRank.abort, outcome.request_id)  # frees the reservation
 
     # -- actor methods shared by both kinds --------------------------------------------------
     def info(self) -> WorkerInfo:

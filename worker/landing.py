@@ -64,7 +64,6 @@ class _Route:
 @dataclass
 class _Arriving:
     reservation: Reservation
-    num_tokens: int
     route: _Route
     staged: list[int]
     first_token: int
@@ -95,6 +94,8 @@ class Landings:
         self._sizes: dict[tuple[int, str, int], int] = {}
         self._routes: dict[str, _Route] = {}
         self._arriving: dict[str, _Arriving] = {}
+        self._ended: dict[str, _Arriving] = {}
+        """Landed or failed here, their area blocks held until `release`."""
         self._fan = FanIn()
 
     def is_unlike(self, sender_ranks: list[bytes]) -> bool:
@@ -134,16 +135,15 @@ class Landings:
             area.transport.remove_peer(peer)
 
     def reserve(
-        self, request_id: str, sender: str, res: Reservation, num_tokens: int, timeout_s: float,
-        num_layers: int,
-    ) -> tuple[int, list[int]]:  # fmt: skip
-        """Stage `res` (this rank's reservation of `num_tokens`) for sender `sender`: returns
-        the sender's blocks to skip (this rank caches them) and the area blocks the rest go
-        to, the same on every rank of this worker (lockstep)."""
+        self, request_id: str, sender: str, res: Reservation, timeout_s: float, num_layers: int
+    ) -> tuple[int, list[int]]:
+        """Stage `res` (this rank's reservation) for sender `sender`: returns the sender's
+        blocks to skip (this rank caches them) and the area blocks the rest go to, the same
+        on every rank of this worker (their areas change in lockstep: see `release`)."""
         route = self._routes[sender]
         block = route.block_size
         skip = res.num_cached_tokens // block
-        count = -(-num_tokens // block) - skip
+        count = -(-res.num_tokens // block) - skip
         free = route.areas[0][0].free  # one list for every area of the sender's layout
         if count > len(free):
             raise NoCapacityError(
@@ -163,7 +163,7 @@ class Landings:
                 cancel()
             free[:0] = staged
             raise
-        self._arriving[request_id] = _Arriving(res, num_tokens, route, staged, skip * block)
+        self._arriving[request_id] = _Arriving(res, route, staged, skip * block)
         self._fan.open(request_id, Role.RECV, parts)
         return skip, staged
 
@@ -171,8 +171,8 @@ class Landings:
         self._fan.cancel(request_id)
 
     def poll(self) -> list[TransferResult]:
-        """Prompts every part of which ended: landed in this rank's blocks (ok), or failed;
-        either way their area blocks are free again."""
+        """Prompts every part of which ended: landed in this rank's blocks (ok), or failed.
+        Their area blocks stay taken until `release`."""
         done = []
         for area in self._areas.values():
             for result in area.transport.poll():
@@ -180,6 +180,15 @@ class Landings:
                 if self._fan.owns(part) and (ended := self._fan.feed(part, result)):
                     done.append(self._end(ended))
         return done
+
+    def release(self, request_id: str) -> None:
+        """Free the area blocks of a prompt whose transfer ended on every rank. The worker
+        calls it on all its ranks at once (as it frees engine blocks: worker/rank.py), so
+        their areas stay alike and stage the next prompt in the same blocks; a rank freeing
+        them as its own parts end could stage it elsewhere than its peers."""
+        arriving = self._ended.pop(request_id, None)
+        if arriving is not None:
+            arriving.route.areas[0][0].free[:0] = arriving.staged
 
     def num_staged(self) -> int:
         """Area blocks holding a prompt on its way (0 when none is)."""
@@ -214,15 +223,15 @@ class Landings:
 
     def _end(self, ended: TransferResult) -> TransferResult:
         arriving = self._arriving.pop(ended.request_id)
+        self._ended[ended.request_id] = arriving
         res = arriving.reservation
         if ended.ok:
             sources = [
                 Source(area.cache, arriving.staged, arriving.first_token, area.heads)
                 for area, _ in arriving.route.areas
             ]
-            tokens = range(res.num_cached_tokens, arriving.num_tokens)
+            tokens = range(res.num_cached_tokens, res.num_tokens)
             land(self.cache, res.block_ids, self.heads, tokens, sources)
-        arriving.route.areas[0][0].free[:0] = arriving.staged
         skip = res.num_cached_tokens // self.layout.block_size
         return TransferResult(
             ended.request_id, Role.RECV, ended.ok, ended.peer, tuple(res.block_ids[skip:]),

@@ -96,7 +96,7 @@ class WorkerRank:
         try:
             if self.landings.routes(sender):
                 skip, dst = self.landings.reserve(
-                    request.request_id, sender, res, res.num_tokens, timeout_s, layers
+                    request.request_id, sender, res, timeout_s, layers
                 )
             else:
                 skip = res.num_cached_tokens // self.engine.config.block_size
@@ -198,6 +198,10 @@ class WorkerRank:
     def kv_cancel(self, request_id: str) -> None:
         self.transport.cancel(request_id)
         self.landings.cancel(request_id)
+
+    def kv_ended(self, request_id: str) -> None:
+        """Every rank's transfer of a reservation ended: free what staged it here."""
+        self.landings.release(request_id)
 
     def close(self) -> None:
         self.landings.close()
