@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core import env
+from core.errors import DeadlineExceededError
 from core.roles import WorkerRole
 from core.tracing import Tracing
+from router.cluster.deadlines import CONTROL_CALL_S, bounded
 from router.cluster.membership import Membership
 from router.cluster.spec import ClusterSpec
 from router.frontdoor.metrics import Metrics
@@ -101,13 +103,22 @@ class Cluster:
         return self.backend.slow_requests
 
     async def close(self, kill_workers: bool = True) -> None:
+        """Stop this front door's part of the cluster and, with `kill_workers`, the controller
+        and its workers. Every wait is bounded: a controller that does not answer is killed
+        anyway (Ray then ends the workers it owned)."""
         self.backend.tracing.shutdown()  # sends what is left
-        await self.membership.close()
+        try:
+            await bounded(self.membership.close(), CONTROL_CALL_S, "the membership poll")
+        except DeadlineExceededError as e:
+            logger.warning("closing: %s", e)
         self.router.close()
         if kill_workers:
             import ray
 
-            await self.controller.shutdown.remote()
+            try:
+                await bounded(self.controller.shutdown.remote(), CONTROL_CALL_S, "the controller")
+            except Exception as e:  # gone or stuck: killed below either way
+                logger.warning("closing: the controller's shutdown failed: %s", e)
             ray.kill(self.controller, no_restart=True)
 
 

@@ -78,6 +78,7 @@ class Membership:
         self._prefill_pool_wanted = True
         """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
         self._task: asyncio.Task | None = None
+        self._closing = False
         self._resync: set[str] = set()
         self._cursors: dict[str, int] = {}
         """worker id -> the seq of the last KV-event batch applied from it."""
@@ -104,6 +105,9 @@ class Membership:
 
     async def close(self) -> None:
         if self._task is not None:
+            # The flag too: on Python 3.11 an `asyncio.wait_for` whose inner wait completes as
+            # the cancellation arrives returns instead of raising, and the loop would go on.
+            self._closing = True
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -222,7 +226,7 @@ class Membership:
     async def _poll_forever(self) -> None:
         last_sync = last_report = 0.0
         interval = self.poll_interval_s
-        while True:
+        while not self._closing:
             try:
                 if time.monotonic() - last_sync > _SYNC_EVERY_S:
                     await self.sync()

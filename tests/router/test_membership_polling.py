@@ -152,3 +152,29 @@ def test_a_gap_in_a_workers_events_is_counted_as_an_index_resync() -> None:
     assert resyncs == 1
     assert membership._resync == {"unified-0"}
     router.close()
+
+
+def test_close_ends_the_poll_loop_when_a_wake_meets_the_cancellation() -> None:
+    """A request that starts as the door closes wakes the loop's nap in the same tick as the
+    cancellation: on Python 3.11 `asyncio.wait_for` then returns instead of raising, and close
+    must still end the loop (it once waited out its caller's 60-s bound)."""
+    controller = type("Controller", (), {})()
+    controller.get_desired = Call({WorkerRole.DECODE: 1})
+    controller.get_members = Call((("a", 1), []))
+    router = Router()
+    membership = Membership(controller, router, poll_interval_s=0.01)
+
+    async def run() -> None:
+        await membership.start()
+        await asyncio.sleep(0.1)  # napping in wait_for(woken.wait(), interval)
+        membership.wake()
+        closing = asyncio.ensure_future(membership.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)  # it does not cancel `closing`
+        if not done:
+            closing.cancel()
+        assert closing in done, "close() did not end the poll loop"
+
+    for _ in range(5):
+        membership = Membership(controller, router, poll_interval_s=0.01)
+        asyncio.run(run())
+    router.close()
