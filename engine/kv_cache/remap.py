@@ -14,8 +14,10 @@ number, never of meaning (core/preflight.py checks the meaning):
                     float16 scale, engine/kv_cache/quant.py) is dequantized, then the
                     values are quantized for the destination as its own engine would
 
-Tokens move as whole (token, head) entries, so a layer costs one gather per source and one
-scatter: torch indexing over every layer at once, on whatever device the caches are on.
+Tokens move as whole (token, head) entries in runs that lie in one block on both sides (a
+block of the smaller size, or less), every layer at once: one copy of views a run, straight
+from one cache into the other, with no gathered copy in between, on whatever device the
+caches are on.
 """
 
 from __future__ import annotations
@@ -51,40 +53,43 @@ def land(
     """Write `tokens` (positions in the request, all layers) into `cache`, a cache holding
     the model's KV heads `heads`, where the request's blocks are `block_ids` (token 0 in
     slot 0 of block_ids[0]). Every head of `heads` must be in some source, and every token
-    of `tokens` in each source that gives one."""
-    if not tokens:
-        return
+    of `tokens` in each source that gives one; nothing else of `cache` is written."""
     block_size = cache.shape[3]
-    device = cache.device
-    positions = torch.arange(tokens.start, tokens.stop, device=device)
-    parts, next_head = [], heads.start  # heads in order, each from the first source with it
+    for src, taken in _heads_from(heads, sources):
+        to_heads = slice(taken.start - heads.start, taken.stop - heads.start)
+        from_heads = slice(taken.start - src.heads.start, taken.stop - src.heads.start)
+        src_block_size = src.cache.shape[3]
+        t = tokens.start
+        while t < tokens.stop:  # runs of tokens in one block on both sides
+            offset = t - src.first_token
+            src_block, src_slot = src.block_ids[offset // src_block_size], offset % src_block_size
+            dst_block, dst_slot = block_ids[t // block_size], t % block_size
+            n = min(src_block_size - src_slot, block_size - dst_slot, tokens.stop - t)
+            _convert_into(
+                cache[:, dst_block, :, dst_slot : dst_slot + n, to_heads],
+                src.cache[:, src_block, :, src_slot : src_slot + n, from_heads],
+            )
+            t += n
+
+
+def _heads_from(heads: range, sources: Sequence[Source]) -> list[tuple[Source, range]]:
+    """Which of `heads` each source gives: in order, each head from the first source with it."""
+    taken_from, next_head = [], heads.start
     for src in sorted(sources, key=lambda s: s.heads.start):
         taken = range(max(next_head, src.heads.start), min(heads.stop, src.heads.stop))
         if taken and taken.start == next_head:
-            parts.append(_gather(src, positions, taken, cache.dtype))
+            taken_from.append((src, taken))
             next_head = taken.stop
     if next_head != heads.stop:
         raise ValueError(f"the sources hold heads up to {next_head} of {heads}, not all")
-    values = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
-    if values.dtype != cache.dtype:  # float values of another dtype than the cache's
-        quantized = quant.is_quantized(cache)
-        values = quant.quantize(values, cache.dtype) if quantized else values.to(cache.dtype)
-    ids = torch.as_tensor(list(block_ids), device=device)
-    # Advanced indices around a slice: the indexed result is [tokens, layers, 2, heads, dim].
-    cache[:, ids[positions // block_size], :, positions % block_size] = values
+    return taken_from
 
 
-def _gather(src: Source, positions: torch.Tensor, heads: range, dtype: torch.dtype) -> torch.Tensor:
-    """[tokens, layers, 2, len(heads), head_dim] of `src`, in `dtype` if nothing needs
-    converting, else in float32 (the destination converts it)."""
-    block_size = src.cache.shape[3]
-    offsets = positions - src.first_token
-    ids = torch.as_tensor(list(src.block_ids), device=src.cache.device)
-    first = heads.start - src.heads.start
-    entries = src.cache[:, ids[offsets // block_size], :, offsets % block_size]
-    entries = entries[..., first : first + len(heads), :]
-    if quant.is_quantized(src.cache):
-        if src.cache.dtype == dtype:  # quantized alike: entries move with their scales
-            return entries
-        return quant.dequantize(entries, torch.float32)
-    return entries if entries.dtype == dtype else entries.float()
+def _convert_into(out: torch.Tensor, entries: torch.Tensor) -> None:
+    """Copy `entries` into `out`, converted to how `out`'s cache stores values: as they are
+    where both store alike (quantized entries with their scales), else through float32."""
+    if entries.dtype == out.dtype or not (quant.is_quantized(entries) or quant.is_quantized(out)):
+        out.copy_(entries)  # alike, or floats (copy_ converts)
+        return
+    values = quant.dequantize(entries, torch.float32) if quant.is_quantized(entries) else entries
+    out.copy_(quant.quantize(values, out.dtype) if quant.is_quantized(out) else values)
