@@ -200,7 +200,7 @@ class Membership:
             self.router.register_model(info.model_id, info.block_size)
             self.router.set_kv_bytes_per_token(info.kv_bytes_per_block / info.block_size)
         self.workers[member.worker_id] = member
-        self.router.add_worker(member.worker_id, member.role, self.model.model_id)
+        self.router.add_worker(member.worker_id, member.role, self.model.model_id, info.block_size)
         logger.info("router: worker %s (%s) joined", member.worker_id, member.role)
 
     def _leave(self, worker_id: str, draining: bool = False) -> None:

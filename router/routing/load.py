@@ -85,6 +85,8 @@ class LoadTracker:
     """Wall-clock seconds, as the workers stamp their reports (a simulator's own clock)."""
     remote_ttl_s: float = DEFAULT_TTL_S
     """Another replica's gated charge is dropped when this much older than a report."""
+    hash_block_size: dict[str, int] = field(default_factory=dict)
+    """Model -> the block size the router hashes its prompts by, which counts blocks here."""
     _pools: dict[tuple[str, WorkerRole], Pool] = field(default_factory=dict)
     # worker id -> (pool, position) for every built pool holding the worker
     _filed_in: dict[str, list[tuple[Pool, int]]] = field(default_factory=dict)
@@ -123,8 +125,7 @@ class LoadTracker:
         state.reported_waiting_tokens = max(0, load.num_waiting_tokens - counted)
         state.reported_step = step
         state.reported_running = load.num_running
-        state.reported_free_blocks = load.num_free_blocks
-        state.total_blocks = load.num_total_blocks
+        state.reported_free_blocks, state.total_blocks = self._in_hash_blocks(state, load)
         state.epoch += 1
         state.reported_at = load.timestamp
         state.remote.reported(load.timestamp, self.remote_ttl_s)
@@ -134,6 +135,13 @@ class LoadTracker:
         state.max_loras = load.max_loras
         self._refile(state)
         return True
+
+    def _in_hash_blocks(self, state: WorkerState, load: WorkerLoad) -> tuple[int, int]:
+        """The worker's free and total blocks, counted in the model's hashing blocks."""
+        own, counted = state.block_size, self.hash_block_size.get(state.model, 0)
+        if not own or not counted or own == counted:
+            return load.num_free_blocks, load.num_total_blocks
+        return load.num_free_blocks * own // counted, load.num_total_blocks * own // counted
 
     # -- one request's charge --------------------------------------------------------------
     def start(

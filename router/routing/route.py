@@ -130,7 +130,7 @@ class Router:
     # ---- membership ----------------------------------------------------------------------
 
     def register_model(self, model: str, block_size: int | None = None, extra: bytes = b"") -> None:
-        size = block_size or self.config.default_block_size
+        size = self._loads.hash_block_size[model] = block_size or self.config.default_block_size
         self._models[model] = _ModelSpec(size, model_root_hash(model, size), extra)
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:
@@ -139,12 +139,12 @@ class Router:
         self._decode.set_kv_bytes_per_token(num_bytes)
         self._restore.set_kv_bytes_per_token(num_bytes)
 
-    def add_worker(self, worker_id: str, role: str, model: str = "") -> None:
-        """Register a worker; the store asks it for a cache snapshot (on_resync)."""
+    def add_worker(self, worker_id: str, role: str, model: str = "", block_size: int = 0) -> None:
+        """Register a worker (`block_size`: its own); the store asks it for a snapshot."""
         if model not in self._models:
             self.register_model(model)
         with self._lock:
-            self._loads.add_worker(worker_id, role, model)
+            self._loads.add_worker(worker_id, role, model).block_size = block_size
         self.store.add_worker(model, worker_id)
 
     def remove_worker(self, worker_id: str) -> None:

@@ -33,6 +33,9 @@ class WorkerState:
     reported_running: int = 0
     reported_free_blocks: int = 0
     total_blocks: int = 0
+    """Both counted in blocks of the size the router hashes prompts by (`block_size`: the
+    worker's own, 0 when it is that one; a decode pool's may differ: worker/landing.py)."""
+    block_size: int = 0
     epoch: int = 0
     """Reports received: a charge taken back in another epoch is already in a report."""
     reported_at: float = -math.inf

@@ -1,11 +1,12 @@
 """The router hashes prompts with the block size of the pool they run on first: a decode pool
 of another block size (worker/landing.py) does not decide it, whichever pool joins first
-(router/cluster/membership.py)."""
+(router/cluster/membership.py), and its free blocks count in the router's blocks."""
 
 from __future__ import annotations
 
 import asyncio
 
+from core.events import WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
 from core.roles import WorkerRole
 from router.cluster.membership import Membership
@@ -38,4 +39,9 @@ def test_the_prefill_pools_block_size_hashes_prompts() -> None:
         want = hash_prompt_blocks(tokens, 16, model_root_hash("m", 16))
         assert router.hash_blocks("m", tokens) == want, order
         assert membership.model.block_size == 16
+        # 10 free blocks of 32 tokens are 20 of the 16 the router counts by.
+        router.report_load(WorkerLoad(members[order.index(WorkerRole.DECODE)].worker_id,
+                                      "decode", 0, 0, 0, 10, 64))  # fmt: skip
+        decode = router._loads.workers[f"{WorkerRole.DECODE}-{order.index(WorkerRole.DECODE)}"]
+        assert (decode.free_blocks, decode.total_blocks) == (20, 128)
         router.close()
