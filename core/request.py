@@ -100,6 +100,10 @@ class EngineRequest:
     block_hashes: tuple[BlockHash, ...] = ()
     """Hashes of the leading full blocks of prompt + resumed output (any number, even
     none), from `core.hashing`."""
+    block_size: int = 0
+    """The block size `block_hashes` were made with (0: the engine's own). An engine whose
+    blocks are of another size (a decode pool laid out otherwise: worker/landing.py) hashes
+    the prompt itself."""
     resume: ResumeState = field(default_factory=ResumeState)
     """A request moved from another worker: the output the client already has. The engine
     continues after it exactly as if the request had never moved (`core.resume`)."""

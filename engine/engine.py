@@ -158,7 +158,9 @@ class LLMEngine:
             request_id,
             list(token_ids),
             params,
-            block_hashes=list(request.block_hashes),
+            block_hashes=list(request.block_hashes)
+            if request.block_size in (0, self.config.block_size)
+            else [],
             priority=request.priority,
             tenant=request.tenant,
             lora=request.lora,

@@ -45,6 +45,7 @@ async def pull_prefix(
         tokens[: num_blocks * block + 1],
         SamplingParams(max_tokens=1, temperature=0.0),
         request.block_hashes[:num_blocks],
+        request.block_size,
     )
     stats = path.transfers
     try:

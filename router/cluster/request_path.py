@@ -193,7 +193,7 @@ class RequestPath:
             hashes = self.router.hash_blocks(model.model_id, prompt + done_tokens, hashes, extra)
             resume = ResumeState(tuple(done_tokens), "".join(done_text))
             sub = EngineRequest(
-                rid, prompt, params, tuple(hashes), resume,
+                rid, prompt, params, tuple(hashes), model.block_size, resume,
                 priority=request.priority, tenant=request.tenant, lora=request.lora,
             )  # fmt: skip
             span = self.tracing.tracer.start_span(SpanName.ATTEMPT, context=parent)

@@ -5,7 +5,8 @@ int8 cache against block 16 and float32; real engines, shm transport, this proce
   worker's blocks, and decoding goes on from it as one process that prefills with a float32
   cache and decodes with an int8 one (tests/support/handoff.py);
 - a prompt sent again skips the blocks the decode worker caches, counted in the prefill
-  worker's blocks;
+  worker's blocks; the decode worker names its blocks by hashes of its own block size, not
+  the router's (made by the prefill pool's);
 - an area that is full refuses a reservation as a full cache does, and every staged block is
   free again once its request ended, aborted or timed out."""
 
@@ -20,6 +21,7 @@ import pytest
 
 from core.config import EngineConfig
 from core.errors import KVCapacityError, WorkerFailedError
+from core.hashing import hash_prompt_blocks, model_root_hash
 from core.request import EngineRequest
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
@@ -132,5 +134,32 @@ def test_a_full_area_refuses_and_every_ending_frees_it(workers, loop_thread) -> 
         # The area serves again.
         skipped, tokens = await handoff(prefill, decode, request("after", 60, seed=30))
         assert skipped == 0 and len(tokens) == 6
+
+    loop_thread.run(scenario())
+
+
+def test_the_routers_block_hashes_of_another_block_size_are_not_taken(workers, loop_thread) -> None:
+    """The front door hashes prompts by the prefill pool's blocks (16 tokens) and sends the
+    hashes with the request; a decode worker of 32-token blocks names its blocks by hashes of
+    its own, so its KV events and prefix cache mean what they say."""
+    prefill, decode = workers
+    model_id = prefill.info().model_id
+    req = request("h1", 70, seed=41)
+    tokens = req.prompt_token_ids
+    routed = hash_prompt_blocks(tokens, 16, model_root_hash(model_id, 16))
+    own = hash_prompt_blocks(tokens, 32, model_root_hash(model_id, 32))
+
+    async def scenario() -> None:
+        hashed = replace(req, block_hashes=tuple(routed), block_size=16)
+        await handoff(prefill, decode, hashed)
+        await settled(decode)
+        cached = await on_engine(
+            decode, lambda r: {b.block_hash for b in r.engine.kv.pool.blocks if b.block_hash}
+        )
+        assert cached == set(own)
+        on_prefill = await on_engine(
+            prefill, lambda r: {b.block_hash for b in r.engine.kv.pool.blocks if b.block_hash}
+        )
+        assert on_prefill == set(routed)
 
     loop_thread.run(scenario())
