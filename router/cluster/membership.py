@@ -79,6 +79,7 @@ class Membership:
         """False when the prefill pool is scaled to 0 (decode workers then serve alone)."""
         self._task: asyncio.Task | None = None
         self._closing = False
+        self._decode_block_size = 0
         self._resync: set[str] = set()
         self._cursors: dict[str, int] = {}
         """worker id -> the seq of the last KV-event batch applied from it."""
@@ -199,6 +200,10 @@ class Membership:
             self.model = info
             self.router.register_model(info.model_id, info.block_size)
             self.router.set_kv_bytes_per_token(info.kv_bytes_per_block / info.block_size)
+        if info.role == WorkerRole.DECODE:  # its prefixes are found by its own block size
+            self._decode_block_size = info.block_size
+        if self._decode_block_size:  # again after the model is registered anew
+            self.router.models.set_decode_block_size(self.model.model_id, self._decode_block_size)
         self.workers[member.worker_id] = member
         self.router.add_worker(member.worker_id, member.role, self.model.model_id, info.block_size)
         logger.info("router: worker %s (%s) joined", member.worker_id, member.role)

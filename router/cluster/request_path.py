@@ -252,10 +252,15 @@ class RequestPath:
     def _route(self, request: EngineRequest) -> Ticket:
         model = self.membership.model
         assert model is not None
+        tokens = [*request.prompt_token_ids, *request.resume.output_token_ids]
+        extra = b"" if request.lora is None else request.lora.hash_extra
         try:
             ticket = self.router.route(
                 model.model_id,
                 block_hashes=request.block_hashes,
+                decode_block_hashes=self.router.hash_blocks(
+                    model.model_id, tokens, (), extra, decode=True
+                ),
                 num_prompt_tokens=len(request.prompt_token_ids) + request.resume.num_output_tokens,
                 num_output_tokens=request.params.max_tokens - request.resume.num_output_tokens,
                 request_id=request.request_id,

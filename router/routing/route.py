@@ -35,7 +35,7 @@ from typing import Any
 import msgspec
 
 from core.events import KVEventBatch, WorkerLoad
-from core.hashing import BlockHash, hash_prompt_blocks, model_root_hash
+from core.hashing import BlockHash, hash_prompt_blocks
 from core.roles import WorkerRole
 from router.routing.accuracy import AccuracyConfig, PredictionCheck, Reuse, judge
 from router.routing.adapters import adapter_pool
@@ -44,6 +44,7 @@ from router.routing.index.pending import DEFAULT_GRACE_S, DEFAULT_TTL_S
 from router.routing.index.store import IndexStore, InProcessStore, Prefixes, ResyncCallback
 from router.routing.load import LoadTracker
 from router.routing.load_share import LoadShare
+from router.routing.models import Models, decode_prefixes
 from router.routing.policies import Choice, RouteContext, make_policy
 from router.routing.restore_cost import DEFAULT_TIER_GBPS, RestoreCost
 from router.routing.ticket import Ticket
@@ -90,13 +91,6 @@ class RouterConfig:
     (router.routing.accuracy)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _ModelSpec:
-    block_size: int
-    root: BlockHash
-    extra: bytes
-
-
 class Router:
     def __init__(
         self,
@@ -119,7 +113,8 @@ class Router:
             self._loads.share = self.store.share_load
             self.store.set_load_share_callback(self._remote_loads)
         self._restore = RestoreCost(self.config.tier_gbps)
-        self._models: dict[str, _ModelSpec] = {}
+        self.models = Models(self.config.default_block_size)
+        """What prompts are hashed by, per model (a decode pool's own block size too)."""
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._term_names: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[str, ...]] = {}
@@ -130,8 +125,8 @@ class Router:
     # ---- membership ----------------------------------------------------------------------
 
     def register_model(self, model: str, block_size: int | None = None, extra: bytes = b"") -> None:
-        size = self._loads.hash_block_size[model] = block_size or self.config.default_block_size
-        self._models[model] = _ModelSpec(size, model_root_hash(model, size), extra)
+        spec = self.models.register(model, block_size, extra)
+        self._loads.hash_block_size[model] = spec.block_size
 
     def set_kv_bytes_per_token(self, num_bytes: float) -> None:
         """KV bytes one token takes across all layers (a policy may price transfers)."""
@@ -141,7 +136,7 @@ class Router:
 
     def add_worker(self, worker_id: str, role: str, model: str = "", block_size: int = 0) -> None:
         """Register a worker (`block_size`: its own); the store asks it for a snapshot."""
-        if model not in self._models:
+        if model not in self.models:
             self.register_model(model)
         with self._lock:
             self._loads.add_worker(worker_id, role, model).block_size = block_size
@@ -188,18 +183,17 @@ class Router:
                 logger.debug("load report from unknown worker %s ignored", load.worker_id)
 
     def hash_blocks(
-        self, model: str, tokens: Sequence[int], known: Sequence[BlockHash] = (), extra: bytes = b""
-    ) -> list[BlockHash]:
+        self, model: str, tokens: Sequence[int], known: Sequence[BlockHash] = (),
+        extra: bytes = b"", decode: bool = False,
+    ) -> list[BlockHash]:  # fmt: skip
         """The chained hashes of every full block of `tokens` (core.hashing), for a registered
         model; `known` are the hashes of its leading blocks, not recomputed. `extra`: what
-        else the KV depends on (a LoRA adapter's `hash_extra`)."""
-        spec = self._models.get(model)
+        else the KV depends on (a LoRA adapter's `hash_extra`). `decode`: by the decode
+        pool's block size, where it differs (none where it does not)."""
+        spec = self.models.get(model)
         if spec is None:
             raise NoWorkerError(f"model {model!r} has no workers")
-        parent = known[-1] if known else None
-        extra = extra or spec.extra
-        more = hash_prompt_blocks(tokens, spec.block_size, spec.root, extra, parent, len(known))
-        return [*known, *more]
+        return self.models.hash(spec, tokens, known, extra, decode)
 
     # ---- decision ------------------------------------------------------------------------
 
@@ -213,11 +207,13 @@ class Router:
         num_output_tokens: int = 0,
         request_id: str | None = None,
         adapter: str | None = None,
+        decode_block_hashes: Sequence[int] = (),
     ) -> Ticket:
         """Decide where a request goes and charge it to the ledger; the caller owns the
         returned ticket and must close it (see router.routing.ticket). `adapter`: its LoRA
-        adapter's name (router.routing.adapters narrows the pools to its holders)."""
-        spec = self._models.get(model)
+        adapter's name (router.routing.adapters narrows the pools to its holders);
+        `decode_block_hashes`: `hash_blocks(decode=True)` of the prompt, with `block_hashes`."""
+        spec = self.models.get(model)
         if spec is None:
             raise NoWorkerError(f"model {model!r} has no workers")
         # 1. the prompt's chain
@@ -234,6 +230,10 @@ class Router:
             tokens = max(tokens, len(hashes) * spec.block_size)
         # 2. cached prefix per worker (None: degraded store, route by load alone)
         prefixes = self.store.longest_prefixes(model, hashes)
+        if spec.decode_block_size and prefixes is not None:  # the decode pool's own blocks
+            if token_ids is not None:
+                decode_block_hashes = self.models.hash(spec, token_ids, decode=True)
+            prefixes = decode_prefixes(self.store, model, spec, prefixes, decode_block_hashes)
         degraded = prefixes is None
         views = None
         if self._prefill.wants_block_counts and not degraded:
@@ -356,7 +356,7 @@ class Router:
         """A worker the decision chose reused `reused_tokens` of the prompt: the prediction
         is judged (`on_reuse` hears it), and the worker's index entry resynced when its
         reuse keeps falling short of its own events (router.routing.accuracy)."""
-        spec = self._models.get(decision.model)
+        spec = self.models.get(decision.model)
         if spec is None:  # every worker of the model left meanwhile
             return
         r = judge(decision, worker_id, reused_tokens, spec.block_size)
