@@ -60,6 +60,29 @@ async def connect_pair(prefill: Any, decode: DecodeWorker) -> None:
     await prefill.route(await decode.accept(prefill.info().transport_metadata))
 
 
+async def handoff(prefill: Any, decode: DecodeWorker, req: EngineRequest) -> tuple[Any, Any, list]:
+    """Prefill `req` on `prefill` and decode it on `decode` to its end, as the router's
+    attempt does: (the decode worker's reservation, the prefill's reply, every token)."""
+    res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
+    reply = await prefill.prefill(
+        req, decode.worker_id, res.dst_block_ids, res.skip_blocks, TIMEOUT_S
+    )
+    channel = f"ch-{req.request_id}"
+    await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, channel)
+    tokens: list[int] = []
+    stream = decode.outputs(channel)
+    try:
+        async for batch in stream:
+            for request_id, item in batch:
+                assert not isinstance(item, BaseException), item
+                tokens += item.new_token_ids
+                if request_id == req.request_id and is_final(item):
+                    return res, reply, tokens
+    finally:
+        await stream.aclose()
+    raise AssertionError("the stream ended early")
+
+
 async def run_here(decode: DecodeWorker, req: EngineRequest) -> None:
     """Prefill and decode `req` on the decode worker itself, to its end."""
     channel = f"ch-{req.request_id}"

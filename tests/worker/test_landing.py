@@ -27,8 +27,8 @@ from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from decode_worker.worker import DecodeWorker
 from engine.engine import LLMEngine
-from engine.output_channel import is_final
 from prefill_worker.worker import PrefillWorker
+from tests.support import worker_pair
 from tests.support.handoff import ParkingConnector, run_disaggregated
 from tests.support.worker_pair import connect_pair, on_engine, settled
 from worker.records import WorkerSpec
@@ -64,24 +64,8 @@ def staged(decode: DecodeWorker) -> Any:
 async def handoff(prefill: PrefillWorker, decode: DecodeWorker, req: EngineRequest) -> tuple:
     """(blocks skipped, every output token) of `req` prefilled on `prefill`, decoded on
     `decode`."""
-    res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-    reply = await prefill.prefill(
-        req, decode.worker_id, res.dst_block_ids, res.skip_blocks, TIMEOUT_S
-    )
-    channel = f"ch-{req.request_id}"
-    await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, channel)
-    tokens: list[int] = []
-    stream = decode.outputs(channel)
-    try:
-        async for batch in stream:
-            for request_id, item in batch:
-                assert not isinstance(item, BaseException), item
-                tokens += item.new_token_ids
-                if request_id == req.request_id and is_final(item):
-                    return res.skip_blocks, tokens
-    finally:
-        await stream.aclose()
-    raise AssertionError("the stream ended early")
+    res, _, tokens = await worker_pair.handoff(prefill, decode, req)
+    return res.skip_blocks, tokens
 
 
 def test_unlike_kv_lands_and_decodes_as_one_process(workers, loop_thread, tiny_model_dir) -> None:

@@ -18,13 +18,13 @@ from core.request import EngineRequest
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
 from decode_worker.worker import DecodeWorker
-from engine.output_channel import is_final
 from prefill_worker.worker import PrefillWorker
 from tests.support.worker_pair import (
     BLOCK,
     TIMEOUT_S,
     cached_kv,
     connect_pair,
+    handoff,
     on_engine,
     request,
     same,
@@ -52,23 +52,8 @@ def trio(tiny_model_dir, loop_thread):
 
 async def disaggregated(prefill: Any, decode: Any, req: EngineRequest) -> tuple[Any, list[int]]:
     """Prefill on `prefill`, decode on `decode`: (the prefill reply, every output token)."""
-    res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-    skip = res.skip_blocks
-    reply = await prefill.prefill(req, decode.worker_id, res.dst_block_ids, skip, TIMEOUT_S)
-    channel = f"ch-{req.request_id}"
-    await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, channel)
-    tokens: list[int] = []
-    stream = decode.outputs(channel)
-    try:
-        async for batch in stream:
-            for request_id, item in batch:
-                assert not isinstance(item, BaseException), item
-                tokens += item.new_token_ids
-                if request_id == req.request_id and is_final(item):
-                    return reply, tokens
-    finally:
-        await stream.aclose()
-    raise AssertionError("the stream ended early")
+    _, reply, tokens = await handoff(prefill, decode, req)
+    return reply, tokens
 
 
 def test_a_prefix_pulled_from_a_peer_is_its_kv_and_is_hit(trio, loop_thread) -> None:
