@@ -145,7 +145,10 @@ def encode_routes(worker_id: str, ranks: list[list[RouteTo]]) -> bytes:
 
 
 def decode_routes(data: bytes, local_tp_size: int) -> Routes:
-    routes = msgspec.msgpack.decode(data, type=Routes)
+    try:
+        routes = msgspec.msgpack.decode(data, type=Routes)
+    except msgspec.DecodeError as e:
+        raise ValueError(f"undecodable routes: {e}") from e
     if routes.version != GROUP_METADATA_VERSION or len(routes.ranks) != local_tp_size:
         raise ValueError(
             f"routes of {routes.worker_id} (version {routes.version}) for "

@@ -126,7 +126,8 @@ class Landings:
         self._routes[sender] = _Route(tuple(areas), compats[0].block_size)
         return answer
 
-    def routes(self, sender: str) -> bool:
+    def lands_from(self, sender: str) -> bool:
+        """Whether `sender`'s KV lands here (it is laid out otherwise)."""
         return sender in self._routes
 
     def remove(self, sender: str) -> None:

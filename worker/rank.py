@@ -94,7 +94,7 @@ class WorkerRank:
         res = self.engine.reserve(request)
         layers = self.engine.model_config.num_hidden_layers
         try:
-            if self.landings.routes(sender):
+            if self.landings.lands_from(sender):
                 skip, dst = self.landings.reserve(
                     request.request_id, sender, res, timeout_s, layers
                 )

@@ -194,7 +194,7 @@ class Membership:
     def _join(self, member: Any) -> None:
         info: WorkerInfo = member.info
         # Prompts are hashed by the block size of the pool they run on first (prefill, or
-        # unified); a decode pool of another block size (worker/landing.py) is routed by load.
+        # unified); a decode pool of another block size (worker/landing.py) by its own too.
         hashed_by_decode = self.model is not None and self.model.role == WorkerRole.DECODE
         if self.model is None or (hashed_by_decode and info.role != WorkerRole.DECODE):
             self.model = info
