@@ -169,11 +169,11 @@ class LoadTracker:
             decode_blocks,
             placed_s=placed_s,
         )
+        charge.prefill.gated_prefill_tokens += prefill_tokens
         if prefill is not None:
-            prefill.gated_prefill_tokens += prefill_tokens
             self._refile(prefill)
             self._tell(charge)
-        else:
+        else:  # the decode worker prefills: no gate, admitted at once
             self.admit(charge)
         decode.pending_requests += 1
         decode.pending_blocks += decode_blocks
