@@ -13,10 +13,15 @@ Four phases, Poisson arrivals within each (`--scale` stretches their lengths):
                  passes one decode worker's slots, the decode pool must grow
   quiet
 
-The same requests at the same times go to two servers, one at a time:
+The same requests at the same times go to each configuration's server, one at a time:
 
-  static-min   the autoscaler's minimum pools, fixed (1P+1D)
-  autoscaled   --autoscale for both pools, between 1P+1D and 2P+2D
+  static-min               the autoscaler's minimum pools, fixed (1P+1D)
+  autoscaled               --autoscale for both pools, between 1P+1D and 2P+2D
+  autoscaled-no-overflow   the same without --prefill-overflow-s (`--configs` to run it)
+
+The first two route with --prefill-overflow-s (a third of the TTFT SLO unless given): while
+the prefill pool is backed up, by a burst of long prompts or while its second worker starts,
+the decode worker prefills the prompts it would start sooner (router/routing/overflow.py).
 
 The sizes fit this kind of machine (two cores, one thread a worker): the minimum is a core
 per pool. In the first phase the decode worker is nearly idle, so a second prefill worker
@@ -107,9 +112,12 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
                  "--min-decode", "1", "--max-decode", "2", "--autoscale-interval", "1",
                  "--scale-up-cooldown", "5",
                  "--scale-down-cooldown", str(args.down_cooldown)]  # fmt: skip
+    overflow_s = args.ttft_slo / 3 if args.prefill_overflow_s is None else args.prefill_overflow_s
+    overflow = ["--prefill-overflow-s", str(overflow_s)]
     return {
-        "static-min": ["--prefill", "1", "--decode", "1", *_SERVE],
-        "autoscaled": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale],
+        "static-min": ["--prefill", "1", "--decode", "1", *_SERVE, *overflow],
+        "autoscaled": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale, *overflow],
+        "autoscaled-no-overflow": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale],
     }
 
 
@@ -200,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ttft-slo", type=float, default=3.0)
     p.add_argument("--itl-slo", type=float, default=0.15, help="time per output token, s")
     p.add_argument("--down-cooldown", type=float, default=20.0, help="scale-down cooldown, s")
+    p.add_argument(
+        "--prefill-overflow-s",
+        type=float,
+        default=None,
+        help="baton serve's --prefill-overflow-s (default: a third of the TTFT SLO)",
+    )
     p.add_argument("--configs", default="static-min,autoscaled")
     p.add_argument("--drain-timeout", type=float, default=90.0)
     p.add_argument("--token-low", type=int, default=10)

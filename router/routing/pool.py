@@ -1,10 +1,10 @@
 """A pool of workers as the policies see it, with its prefill-load order kept sorted.
 
-The prefill policy and the saturation check need, per decision, the lightest and heaviest
-prefill load of the pool (L_w = queued prefill tokens, router.routing.load) and the lightest workers
-in pool order (they take turns). Scanning the pool for that is O(pool) per decision; instead
-the pool keeps its loads sorted and the LoadTracker re-files a worker whenever its load
-changes (a report, a routed request, a finished prefill):
+The prefill policy and the overflow check (overflow.py) need, per decision, the lightest
+and heaviest prefill load of the pool (L_w = queued prefill tokens, router.routing.load) and
+the lightest workers in pool order (they take turns). Scanning the pool for that is
+O(pool) per decision; instead the pool keeps its loads sorted and the LoadTracker re-files a
+worker whenever its load changes (a report, a routed request, a finished prefill):
 
     workers   [w0, w1, w2, w3]           fixed order (membership changes build a new Pool)
     loads     [ 40,  0, 90,  0]          L_w as last filed

@@ -9,7 +9,8 @@ Request path of `route` (all in memory; Redis I/O, if any, runs in the store's t
     4. conditional disaggregation: D prefills the prompt itself when
          - the prefill pool is empty, or
          - the prompt's part D does not hold is shorter than `disagg_min_uncached_tokens`, or
-         - the prefill pool is saturated: min queued prefill tokens >= `prefill_saturation_tokens`
+         - the prefill pool is backed up and D would give the first token sooner
+           (`prefill_overflow_s`, overflow.py)
        otherwise the prefill policy picks P among the prefill workers (a unified worker is
        only ever a decode worker that prefills its own requests)
     5. charge the request to the ledger (router.routing.load) and return its Ticket, which
@@ -45,6 +46,7 @@ from router.routing.index.store import IndexStore, InProcessStore, Prefixes, Res
 from router.routing.load import LoadTracker
 from router.routing.load_share import LoadShare
 from router.routing.models import Models, decode_prefixes
+from router.routing.overflow import overflows
 from router.routing.policies import Choice, RouteContext, make_policy
 from router.routing.restore_cost import DEFAULT_TIER_GBPS, RestoreCost
 from router.routing.ticket import Ticket
@@ -70,7 +72,8 @@ class RouterConfig:
     prefill_policy_args: Mapping[str, Any] = field(default_factory=dict)
     decode_policy_args: Mapping[str, Any] = field(default_factory=dict)
     disagg_min_uncached_tokens: int = 256
-    prefill_saturation_tokens: int = 1 << 20
+    prefill_overflow_s: float = 0.0
+    """Decode workers help a prefill pool whose shortest queue is this long (s; overflow.py)."""
     default_block_size: int = 16
     pending_ttl_s: float = DEFAULT_TTL_S
     """How long a routed prefill's blocks count as its worker's while it waits and runs,
@@ -284,27 +287,16 @@ class Router:
             reason = "no_prefill_pool"
         elif d_uncached < cfg.disagg_min_uncached_tokens:
             reason = "short_uncached_prefill_on_decode"
-        elif prefill_pool.min_load >= cfg.prefill_saturation_tokens:
-            reason = "prefill_saturated_prefill_on_decode"
+        elif overflows(cfg.prefill_overflow_s, prefill_pool, d, tokens, cached, block):
+            reason = "prefill_backed_up_prefill_on_decode"
         else:
             restore = _NO_RESTORE
             if offloaded:
                 restore = self._restore.for_pool(prefill_pool.workers, offloaded, block)
-            p_choice = self._prefill.choose(
-                RouteContext(
-                    prefill_pool.workers,
-                    cached,
-                    num_blocks,
-                    tokens,
-                    block,
-                    num_output_tokens,
-                    prefill_pool,
-                    lookup.held_blocks,
-                    reported,
-                    restore,
-                    lookup.tail_age_s,
-                )
-            )
+            p_choice = self._prefill.choose(RouteContext(
+                prefill_pool.workers, cached, num_blocks, tokens, block, num_output_tokens,
+                prefill_pool, lookup.held_blocks, reported, restore, lookup.tail_age_s,
+            ))  # fmt: skip
             reason = p_choice.reason
         p = p_choice.worker if p_choice is not None else None
         p_cached = cached.get(p.worker_id, 0) if p is not None else 0

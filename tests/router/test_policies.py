@@ -8,6 +8,7 @@ import pytest
 
 from core.events import BlockStored, KVEventBatch, WorkerLoad
 from core.hashing import hash_prompt_blocks, model_root_hash
+from core.step_stats import StepTotals
 from router.routing.policies import RouteContext, make_policy, policy_names
 from router.routing.route import NoWorkerError, Router, RouterConfig
 from router.routing.worker_state import WorkerState
@@ -148,15 +149,50 @@ def test_inflight_accounting_and_reports() -> None:
 
 
 def test_conditional_disaggregation() -> None:
-    router = make_router(disagg_min_uncached_tokens=256, prefill_saturation_tokens=1000)
+    router = make_router(disagg_min_uncached_tokens=256)
     router.apply(KVEventBatch("d0", 0, [BlockStored(None, HASHES[:35])], model="m"))
     d = router.route("m", TOKENS).decision  # d0 misses 80 tokens only
     assert d.prefill_on_decode and d.decode_worker_id == "d0"
     assert d.reason == "short_uncached_prefill_on_decode" and d.cached_blocks == 35
+
+
+def report(router: Router, worker: str, role: str, waiting: int, at: float, steps=None) -> None:
+    steps = steps or StepTotals()
+    router.report_load(WorkerLoad(worker, role, 0, 3, waiting, 0, 0, at, steps=steps))
+
+
+def backed_up_router(overflow_s: float, decode_waiting: int = 0) -> Router:
+    """p0 and p1 measured at 1 ms a prefill token, each 5,000 tokens (5 s) behind."""
+    router = make_router(prefill_overflow_s=overflow_s)
     for p in ("p0", "p1"):
-        router.report_load(WorkerLoad(p, "prefill", 0, 3, 5000, 0, 0))
-    d = router.route("m", block_hashes=HASHES[:1] + [1, 2, 3] * 13).decision
-    assert d.prefill_on_decode and d.reason == "prefill_saturated_prefill_on_decode"
+        report(router, p, "prefill", 0, 0.0)
+        report(router, p, "prefill", 5000, 1.0, StepTotals(prefill_tokens=1000, forward_s=1.0))
+    for d in ("d0", "d1"):
+        report(router, d, "decode", decode_waiting, 1.0)
+    return router
+
+
+def test_a_backed_up_prefill_pool_overflows_to_the_decode_worker() -> None:
+    d = backed_up_router(overflow_s=2.0).route("m", TOKENS).decision
+    assert d.prefill_on_decode and d.reason == "prefill_backed_up_prefill_on_decode"
+    # under the wait it may have, or when the decode workers are further behind, it stays
+    assert not backed_up_router(overflow_s=6.0).route("m", TOKENS).decision.prefill_on_decode
+    router = backed_up_router(overflow_s=2.0, decode_waiting=6000)
+    assert not router.route("m", TOKENS).decision.prefill_on_decode
+    # off by default; and a pool that has not measured its speed has no wait to weigh
+    assert not backed_up_router(overflow_s=0.0).route("m", TOKENS).decision.prefill_on_decode
+    router = make_router(prefill_overflow_s=2.0)
+    for p in ("p0", "p1"):
+        report(router, p, "prefill", 50_000, 1.0)
+    assert not router.route("m", TOKENS).decision.prefill_on_decode
+
+
+def test_overflow_stops_when_the_decode_worker_is_as_far_behind() -> None:
+    router = backed_up_router(overflow_s=2.0)
+    on_decode = [router.route("m", list(range(i, i + 640))).decision for i in range(0, 64_000, 640)]
+    to_decode = [d for d in on_decode if d.prefill_on_decode]
+    # each decode worker takes prompts until its queue reaches the prefill workers' (5,000)
+    assert 2 * 5000 // 640 <= len(to_decode) < len(on_decode)
 
 
 def test_unified_workers_and_worker_removal() -> None:

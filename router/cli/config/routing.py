@@ -34,6 +34,15 @@ class RoutingOptions:
         metavar="N",
         minimum=0,
     )
+    prefill_overflow_s: float = knob(
+        default_of(RouterConfig, "prefill_overflow_s"),
+        "a decode worker prefills a long prompt itself when the prefill pool's shortest queue "
+        "is predicted to take S seconds or more and the decode worker would start it sooner: "
+        "it takes a burst while the prefill pool grows, and its running streams' inter-token "
+        "latency pays for it (router/routing/overflow.py; 0: never)",
+        metavar="S",
+        minimum=0,
+    )
     prefix_promise_s: float = knob(
         default_of(RouterConfig, "pending_ttl_s"),
         "a routed prefill's prompt blocks count as its worker's (for the requests routed after "
@@ -108,6 +117,7 @@ class RoutingOptions:
             decode_policy=self.decode_policy,
             prefill_policy_args=self.policy_args(),
             disagg_min_uncached_tokens=self.disagg_min_uncached_tokens,
+            prefill_overflow_s=self.prefill_overflow_s,
             pending_ttl_s=self.prefix_promise_s,
             late_binding=self.late_binding,
             gate_max_skips=self.gate_max_skips,
