@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.machinery
+import importlib.util
+import json
 import logging
 import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from core.cache_dir import cache_dir
 from core.kv_layout import KVLayout, dtype_name
 from kv_transfer.api import FailureHook, Transport
 from kv_transfer.driver import Driver, DriverError
@@ -56,13 +62,26 @@ def unavailable_reason(name: str) -> str | None:
 
     The probe imports the backend in a child process: the nixl and ucxx wheels each bundle
     their own UCX, and a process that loads both aborts, so a process imports only the
-    backend it actually uses.
+    backend it actually uses. The child costs seconds of CPU (nixl imports torch), and a
+    worker that starts while the others serve takes them from them, so a verdict is kept
+    per machine (`probe_verdicts`) for as long as the package it probed stays installed.
     """
     if name not in _BACKENDS:
         return f"unknown backend {name!r}; known: {sorted(_BACKENDS)}"
     module = _BACKENDS[name][1]
     if module in sys.modules:
         return None
+    package = module.partition(".")[0]
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError) as exc:
+        return f"{package} cannot be found: {exc}"
+    if spec is None:
+        return f"{package} is not installed"
+    key = _install_key(module, spec)
+    verdicts = _read_verdicts()
+    if key in verdicts:
+        return verdicts[key]
     try:
         probe = subprocess.run(
             [sys.executable, "-c", f"import {module}"],
@@ -71,11 +90,54 @@ def unavailable_reason(name: str) -> str | None:
             timeout=120,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"probing {module} failed: {exc}"
+        return f"probing {module} failed: {exc}"  # not kept: a busy host may time out
+    reason = None
     if probe.returncode != 0:  # a broken binary wheel fails in more ways than ImportError
         lines = probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"]
-        return f"{module} does not import: {lines[-1]}"
-    return None
+        reason = f"{module} does not import: {lines[-1]}"
+    _write_verdict(key, reason)
+    return reason
+
+
+def probe_verdicts() -> Path:
+    """The file of kept probe verdicts: {install key: None or why the import failed}."""
+    return cache_dir("kv-transport") / "probes.json"
+
+
+def _install_key(module: str, spec: importlib.machinery.ModuleSpec) -> str:
+    """The interpreter, the module and where its package lies, with that file's size and
+    modification time: installing the package again (or another interpreter) is a new key."""
+    where = spec.origin or next(iter(spec.submodule_search_locations or []), "")
+    try:
+        stat = os.stat(where)
+        stamp = f"{stat.st_size}:{stat.st_mtime_ns}"
+    except OSError:
+        stamp = "?"
+    return f"{sys.executable}|{module}|{where}|{stamp}"
+
+
+def _read_verdicts() -> dict[str, str | None]:
+    try:
+        verdicts = json.loads(probe_verdicts().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return verdicts if isinstance(verdicts, dict) else {}
+
+
+def _write_verdict(key: str, reason: str | None) -> None:
+    """Best effort (an unwritable cache only costs the next process its own probe); the file
+    is replaced whole, so a reader never sees half of it."""
+    path = probe_verdicts()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        verdicts = _read_verdicts() | {key: reason}
+        with tempfile.NamedTemporaryFile(
+            "w", dir=path.parent, prefix=".probes-", suffix=".json", delete=False
+        ) as f:
+            json.dump(verdicts, f, indent=1)
+        os.replace(f.name, path)
+    except OSError as exc:
+        logger.debug("probe verdict for %s not kept: %s", key, exc)
 
 
 def select_backend(requested: str) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from core.cache_dir import cache_dir
 from engine.gguf.config import GGUFError, architecture, generation_config, hf_config
 from engine.gguf.tensors import hf_tensors
 from engine.gguf.tokenizer import hf_tokenizer
@@ -67,11 +68,6 @@ def import_gguf(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "baton" / "gguf"
-
-
 def resolve_model(model: str | Path) -> Path:
     """`model` itself for a folder; for a GGUF file, the folder it was imported into, importing
     it first if it was not yet: in the user's cache under the file's path, size and
@@ -81,7 +77,7 @@ def resolve_model(model: str | Path) -> Path:
         return path
     stat = path.stat()
     key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    folder = _cache_root() / hashlib.sha256(key).hexdigest()[:16] / path.stem
+    folder = cache_dir("gguf") / hashlib.sha256(key).hexdigest()[:16] / path.stem
     if not (folder / "config.json").is_file():
         import_gguf(path, folder)
     return folder

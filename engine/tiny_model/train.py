@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from core import env
+from core.cache_dir import cache_dir
 from engine.tiny_model.make import make_tiny_model
 from engine.tiny_model.weights import parameter_shapes, write_json, write_safetensors
 
@@ -207,8 +208,7 @@ def _row(ids: torch.Tensor, start: int, index: int) -> torch.Tensor:
 
 
 def cache_root() -> Path:
-    default = Path.home() / ".cache" / "baton" / "trained"
-    return Path(env.TRAINED_CACHE.get() or default)
+    return Path(env.TRAINED_CACHE.get() or cache_dir("trained"))
 
 
 def trained_checkpoint(
