@@ -2,8 +2,10 @@
 
     python -m bench.serving.two_phase                   # 2 configurations, ~4 minutes each
     python -m bench.serving.two_phase --configs autoscaled --scale 0.5
+    python -m bench.serving.two_phase --load 2      # twice the arrival rates: a faster CPU
 
-Four phases, Poisson arrivals within each (`--scale` stretches their lengths):
+Four phases, Poisson arrivals within each (`--scale` stretches their lengths, `--load`
+multiplies their rates):
 
   long prompts   prompts of 640-1152 tokens, 8-16-token outputs: more than one prefill
                  worker computes, the prefill pool must grow
@@ -24,9 +26,12 @@ the prefill pool is backed up, by a burst of long prompts or while its second wo
 the decode worker prefills the prompts it would start sooner (router/routing/overflow.py).
 
 The sizes fit this kind of machine (two cores, one thread a worker): the minimum is a core
-per pool. In the first phase the decode worker is nearly idle, so a second prefill worker
-adds most of a core; in the second the prefill worker is idle (short prompts are prefilled
-on decode) and a second decode worker takes its core. The workers are not bound to cores
+per pool. The rates are set for AVX2 cores (an AMD EPYC's), where the minimum pools fall
+behind in the long prompts; cores with AMX (a Xeon's) prefill several times faster and keep
+up with them there, and `--load` multiplies the rates. In the first phase the decode worker
+is nearly idle, so a second prefill worker adds most of a core; in the second the prefill
+worker is idle (short prompts are prefilled on decode) and a second decode worker takes its
+core. The workers are not bound to cores
 (--no-cpu-bind): a binding by claim count (worker/cpu_claims.py) put the second prefill
 worker on the first one's core, beside the idle decode worker's, and the kernel moves busy
 threads to the idle core. A prefill pool of 0..1 would leave the long prompts to
@@ -87,8 +92,11 @@ PHASES = (
 )
 
 
-def phases(scale: float) -> list[Phase]:
-    return [Phase(**{**asdict(p), "duration_s": p.duration_s * scale}) for p in PHASES]
+def phases(scale: float, load: float = 1.0) -> list[Phase]:
+    return [
+        Phase(**{**asdict(p), "duration_s": p.duration_s * scale, "rate": p.rate * load})
+        for p in PHASES
+    ]
 
 
 def workload(plan: list[Phase], space: wl.TokenSpace, seed: int) -> list[TraceRequest]:
@@ -205,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="default: the 20M bench model")
     p.add_argument("--scale", type=float, default=1.0, help="phase lengths x this")
+    p.add_argument("--load", type=float, default=1.0, help="arrival rates x this")
     p.add_argument("--ttft-slo", type=float, default=3.0)
     p.add_argument("--itl-slo", type=float, default=0.15, help="time per output token, s")
     p.add_argument("--down-cooldown", type=float, default=20.0, help="scale-down cooldown, s")
@@ -222,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     model_dir = ensure_bench_model(args.model)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    plan = phases(args.scale)
+    plan = phases(args.scale, args.load)
     requests = workload(plan, wl.TokenSpace(args.token_low + 1, vocab), args.seed)
     runs = {}
     for name in args.configs.split(","):
