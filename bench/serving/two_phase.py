@@ -19,11 +19,13 @@ The same requests at the same times go to each configuration's server, one at a 
 
   static-min               the autoscaler's minimum pools, fixed (1P+1D)
   autoscaled               --autoscale for both pools, between 1P+1D and 2P+2D
-  autoscaled-no-overflow   the same without --prefill-overflow-s (`--configs` to run it)
+  autoscaled-overflow      the same with --prefill-overflow-s (`--configs` to run it)
 
-The first two route with --prefill-overflow-s (a third of the TTFT SLO unless given): while
-the prefill pool is backed up, by a burst of long prompts or while its second worker starts,
-the decode worker prefills the prompts it would start sooner (router/routing/overflow.py).
+The last routes with --prefill-overflow-s (a third of the TTFT SLO unless given): while the
+prefill pool is backed up, by a burst of long prompts or while its second worker starts, the
+decode worker prefills the prompts it would start sooner (router/routing/overflow.py). Its
+long prompts slow that worker's decode steps, so ITL p90 grows the decode pool too, and on
+the Xeon AMX it met fewer requests than the same pools without it (docs/performance.md).
 
 The sizes fit this kind of machine (two cores, one thread a worker): the minimum is a core
 per pool. The rates are set for AVX2 cores (an AMD EPYC's), where the minimum pools fall
@@ -123,9 +125,9 @@ def configs(args: argparse.Namespace) -> dict[str, list[str]]:
     overflow_s = args.ttft_slo / 3 if args.prefill_overflow_s is None else args.prefill_overflow_s
     overflow = ["--prefill-overflow-s", str(overflow_s)]
     return {
-        "static-min": ["--prefill", "1", "--decode", "1", *_SERVE, *overflow],
-        "autoscaled": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale, *overflow],
-        "autoscaled-no-overflow": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale],
+        "static-min": ["--prefill", "1", "--decode", "1", *_SERVE],
+        "autoscaled": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale],
+        "autoscaled-overflow": ["--prefill", "1", "--decode", "1", *_SERVE, *autoscale, *overflow],
     }
 
 
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prefill-overflow-s",
         type=float,
         default=None,
-        help="baton serve's --prefill-overflow-s (default: a third of the TTFT SLO)",
+        help="autoscaled-overflow's --prefill-overflow-s (default: a third of the TTFT SLO)",
     )
     p.add_argument("--configs", default="static-min,autoscaled")
     p.add_argument("--drain-timeout", type=float, default=90.0)
