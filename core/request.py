@@ -137,6 +137,9 @@ class RequestProgress:
     """...and of those, accepted (its acceptance rate is their ratio)."""
     timings: RequestTimings = field(default_factory=RequestTimings)
     error: str | None = None
+    prefilled_by: str = ""
+    """On the delta with the first token: the pool whose worker computed the prompt when it
+    is not the one decoding it (`prefill`); the autoscaler charges that pool the TTFT."""
 
 
 @dataclass
@@ -180,6 +183,7 @@ class RequestOutput(RequestProgress):
         self.finish_reason = delta.finish_reason
         self.stop_reason = delta.stop_reason
         self.num_cached_tokens = delta.num_cached_tokens
+        self.prefilled_by = delta.prefilled_by or self.prefilled_by
         self.num_draft_tokens = delta.num_draft_tokens
         self.num_accepted_tokens = delta.num_accepted_tokens
         self.timings = delta.timings

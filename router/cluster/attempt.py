@@ -141,17 +141,18 @@ class Attempt:
             reused(prefill.worker_id, reply.num_cached_tokens)
             self.calling = decode
             first_token_at = asyncio.get_running_loop().time()
+            first_delta = replace(reply.output, prefilled_by=WorkerRole.PREFILL.value)
             stats.num_transfers += 1
             stats.num_blocks_sent += reply.num_blocks_sent
             stats.num_blocks_skipped += skip
             if reply.output.finished:
                 decode.handle.abort.remote(rid)
                 self.finished = True
-                yield reply.output
+                yield first_delta
                 return
             # The first token was sampled on P: the client has it now, not after the last
             # layers land on D and D admits it (D's first delta repeats it: not sent again).
-            yield reply.output
+            yield first_delta
             with self._step(SpanName.ADMIT, **{"baton.worker": decode.worker_id}) as s:
                 admit = decode.handle.admit.remote(
                     rid, reply.first_token, reply.logprob, self._left(), channel.channel_id,

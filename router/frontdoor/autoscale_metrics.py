@@ -24,7 +24,7 @@ SIGNAL_GAUGES = (
     ("starting", "autoscale_starting_workers", "Workers still starting (counted in the size)."),
     ("queued", "autoscale_queued_requests", "Requests queued for the pool (engines + doors)."),
     ("oldest_wait_s", "autoscale_oldest_wait_seconds", "Longest wait of a queued request."),
-    ("ttft_p90_s", "autoscale_ttft_p90_seconds", "TTFT p90 over the doors' recent window."),
+    ("ttft_p90_s", "autoscale_ttft_p90_seconds", "TTFT p90 of the prompts the pool computed."),
     ("itl_p90_s", "autoscale_itl_p90_seconds", "ITL p90 over the doors' recent window."),
     ("kv_usage", "autoscale_kv_usage_perc", "Mean share of the workers' KV blocks in use."),
     ("batch_usage", "autoscale_batch_usage_perc", "Mean share of running-request slots used."),

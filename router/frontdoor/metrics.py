@@ -76,6 +76,8 @@ class RequestRecord:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     tenant: str = ""
+    prefilled_by: str = ""
+    """The pool that computed the prompt when another decoded it (core.request.RequestProgress)."""
     request_id: str = ""
     """Attached to the latency observations as an OpenMetrics exemplar: a slow bucket
     names a request that landed in it (X-Request-Id leads the id), without a label per
@@ -204,7 +206,7 @@ class Metrics:
     # -- front doors -------------------------------------------------------------------
     def observe_request(self, rec: RequestRecord) -> None:
         self.requests.labels(outcome=rec.outcome).inc()
-        self.slo.add(rec.ttft_s, rec.tpot_s)
+        self.slo.add(rec.ttft_s, rec.tpot_s, rec.prefilled_by)
         self.prompt_tokens.inc(rec.num_prompt_tokens)
         self.generation_tokens.inc(rec.num_output_tokens)
         self.cached_tokens.inc(rec.num_cached_tokens)

@@ -52,6 +52,7 @@ async def run_tracked(
     """
     start = time.monotonic()
     first_token_at: float | None = None
+    prefilled_by = ""
     last: OutputDelta | None = None
     num_output_tokens = 0
     error: BaseException | None = None
@@ -61,6 +62,7 @@ async def run_tracked(
             async for delta in deltas:
                 if first_token_at is None and delta.new_token_ids:
                     first_token_at = time.monotonic()
+                    prefilled_by = delta.prefilled_by
                 num_output_tokens += len(delta.new_token_ids)
                 last = delta
                 yield delta
@@ -90,6 +92,7 @@ async def run_tracked(
                 num_draft_tokens=0 if last is None else last.num_draft_tokens,
                 num_accepted_tokens=0 if last is None else last.num_accepted_tokens,
                 tenant=request.tenant,
+                prefilled_by=prefilled_by,
                 request_id=request.request_id,
             )
         )

@@ -202,6 +202,9 @@ def test_unified_mode_and_conditional_disaggregation(
         outs = loop_thread.run(run(c.backend))
         for p, out in zip(batch, outs, strict=True):
             assert out.token_ids == oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS)
+        # The door charges a TTFT to the prefill pool only where that pool computed it.
+        want = ["", "prefill", "", "prefill"] if c is cluster else [""] * 4
+        assert [out.prefilled_by for out in outs] == want
     t = cluster.backend.transfers
     assert t.num_transfers == 2 and t.prefill_on_decode == 2  # the two long ones moved KV
     assert unified.backend.transfers.num_transfers == 0

@@ -48,6 +48,19 @@ def test_the_latency_window_forgets_old_samples() -> None:
     assert window.percentiles(0.9) == (0.5, None)
 
 
+def test_the_prefill_pool_is_charged_only_the_ttfts_of_prompts_it_computed() -> None:
+    window = SloWindow()
+    for ttft in (4.0, 5.0, 6.0):  # prompts the decode worker prefilled behind its batch
+        window.add(ttft, None)
+    assert window.prefill_pool_ttft() is None
+    window.add(0.3, None, prefilled_by="prefill")
+    window.add(0.2, None, prefilled_by="prefill")
+    assert window.prefill_pool_ttft(0.9) == 0.3
+    assert window.percentiles(0.9) == (6.0, None)
+    report = door_report("door-1", window, {})
+    assert (report.ttft_p90_s, report.prefill_ttft_p90_s) == (6.0, 0.3)
+
+
 def test_busy_is_the_stepping_share_between_two_loads() -> None:
     collector = SignalCollector()
     assert collector.rates(load("d-0", "decode", 10.0, stepped_s=1.0)) == (0.0, 0.0)  # first
@@ -73,9 +86,10 @@ def test_work_is_prompt_tokens_and_decode_rows_a_second_summed_over_the_pool() -
 def test_pool_signals_merge_worker_loads_and_fresh_door_reports() -> None:
     collector = SignalCollector(stale_after_s=10.0)
     now = time.time()
-    collector.add_door(DoorReport("a", now, 1.2, 0.05, {"prefill": (3, 0.8), "decode": (1, 0.1)}))
-    collector.add_door(DoorReport("b", now, 2.5, 0.02, {"prefill": (1, 1.4)}))
-    collector.add_door(DoorReport("old", now - 60, 99.0, 99.0, {"prefill": (50, 99.0)}))
+    waiting = {"prefill": (3, 0.8), "decode": (1, 0.1)}
+    collector.add_door(DoorReport("a", now, 1.2, 0.05, waiting, prefill_ttft_p90_s=0.9))
+    collector.add_door(DoorReport("b", now, 2.5, 0.02, {"prefill": (1, 1.4)}, 1.1))
+    collector.add_door(DoorReport("old", now - 60, 99.0, 99.0, {"prefill": (50, 99.0)}, 99.0))
     loads = [  # a decode worker's engine reports role `unified`: the pool is what counts
         ("prefill", load("p-0", "prefill", now, num_waiting=2, oldest_wait_s=0.3)),
         ("decode", load("d-0", "unified", now, num_free_blocks=20)),
@@ -84,11 +98,14 @@ def test_pool_signals_merge_worker_loads_and_fresh_door_reports() -> None:
     pools = collector.pools({"prefill": 2, "decode": 2}, {"prefill": 1}, loads)
     p, d = pools["prefill"], pools["decode"]
     assert (p.ready, p.starting, p.queued, p.oldest_wait_s) == (1, 1, 6, 1.4)
-    assert (p.ttft_p90_s, p.itl_p90_s) == (2.5, None)  # the slowest door; stale one dropped
+    # the slowest door, over the prompts the prefill pool computed; the stale one dropped
+    assert (p.ttft_p90_s, p.itl_p90_s) == (1.1, None)
     assert (d.ready, d.queued, d.oldest_wait_s) == (2, 1, 0.1)
     assert (d.ttft_p90_s, d.itl_p90_s) == (None, 0.05)
     assert d.kv_usage == pytest.approx(0.6)
     assert "old" not in collector.doors
+    unified = collector.pools({"unified": 1}, {}, [("unified", load("u-0", "unified", now))])
+    assert unified["unified"].ttft_p90_s == 2.5  # it computes every prompt
 
 
 def test_the_batch_growth_is_the_slope_of_its_usage_over_the_last_looks(monkeypatch) -> None:

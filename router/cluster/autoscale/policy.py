@@ -4,7 +4,8 @@ Per pool, one number says how far it is from its SLO budget, its *pressure* (1.0
 limit), the largest of:
 
     prefill (TTFT)   oldest_wait / (queue_share * ttft_slo)   queue wait, seen before TTFT
-                     ttft_p90 / ttft_slo                      what clients saw lately
+                     ttft_p90 / ttft_slo                      what clients saw lately, of
+                                                              the prompts the pool computed
                      busy / busy_target                       stepping share of wall time
     decode (ITL)     itl_p90 / itl_slo
                      kv_usage / kv_target                     room for the next reservations

@@ -75,12 +75,17 @@ class DoorReport:
     itl_p90_s: float | None
     waiting: dict[str, tuple[int, float]] = field(default_factory=dict)
     """pool -> (requests waiting at this door for it, oldest wait in seconds)."""
+    prefill_ttft_p90_s: float | None = None
+    """TTFT p90 of the requests a prefill pool prefilled (the rest were prefilled by the
+    worker that decoded them)."""
 
 
 def door_report(door_id: str, slo: Any | None, waits: dict[str, WaitBook]) -> DoorReport:
     """`slo`: the door's router.frontdoor.slo_window.SloWindow (None: no latencies yet)."""
     ttft, itl = slo.percentiles(0.9) if slo is not None else (None, None)
-    return DoorReport(door_id, time.time(), ttft, itl, {p: w.stats() for p, w in waits.items()})
+    waiting = {p: w.stats() for p, w in waits.items()}
+    prefill_ttft = slo.prefill_pool_ttft(0.9) if slo is not None else None
+    return DoorReport(door_id, time.time(), ttft, itl, waiting, prefill_ttft)
 
 
 class SignalCollector:
@@ -120,7 +125,11 @@ class SignalCollector:
         self.doors = {d: r for d, r in self.doors.items() if now - r.at < self.stale_after_s}
         alive = {load.worker_id for _, load in loads}
         self._last = {w: load for w, load in self._last.items() if w in alive}
-        ttfts = [r.ttft_p90_s for r in self.doors.values() if r.ttft_p90_s is not None]
+        ttfts = {  # a prefill pool answers for the prompts it computed; decode for none
+            WorkerRole.PREFILL: [r.prefill_ttft_p90_s for r in self.doors.values()],
+            WorkerRole.DECODE: [],
+        }
+        every_ttft = [r.ttft_p90_s for r in self.doors.values()]
         itls = [r.itl_p90_s for r in self.doors.values() if r.itl_p90_s is not None]
         out = {}
         for pool in sizes:
@@ -130,6 +139,7 @@ class SignalCollector:
             trend = self._batch.setdefault(pool, collections.deque(maxlen=TREND_LOOKS))
             trend.append((now, batch))
             at_doors = [r.waiting.get(pool, (0, 0.0)) for r in self.doors.values()]
+            pool_ttfts = [t for t in ttfts.get(pool, every_ttft) if t is not None]
             out[pool] = PoolSignals(
                 ready=len(mine),
                 starting=starting.get(pool, 0),
@@ -137,7 +147,7 @@ class SignalCollector:
                 oldest_wait_s=max(
                     [load.oldest_wait_s for load in mine] + [w for _, w in at_doors] + [0.0]
                 ),
-                ttft_p90_s=max(ttfts) if ttfts and pool != WorkerRole.DECODE else None,
+                ttft_p90_s=max(pool_ttfts) if pool_ttfts else None,
                 itl_p90_s=max(itls) if itls and pool != WorkerRole.PREFILL else None,
                 kv_usage=sum(load.kv_usage for load in mine) / len(mine) if mine else 0.0,
                 batch_usage=batch,
