@@ -24,8 +24,9 @@ The same requests at the same times go to each configuration's server, one at a 
 The last routes with --prefill-overflow-s (a third of the TTFT SLO unless given): while the
 prefill pool is backed up, by a burst of long prompts or while its second worker starts, the
 decode worker prefills the prompts it would start sooner (router/routing/overflow.py). Its
-long prompts slow that worker's decode steps, so ITL p90 grows the decode pool too, and on
-the Xeon AMX it met fewer requests than the same pools without it (docs/performance.md).
+long prompts slow that worker's decode steps, so ITL p90 grows the decode pool too; on the
+Xeon AMX it met as many requests as the same pools without it, over a wider spread of runs
+(docs/performance.md).
 
 The sizes fit this kind of machine (two cores, one thread a worker): the minimum is a core
 per pool. The rates are set for AVX2 cores (an AMD EPYC's), where the minimum pools fall
