@@ -187,7 +187,10 @@ def test_baton_profile_measures_each_tp_size_on_its_own_engine(
         assert {(s["batch"], s["context"]) for s in profile["samples"]["decode"]} == {
             (b, c) for b in (1, 4) for c in (32, 96)
         }
-        assert len(profile["samples"]["prefill"]) == 6
+        # 3 lengths, each without and with a cached prefix, a round; a fit that the noise
+        # left without a cost per token takes another round (planner.measure.profile_prefill)
+        rounds, partial = divmod(len(profile["samples"]["prefill"]), 6)
+        assert rounds >= 1 and partial == 0
     assert "tp 2, 2 rank processes over gloo" in profiles[2]["source"]
     # The worker's KV per token is every rank's heads: the same at either size.
     assert profiles[2]["kv_bytes_per_token"] == profiles[1]["kv_bytes_per_token"]
