@@ -2,7 +2,7 @@
 
     python -m bench.serving.two_phase                   # 2 configurations, ~4 minutes each
     python -m bench.serving.two_phase --configs autoscaled --scale 0.5
-    python -m bench.serving.two_phase --load 2      # twice the arrival rates: a faster CPU
+    python -m bench.serving.two_phase --load 1.5    # the rates x 1.5 (the Xeon AMX's runs)
 
 Four phases, Poisson arrivals within each (`--scale` stretches their lengths, `--load`
 multiplies their rates):
@@ -34,12 +34,12 @@ behind in the long prompts; cores with AMX (a Xeon's) prefill several times fast
 up with them there, and `--load` multiplies the rates. In the first phase the decode worker
 is nearly idle, so a second prefill worker adds most of a core; in the second the prefill
 worker is idle (short prompts are prefilled on decode) and a second decode worker takes its
-core. The workers are not bound to cores
-(--no-cpu-bind): a binding by claim count (worker/cpu_claims.py) put the second prefill
-worker on the first one's core, beside the idle decode worker's, and the kernel moves busy
-threads to the idle core. A prefill pool of 0..1 would leave the long prompts to
-the decode worker until the prefill worker is up, and that queue grows the decode pool too
-(its queue-wait term): three workers on two cores, the prefill worker beside a busy one.
+core. The workers are not bound to cores (--no-cpu-bind): a binding by claim count
+(worker/cpu_claims.py) put the second prefill worker on the first one's core, beside the
+idle decode worker's, and the kernel moves busy threads to the idle core. A prefill pool of
+0..1 would leave the long prompts to the decode worker until the prefill worker is up, and
+that queue grows the decode pool too (its queue-wait term): three workers on two cores, the
+prefill worker beside a busy one.
 
 Per configuration and phase: the share of requests (by send time) within both SLOs (TTFT and
 time per output token; `--ttft-slo`, `--itl-slo`), goodput (those per second); the pools'

@@ -8,6 +8,7 @@ import importlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from kv_transfer import registry
 
 
 @pytest.fixture
-def probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+def probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
     """The child processes probes start; a package dir on both this and the children's path,
     and the verdicts kept under tmp_path."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -49,7 +50,7 @@ def backend(tmp_path: Path, name: str, body: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def forget_backends() -> None:
+def forget_backends() -> Iterator[None]:
     known = dict(registry._BACKENDS)
     yield
     registry._BACKENDS.clear()
