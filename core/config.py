@@ -25,6 +25,11 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     """Share of the device's total memory this worker may fill with weights, activations
     and KV cache when the KV size is not given (CUDA only; vLLM's default)."""
+    gpu_fraction: float = 1.0
+    """The part of its device this worker holds (Ray's fractional GPUs: a prefill and a
+    decode worker on one GPU hold 0.5 each): it fills gpu_memory_utilization x this of the
+    device's memory, and what other processes held when it started is theirs, not counted
+    against its share."""
     max_num_seqs: int = 128
     """Cap on running sequences (`vllm serve`'s on CPU): past saturation a larger batch reads
     the weights once for more tokens."""
@@ -73,9 +78,13 @@ class EngineConfig:
     """The largest adapter rank served (every slot is allocated this wide)."""
     """How the waiting queue orders tenants (core/fair_share.py); priority always counts."""
     cuda_graphs: bool = True
-    """Replay decode steps from CUDA graphs captured at start-up (CUDA devices with the
-    Triton backend only; never on CPU). False runs every step eagerly (vLLM's
-    --enforce-eager): slower decode, quicker start, no graph memory."""
+    """Replay steps from CUDA graphs captured at start-up (CUDA devices with the Triton
+    backend only; never on CPU): decode-only steps by batch size, every other step by token
+    count. False runs every step eagerly (vLLM's --enforce-eager): slower steps, quicker
+    start, no graph memory."""
+    decode_graphs: bool = True
+    """With cuda_graphs, also record the decode-only steps' graphs (a prefill worker's
+    engine, whose steps are prompts, records only the token-count graphs)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -90,6 +99,8 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
+        if not 0 < self.gpu_fraction <= 1:
+            raise ValueError(f"gpu_fraction must be in (0, 1], got {self.gpu_fraction}")
         if self.speculative not in (None, "ngram", "draft"):
             raise ValueError(f"speculative must be ngram, draft or None, got {self.speculative!r}")
         if (self.speculative == "draft") != (self.speculative_model is not None):

@@ -18,9 +18,10 @@ positions, left over from earlier steps, can spoil only their own outputs, which
 dropped. So only the slots, lengths and first table column are reset: the fewest copies per
 step. Sampling runs after the graph, on the real rows only.
 
-Only decode-only steps replay (every row one new token, no prefill chunk, no prompt
-logprobs); any other step runs eagerly. A prefill engine captures nothing: its steps are
-prompts, and its per-layer KV hook is host code that a graph would not run.
+These graphs take decode-only steps (every row one new token, no prefill chunk, no prompt
+logprobs); on the Triton backend every other step replays the step graphs of
+engine/step_graphs.py, by token count. A prefill engine records only those: its steps are
+prompts.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from core.config import EngineConfig
+from core.device_event import DeviceEvent
 from engine.attention.backend import AttentionMetadata, DecodeWorkspace
 from engine.kv_cache.manager import cdiv
 
@@ -63,6 +65,11 @@ class GraphCapturer(ABC):
         """Record `fn`; the returned callable redoes its work on whatever its tensors hold
         when called."""
 
+    def event(self) -> DeviceEvent | None:
+        """An event that a recorded function may record (replays record it again), or None
+        where replays run synchronously and need none."""
+        return None
+
 
 class CUDAGraphCapturer(GraphCapturer):
     """`torch.cuda.CUDAGraph`s sharing one memory pool: captured largest first, each reuses
@@ -89,6 +96,11 @@ class CUDAGraphCapturer(GraphCapturer):
                 fn()
         return graph.replay
 
+    def event(self) -> DeviceEvent:
+        # external: recorded inside a capture, it becomes an event record node of the graph
+        # (a plain event would only order the capture's streams).
+        return torch.cuda.Event(external=True)
+
 
 class RerunCapturer(GraphCapturer):
     """Replays by running `fn` again: the static-buffer path with no graph. On CPU it is
@@ -104,7 +116,7 @@ def choose_capturer(
     attention_backend: str,
     given: GraphCapturer | None = None,
 ) -> GraphCapturer | None:
-    """What records this engine's decode graphs, or None to run every step eagerly: the
+    """What records this engine's graphs, or None to run every step eagerly: the
     given capturer, else CUDA graphs on a CUDA device with the Triton backend (the torch
     backend gathers every column of the fixed-width block table, all of max_model_len,
     each step). None when `config.cuda_graphs` is off (a prefill worker's engine)."""
@@ -117,7 +129,7 @@ def choose_capturer(
     return None
 
 
-def _num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+def num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
     """The decode kernel's split count for a graph of `batch` rows, fixed at capture since
     the steps' lengths are not known yet: as the kernel would pick for the longest context.
     Only the Triton kernel reads it, and it splits only on CUDA."""
@@ -128,7 +140,7 @@ def _num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.d
     return default_num_splits(batch, num_kv_heads, max_context, device)
 
 
-def _free_device_bytes(device: torch.device) -> int | None:
+def free_device_bytes(device: torch.device) -> int | None:
     """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere."""
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
@@ -168,18 +180,18 @@ class DecodeGraphs:
             )
             self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
             max_context = self.max_blocks_per_seq * block_size
-            splits = {s: _num_splits(s, num_kv_heads, max_context, dev) for s in self.sizes}
+            splits = {s: num_splits(s, num_kv_heads, max_context, dev) for s in self.sizes}
             # One scratch for all sizes (one graph runs at a time), viewed per size.
             rows = max(s * splits[s] for s in self.sizes)
             f32 = torch.float32
             self._partial = torch.empty(rows * num_heads * head_dim, dtype=f32, device=dev)
             self._lse = torch.empty(rows * num_heads, dtype=f32, device=dev)
-            start, free_before = time.monotonic(), _free_device_bytes(dev)
+            start, free_before = time.monotonic(), free_device_bytes(dev)
             self._replays = {
                 s: capturer.capture(self._forward_fn(s, splits[s], num_heads, head_dim))
                 for s in reversed(self.sizes)
             }
-        free_after, took = _free_device_bytes(dev), ""
+        free_after, took = free_device_bytes(dev), ""
         if free_before is not None and free_after is not None:
             took = f", {(free_before - free_after) / 2**30:.2f} GiB"
         logger.info(

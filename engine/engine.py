@@ -83,7 +83,7 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.model_config.dtype, device)
         backend = resolve_attention_backend(config.attention_backend, device)
         self.runner = ModelRunner(self.model_config, config, device, dtype, backend, tp)
-        num_blocks = self.runner.kv_layout.num_blocks - self.runner.plan_decode_graphs(capturer)
+        num_blocks = self.runner.kv_layout.num_blocks - self.runner.plan_graphs(capturer)
         self.root_hash = model_root_hash(self.model_config.model_id, config.block_size)
         self.kv = KVCacheManager(
             num_blocks, config.block_size, self.root_hash, config.enable_prefix_caching
@@ -98,7 +98,7 @@ class LLMEngine:
         self.max_model_len = min(limits)
         speculator = speculator_for(config, self.max_model_len, self.runner)
         self.scheduler = Scheduler(config, self.kv, speculator)
-        self.runner.capture_decode_graphs(self.max_model_len)
+        self.runner.capture_graphs(self.max_model_len)
         self.eos_token_ids = self.model_config.eos_token_ids or self.tokenizer.eos_token_ids
         self.grammars = GrammarCache(self.tokenizer, self.model_config, self.eos_token_ids)
         self.requests: dict[str, Request] = {}

@@ -50,8 +50,15 @@ class DeviceMemory(Protocol):
 
 
 class CudaMemory:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, shared: bool = False) -> None:
+        """`shared`: the device is shared with other workers, each with its own part
+        (EngineConfig.gpu_fraction): what is in use on it now, before this worker allocates
+        anything, is theirs and is left out of this worker's non-torch bytes."""
         self.device = device
+        self.others_bytes = 0
+        if shared:
+            free, total = torch.cuda.mem_get_info(device)
+            self.others_bytes = total - free - torch.cuda.memory_reserved(device)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -71,8 +78,9 @@ class CudaMemory:
     def total_and_non_torch_bytes(self) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(self.device)
         # Used but not reserved by torch: the CUDA context, NCCL, cuBLAS workspaces outside
-        # the allocator, and any other process on this GPU.
-        return total, total - free - torch.cuda.memory_reserved(self.device)
+        # the allocator, and any other process on this GPU (but those sharing it by parts).
+        outside = total - free - torch.cuda.memory_reserved(self.device)
+        return total, max(0, outside - self.others_bytes)
 
 
 def chunk_lengths(num_tokens: int, max_len: int) -> list[int]:

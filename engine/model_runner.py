@@ -37,6 +37,7 @@ from engine.sampler import Sampler
 from engine.sampling.prompt_logprobs import add_prompt_logprobs
 from engine.sampling.rows import sampling_row
 from engine.scheduler import ScheduledBatch
+from engine.step_graphs import StepGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,10 @@ def _wants_prompt_logprobs(req: Request) -> bool:
 
 class ModelRunner:
     decode_graphs: DecodeGraphs | None = None
-    """Set by `capture_decode_graphs`; None runs every step eagerly."""
+    """Set by `capture_graphs`; None runs decode-only steps eagerly."""
+    step_graphs: StepGraphs | None = None
+    """Set by `capture_graphs` on a backend that replays whole steps; None runs every other
+    step eagerly."""
     _graph_capturer: GraphCapturer | None = None
 
     def __init__(
@@ -78,6 +82,9 @@ class ModelRunner:
         self.block_size = config.block_size
         self.tp = tp
         self.attention_backend = attention_backend
+        if device_memory is None and device.type == "cuda":
+            # Made before anything is allocated: a shared device's other workers are seen.
+            device_memory = CudaMemory(device, shared=config.gpu_fraction < 1)
         start = time.monotonic()
         self.model = build_model(model_config, get_backend(attention_backend), dtype, device, tp)
         # An INT8 checkpoint loads as int8 (`int8` unless w8a8 was asked for).
@@ -115,8 +122,6 @@ class ModelRunner:
             tp_rank=tp.rank,
             tp_size=tp.size,
         )
-        if device_memory is None and device.type == "cuda":
-            device_memory = CudaMemory(device)
         num_blocks = self._num_kv_blocks(per_block, device_memory)
         self.kv_layout = replace(per_block, num_blocks=num_blocks)
         """This rank's cache, as the KV transport registers it (hence the TP rank in it)."""
@@ -146,7 +151,7 @@ class ModelRunner:
         usage = measure_device_usage(
             self.model, per_block, config, max_len, mc.vocab_size, memory, self.device, self.tp
         )
-        utilization = config.gpu_memory_utilization
+        utilization = config.gpu_memory_utilization * config.gpu_fraction
         size = sizing.size_kv_cache(usage, utilization, per_block.block_bytes_all_layers)
         logger.info("%s", sizing.describe(usage, utilization, size))
         return size.num_blocks
@@ -169,12 +174,15 @@ class ModelRunner:
         if totals is not None and self.device.type == "cpu":
             meta.totals = totals  # kernels run synchronously: host time is their time
         prompt_logprobs = any(_wants_prompt_logprobs(r) for r, _ in batch.items)
-        graphs = self.decode_graphs
+        decodes, steps = self.decode_graphs, self.step_graphs
         start = time.perf_counter()
         # A step with LoRA rows runs the modules: their linear layers add the deltas.
         lora = self.lora is not None and self.lora.activate(batch.items) is not None
-        if graphs is not None and not prompt_logprobs and not lora and graphs.can_replay(meta):
-            hidden = graphs.replay(input_ids, positions, meta)
+        replayable = not prompt_logprobs and not lora
+        if replayable and decodes is not None and layer_done is None and decodes.can_replay(meta):
+            hidden = decodes.replay(input_ids, positions, meta)
+        elif replayable and steps is not None and steps.can_replay(meta):
+            hidden = steps.replay(input_ids, positions, meta, layer_done)
         elif self.cpu_forward is not None and not lora:
             hidden = self.cpu_forward.run(input_ids, positions, meta)
         else:
@@ -204,26 +212,41 @@ class ModelRunner:
             for (r, _), t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
         ]
 
-    def plan_decode_graphs(self, capturer: GraphCapturer | None = None) -> int:
-        """Decide whether decode steps will replay graphs (`choose_capturer`: `capturer`
-        stands in for CUDA's). Returns how many blocks at the end of the KV cache the KV
-        cache manager must not be given: the graphs' scratch."""
+    def plan_graphs(self, capturer: GraphCapturer | None = None) -> int:
+        """Decide whether steps will replay graphs (`choose_capturer`: `capturer` stands in
+        for CUDA's). Returns how many blocks at the end of the KV cache the KV cache manager
+        must not be given: the graphs' scratch."""
         backend = self.model.model.layers[0].self_attn.backend.name
         self._graph_capturer = choose_capturer(self.config, self.device, backend, capturer)
         return 0 if self._graph_capturer is None else NUM_SCRATCH_BLOCKS
 
-    def capture_decode_graphs(self, max_model_len: int) -> None:
-        """Record the planned graphs (none if none were planned), once, at start-up."""
-        if self._graph_capturer is None or self.decode_graphs is not None:
+    def capture_graphs(self, max_model_len: int) -> None:
+        """Record the planned graphs (none if none were planned), once, at start-up: the
+        decode-only steps' (unless the config leaves them out), then, on a backend that
+        replays whole steps, the token-count buckets'."""
+        capturer, config = self._graph_capturer, self.config
+        if capturer is None or self.decode_graphs is not None or self.step_graphs is not None:
             return
-        self.decode_graphs = DecodeGraphs(
-            self.model,
-            self.kv_cache,
-            self._graph_capturer,
-            max_batch=min(self.config.max_num_seqs, self.config.max_num_batched_tokens),
-            max_model_len=max_model_len,
-            block_size=self.block_size,
-        )
+        if config.decode_graphs:
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                capturer,
+                max_batch=min(config.max_num_seqs, config.max_num_batched_tokens),
+                max_model_len=max_model_len,
+                block_size=self.block_size,
+            )
+        if self.model.model.layers[0].self_attn.backend.step_graphs:
+            self.step_graphs = StepGraphs(
+                self.model,
+                self.kv_cache,
+                capturer,
+                max_tokens=config.max_num_batched_tokens,
+                max_seqs=config.max_num_seqs,
+                max_model_len=max_model_len,
+                block_size=self.block_size,
+                scratch_block=self.kv_cache.shape[1] - NUM_SCRATCH_BLOCKS,
+            )
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
         """Every rank runs this (compute_logits may gather across TP ranks)."""

@@ -79,9 +79,9 @@ class PrefillWorker(WorkerBase):
     @classmethod
     def engine_config(cls, spec: WorkerSpec) -> EngineConfig:
         """A prefill worker's engine samples first tokens only: no speculation, no decode
-        graphs."""
+        graphs (its prompt steps keep theirs)."""
         config = super().engine_config(spec)
-        return replace(config, speculative=None, speculative_model=None, cuda_graphs=False)
+        return replace(config, speculative=None, speculative_model=None, decode_graphs=False)
 
     async def prefill(
         self,

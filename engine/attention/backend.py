@@ -76,6 +76,11 @@ class AttentionMetadata:
     decode_workspace: DecodeWorkspace | None = None
     """Set in a captured decode step (engine/cuda_graphs.py); backends without split-KV
     scratch ignore it."""
+    prefill_layout: Any | None = None
+    """Set in a captured step of any kind (engine/step_graphs.py) instead of `prefills`: the
+    chunks as fixed-size device tensors, padded (a backend with `step_graphs` reads it).
+    There every row of the step is given to `decode_into`, the rows that are not decodes
+    with a context length of 0."""
 
     @property
     def num_tokens(self) -> int:
@@ -96,6 +101,10 @@ class AttentionBackend(ABC):
     """
 
     name: str = ""
+    step_graphs: bool = False
+    """Whether a whole step, prompt chunks and decode rows together, can replay from a
+    graph: `prefill_into` reads `meta.prefill_layout` and `decode_into` passes over rows
+    of context length 0 (engine/step_graphs.py)."""
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata,
@@ -108,7 +117,7 @@ class AttentionBackend(ABC):
         nd = meta.num_decodes
         if nd:
             self.decode_into(out[:nd], q[:nd], kv_layer, meta, scale)
-        if meta.prefills:
+        if meta.prefills or meta.prefill_layout is not None:
             self.prefill_into(out, q, k, v, kv_layer, meta, scale)
         if meta.totals is not None:
             meta.totals.attention_s += time.perf_counter() - start

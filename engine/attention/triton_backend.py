@@ -4,7 +4,8 @@ on CPU under `TRITON_INTERPRET=1` (forced with BATON_ATTENTION=triton).
 Per layer: reshape-and-cache writes the step's new K/V, then the decode kernel serves the
 first `num_decodes` rows and the prefill kernel every chunk, all reading K/V from the cache.
 The chunk layout (device tensors and the kernel's tile list) is built once per step and kept
-in `meta.backend_state`, so every layer after the first reuses it.
+in `meta.backend_state`, so every layer after the first reuses it; a step replayed from a
+graph brings its fixed-size layout in `meta.prefill_layout` (engine/step_graphs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ _STATE_PREFIX = "triton_prefill."
 
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
+    step_graphs = True
 
     def __init__(self) -> None:
         # Imported here, not at module level, so registering this backend never needs triton.
@@ -54,6 +56,8 @@ class TritonPagedAttention(AttentionBackend):
         self._prefill(q, kv, self._layout(meta, q.device), scale, out=out)
 
     def _layout(self, meta: AttentionMetadata, device: torch.device):
+        if meta.prefill_layout is not None:
+            return meta.prefill_layout
         fields = [f.name for f in dataclasses.fields(self._layout_cls)]
         state = meta.backend_state
         if _STATE_PREFIX + fields[0] not in state:

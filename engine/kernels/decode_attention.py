@@ -60,6 +60,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if seq_len == 0:
+        return  # not a decode row (a captured step's prefill or padding rows): not ours
     split_len = tl.cdiv(seq_len, NUM_SPLITS)
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
@@ -94,7 +96,7 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_reduce_kernel(
-    partial_ptr, lse_ptr, out_ptr, NUM_SPLITS,
+    partial_ptr, lse_ptr, out_ptr, seq_lens_ptr, NUM_SPLITS,
     stride_pb, stride_ph, stride_ps,
     stride_lb, stride_lh,
     stride_ob, stride_oh,
@@ -102,6 +104,8 @@ def _decode_reduce_kernel(
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
+    if tl.load(seq_lens_ptr + b) == 0:
+        return
     s = tl.arange(0, BLOCK_S)
     s_mask = s < NUM_SPLITS
     d = tl.arange(0, BLOCK_D)
@@ -143,8 +147,10 @@ def paged_decode_attention(
     lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; kv_layer: [num_blocks, 2, block_size, Hk, D]; block_tables:
-    [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], each
-    >= 1, the context length including the new token. Returns [B, Hq, D] (into `out`).
+    [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], the
+    context length including the new token; a row of length 0 is not a decode row (a
+    captured mixed step's prompt or padding rows): its `out` row is left as it was.
+    Returns [B, Hq, D] (into `out`).
 
     `partial` ([B, Hq, num_splits, D]) and `lse` ([B, Hq, num_splits]), float32, are the
     split results' scratch; given (with `num_splits`), nothing is allocated and the launch
@@ -200,7 +206,7 @@ def paged_decode_attention(
     )  # fmt: skip
     if splits > 1:
         _decode_reduce_kernel[(batch, num_heads)](
-            partial, lse, out, splits,
+            partial, lse, out, seq_lens, splits,
             partial.stride(0), partial.stride(1), partial.stride(2),
             lse.stride(0), lse.stride(1),
             out.stride(0), out.stride(1),
@@ -221,6 +227,8 @@ def paged_decode_attention_ref(
     page = kv_layer.shape[2]
     for b in range(q.shape[0]):
         n = int(seq_lens[b])
+        if n == 0:
+            continue
         blocks = block_tables[b, : -(-n // page)].long()
         k = cached_values(kv_layer[blocks, 0].flatten(0, 1)[:n])  # [n, Hk, D]
         v = cached_values(kv_layer[blocks, 1].flatten(0, 1)[:n])

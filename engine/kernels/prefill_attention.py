@@ -10,7 +10,9 @@ chunked prefill, prefix-cache hits and KV received from another worker.
     query row r attends keys [0, prefix + r]   (causal, bottom-right aligned)
 
 The grid is (tile, query head): a tile is BLOCK_M query rows of one chunk. The host lists
-the tiles once per step (it knows the chunk lengths), so no program idles on padding.
+the tiles once per step (it knows the chunk lengths), so no program idles on padding; a
+step replayed from a CUDA graph (engine/step_graphs.py) launches a fixed number of tiles,
+and those past the step's list name a chunk of no queries and return at once.
 
 Tile sizes, warps and pipeline stages (`launch_config`) were picked by timing the candidates
 on an H100 (docs/performance.md, "The Triton kernels on an H100").
@@ -139,6 +141,8 @@ def _prefill_kernel(
     row0 = tl.load(tile_rows_ptr + tile)
     q_start = tl.load(starts_ptr + chunk)
     q_len = tl.load(qlens_ptr + chunk)
+    if row0 >= q_len:
+        return  # a padding tile of a captured step's fixed grid
     seq_len = tl.load(seqlens_ptr + chunk)
     prefix = seq_len - q_len
     kv_head = head // GROUP

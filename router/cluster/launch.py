@@ -49,7 +49,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         )
         options.update(pg_options)
     elif spec.device == "cuda":
-        options["num_gpus"] = 1
+        options["num_gpus"] = spec.gpus_per_worker
         options["num_cpus"] = 1
     else:
         options["num_cpus"] = 1
@@ -57,7 +57,11 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         worker_id=worker_id,
         role=WorkerRole.parse(pool),
         model_dir=spec.model_dir,
-        engine=replace(spec.engine_of(pool), device=spec.device),
+        engine=replace(
+            spec.engine_of(pool),
+            device=spec.device,
+            gpu_fraction=spec.gpus_per_worker if spec.device == "cuda" else 1.0,
+        ),
         transport=spec.transport,
         num_threads=spec.num_threads,
         engine_nice=spec.engine_nice,

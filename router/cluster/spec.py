@@ -38,6 +38,11 @@ class ClusterSpec:
     """Per-pool TP sizes (None: `tp`). They may differ: a decode worker takes each of its
     ranks' heads from the prefill ranks that hold them (worker/landing.py)."""
     device: str = "cpu"
+    gpus_per_worker: float = 1.0
+    """The part of a GPU each worker asks Ray for (a fractional `num_gpus`, CUDA only): at
+    0.5 a prefill and a decode worker share one GPU, each filling half of its memory share
+    (EngineConfig.gpu_fraction), and the KV moves between their processes over NIXL's CUDA
+    IPC. A worker of several TP ranks takes whole GPUs."""
     redis_url: str | None = None
     local: bool = True
     """A local single-node Ray that `baton serve` started (False: it joined a cluster): the
@@ -63,6 +68,13 @@ class ClusterSpec:
         for name, value in sizes.items():
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0 < self.gpus_per_worker <= 1:
+            raise ValueError(f"gpus_per_worker must be in (0, 1], got {self.gpus_per_worker}")
+        if self.gpus_per_worker < 1 and max(v or 1 for v in sizes.values()) > 1:
+            raise ValueError(
+                f"gpus_per_worker {self.gpus_per_worker} shares a GPU between workers; a "
+                "worker of several TP ranks takes whole GPUs (set gpus_per_worker 1 or tp 1)"
+            )
 
     def tp_of(self, pool: str) -> int:
         """The tensor-parallel size of a pool's workers."""

@@ -125,3 +125,23 @@ def test_triton_backend_decodes_into_the_steps_workspace() -> None:
     want = paged_decode_attention_ref(q, ctx.kv_layer, table, lens, 0.125)
     torch.testing.assert_close(out, want, **TOLERANCE[f32])
     assert not workspace.lse.isnan().any()  # the split results went there
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rows_of_no_context_are_left_as_they_were(splits: int) -> None:
+    """A captured mixed step gives the decode kernel every row; those that are not decodes
+    have context 0 and keep what the prefill kernel (or nobody) wrote there."""
+    ctx = make_paged_contexts([9, 40], 2, 64, 16, torch.float32, seed=6)
+    q = torch.randn(4, 4, 64)
+    lens = torch.tensor([*ctx.seq_lens, 0, 0], dtype=torch.int32)
+    table = padded_table([*ctx.block_ids, [0], [0]])
+    got = run_rows(q, ctx.kv_layer, table, lens, splits)
+    want = paged_decode_attention_ref(q[:2], ctx.kv_layer, table[:2], lens[:2], 0.125)
+    assert got[2:].isnan().all(), "a row of context 0 was written"
+    torch.testing.assert_close(got[:2], want, **TOLERANCE[torch.float32])
+
+
+def run_rows(q, kv_layer, table, lens, splits):
+    return paged_decode_attention(
+        q, kv_layer, table, lens, 0.125, splits, out=poisoned(tuple(q.shape), q.dtype)
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 # Read when `@triton.jit` runs: set before any kernel module is imported.
@@ -87,3 +88,28 @@ def test_any_tile_shape_gives_the_reference_answer(block_m: int, block_n: int) -
 def test_layout_rejects_a_chunk_longer_than_its_context() -> None:
     with pytest.raises(ValueError, match="query_len"):
         PrefillLayout.build([0], [5], [4], [[0]], torch.device("cpu"))
+
+
+def test_padding_tiles_of_a_fixed_grid_write_nothing() -> None:
+    """A captured step (engine/step_graphs.py) launches more tiles than its chunks fill: the
+    extra tiles name a chunk of no queries and leave every row as it was."""
+    chunks = [(5, 21), (16, 16)]
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], 2, 64, 16, torch.float32, seed=9)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), 4, 64)
+    exact = layout_for(ctx, query_lens)
+    int32 = dict(dtype=torch.int32)
+    padded = dataclasses.replace(
+        exact,
+        # A third chunk, of no queries, at the end of every per-chunk array.
+        query_starts=torch.cat([exact.query_starts, torch.zeros(1, **int32)]),
+        query_lens=torch.cat([exact.query_lens, torch.zeros(1, **int32)]),
+        seq_lens=torch.cat([exact.seq_lens, torch.zeros(1, **int32)]),
+        block_tables=torch.cat([exact.block_tables, exact.block_tables[:1]]),
+        tile_chunks=torch.cat([exact.tile_chunks, torch.full((3,), 2, **int32)]),
+        tile_rows=torch.cat([exact.tile_rows, torch.zeros(3, **int32)]),
+    )
+    got = paged_prefill_attention(q, ctx.kv_layer, padded, 0.1, out=poisoned(q.shape, q.dtype))
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, exact, 0.1)
+    assert got[:LEADING_ROWS].isnan().all(), "a padding tile wrote a row"
+    torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[torch.float32])

@@ -175,3 +175,18 @@ def test_ranks_agree_on_the_worst_numbers(tmp_path: Path) -> None:
     """TP ranks reduce their measurements before sizing, so every rank gets the same
     number of blocks (their schedulers must stay in lockstep)."""
     mp.spawn(_rank_max, args=(str(tmp_path / "init"),), nprocs=2, join=True)
+
+
+def test_a_worker_holding_part_of_the_device_fills_that_part(
+    model_config: ModelConfig, forwards: list[dict[str, Any]]
+) -> None:
+    # The first test's device: half a GPU at utilization 1 is utilization 0.5 of a whole one.
+    total = 2 * (WEIGHTS + ACTIVATION + NON_TORCH + 81 * block_bytes(model_config) // 2)
+    run = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=1.0, gpu_fraction=0.5)
+    assert run.kv_layout.num_blocks == 40
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5])
+def test_the_fraction_is_of_one_device(fraction: float) -> None:
+    with pytest.raises(ValueError, match="gpu_fraction"):
+        EngineConfig(gpu_fraction=fraction)

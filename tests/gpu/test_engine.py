@@ -36,6 +36,9 @@ def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str) -> Non
               max_num_batched_tokens=64)  # fmt: skip
     assert attention_backend(llm) == "triton"
     assert llm.engine.runner.kv_cache.is_cuda
+    # Every step replays a CUDA graph: decode-only steps by batch size, the rest by tokens.
+    assert llm.engine.runner.decode_graphs is not None
+    assert llm.engine.runner.step_graphs is not None
     prompts = make_prompts(llm.engine.model_config.vocab_size)
     want = [oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS, "cuda") for p in prompts]
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want

@@ -1,5 +1,5 @@
-"""A decode-graph capturer for CPU tests: replays re-run the recorded step on the static
-buffers (engine.cuda_graphs.RerunCapturer), counted per captured batch size."""
+"""A graph capturer for CPU tests: replays re-run the recorded step on the static buffers
+(engine.cuda_graphs.RerunCapturer), counted per captured batch size or token bucket."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from engine.engine import LLMEngine
 class CountingCapturer(RerunCapturer):
     def __init__(self) -> None:
         self.replays: list[int] = []
-        """Per recorded function, in capture order (largest size first)."""
+        """Per recorded function, in capture order: the decode graphs (largest size first),
+        then the step graphs (largest bucket first)."""
 
     def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
         index = len(self.replays)
@@ -25,7 +26,18 @@ class CountingCapturer(RerunCapturer):
         return replay
 
     def by_size(self, engine: LLMEngine) -> dict[int, int]:
-        """Replays per batch size of `engine`, the engine this capturer recorded for."""
+        """Decode-graph replays per batch size of `engine`, the engine this capturer
+        recorded for."""
         graphs = engine.runner.decode_graphs
         assert graphs is not None
-        return dict(zip(reversed(graphs.sizes), self.replays, strict=True))
+        counts = self.replays[: len(graphs.sizes)]
+        return dict(zip(reversed(graphs.sizes), counts, strict=True))
+
+    def by_bucket(self, engine: LLMEngine) -> dict[int, int]:
+        """Step-graph replays per token bucket of `engine`."""
+        graphs = engine.runner.step_graphs
+        assert graphs is not None
+        decodes = engine.runner.decode_graphs
+        first = 0 if decodes is None else len(decodes.sizes)
+        counts = self.replays[first : first + len(graphs.sizes)]
+        return dict(zip(reversed(graphs.sizes), counts, strict=True))

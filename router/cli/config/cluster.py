@@ -81,6 +81,12 @@ class ClusterOptions:
         minimum=1,
         metavar="N",
     )
+    gpus_per_worker: float = knob(
+        default_of(ClusterSpec, "gpus_per_worker"),
+        "the part of a GPU each worker takes (Ray's fractional GPUs; CUDA, TP 1): 0.5 puts a "
+        "prefill and a decode worker on one GPU, each filling half of --gpu-memory-utilization",
+        metavar="F",
+    )
     prefill_layout: PoolLayout | None = knob(
         None,
         "the prefill pool's own TP size, block size and KV cache dtype where they differ from "

@@ -100,6 +100,13 @@ class ServeConfig:
             raise ConfigError("--prefill-layout and --decode-layout need --mode disaggregated")
         if self.cluster.attach and not self.cluster.address:
             raise ConfigError("--attach serves a running cluster: give its --address")
+        cluster = self.cluster
+        if not 0 < cluster.gpus_per_worker <= 1:
+            raise ConfigError("--gpus-per-worker must be in (0, 1]")
+        layouts = (cluster.prefill_layout, cluster.decode_layout)
+        tps = [cluster.tp, *(layout.tp for layout in layouts if layout and layout.tp)]
+        if cluster.gpus_per_worker < 1 and max(tps) > 1:
+            raise ConfigError("--gpus-per-worker below 1 needs TP 1 (TP ranks take whole GPUs)")
         try:
             self.autoscale.autoscale_config()
         except ValueError as e:
@@ -158,6 +165,7 @@ class ServeConfig:
             cpu_bind=self.engine.cpu_bind,
             tp=cluster.tp,
             device=device,
+            gpus_per_worker=cluster.gpus_per_worker,
             redis_url=cluster.redis,
             local=cluster.address is None,
             autoscale=self.autoscale.autoscale_config(),

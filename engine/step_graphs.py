@@ -1,0 +1,238 @@
+"""Whole steps replayed from CUDA graphs, prompt chunks and decode rows together: one graph
+per token-count bucket, recorded at start-up, so a step that holds a prompt costs a few
+copies and one launch instead of every layer's kernels launched from Python (on an H100 a
+1.1B model's eager prompt step cost 11-16 ms at any length up to 2,048 tokens: the host's
+launches, not the card's work).
+
+A graph replays fixed launches, so each kernel's grid is fixed per bucket of T tokens and the
+step is copied into static buffers, padded up to T:
+
+    rows            0 .. nd-1: decodes          nd .. n-1: prompt chunks    n .. T-1: padding
+    K/V slot        its own                     its own                     (scratch block, 0)
+    decode kernel   D = min(T, rows) programs a KV head: rows past nd have context 0, return
+    prefill kernel  T // 64 + C tiles: tiles past the step's list name chunk C (no queries)
+
+Padding rows write their K/V into the scratch block (engine/cuda_graphs.py) and nobody attends
+to them; their outputs, left in their own rows, are dropped. Rows never mix anywhere else in
+a step (linears, norms, rotary act row by row), so padding cannot reach a real row.
+
+Decode-only steps replay the decode graphs (engine/cuda_graphs.py: exact batch sizes, no
+prefill launch); these take every other step the Triton backend runs, prompts alone
+included, within the buckets' limits (tokens, decode rows, chunks). Prompt logprobs and
+LoRA rows run eagerly.
+
+A prefill worker sends each layer's K/V as soon as it is written: the graph records one CUDA
+event after each layer (an event record node, `external=True`), and after the replay is
+launched the connector's hook gets every layer's event at once, as an eager step gives it
+each layer's as it is launched.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.attention.backend import AttentionMetadata, DecodeWorkspace
+from engine.cuda_graphs import GraphCapturer, free_device_bytes, num_splits
+from engine.kv_cache.manager import cdiv
+from engine.kv_connector import LayerHook
+
+logger = logging.getLogger(__name__)
+
+BLOCK_M = 64
+"""The prefill kernel's query rows a tile (engine/kernels/prefill_attention.py)."""
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """16, 32, 64, 96, 128, then steps of 64 to 512, of 128 to 1,024 and of 256 beyond, up
+    to `max_tokens`, which is one too: past 256 tokens a step pads by at most a quarter
+    (rows the GEMMs compute for nothing), with 19 graphs for a 2,048-token budget."""
+    sizes = {s for s in (16, 32, 64, 96) if s < max_tokens}
+    for low, high, step in ((128, 512, 64), (512, 1024, 128), (1024, max_tokens, 256)):
+        sizes.update(range(low, min(high, max_tokens), step))
+    sizes.add(max_tokens)
+    return sorted(sizes)
+
+
+class StepGraphs:
+    """The static buffers and one recorded forward pass per token bucket. Built once, after
+    the KV cache exists (and after the decode graphs: they share its scratch block)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_cache: torch.Tensor,
+        capturer: GraphCapturer,
+        *,
+        max_tokens: int,
+        max_seqs: int,
+        max_model_len: int,
+        block_size: int,
+        scratch_block: int,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.sizes = token_buckets(max_tokens)
+        self.max_tokens = self.sizes[-1]
+        self.max_decodes = min(max_seqs, self.max_tokens)
+        self.max_chunks = min(max_seqs, self.max_tokens)
+        self.max_tiles = self.max_tokens // BLOCK_M + self.max_chunks
+        width = cdiv(max_model_len, block_size)
+        attn = model.model.layers[0].self_attn
+        num_heads, num_kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        dev, n, c = kv_cache.device, self.max_tokens, self.max_chunks + 1
+        self.num_layers = len(model.model.layers)
+        self.events = [capturer.event() for _ in range(self.num_layers)]
+        with torch.inference_mode():
+            self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
+            self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+            self.slot_blocks = torch.full((n,), scratch_block, dtype=torch.long, device=dev)
+            self.slot_offsets = torch.zeros(n, dtype=torch.long, device=dev)
+            self.decode_lens = torch.zeros(self.max_decodes, dtype=torch.long, device=dev)
+            self.decode_tables = torch.zeros(self.max_decodes, width, dtype=torch.long, device=dev)
+            # Chunk starts, lengths and context lengths, then each tile's chunk and first row:
+            # one int32 buffer, so a step's chunk layout is one copy.
+            self.index = torch.zeros(3 * c + 2 * self.max_tiles, dtype=torch.int32, device=dev)
+            self.chunk_tables = torch.zeros(c, width, dtype=torch.long, device=dev)
+            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
+            self._host_index = torch.zeros(self.index.shape, dtype=torch.int32)
+            if dev.type == "cuda":
+                self._host_index = self._host_index.pin_memory()
+            max_context = width * block_size
+            splits = {
+                t: num_splits(min(t, self.max_decodes), num_kv_heads, max_context, dev)
+                for t in self.sizes
+            }
+            rows = max(min(t, self.max_decodes) * splits[t] for t in self.sizes)
+            self._partial = torch.empty(
+                rows * num_heads * head_dim, dtype=torch.float32, device=dev
+            )
+            self._lse = torch.empty(rows * num_heads, dtype=torch.float32, device=dev)
+            start, free_before = time.monotonic(), free_device_bytes(dev)
+            self._replays = {
+                t: capturer.capture(self._forward_fn(t, splits[t], num_heads, head_dim))
+                for t in reversed(self.sizes)
+            }
+        self.capture_s = time.monotonic() - start
+        free_after = free_device_bytes(dev)
+        self.graph_bytes = None
+        if free_before is not None and free_after is not None:
+            self.graph_bytes = free_before - free_after
+        logger.info(
+            "step graphs for %d token buckets %s in %.1f s%s",
+            len(self.sizes),
+            self.sizes,
+            self.capture_s,
+            "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB",
+        )
+
+    def _layout(self, tiles: int):
+        from engine.kernels.prefill_attention import PrefillLayout
+
+        c, m = self.max_chunks + 1, self.max_tiles
+        return PrefillLayout(
+            query_starts=self.index[:c],
+            query_lens=self.index[c : 2 * c],
+            seq_lens=self.index[2 * c : 3 * c],
+            block_tables=self.chunk_tables,
+            tile_chunks=self.index[3 * c : 3 * c + tiles],
+            tile_rows=self.index[3 * c + m : 3 * c + m + tiles],
+            block_m=BLOCK_M,
+        )
+
+    def _forward_fn(
+        self, size: int, splits: int, num_heads: int, head_dim: int
+    ) -> Callable[[], None]:
+        decodes = min(size, self.max_decodes)
+        workspace = DecodeWorkspace(
+            splits,
+            self._partial[: decodes * num_heads * splits * head_dim].view(
+                decodes, num_heads, splits, head_dim
+            ),
+            self._lse[: decodes * num_heads * splits].view(decodes, num_heads, splits),
+        )
+        events = self.events
+        meta = AttentionMetadata(
+            block_size=self.block_size,
+            slot_blocks=self.slot_blocks[:size],
+            slot_offsets=self.slot_offsets[:size],
+            num_decodes=decodes,
+            decode_block_tables=self.decode_tables[:decodes],
+            decode_seq_lens=self.decode_lens[:decodes],
+            decode_workspace=workspace,
+            prefill_layout=self._layout(min(size // BLOCK_M + self.max_chunks, self.max_tiles)),
+            layer_done=None if events[0] is None else lambda i: events[i].record(),
+        )
+        ids, pos = self.input_ids[:size], self.positions[:size]
+
+        def forward() -> None:
+            meta.backend_state.clear()
+            self.hidden[:size].copy_(self.model(ids, pos, self.kv_cache, meta))
+
+        return forward
+
+    def can_replay(self, meta: AttentionMetadata) -> bool:
+        """A step of at most the largest bucket's tokens, decode rows and chunks, whose
+        tiles fit its bucket's grid."""
+        n, chunks = meta.num_tokens, meta.prefills
+        if not 0 < n <= self.max_tokens or meta.num_decodes > self.max_decodes:
+            return False
+        if len(chunks) > self.max_chunks:
+            return False
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        tiles = sum(cdiv(c.query_len, BLOCK_M) for c in chunks)
+        return tiles <= min(size // BLOCK_M + self.max_chunks, self.max_tiles)
+
+    def replay(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        layer_done: LayerHook | None = None,
+    ) -> torch.Tensor:
+        """The step's final hidden states ([n, hidden], a view of the static output: read it
+        before the next replay). `meta` is the eager step's; `layer_done` gets each layer's
+        index and the event after which its K/V is written, once the replay is launched."""
+        n, nd, chunks = meta.num_tokens, meta.num_decodes, meta.prefills
+        size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_blocks[:n].copy_(meta.slot_blocks)
+        self.slot_offsets[:n].copy_(meta.slot_offsets)
+        self.slot_blocks[n:size] = self.scratch_block
+        self.slot_offsets[n:size] = 0
+        if nd:
+            width = meta.decode_block_tables.shape[1]
+            self.decode_tables[:nd, :width].copy_(meta.decode_block_tables)
+            self.decode_lens[:nd].copy_(meta.decode_seq_lens)
+        self.decode_lens[nd : min(size, self.max_decodes)] = 0
+        c, m = self.max_chunks + 1, self.max_tiles
+        host = self._host_index.numpy()  # element writes in numpy: ~20x torch's per item
+        host[: 3 * c] = 0
+        host[3 * c : 3 * c + m] = self.max_chunks  # padding tiles: the chunk of no queries
+        tile = 0
+        for i, chunk in enumerate(chunks):
+            host[i], host[c + i], host[2 * c + i] = (
+                chunk.query_start,
+                chunk.query_len,
+                chunk.seq_len,
+            )
+            self.chunk_tables[i, : chunk.block_ids.shape[0]].copy_(chunk.block_ids)
+            for row in range(0, chunk.query_len, BLOCK_M):
+                host[3 * c + tile], host[3 * c + m + tile] = i, row
+                tile += 1
+        # Blocking: the host buffer is written again next step (the copy is one small DMA,
+        # and at a step's start the stream has nothing queued to wait for).
+        self.index.copy_(self._host_index)
+        self._replays[size]()
+        if layer_done is not None:
+            for i in range(self.num_layers):
+                layer_done(i, self.events[i])
+        return self.hidden[:n]

@@ -1,0 +1,157 @@
+"""Whole steps through the static buffers of engine/step_graphs.py, on CPU under the Triton
+interpreter: a capturer that "replays" by running the recorded step again gives everything
+but the CUDA graph (token buckets, the fixed launch grids with their padding rows and tiles,
+the scratch block, the chunk layout copied in). Greedy tokens equal transformers'."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+
+from core.config import EngineConfig
+from core.request import EngineRequest, RequestOutput
+from core.sampling import SamplingParams
+from engine.engine import LLMEngine
+from engine.kv_connector import LayerHook
+from engine.request import Request
+from engine.step_graphs import token_buckets
+from tests.engine.test_parity import GREEDY, hf_greedy, make_prompts
+from tests.support.graph_capturer import CountingCapturer
+from tests.support.handoff import ParkingConnector, run_disaggregated
+
+
+def make_engine(model_dir, capturer: CountingCapturer | None, **config: object) -> LLMEngine:
+    settings: dict[str, object] = dict(
+        num_kv_blocks=64, max_num_seqs=4, max_num_batched_tokens=40, num_threads=1
+    )
+    return LLMEngine(model_dir, EngineConfig(**{**settings, **config}), capturer=capturer)
+
+
+def test_token_buckets() -> None:
+    assert token_buckets(16) == [16]
+    assert token_buckets(40) == [16, 32, 40]
+    assert token_buckets(2048) == [
+        16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024,
+        1280, 1536, 1792, 2048,
+    ]  # fmt: skip
+    # Past 256 tokens a step pads by at most a quarter.
+    sizes = [s for s in token_buckets(8192) if s >= 256]
+    assert all(b <= a * 1.25 for a, b in itertools.pairwise(sizes))
+
+
+@pytest.fixture
+def triton(monkeypatch) -> None:
+    monkeypatch.setenv("BATON_ATTENTION", "triton")
+
+
+def steps_until_done(engine: LLMEngine, prompts: list[list[int]], tag: str) -> list[list[int]]:
+    outs = {f"{tag}{i}": RequestOutput(f"{tag}{i}", p) for i, p in enumerate(prompts)}
+    for rid, p in zip(outs, prompts, strict=True):
+        engine.add_request(rid, p, GREEDY)
+    while engine.has_unfinished():
+        for delta in engine.step():
+            outs[delta.request_id].add(delta)
+    engine.check_invariants()
+    return [o.token_ids for o in outs.values()]
+
+
+def test_every_step_replays_and_gives_transformers_tokens(tiny_model_dir, triton) -> None:
+    model_dir = tiny_model_dir("llama")
+    capturer = CountingCapturer()
+    engine = make_engine(model_dir, capturer)
+    assert engine.runner.step_graphs is not None and engine.runner.step_graphs.sizes == [16, 32, 40]
+    # Prompts of 33, 65 and 100 tokens in a 40-token budget: chunks alone, chunks beside
+    # decodes, two chunks in one step; then the same prompts over their cached prefixes.
+    prompts = [make_prompts(engine.model_config.vocab_size)[i] for i in (7, 11, 13)]
+    want = [hf_greedy(str(model_dir), tuple(p)) for p in prompts]
+    steps = engine.step_totals.steps
+    assert steps_until_done(engine, prompts, "a") == want
+    again = steps_until_done(engine, prompts[1:], "b")
+    assert again == want[1:]
+    buckets = capturer.by_bucket(engine)
+    assert buckets[16] and buckets[40], buckets  # a chunk's tail padded, whole budgets
+    # Every step replayed a graph: a step graph, or a decode graph for decode-only steps.
+    replays = sum(buckets.values()) + sum(capturer.by_size(engine).values())
+    assert replays == engine.step_totals.steps - steps
+
+
+def test_padding_rows_write_only_the_scratch_block(tiny_model_dir, triton) -> None:
+    capturer = CountingCapturer()
+    engine = make_engine(tiny_model_dir("llama"), capturer, max_num_batched_tokens=32)
+    graphs = engine.runner.step_graphs
+    assert graphs is not None and graphs.scratch_block == engine.kv.pool.num_blocks
+    kv, bs = engine.runner.kv_cache, engine.config.block_size
+    sentinel = 1234.5
+    kv.fill_(sentinel)
+    # 21 tokens: padded to the 32 bucket.
+    engine.add_request("a", list(range(3, 24)), GREEDY)
+    engine.step()
+    assert capturer.by_bucket(engine)[32] == 1
+    blocks = engine.kv.block_ids("a")
+    want = {(blocks[p // bs], p % bs) for p in range(21)} | {(graphs.scratch_block, 0)}
+    written = (kv != sentinel).transpose(2, 3).flatten(start_dim=3).any(-1).any(0)
+    assert {(b, o) for b, o in written.nonzero().tolist()} == want
+
+
+def test_steps_past_the_grids_run_eagerly(tiny_model_dir, triton) -> None:
+    capturer = CountingCapturer()
+    engine = make_engine(tiny_model_dir("llama"), capturer, max_num_seqs=2)
+    graphs = engine.runner.step_graphs
+    assert graphs is not None and graphs.max_chunks == 2
+    # Prompt logprobs: eager (the hidden states of every prompt row are read).
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=2, prompt_logprobs=1))
+    engine.step()
+    assert sum(capturer.replays) == 0
+
+
+SENTINEL = 1234.5
+
+
+class HookedConnector(ParkingConnector):
+    """Parks prompts as the prefill worker's connector does, and sees the layer hook: what
+    each layer's slots hold when the hook is called for it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        super().__init__(engine)
+        self.calls: list[tuple[int, object]] = []
+        self.seen: dict[int, torch.Tensor] = {}
+        self.blocks: list[int] = []
+
+    def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
+        blocks = [b for _, ids in completing for b in ids]
+        self.blocks = blocks
+
+        def hook(layer: int, event: object) -> None:
+            self.calls.append((layer, event))
+            self.seen[layer] = self.engine.runner.kv_cache[layer, blocks].clone()
+
+        return hook if completing else None
+
+
+def test_a_prefill_engine_sends_each_layer_from_its_replay(tiny_model_dir, triton) -> None:
+    model_dir = tiny_model_dir("llama")
+    capturer = CountingCapturer()
+    prefill = make_engine(model_dir, capturer, decode_graphs=False)
+    assert prefill.runner.decode_graphs is None and prefill.runner.step_graphs is not None
+    connector = HookedConnector(prefill)
+    prefill.runner.kv_cache.fill_(SENTINEL)
+    decode = make_engine(model_dir, None)
+    prompt = make_prompts(prefill.model_config.vocab_size)[9]  # 48 tokens: two chunks
+    request = EngineRequest("r", prompt[:48], GREEDY)  # three whole blocks
+    deltas = run_disaggregated(prefill, decode, request)
+    assert [t for d in deltas for t in d.new_token_ids] == hf_greedy(
+        str(model_dir), tuple(prompt[:48])
+    )
+    assert sum(capturer.by_bucket(prefill).values()) == 2  # both chunks replayed
+    # The step completing the prompt called the hook once a layer, in order, each after its
+    # layer was written (no event on CPU: the replay has run when the hook is called).
+    layers = prefill.model_config.num_hidden_layers
+    assert connector.calls == [(i, None) for i in range(layers)]
+    for i in range(layers):
+        assert torch.equal(connector.seen[i], prefill.runner.kv_cache[i, connector.blocks])
+        assert not (connector.seen[i] == SENTINEL).any()  # every slot of the prompt written
