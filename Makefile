@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install serve demo test test-gpu bench-kernels lint format bench-engine
+.PHONY: install serve demo test test-gpu gpu-check bench-kernels lint format bench-engine
 
 install: .install-stamp
 
@@ -39,6 +39,11 @@ test: install
 # interpreter on for the whole process.
 test-gpu:
 	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider -m gpu tests
+
+# On the GPU host, with nothing installed there (bench/device/check.py): the device check,
+# at most 8 minutes, its JSON and table in $$OUT (or here). `--dry-run` runs it on a CPU.
+gpu-check:
+	$(PYTHON) -m bench.device.check
 
 bench-kernels:
 	$(PYTHON) -m bench.engine.kernels

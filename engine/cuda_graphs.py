@@ -191,15 +191,16 @@ class DecodeGraphs:
                 s: capturer.capture(self._forward_fn(s, splits[s], num_heads, head_dim))
                 for s in reversed(self.sizes)
             }
-        free_after, took = free_device_bytes(dev), ""
+        self.capture_s = time.monotonic() - start
+        free_after, self.graph_bytes = free_device_bytes(dev), None
         if free_before is not None and free_after is not None:
-            took = f", {(free_before - free_after) / 2**30:.2f} GiB"
+            self.graph_bytes = free_before - free_after
         logger.info(
             "decode graphs for batch sizes %s (block tables %d wide) in %.1f s%s",
             self.sizes,
             self.max_blocks_per_seq,
-            time.monotonic() - start,
-            took,
+            self.capture_s,
+            "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB",
         )
 
     def _forward_fn(

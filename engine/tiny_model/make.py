@@ -26,9 +26,11 @@ def make_tiny_model(
     preset: str = "tiny",
     seed: int = 0,
     dtype: str = "float32",
+    device: str = "cpu",
     **overrides: Any,
 ) -> Path:
-    """Writes the model folder and returns its path. See the package docstring."""
+    """Writes the model folder and returns its path (weights drawn on `device`). See the
+    package docstring."""
     check_choices(arch, preset, dtype, overrides)
     shards = int(overrides.pop("shards", 1) or 1)
     force = bool(overrides.pop("force", False))
@@ -60,7 +62,7 @@ def make_tiny_model(
     # Special tokens other than the two ends are kept out of greedy output (see draw_weights).
     specials = tokenizer.get_added_tokens_decoder()
     quiet = sorted(i for i in specials if i not in (eos, eot))
-    weights = draw_weights(config, seed=seed, quiet_token_ids=quiet)
+    weights = draw_weights(config, seed=seed, quiet_token_ids=quiet, device=device)
     write_safetensors(out, weights, dtype=dtype, shards=shards)
     return out
 

@@ -67,10 +67,14 @@ def parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def draw_weights(
-    config: dict[str, Any], seed: int, quiet_token_ids: list[int] | None = None
+    config: dict[str, Any],
+    seed: int,
+    quiet_token_ids: list[int] | None = None,
+    device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """fp32 random weights. Each tensor has its own generator seeded by (seed, name), so a
-    tensor doesn't change when unrelated options (layer count, biases) do.
+    """fp32 random weights, drawn on `device` (a GPU draws an 8B model's in seconds; each
+    device draws its own values). Each tensor has its own generator seeded by (seed, name),
+    so a tensor doesn't change when unrelated options (layer count, biases) do.
 
     `quiet_token_ids` get output rows near zero, so greedy decoding practically never picks
     them (as with the untrained reserved tokens of real Llama 3 checkpoints): reserved
@@ -80,8 +84,8 @@ def draw_weights(
     tied = config["tie_word_embeddings"]
     weights: dict[str, torch.Tensor] = {}
     for name, shape in parameter_shapes(config).items():
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        noise = torch.randn(shape, generator=gen, dtype=torch.float32)
+        gen = torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        noise = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
         if name == "model.norm.weight" and tied:
             # The tied head is small (see TIED_EMBED_STD): the final norm restores the spread.
             gain = LOGIT_STD / (TIED_EMBED_STD * math.sqrt(hidden))
@@ -109,7 +113,7 @@ def write_safetensors(
 ) -> list[Path]:
     """model.safetensors, or `shards` files of about equal size plus the HF index."""
     torch_dtype = getattr(torch, dtype)
-    tensors = {name: t.to(torch_dtype).contiguous() for name, t in weights.items()}
+    tensors = {name: t.to(torch_dtype).contiguous().cpu() for name, t in weights.items()}
     metadata = {"format": "pt"}
     if shards <= 1:
         path = out / "model.safetensors"

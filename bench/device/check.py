@@ -1,0 +1,228 @@
+"""The device check: one prepared run on a GPU, at most 8 minutes, every figure written to
+JSON as soon as it is measured (a run cut short keeps what it had), a table at the end.
+
+    make gpu-check                                            # on the GPU host
+    python -m bench.device.check --out DIR/device_check.json [--budget-s 480]
+    python -m bench.device.check --dry-run --out /tmp/dry.json  # on CPU: tiny model and shapes
+
+Sections, in this order, each skipped (with why) when the time left is under its estimate:
+
+    hardware    a device-to-device copy's GB/s and a bf16 matmul's TFLOP/s: the floors' rates
+    kernels     Triton prefill attention against every SDPA backend at 1 x 4,096 and 8 x 1,024
+    checkpoint  a random Llama-3.1-8B-shaped checkpoint, drawn on the device, bf16
+    engine      decode at batch 1 and 64 x 2,048 context, 2,048- / 256- / 128-token prefills,
+                each beside its floor; offline 1 x 128 -> 128 and 64 x 512 -> 128
+    gpu_suite   tests/gpu (pytest -m gpu) in a subprocess
+    peer        transformers on the same checkpoint in a subprocess: eager, static cache,
+                static cache + torch.compile while the budget lasts
+    served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),
+                `baton bench` fixed 256 -> 64 at three rates (needs Ray on the host)
+
+The dry run takes the same code paths on the CPU with the tiny model (Triton under its
+interpreter), so the CPU suite knows the script works before it meets a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.device import figures, targets
+
+
+@dataclass
+class Run:
+    """The JSON the check writes, rewritten after every section."""
+
+    out: Path
+    dry_run: bool
+    budget_s: float
+    start: float = field(default_factory=time.monotonic)
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def left_s(self) -> float:
+        return self.budget_s - (time.monotonic() - self.start)
+
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.report, indent=2, default=str))
+        tmp.replace(self.out)
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    estimate_s: float
+    """Device seconds it is expected to take (skipped when less is left)."""
+    run: Callable[[Run], dict[str, Any]]
+
+
+def _device(run: Run) -> torch.device:
+    return torch.device("cpu" if run.dry_run else "cuda")
+
+
+def hardware(run: Run) -> dict[str, Any]:
+    return figures.hardware_rates(_device(run), small=run.dry_run)
+
+
+def kernels(run: Run) -> dict[str, Any]:
+    return figures.prefill_attention_against_sdpa(_device(run), small=run.dry_run)
+
+
+def checkpoint(run: Run) -> dict[str, Any]:
+    folder = run.out.parent / "checkpoint"
+    return figures.make_checkpoint(folder, _device(run), small=run.dry_run)
+
+
+def engine(run: Run) -> dict[str, Any]:
+    made = run.report["sections"].get("checkpoint", {})
+    rates = run.report["sections"].get("hardware", {})
+    if "path" not in made:
+        raise RuntimeError("no checkpoint (its section did not finish)")
+    return figures.engine_figures(Path(made["path"]), _device(run), rates, small=run.dry_run)
+
+
+def gpu_suite(run: Run) -> dict[str, Any]:
+    args = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-m", "gpu"]
+    if run.dry_run:
+        args.append("--collect-only")  # no GPU to run them on: that they collect
+    timeout = max(30.0, run.left_s() - 30)
+    done = subprocess.run(
+        [*args, "tests/gpu"], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    return {
+        "returncode": done.returncode,
+        "summary": lines[-1] if lines else "",
+        "tail": lines[-15:],
+    }
+
+
+def peer(run: Run) -> dict[str, Any]:
+    made = run.report["sections"].get("checkpoint", {})
+    if "path" not in made:
+        raise RuntimeError("no checkpoint (its section did not finish)")
+    out = run.out.parent / "peer.json"
+    args = [sys.executable, "-m", "bench.device.hf_peer", made["path"], "--out", str(out)]
+    if run.dry_run:
+        args.append("--dry-run")
+    timeout = max(30.0, run.left_s() - 20)
+    try:
+        subprocess.run(args, timeout=timeout, check=False)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True  # what it wrote so far stands
+    result = json.loads(out.read_text()) if out.exists() else {}
+    rates = {k: v.get("tokens_s") for k, v in result.items() if isinstance(v, dict)}
+    return {
+        **result,
+        "timed_out": timed_out,
+        "headline": {f"{k}_tok_s": v for k, v in rates.items()},
+    }
+
+
+def served(run: Run) -> dict[str, Any]:
+    from bench.device import served as serving
+
+    made = run.report["sections"].get("checkpoint", {})
+    if "path" not in made:
+        raise RuntimeError("no checkpoint (its section did not finish)")
+    return serving.served_figures(Path(made["path"]), run.out.parent, run.dry_run, run.left_s)
+
+
+SECTIONS = [
+    Section("hardware", 10, hardware),
+    Section("kernels", 25, kernels),
+    Section("checkpoint", 60, checkpoint),
+    Section("engine", 120, engine),
+    Section("gpu_suite", 120, gpu_suite),
+    Section("peer", 90, peer),
+    Section("served", 120, served),
+]
+
+
+def describe_host(dry_run: bool) -> dict[str, Any]:
+    host = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "dry_run": dry_run,
+    }
+    if torch.cuda.is_available() and not dry_run:
+        host["device"] = torch.cuda.get_device_name(0)
+        host["device_memory_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+    else:
+        host["device"] = platform.processor() or platform.machine()
+    try:
+        import triton
+
+        host["triton"] = triton.__version__
+    except ImportError:
+        host["triton"] = None
+    return host
+
+
+def check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None = None) -> Run:
+    run = Run(out, dry_run, budget_s)
+    run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
+    run.save()
+    for section in SECTIONS:
+        if only and section.name not in only:
+            continue
+        started = time.monotonic()
+        if run.left_s() < section.estimate_s:
+            result: dict[str, Any] = {
+                "skipped": f"{run.left_s():.0f} s left, needs ~{section.estimate_s:.0f}"
+            }
+        else:
+            print(f"[{time.monotonic() - run.start:6.1f} s] {section.name}", flush=True)
+            try:
+                result = section.run(run)
+            except Exception as e:  # a section's failure is a finding, not the end
+                result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        result["took_s"] = round(time.monotonic() - started, 2)
+        run.report["sections"][section.name] = result
+        run.save()
+    run.report["total_s"] = round(time.monotonic() - run.start, 1)
+    run.report["targets"] = targets.evaluate(run.report)
+    run.save()
+    print(figures.table(run.report))
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "device_check.json"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model and shapes")
+    parser.add_argument(
+        "--budget-s", type=float, default=480.0, help="stop starting sections past this"
+    )
+    parser.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SECTIONS])
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    elif not torch.cuda.is_available():
+        print("bench.device.check: no CUDA device; --dry-run runs it on the CPU")
+        return 2
+    run = check(args.out, args.dry_run, args.budget_s, args.only)
+    failed = [n for n, r in run.report["sections"].items() if "error" in r]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

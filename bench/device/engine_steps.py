@@ -1,0 +1,191 @@
+"""The engine's steps on the device check's checkpoint, each beside its floor (see
+figures.py), and its offline throughput: the figures the GPU targets are judged on.
+
+    decode_b1       a 128-token prompt's decode steps (median)
+    decode_b64      64 sequences of 2,048 prompt tokens decoding together (median step)
+    prefill_N       one N-token prompt's step: its forward, its first token (median of 3)
+    offline_b1      1 x 128 -> 128, output tokens a second
+    offline_b64     64 x 512 -> 128, output tokens a second
+
+Every step is timed on the host around `engine.step()` (which ends in the sampled tokens'
+copy to the host, so the device is done), and counted as a graph replay or an eager step.
+The dry run scales every length and batch down (SCALES) and replays through the static
+buffers with the re-running capturer.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.device.figures import sync
+from core.config import EngineConfig
+from core.sampling import SamplingParams
+
+FULL = dict(b1_prompt=128, b1_steps=32, b64=64, b64_context=2048, b64_steps=8,
+            prefills=(2048, 256, 128), offline_b1=(128, 128), offline_b64=(64, 512, 128),
+            budget=2048, max_model_len=4096)  # fmt: skip
+DRY = dict(b1_prompt=16, b1_steps=4, b64=4, b64_context=64, b64_steps=2,
+           prefills=(64, 32, 16), offline_b1=(16, 8), offline_b64=(4, 32, 8),
+           budget=64, max_model_len=256)  # fmt: skip
+
+
+class Counted:
+    """Counts the replays of one graph set (wraps its `replay`)."""
+
+    def __init__(self, graphs: Any) -> None:
+        self.count = 0
+        if graphs is not None:
+            replay = graphs.replay
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.count += 1
+                return replay(*args, **kwargs)
+
+            graphs.replay = counted
+
+
+def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(16, vocab) for _ in range(n)]
+
+
+def _params(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool) -> dict:
+    from engine.cuda_graphs import RerunCapturer
+    from engine.engine import LLMEngine
+
+    sizes = DRY if small else FULL
+    config = EngineConfig(
+        device=device.type, dtype="bfloat16", attention_backend="triton",
+        max_num_seqs=64 if not small else 8, max_num_batched_tokens=sizes["budget"],
+        max_model_len=sizes["max_model_len"], enable_prefix_caching=False,
+        gpu_memory_utilization=0.6, num_kv_blocks=512 if small else None,
+        num_threads=1 if small else None,
+    )  # fmt: skip
+    start = time.monotonic()
+    engine = LLMEngine(model_dir, config, capturer=RerunCapturer() if small else None)
+    out: dict[str, Any] = {"start_s": time.monotonic() - start}
+    runner = engine.runner
+    decode_graphs, step_graphs = Counted(runner.decode_graphs), Counted(runner.step_graphs)
+    for name, graphs in (
+        ("decode_graphs", runner.decode_graphs),
+        ("step_graphs", runner.step_graphs),
+    ):
+        if graphs is None:
+            out[name] = None
+            continue
+        used = graphs.graph_bytes
+        out[name] = {"sizes": graphs.sizes, "capture_s": graphs.capture_s,
+                     "graph_gib": None if used is None else used / 2**30}  # fmt: skip
+    mc = engine.model_config
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    embed = mc.vocab_size * mc.hidden_size
+    dense_params = sum(p.numel() for p in runner.model.parameters()) - 2 * embed
+    kv_token_bytes = runner.kv_layout.block_bytes_all_layers // config.block_size
+    copy_rate = rates.get("copy_gb_s", 0) * 1e9
+    matmul_rate = rates.get("matmul_tflop_s", 0) * 1e12
+    out["weights_gib"] = weight_bytes / 2**30
+    rng = random.Random(0)
+    vocab = mc.vocab_size
+    steps = {"count": 0}
+
+    def timed_steps(limit: int | None = None, ready: Any = None) -> list[float]:
+        times: list[float] = []
+        while engine.has_unfinished() and (limit is None or len(times) < limit):
+            sync(device)
+            t = time.perf_counter()
+            deltas = engine.step()
+            sync(device)
+            times.append(time.perf_counter() - t)
+            steps["count"] += 1
+            if ready is not None:
+                ready(deltas)
+        return times
+
+    def floor_decode(contexts: list[int]) -> float | None:
+        if not copy_rate:
+            return None
+        return (weight_bytes + sum(contexts) * kv_token_bytes) / copy_rate
+
+    # Decode at batch 1.
+    engine.add_request(
+        "b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(1 + sizes["b1_steps"])
+    )
+    times = timed_steps()
+    step = statistics.median(times[1:])
+    floor = floor_decode([sizes["b1_prompt"] + sizes["b1_steps"] // 2])
+    out["decode_b1"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
+                        "of_floor": floor and step / floor}  # fmt: skip
+
+    # Decode at batch 64, 2,048-token contexts: timed once every sequence is decoding.
+    n, ctx = sizes["b64"], sizes["b64_context"]
+    started: set[str] = set()
+    for i in range(n):
+        engine.add_request(f"d{i}", _prompt(rng, ctx, vocab), _params(n + sizes["b64_steps"] + 2))
+
+    def note(deltas: list) -> None:
+        started.update(d.request_id for d in deltas if d.new_token_ids)
+
+    while len(started) < n and engine.has_unfinished():
+        timed_steps(limit=1, ready=note)
+    contexts = [r.num_tokens for r in engine.requests.values()]
+    times = timed_steps(limit=sizes["b64_steps"])
+    step = statistics.median(times)
+    floor = floor_decode(contexts)
+    out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
+                         "of_floor": floor and step / floor, "batch": n,
+                         "mean_context": sum(contexts) / max(1, len(contexts))}  # fmt: skip
+    timed_steps()  # the rest of their tokens
+
+    # Prefill steps: one prompt alone, its first token sampled.
+    layers, heads, head_dim = mc.num_hidden_layers, mc.num_attention_heads, mc.head_dim
+    for length in sizes["prefills"]:
+        times = []
+        for k in range(3):
+            engine.add_request(f"p{length}-{k}", _prompt(rng, length, vocab), _params(1))
+            times += timed_steps()
+        step = statistics.median(times)
+        flops = (
+            2 * dense_params * length + 2 * embed + 4 * layers * heads * head_dim * length**2 / 2
+        )
+        out[f"prefill_{length}"] = {
+            "step_ms": 1e3 * step, "model_tflop": flops / 1e12,
+            "of_matmul_rate": matmul_rate and flops / step / matmul_rate,
+        }  # fmt: skip
+
+    # Offline throughput.
+    prompt_len, max_tokens = sizes["offline_b1"]
+    engine.add_request("o1", _prompt(rng, prompt_len, vocab), _params(max_tokens))
+    t = time.perf_counter()
+    timed_steps()
+    out["offline_b1"] = {"tokens_s": max_tokens / (time.perf_counter() - t)}
+    batch, prompt_len, max_tokens = sizes["offline_b64"]
+    for i in range(batch):
+        engine.add_request(f"o64-{i}", _prompt(rng, prompt_len, vocab), _params(max_tokens))
+    t = time.perf_counter()
+    timed_steps()
+    out["offline_b64"] = {"tokens_s": batch * max_tokens / (time.perf_counter() - t)}
+
+    replays = decode_graphs.count + step_graphs.count
+    out["steps"] = {"total": steps["count"], "decode_graph": decode_graphs.count,
+                    "step_graph": step_graphs.count, "eager": steps["count"] - replays}  # fmt: skip
+    b1, p128 = out["decode_b1"]["step_ms"], out[f"prefill_{sizes['prefills'][-1]}"]["step_ms"]
+    out["short_prefill_over_decode_b1"] = p128 / b1
+    out["headline"] = {
+        "decode_b1_of_floor": out["decode_b1"]["of_floor"],
+        "decode_b64_of_floor": out["decode_b64"]["of_floor"],
+        "prefill_long_of_matmul": out[f"prefill_{sizes['prefills'][0]}"]["of_matmul_rate"],
+        "short_prefill_over_decode_b1": out["short_prefill_over_decode_b1"],
+        "offline_b1_tok_s": out["offline_b1"]["tokens_s"],
+        "offline_b64_tok_s": out["offline_b64"]["tokens_s"],
+        "eager_steps": out["steps"]["eager"],
+    }
+    return out

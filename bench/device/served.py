@@ -1,0 +1,98 @@
+"""`baton serve` on the device check's one GPU, and `baton bench` against it: unified (one
+worker), then 1P+1D sharing the GPU (`--gpus-per-worker 0.5`), each at three rates of the
+fixed 256 -> 64 workload. The low rate's TTFT p50 is held against the engine's own
+256-token prefill step (engine section): what the served path adds to a first token.
+
+Needs Ray and the serving stack on the host; without them the section says so and skips.
+The dry run serves the tiny checkpoint on the CPU at three low rates.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+CONFIGS = {
+    "unified": ["--mode", "unified", "--prefill", "0", "--decode", "1"],
+    "1p1d": [
+        "--mode",
+        "disaggregated",
+        "--prefill",
+        "1",
+        "--decode",
+        "1",
+        "--gpus-per-worker",
+        "0.5",
+    ],
+}
+RATES = {"full": ["1", "8", "24"], "dry": ["0.5", "1", "2"]}
+DURATION_S = {"full": 12, "dry": 4}
+WORKLOAD = ["--workload", "fixed", "--input-len", "256", "--output-len", "64"]
+
+
+def missing_stack() -> str | None:
+    """Why `baton serve` cannot run on this host, or None."""
+    for module in ("ray", "fastapi", "uvicorn", "grpc"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed here (baton serve needs the serving stack)"
+    return None
+
+
+def served_figures(
+    model_dir: Path, out_dir: Path, dry_run: bool, left_s: Callable[[], float]
+) -> dict[str, Any]:
+    from loadgen.server import ServerProcess
+
+    why = missing_stack()
+    if why:
+        return {"skipped": why}
+    kind = "dry" if dry_run else "full"
+    device = (
+        ["--device", "cpu", "--dtype", "float32"]
+        if dry_run
+        else ["--device", "cuda", "--dtype", "bfloat16"]
+    )
+    result: dict[str, Any] = {"rates": [float(r) for r in RATES[kind]], "configs": {}}
+    for name, flags in CONFIGS.items():
+        if left_s() < 60:
+            result["configs"][name] = {"skipped": f"{left_s():.0f} s left"}
+            continue
+        serve = ["--model", str(model_dir), *device, *flags]
+        log = out_dir / f"serve_{name}.log"
+        out = out_dir / f"bench_{name}.json"
+        try:
+            with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
+                bench = [sys.executable, "-m", "router.cli", "bench", "--url", server.url,
+                         *WORKLOAD, "--rate", *RATES[kind], "--duration", str(DURATION_S[kind]),
+                         "--drain-timeout", "20", "--no-progress", "--out", str(out),
+                         "--plot", str(out.with_suffix(".png"))]  # fmt: skip
+                subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
+                               capture_output=True, text=True)  # fmt: skip
+        except Exception as e:  # one configuration failing leaves the other
+            result["configs"][name] = {"error": f"{type(e).__name__}: {e}"[:800]}
+            continue
+        runs = json.loads(out.read_text())["runs"]
+        result["configs"][name] = [
+            {
+                "rate": r["rate"],
+                "ok": r["num_ok"],
+                "errors": r["num_errors"],
+                "ttft_p50_ms": _ms(r["ttft_s"]["p50"]),
+                "ttft_p99_ms": _ms(r["ttft_s"]["p99"]),
+                "itl_p50_ms": _ms(r["itl_s"]["p50"]),
+                "tpot_p50_ms": _ms(r["tpot_s"]["p50"]),
+                "output_tokens_s": r["output_tokens_per_s"],
+            }
+            for r in runs
+        ]
+    return result
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds

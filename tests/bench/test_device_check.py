@@ -1,0 +1,63 @@
+"""The device check (bench/device/check.py) in its CPU dry run: every section runs the code
+it runs on the GPU (the tiny model, small shapes, Triton under its interpreter, the step
+graphs through their static buffers), writes its figures and the targets read them."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+from bench.device import targets
+from bench.device.check import SECTIONS, check
+
+
+def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
+    out = tmp_path / "device_check.json"
+    run = check(out, dry_run=True, budget_s=900)
+    report = json.loads(out.read_text())
+    assert report == json.loads(json.dumps(run.report, default=str))
+    sections = report["sections"]
+    assert list(sections) == [s.name for s in SECTIONS]
+    failed = {n: s.get("error") or s.get("skipped") for n, s in sections.items()
+              if "error" in s or "skipped" in s}  # fmt: skip
+    assert not failed, failed
+
+    engine = sections["engine"]
+    # Every step replayed a graph (the decode graphs or the token buckets'), none eager.
+    assert engine["steps"]["eager"] == 0 and engine["steps"]["step_graph"] > 0
+    for name in ("decode_b1", "decode_b64"):
+        assert engine[name]["step_ms"] > 0 and engine[name]["of_floor"] > 0
+    assert all(row["max_abs_err"] < 1e-3 for row in sections["kernels"]["rows"])
+    assert (
+        sections["gpu_suite"]["returncode"] == 0 and "collected" in sections["gpu_suite"]["summary"]
+    )
+    assert sections["peer"]["eager_b1"]["tokens_s"] > 0 and not sections["peer"]["timed_out"]
+    for config in ("unified", "1p1d"):
+        runs = sections["served"]["configs"][config]
+        assert [r["rate"] for r in runs] == sections["served"]["rates"]
+        assert all(r["ok"] > 0 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in runs)
+
+    # Every target but the compiled peer's (no compile in the dry run) and the served
+    # TTFT's (no 256-token prefill in the dry run's shapes) has its figure.
+    missing = [t["what"] for t in report["targets"] if t["figure"] is None]
+    assert len(missing) == 2, missing
+    assert "target" in capsys.readouterr().out
+
+
+def test_targets_read_the_figures_they_name() -> None:
+    report = {"sections": {
+        "engine": {"decode_b1": {"of_floor": 1.1}, "decode_b64": {"of_floor": 1.4},
+                   "prefill_2048": {"of_matmul_rate": 0.6}, "prefill_256": {"step_ms": 10.0},
+                   "short_prefill_over_decode_b1": 2.0, "offline_b1": {"tokens_s": 100.0},
+                   "offline_b64": {"tokens_s": 3000.0}},
+        "peer": {"compiled_b1": {"tokens_s": 120.0}, "eager_b64": {"tokens_s": 900.0},
+                 "static_b64": {"error": "no"}},
+        "kernels": {"rows": [{"batch": 1, "length": 4096, "triton_vs_fastest_sdpa": 0.85}]},
+        "served": {"configs": {"unified": [{"ttft_p50_ms": 14.0}]}},
+    }}  # fmt: skip
+    held = [t["held"] for t in targets.evaluate(report)]
+    # b1 held, b64 missed, prefill held, short prompt held, b1 vs compiled missed (0.83),
+    # batched 3.33x held, attention held, served 4 ms over the step held.
+    assert held == [True, False, True, True, False, True, True, True]
