@@ -40,8 +40,9 @@ test: install
 test-gpu:
 	$(PYTHON) -m pytest -q -rs --durations=20 -p no:cacheprovider -m gpu tests
 
-# On the GPU host, with nothing installed there (bench/device/check.py): the device check,
-# at most 8 minutes, its JSON and table in $$OUT (or here). `--dry-run` runs it on a CPU.
+# On the GPU host (bench/device/check.py says how its missing packages travel there): the
+# device check, at most 8 minutes, its JSON and table in $$OUT (or here). `--dry-run` runs it
+# on a CPU.
 gpu-check:
 	$(PYTHON) -m bench.device.check
 

@@ -1,9 +1,16 @@
 """The device check: one prepared run on a GPU, at most 8 minutes, every figure written to
 JSON as soon as it is measured (a run cut short keeps what it had), a table at the end.
 
-    make gpu-check                                            # on the GPU host
-    python -m bench.device.check --out DIR/device_check.json [--budget-s 480]
     python -m bench.device.check --dry-run --out /tmp/dry.json  # on CPU: tiny model and shapes
+    python -m bench.device.check [--out DIR/device_check.json] [--budget-s 480]  # the GPU
+
+On the GPU host nothing installs: the engine's and `baton serve`'s missing packages travel
+as wheels that `python -m bench.device.wheels` fetches here into .whl/ (carried), and the
+command there is
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \
+        python3 -m bench.device.check
 
 Sections, in this order, each skipped (with why) when the time left is under its estimate:
 
@@ -49,6 +56,9 @@ class Run:
     out: Path
     dry_run: bool
     budget_s: float
+    work: Path
+    """Where the checkpoint and the servers' charts go (not beside `out`: on the device
+    every file there is copied back)."""
     start: float = field(default_factory=time.monotonic)
     report: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +93,7 @@ def kernels(run: Run) -> dict[str, Any]:
 
 
 def checkpoint(run: Run) -> dict[str, Any]:
-    folder = run.out.parent / "checkpoint"
+    folder = run.work / "checkpoint"
     return figures.make_checkpoint(folder, _device(run), small=run.dry_run)
 
 
@@ -140,7 +150,9 @@ def served(run: Run) -> dict[str, Any]:
     made = run.report["sections"].get("checkpoint", {})
     if "path" not in made:
         raise RuntimeError("no checkpoint (its section did not finish)")
-    return serving.served_figures(Path(made["path"]), run.out.parent, run.dry_run, run.left_s)
+    return serving.served_figures(
+        Path(made["path"]), run.out.parent, run.work, run.dry_run, run.left_s
+    )
 
 
 SECTIONS = [
@@ -175,8 +187,14 @@ def describe_host(dry_run: bool) -> dict[str, Any]:
     return host
 
 
-def check(out: Path, dry_run: bool, budget_s: float, only: list[str] | None = None) -> Run:
-    run = Run(out, dry_run, budget_s)
+def check(
+    out: Path,
+    dry_run: bool,
+    budget_s: float,
+    only: list[str] | None = None,
+    work: Path | None = None,
+) -> Run:
+    run = Run(out, dry_run, budget_s, work or out.parent / "work")
     run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
     run.save()
     for section in SECTIONS:
@@ -213,13 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=480.0, help="stop starting sections past this"
     )
     parser.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SECTIONS])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/baton-device-check"),
+                        help="the checkpoint (16 GB on the device) and charts")  # fmt: skip
     args = parser.parse_args(argv)
     if args.dry_run:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif not torch.cuda.is_available():
         print("bench.device.check: no CUDA device; --dry-run runs it on the CPU")
         return 2
-    run = check(args.out, args.dry_run, args.budget_s, args.only)
+    run = check(args.out, args.dry_run, args.budget_s, args.only, args.work)
     failed = [n for n, r in run.report["sections"].items() if "error" in r]
     return 1 if failed else 0
 

@@ -45,8 +45,9 @@ def missing_stack() -> str | None:
 
 
 def served_figures(
-    model_dir: Path, out_dir: Path, dry_run: bool, left_s: Callable[[], float]
+    model_dir: Path, out_dir: Path, work: Path, dry_run: bool, left_s: Callable[[], float]
 ) -> dict[str, Any]:
+    """Servers' logs and the benchmark's JSON in `out_dir`, its charts in `work`."""
     from loadgen.server import ServerProcess
 
     why = missing_stack()
@@ -71,7 +72,7 @@ def served_figures(
                 bench = [sys.executable, "-m", "router.cli", "bench", "--url", server.url,
                          *WORKLOAD, "--rate", *RATES[kind], "--duration", str(DURATION_S[kind]),
                          "--drain-timeout", "20", "--no-progress", "--out", str(out),
-                         "--plot", str(out.with_suffix(".png"))]  # fmt: skip
+                         "--plot", str(work / f"bench_{name}.png")]  # fmt: skip
                 subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
                                capture_output=True, text=True)  # fmt: skip
         except Exception as e:  # one configuration failing leaves the other
