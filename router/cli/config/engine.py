@@ -106,9 +106,10 @@ class EngineOptions:
     )
     cuda_graphs: bool = knob(
         default_of(EngineConfig, "cuda_graphs"),
-        "replay decode steps from CUDA graphs captured at start-up, for batch sizes up to "
-        "--max-num-seqs (CUDA workers with the Triton kernels; never on CPU); "
-        "--no-cuda-graphs runs every step eagerly (vLLM's --enforce-eager)",
+        "replay every step from CUDA graphs captured at start-up: decode-only steps by batch "
+        "size up to --max-num-seqs, the others by token count up to --max-num-batched-tokens "
+        "(CUDA workers with the Triton kernels; never on CPU); --no-cuda-graphs runs every "
+        "step eagerly (vLLM's --enforce-eager)",
     )
     speculative: str | None = knob(
         default_of(EngineConfig, "speculative"),
