@@ -80,6 +80,6 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         raise
     asked = (
         f"a node with {options.get('resources')} and {options.get('num_cpus', 0)} CPU, "
-        f"{options.get('num_gpus', 0)} GPU free"
+        f"{options.get('num_gpus', 0):g} GPU free"
     )
     return Launched(handle, placement, asked)
