@@ -1,7 +1,8 @@
 """`baton serve` on the device check's one GPU, and `baton bench` against it: unified (one
 worker), then 1P+1D sharing the GPU (`--gpus-per-worker 0.5`), each at three rates of the
 fixed 256 -> 64 workload. The low rate's TTFT p50 is held against the engine's own
-256-token prefill step (engine section): what the served path adds to a first token.
+256-token prefill step (engine section): what the served path adds to a first token; then,
+on a traced server of its own, where that time goes (bench/planning/ttft_breakdown.py).
 
 Needs Ray and the serving stack on the host; without them the section says so and skips.
 The dry run serves the tiny checkpoint 1P+1D on the CPU at three low rates.
@@ -96,7 +97,39 @@ def served_figures(
             }
             for r in runs
         ]
+    if not dry_run:
+        result["breakdown_unified"] = traced_breakdown(model_dir, device, out_dir, left_s)
     return result
+
+
+def traced_breakdown(
+    model_dir: Path, device: list[str], out_dir: Path, left_s: Callable[[], float]
+) -> dict[str, Any]:
+    """Where a 256-token prompt's first token goes, unified, on a server of its own that
+    exports its traces here (bench/planning/ttft_breakdown.py): not the rate sweep's server,
+    whose figures stay free of the exporting."""
+    import asyncio
+    import time
+
+    from bench.planning import ttft_breakdown
+    from loadgen.server import ServerProcess
+    from tests.support.otlp_receiver import OTLPReceiver
+
+    if left_s() < 60:
+        return {"skipped": f"{left_s():.0f} s left"}
+    receiver = OTLPReceiver().start()
+    try:
+        serve = ["--model", str(model_dir), *device, *CONFIGS["unified"],
+                 "--otlp-traces-endpoint", receiver.endpoint]  # fmt: skip
+        log = out_dir / "serve_traced.log"
+        with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
+            samples = asyncio.run(ttft_breakdown.sample(server.url, 10, 256))
+        time.sleep(6)  # the exporters' last batches
+        return ttft_breakdown.breakdown(samples, receiver.spans)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"[:800]}
+    finally:
+        receiver.stop()
 
 
 def _ms(seconds: float | None) -> float | None:
