@@ -28,8 +28,8 @@ class EngineConfig:
     gpu_fraction: float = 1.0
     """The part of its device this worker holds (Ray's fractional GPUs: a prefill and a
     decode worker on one GPU hold 0.5 each): it fills gpu_memory_utilization x this of the
-    device's memory, and what other processes held when it started is theirs, not counted
-    against its share."""
+    device's memory, and what the other workers there hold is theirs, not counted against
+    its share (engine/memory_profile.py)."""
     max_num_seqs: int = 128
     """Cap on running sequences (`vllm serve`'s on CPU): past saturation a larger batch reads
     the weights once for more tokens."""

@@ -49,12 +49,21 @@ class DeviceMemory(Protocol):
         """(the device's memory, bytes in use on it outside torch's allocator)."""
 
 
+SHARED_OUTSIDE_BYTES = 3 << 29
+"""On a shared device, the most of its non-torch bytes a worker counts as its own (its CUDA
+context, cuBLAS workspaces and compiled kernels: ~0.5-1 GiB): the rest is the other
+workers', who each count their own share."""
+
+
 class CudaMemory:
     def __init__(self, device: torch.device, shared: bool = False) -> None:
         """`shared`: the device is shared with other workers, each with its own part
-        (EngineConfig.gpu_fraction): what is in use on it now, before this worker allocates
-        anything, is theirs and is left out of this worker's non-torch bytes."""
+        (EngineConfig.gpu_fraction). What is in use on it before this worker allocates
+        anything is theirs, and so is whatever they allocate while this one sizes its cache
+        (they start together): this worker counts at most SHARED_OUTSIDE_BYTES of the
+        memory outside its allocator."""
         self.device = device
+        self.shared = shared
         self.others_bytes = 0
         if shared:
             free, total = torch.cuda.mem_get_info(device)
@@ -80,7 +89,9 @@ class CudaMemory:
         # Used but not reserved by torch: the CUDA context, NCCL, cuBLAS workspaces outside
         # the allocator, and any other process on this GPU (but those sharing it by parts).
         outside = total - free - torch.cuda.memory_reserved(self.device)
-        return total, max(0, outside - self.others_bytes)
+        if self.shared:
+            outside = min(max(0, outside - self.others_bytes), SHARED_OUTSIDE_BYTES)
+        return total, outside
 
 
 def chunk_lengths(num_tokens: int, max_len: int) -> list[int]:

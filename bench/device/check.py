@@ -25,6 +25,13 @@ Sections, in this order, each skipped (with why) when the time left is under its
     served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),
                 `baton bench` fixed 256 -> 64 at three rates (needs Ray on the host)
 
+All of it outlasts one 8-minute call on the device (the served section alone is ~4
+minutes), so a lent device runs it in two calls on one warm machine, the second reusing the
+checkpoint the first wrote:
+
+    python3 -m bench.device.check --only hardware kernels checkpoint engine gpu_suite peer
+    python3 -m bench.device.check --only hardware checkpoint served --out $OUT/served.json
+
 The dry run takes the same code paths on the CPU with the tiny model (Triton under its
 interpreter), so the CPU suite knows the script works before it meets a GPU.
 """

@@ -11,6 +11,7 @@ Floors, from the rates measured in the same run:
 from __future__ import annotations
 
 import gc
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -150,11 +151,18 @@ def _prefill_case(
 
 def make_checkpoint(folder: Path, device: torch.device, small: bool) -> dict[str, Any]:
     """The 8B-shaped checkpoint (the dry run: the tiny preset), bf16, weights drawn on the
-    device and written in 4 shards."""
+    device and written in 4 shards; one already in `folder` with that shape is reused."""
     from engine.tiny_model import make_tiny_model
 
     shape = TINY if small else LLAMA_8B
     start = time.monotonic()
+    config = folder / "config.json"
+    if config.exists() and all(
+        json.loads(config.read_text()).get(k) == v for k, v in shape.items()
+    ):
+        # A warm machine's second call: the same checkpoint, already written.
+        size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+        return {"path": str(folder), "shape": shape, "bytes": size, "made_s": 0.0, "reused": True}
     path = make_tiny_model(folder, arch="llama", dtype="bfloat16", device=str(device),
                            shards=1 if small else 4, force=True, **shape)  # fmt: skip
     gc.collect()

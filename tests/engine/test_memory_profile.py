@@ -190,3 +190,23 @@ def test_a_worker_holding_part_of_the_device_fills_that_part(
 def test_the_fraction_is_of_one_device(fraction: float) -> None:
     with pytest.raises(ValueError, match="gpu_fraction"):
         EngineConfig(gpu_fraction=fraction)
+
+
+def test_a_shared_device_counts_only_this_workers_outside_memory(monkeypatch) -> None:
+    """Two workers sizing their caches on one GPU at once: the other's weights, appearing
+    while this one measures, are not this one's (torch.cuda's answers given here)."""
+    from engine.memory_profile import SHARED_OUTSIDE_BYTES, CudaMemory
+
+    gib = 1 << 30
+    answers = {"free": 70 * gib, "reserved": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (answers["free"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: answers["reserved"])
+    cpu = torch.device("cpu")
+    shared, whole = CudaMemory(cpu, shared=True), CudaMemory(cpu)
+    assert shared.others_bytes == 10 * gib  # another process, there before this one
+    # This worker reserved 16 GiB; the other worker loaded 17 GiB meanwhile; 1 GiB is ours.
+    answers.update(free=36 * gib, reserved=16 * gib)
+    assert whole.total_and_non_torch_bytes() == (80 * gib, 28 * gib)
+    assert shared.total_and_non_torch_bytes() == (80 * gib, SHARED_OUTSIDE_BYTES)
+    answers.update(free=53 * gib, reserved=16 * gib)  # the other worker gone: 1 GiB, its own
+    assert shared.total_and_non_torch_bytes() == (80 * gib, 1 * gib)
