@@ -46,6 +46,17 @@ def missing_stack() -> str | None:
     return None
 
 
+def no_gpu_transport() -> str | None:
+    """Why KV cannot move between two GPU workers here, or None: a cache in GPU memory needs
+    NIXL or UCX (the shared-memory transport takes host caches only)."""
+    from kv_transfer import unavailable_reason
+
+    reasons = {name: unavailable_reason(name) for name in ("nixl", "ucx")}
+    if all(reasons.values()):
+        return "no GPU KV transport: " + "; ".join(f"{k}: {v}" for k, v in reasons.items())
+    return None
+
+
 def served_figures(
     model_dir: Path, out_dir: Path, work: Path, dry_run: bool, left_s: Callable[[], float]
 ) -> dict[str, Any]:
@@ -68,6 +79,9 @@ def served_figures(
     for name, flags in configs.items():
         if left_s() < 60:
             result["configs"][name] = {"skipped": f"{left_s():.0f} s left"}
+            continue
+        if name == "1p1d" and not dry_run and (why := no_gpu_transport()):
+            result["configs"][name] = {"skipped": why}
             continue
         serve = ["--model", str(model_dir), *device, *flags]
         log = out_dir / f"serve_{name}.log"

@@ -11,8 +11,11 @@ the ones installed here, so the device runs what the CPU suite tests.
 
 Ray's wheel is 76 MiB; 31 MiB of it is the Java workers' jar (ray/jars), which a Python
 cluster never loads, so it travels without it (and without the dashboard's source maps):
-~44 MiB. NIXL's CUDA 13 wheel (56 MiB) cannot travel beside it; the 1P+1D run there moves
-its KV over the host transport.
+~44 MiB. A GPU cache moves between workers over NIXL or UCX only, and neither fits beside
+Ray: NIXL's CUDA 13 wheel is 56 MiB (17 without its expert-parallel torch extensions and
+the plugins Baton does not load, which with Ray and the rest is still ~61 MiB of wheels
+beside a ~7 MiB tree), UCX's 43. So the device serves unified with these wheels, and 1P+1D
+waits for a host with Ray or NIXL installed (the served section says so and skips it).
 
 On the host, before the check:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
