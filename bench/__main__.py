@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SUBJECTS = ("engine", "transfer", "routing", "serving", "planning", "chaos", "observability")
+SUBJECTS = (
+    "engine", "transfer", "routing", "serving", "planning", "chaos", "observability", "device",
+)  # fmt: skip
 
 
 def benchmarks(subject: str) -> list[str]:

@@ -5,6 +5,7 @@ higher one, and greedy output through that preemption equal to transformers'."""
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import pytest
 
@@ -29,8 +30,10 @@ def make(num_blocks: int, fair: FairShareConfig | None = None, **cfg: int) -> Sc
 
 
 def req(rid: str, n: int = 4, priority: int = 0, tenant: str = "") -> Request:
-    return Request(rid, [hash(rid) % 90 + 1] * n, SamplingParams(), priority=priority,
-                   tenant=tenant)  # fmt: skip
+    # crc32, not hash(): str hashes change between processes, and requests whose tokens
+    # collide share cached blocks, which changes what each is charged.
+    token = zlib.crc32(rid.encode()) % 90 + 1
+    return Request(rid, [token] * n, SamplingParams(), priority=priority, tenant=tenant)
 
 
 def admitted(s: Scheduler, steps: int) -> list[str]:
