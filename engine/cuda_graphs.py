@@ -119,7 +119,7 @@ def choose_capturer(
     """What records this engine's graphs, or None to run every step eagerly: the
     given capturer, else CUDA graphs on a CUDA device with the Triton backend (the torch
     backend gathers every column of the fixed-width block table, all of max_model_len,
-    each step). None when `config.cuda_graphs` is off (a prefill worker's engine)."""
+    each step). None when `config.cuda_graphs` is off."""
     if not config.cuda_graphs:
         return None
     if given is not None:
