@@ -17,6 +17,10 @@ the plugins Baton does not load, which with Ray and the rest is still ~61 MiB of
 beside a ~7 MiB tree), UCX's 43. So the device serves unified with these wheels, and 1P+1D
 waits for a host with Ray or NIXL installed (the served section says so and skips it).
 
+Checked here on Python 3.12 with these wheels and the host's own packages beside them (click,
+aiohttp, grpcio, anyio, annotated-doc, ...): the slimmed Ray starts a local cluster and runs
+an actor and a task; fastapi, uvicorn, msgspec and the OpenTelemetry SDK import.
+
 On the host, before the check:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
