@@ -31,6 +31,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -145,6 +146,70 @@ def free_device_bytes(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
+def split_workspaces(
+    rows: dict[int, int], model: nn.Module, max_context: int, device: torch.device
+) -> dict[int, DecodeWorkspace]:
+    """Per captured size, given its decode rows, the decode kernel's split count and its
+    scratch: one buffer for all sizes (one graph runs at a time), viewed per size."""
+    attn = model.model.layers[0].self_attn
+    heads, head_dim = attn.num_heads, attn.head_dim
+    splits = {s: num_splits(r, attn.num_kv_heads, max_context, device) for s, r in rows.items()}
+    most = max(r * splits[s] for s, r in rows.items())
+    partial = torch.empty(most * heads * head_dim, dtype=torch.float32, device=device)
+    lse = torch.empty(most * heads, dtype=torch.float32, device=device)
+    return {
+        s: DecodeWorkspace(
+            splits[s],
+            partial[: r * heads * splits[s] * head_dim].view(r, heads, splits[s], head_dim),
+            lse[: r * heads * splits[s]].view(r, heads, splits[s]),
+        )
+        for s, r in rows.items()
+    }
+
+
+def graph_forward(
+    model: nn.Module,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    out: torch.Tensor,
+) -> Callable[[], None]:
+    """The forward a graph records: `meta`'s buffers in, the final hidden states into `out`."""
+
+    def forward() -> None:
+        # Values a backend derives per step (masks) must be derived inside the graph, from
+        # the buffers, not kept from a warm-up run.
+        meta.backend_state.clear()
+        out.copy_(model(ids, positions, kv_cache, meta))
+
+    return forward
+
+
+@dataclass(frozen=True)
+class Recorded:
+    replays: dict[int, Callable[[], None]]
+    capture_s: float
+    graph_bytes: int | None
+    """What the graphs took of the device's memory (None off CUDA)."""
+
+    def took(self) -> str:
+        memory = "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB"
+        return f"{self.capture_s:.1f} s{memory}"
+
+
+def record_all(
+    capturer: GraphCapturer, forwards: dict[int, Callable[[], None]], device: torch.device
+) -> Recorded:
+    """Each size's forward recorded, largest first (each reuses the pool memory the larger
+    ones freed), timed, with the device memory the graphs took."""
+    start, free_before = time.monotonic(), free_device_bytes(device)
+    replays = {size: capturer.capture(forwards[size]) for size in sorted(forwards, reverse=True)}
+    free_after = free_device_bytes(device)
+    used = None if free_before is None or free_after is None else free_before - free_after
+    return Recorded(replays, time.monotonic() - start, used)
+
+
 class DecodeGraphs:
     """The static buffers and one recorded forward pass per capture size. Built once, after
     the KV cache exists; `replay` is then called from the model runner's steps."""
@@ -165,8 +230,6 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_batch)
         self.max_batch = self.sizes[-1]
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
-        attn = model.model.layers[0].self_attn
-        num_heads, num_kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         self.scratch_block = scratch = kv_cache.shape[1] - NUM_SCRATCH_BLOCKS
         dev, n = kv_cache.device, self.max_batch
         with torch.inference_mode():
@@ -180,39 +243,19 @@ class DecodeGraphs:
             )
             self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
             max_context = self.max_blocks_per_seq * block_size
-            splits = {s: num_splits(s, num_kv_heads, max_context, dev) for s in self.sizes}
-            # One scratch for all sizes (one graph runs at a time), viewed per size.
-            rows = max(s * splits[s] for s in self.sizes)
-            f32 = torch.float32
-            self._partial = torch.empty(rows * num_heads * head_dim, dtype=f32, device=dev)
-            self._lse = torch.empty(rows * num_heads, dtype=f32, device=dev)
-            start, free_before = time.monotonic(), free_device_bytes(dev)
-            self._replays = {
-                s: capturer.capture(self._forward_fn(s, splits[s], num_heads, head_dim))
-                for s in reversed(self.sizes)
-            }
-        self.capture_s = time.monotonic() - start
-        free_after, self.graph_bytes = free_device_bytes(dev), None
-        if free_before is not None and free_after is not None:
-            self.graph_bytes = free_before - free_after
+            workspaces = split_workspaces({s: s for s in self.sizes}, model, max_context, dev)
+            forwards = {s: self._forward_fn(s, workspaces[s]) for s in self.sizes}
+            recorded = record_all(capturer, forwards, dev)
+        self._replays, self.capture_s = recorded.replays, recorded.capture_s
+        self.graph_bytes = recorded.graph_bytes
         logger.info(
-            "decode graphs for batch sizes %s (block tables %d wide) in %.1f s%s",
+            "decode graphs for batch sizes %s (block tables %d wide) in %s",
             self.sizes,
             self.max_blocks_per_seq,
-            self.capture_s,
-            "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB",
+            recorded.took(),
         )
 
-    def _forward_fn(
-        self, size: int, num_splits: int, num_heads: int, head_dim: int
-    ) -> Callable[[], None]:
-        workspace = DecodeWorkspace(
-            num_splits,
-            self._partial[: size * num_heads * num_splits * head_dim].view(
-                size, num_heads, num_splits, head_dim
-            ),
-            self._lse[: size * num_heads * num_splits].view(size, num_heads, num_splits),
-        )
+    def _forward_fn(self, size: int, workspace: DecodeWorkspace) -> Callable[[], None]:
         meta = AttentionMetadata(
             block_size=self.block_size,
             slot_blocks=self.slot_blocks[:size],
@@ -223,14 +266,7 @@ class DecodeGraphs:
             decode_workspace=workspace,
         )
         ids, pos = self.input_ids[:size], self.positions[:size]
-
-        def forward() -> None:
-            # Values a backend derives per step (masks) must be derived inside the graph,
-            # from the buffers, not kept from a warm-up run.
-            meta.backend_state.clear()
-            self.hidden[:size].copy_(self.model(ids, pos, self.kv_cache, meta))
-
-        return forward
+        return graph_forward(self.model, self.kv_cache, meta, ids, pos, self.hidden[:size])
 
     def can_replay(self, meta: AttentionMetadata) -> bool:
         """A decode-only step (no prefill chunk) of at most the largest captured size."""

@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from engine.attention.backend import AttentionMetadata, DecodeWorkspace
-from engine.cuda_graphs import GraphCapturer, free_device_bytes, num_splits
+from engine.cuda_graphs import GraphCapturer, graph_forward, record_all, split_workspaces
 from engine.kv_cache.manager import cdiv
 from engine.kv_connector import LayerHook
 
@@ -85,8 +84,6 @@ class StepGraphs:
         self.max_chunks = min(max_seqs, self.max_tokens)
         self.max_tiles = self.max_tokens // BLOCK_M + self.max_chunks
         width = cdiv(max_model_len, block_size)
-        attn = model.model.layers[0].self_attn
-        num_heads, num_kv_heads, head_dim = attn.num_heads, attn.num_kv_heads, attn.head_dim
         dev, n, c = kv_cache.device, self.max_tokens, self.max_chunks + 1
         self.num_layers = len(model.model.layers)
         self.events = [capturer.event() for _ in range(self.num_layers)]
@@ -105,32 +102,17 @@ class StepGraphs:
             self._host_index = torch.zeros(self.index.shape, dtype=torch.int32)
             if dev.type == "cuda":
                 self._host_index = self._host_index.pin_memory()
-            max_context = width * block_size
-            splits = {
-                t: num_splits(min(t, self.max_decodes), num_kv_heads, max_context, dev)
-                for t in self.sizes
-            }
-            rows = max(min(t, self.max_decodes) * splits[t] for t in self.sizes)
-            self._partial = torch.empty(
-                rows * num_heads * head_dim, dtype=torch.float32, device=dev
-            )
-            self._lse = torch.empty(rows * num_heads, dtype=torch.float32, device=dev)
-            start, free_before = time.monotonic(), free_device_bytes(dev)
-            self._replays = {
-                t: capturer.capture(self._forward_fn(t, splits[t], num_heads, head_dim))
-                for t in reversed(self.sizes)
-            }
-        self.capture_s = time.monotonic() - start
-        free_after = free_device_bytes(dev)
-        self.graph_bytes = None
-        if free_before is not None and free_after is not None:
-            self.graph_bytes = free_before - free_after
+            rows = {t: min(t, self.max_decodes) for t in self.sizes}
+            workspaces = split_workspaces(rows, model, width * block_size, dev)
+            forwards = {t: self._forward_fn(t, workspaces[t]) for t in self.sizes}
+            recorded = record_all(capturer, forwards, dev)
+        self._replays, self.capture_s = recorded.replays, recorded.capture_s
+        self.graph_bytes = recorded.graph_bytes
         logger.info(
-            "step graphs for %d token buckets %s in %.1f s%s",
+            "step graphs for %d token buckets %s in %s",
             len(self.sizes),
             self.sizes,
-            self.capture_s,
-            "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB",
+            recorded.took(),
         )
 
     def _layout(self, tiles: int):
@@ -147,17 +129,8 @@ class StepGraphs:
             block_m=BLOCK_M,
         )
 
-    def _forward_fn(
-        self, size: int, splits: int, num_heads: int, head_dim: int
-    ) -> Callable[[], None]:
+    def _forward_fn(self, size: int, workspace: DecodeWorkspace) -> Callable[[], None]:
         decodes = min(size, self.max_decodes)
-        workspace = DecodeWorkspace(
-            splits,
-            self._partial[: decodes * num_heads * splits * head_dim].view(
-                decodes, num_heads, splits, head_dim
-            ),
-            self._lse[: decodes * num_heads * splits].view(decodes, num_heads, splits),
-        )
         events = self.events
         meta = AttentionMetadata(
             block_size=self.block_size,
@@ -171,12 +144,7 @@ class StepGraphs:
             layer_done=None if events[0] is None else lambda i: events[i].record(),
         )
         ids, pos = self.input_ids[:size], self.positions[:size]
-
-        def forward() -> None:
-            meta.backend_state.clear()
-            self.hidden[:size].copy_(self.model(ids, pos, self.kv_cache, meta))
-
-        return forward
+        return graph_forward(self.model, self.kv_cache, meta, ids, pos, self.hidden[:size])
 
     def can_replay(self, meta: AttentionMetadata) -> bool:
         """A step of at most the largest bucket's tokens, decode rows and chunks, whose
