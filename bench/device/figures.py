@@ -94,21 +94,14 @@ def _prefill_case(
 ) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from engine.kernels.prefill_attention import PrefillLayout, paged_prefill_attention
+    from bench.engine.kernels import paged_prompts
+    from engine.kernels.prefill_attention import paged_prefill_attention
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # fmt: skip
-    page, blocks = 16, length // 16
-    kv = torch.randn(batch * blocks, 2, page, hk, d, dtype=dtype, device=device)
-    tables = torch.randperm(batch * blocks).view(batch, blocks).tolist()
-    starts = [i * length for i in range(batch)]
-    layout = PrefillLayout.build(starts, [length] * batch, [length] * batch, tables, device)
-    q = torch.randn(batch * length, hq, d, dtype=dtype, device=device)
+    p = paged_prompts(batch, length, hq, hk, d, dtype, device)
+    q, kv, layout, k, v, qb = p.q, p.kv, p.layout, p.k, p.v, p.qb
     out = torch.empty_like(q)
-    idx = torch.tensor(tables, device=device)
-    k = kv[idx, 0].flatten(1, 2).transpose(1, 2).contiguous()
-    v = kv[idx, 1].flatten(1, 2).transpose(1, 2).contiguous()
-    qb = q.view(batch, length, hq, d).transpose(1, 2)
     scale = d**-0.5
     row: dict[str, Any] = {"batch": batch, "length": length, "heads": [hq, hk, d]}
     row["triton_ms"] = 1e3 * timed(

@@ -122,28 +122,17 @@ def traced_breakdown(
     """Where a 256-token prompt's first token goes, unified, on a server of its own that
     exports its traces here (bench/planning/ttft_breakdown.py): not the rate sweep's server,
     whose figures stay free of the exporting."""
-    import asyncio
-    import time
-
     from bench.planning import ttft_breakdown
-    from loadgen.server import ServerProcess
-    from tests.support.otlp_receiver import OTLPReceiver
 
     if left_s() < 60:
         return {"skipped": f"{left_s():.0f} s left"}
-    receiver = OTLPReceiver().start()
+    serve = ["--model", str(model_dir), *device, *CONFIGS["unified"]]
     try:
-        serve = ["--model", str(model_dir), *device, *CONFIGS["unified"],
-                 "--otlp-traces-endpoint", receiver.endpoint]  # fmt: skip
-        log = out_dir / "serve_traced.log"
-        with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
-            samples = asyncio.run(ttft_breakdown.sample(server.url, 10, 256))
-        time.sleep(6)  # the exporters' last batches
-        return ttft_breakdown.breakdown(samples, receiver.spans)
+        return ttft_breakdown.serve_and_break_down(
+            serve, out_dir / "serve_traced.log", 10, 256, start_timeout_s=min(240.0, left_s() - 30)
+        )
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"[:800]}
-    finally:
-        receiver.stop()
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -157,23 +157,48 @@ def bench_prefill(dtype: torch.dtype, peak: float, dev: torch.device, flash: Any
     return [_prefill_case(batch, length, dtype, peak, dev, flash) for batch, length in cases]
 
 
-def _prefill_case(
-    batch: int, length: int, dtype: torch.dtype, peak: float, dev: torch.device, flash: Any
-) -> dict:
-    from engine.kernels.prefill_attention import PrefillLayout, paged_prefill_attention
+@dataclasses.dataclass(frozen=True)
+class PagedPrompts:
+    """`batch` prompts of `length` tokens with their K/V in 16-token pages scattered over a
+    cache, and the same K/V gathered contiguous for SDPA."""
 
-    page, hq, hk, d = 16, 32, 8, 128
+    q: torch.Tensor  # [B * len, Hq, D]
+    kv: torch.Tensor  # [blocks, 2, 16, Hk, D]
+    layout: Any  # engine.kernels.prefill_attention.PrefillLayout
+    idx: torch.Tensor  # [B, blocks a prompt]: each prompt's pages
+    k: torch.Tensor  # [B, Hk, len, D]
+    v: torch.Tensor
+    qb: torch.Tensor  # [B, Hq, len, D], a view of q
+
+
+def paged_prompts(
+    batch: int, length: int, hq: int, hk: int, d: int, dtype: torch.dtype, dev: torch.device
+) -> PagedPrompts:
+    from engine.kernels.prefill_attention import PrefillLayout
+
+    page = 16
     nblk = length // page
     kv = torch.randn(batch * nblk, 2, page, hk, d, dtype=dtype, device=dev)
     tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
     starts = [i * length for i in range(batch)]
     layout = PrefillLayout.build(starts, [length] * batch, [length] * batch, tables, dev)
     q = torch.randn(batch * length, hq, d, dtype=dtype, device=dev)
-    out = torch.empty_like(q)
     idx = torch.tensor(tables, device=dev)
     k = kv[idx, 0].flatten(1, 2).transpose(1, 2).contiguous()
     v = kv[idx, 1].flatten(1, 2).transpose(1, 2).contiguous()
     qb = q.view(batch, length, hq, d).transpose(1, 2)
+    return PagedPrompts(q, kv, layout, idx, k, v, qb)
+
+
+def _prefill_case(
+    batch: int, length: int, dtype: torch.dtype, peak: float, dev: torch.device, flash: Any
+) -> dict:
+    from engine.kernels.prefill_attention import paged_prefill_attention
+
+    hq, hk, d = 32, 8, 128
+    p = paged_prompts(batch, length, hq, hk, d, dtype, dev)
+    q, kv, layout, idx, k, v, qb = p.q, p.kv, p.layout, p.idx, p.k, p.v, p.qb
+    out = torch.empty_like(q)
     ms = _time(lambda: paged_prefill_attention(q, kv, layout, d**-0.5, out=out))
     base = _time(
         lambda: F.scaled_dot_product_attention(

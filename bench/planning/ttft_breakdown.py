@@ -104,10 +104,26 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve_and_break_down(
+    serve_args: list[str], log: Path, requests: int, prompt_len: int, start_timeout_s: float = 240
+) -> dict[str, Any]:
+    """`baton serve serve_args` exporting its traces to a receiver here, sampled and broken
+    down (the server's log in `log`)."""
     from loadgen.server import ServerProcess
     from tests.support.otlp_receiver import OTLPReceiver
 
+    receiver = OTLPReceiver().start()
+    try:
+        serve = [*serve_args, "--otlp-traces-endpoint", receiver.endpoint]
+        with ServerProcess(serve, log, start_timeout_s=start_timeout_s) as server:
+            samples = asyncio.run(sample(server.url, requests, prompt_len))
+        time.sleep(6)  # the exporters' last batches (they flush every 5 s)
+        return breakdown(samples, receiver.spans)
+    finally:
+        receiver.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a checkpoint folder")
     p.add_argument("--mode", choices=list(SERVE_FLAGS), default="unified")
@@ -116,16 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    receiver = OTLPReceiver().start()
-    try:
-        serve = ["--model", args.model, "--device", args.device, *SERVE_FLAGS[args.mode],
-                 "--otlp-traces-endpoint", receiver.endpoint]  # fmt: skip
-        with ServerProcess(serve, Path("/tmp") / f"ttft_breakdown_{args.mode}.log") as server:
-            samples = asyncio.run(sample(server.url, args.requests, args.prompt))
-        time.sleep(6)  # the exporters' last batches (they flush every 5 s)
-        result = {"mode": args.mode, "prompt": args.prompt, **breakdown(samples, receiver.spans)}
-    finally:
-        receiver.stop()
+    serve = ["--model", args.model, "--device", args.device, *SERVE_FLAGS[args.mode]]
+    log = Path("/tmp") / f"ttft_breakdown_{args.mode}.log"
+    found = serve_and_break_down(serve, log, args.requests, args.prompt)
+    result = {"mode": args.mode, "prompt": args.prompt, **found}
     print(table(result))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
