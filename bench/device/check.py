@@ -104,12 +104,17 @@ def checkpoint(run: Run) -> dict[str, Any]:
     return figures.make_checkpoint(folder, _device(run), small=run.dry_run)
 
 
-def engine(run: Run) -> dict[str, Any]:
+def _checkpoint(run: Run) -> Path:
+    """The checkpoint its section made this run."""
     made = run.report["sections"].get("checkpoint", {})
-    rates = run.report["sections"].get("hardware", {})
     if "path" not in made:
         raise RuntimeError("no checkpoint (its section did not finish)")
-    return figures.engine_figures(Path(made["path"]), _device(run), rates, small=run.dry_run)
+    return Path(made["path"])
+
+
+def engine(run: Run) -> dict[str, Any]:
+    rates = run.report["sections"].get("hardware", {})
+    return figures.engine_figures(_checkpoint(run), _device(run), rates, small=run.dry_run)
 
 
 def gpu_suite(run: Run) -> dict[str, Any]:
@@ -129,11 +134,8 @@ def gpu_suite(run: Run) -> dict[str, Any]:
 
 
 def peer(run: Run) -> dict[str, Any]:
-    made = run.report["sections"].get("checkpoint", {})
-    if "path" not in made:
-        raise RuntimeError("no checkpoint (its section did not finish)")
     out = run.out.parent / "peer.json"
-    args = [sys.executable, "-m", "bench.device.hf_peer", made["path"], "--out", str(out)]
+    args = [sys.executable, "-m", "bench.device.hf_peer", str(_checkpoint(run)), "--out", str(out)]
     if run.dry_run:
         args.append("--dry-run")
     timeout = max(30.0, run.left_s() - 20)
@@ -154,11 +156,8 @@ def peer(run: Run) -> dict[str, Any]:
 def served(run: Run) -> dict[str, Any]:
     from bench.device import served as serving
 
-    made = run.report["sections"].get("checkpoint", {})
-    if "path" not in made:
-        raise RuntimeError("no checkpoint (its section did not finish)")
     return serving.served_figures(
-        Path(made["path"]), run.out.parent, run.work, run.dry_run, run.left_s
+        _checkpoint(run), run.out.parent, run.work, run.dry_run, run.left_s
     )
 
 
