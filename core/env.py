@@ -77,6 +77,11 @@ SHARED_ATTENTION_DOT = EnvFlag(
     "shared-prefix attention on AVX-512 BF16 dot tiles on a CPU without AMX where "
     "`vdpbf16ps` is fast; 0 keeps such a CPU on the gather and flash path",
 )
+KERNEL_TUNING = EnvText(
+    "BATON_KERNEL_TUNING",
+    "a folder of kernel launch tables tuned on your devices (engine/kernels/tuned.py; the "
+    "device check writes one), read before the tables Baton ships",
+)
 
 # Serving: secrets and addresses a deployment passes outside the command line.
 ADMIN_TOKEN = EnvText(
@@ -118,6 +123,7 @@ SWITCHES: tuple[EnvSwitch, ...] = (
     BF16_FMA,
     CPU_FORWARD,
     SHARED_ATTENTION_DOT,
+    KERNEL_TUNING,
     ADMIN_TOKEN,
     API_KEY,
     REDIS_URL,

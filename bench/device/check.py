@@ -15,22 +15,26 @@ command there is
 Sections, in this order, each skipped (with why) when the time left is under its estimate:
 
     hardware    a device-to-device copy's GB/s and a bf16 matmul's TFLOP/s: the floors' rates
-    kernels     Triton prefill attention against every SDPA backend at 1 x 4,096 and 8 x 1,024
+    kernels     the prefill kernel's launches tuned at head_dims 64 / 128 / 256 (the device's
+                table, engine/kernels/tuned.py: the later sections launch what it chose;
+                bench/device/tuning.py), then Triton prefill attention against every SDPA
+                backend at 1 x 4,096 and 8 x 1,024
     checkpoint  a random Llama-3.1-8B-shaped checkpoint, drawn on the device, bf16
     engine      decode at batch 1 and 64 x 2,048 context, 2,048- / 256- / 128-token prefills,
                 each beside its floor; offline 1 x 128 -> 128 and 64 x 512 -> 128
-    gpu_suite   tests/gpu (pytest -m gpu) in a subprocess
     peer        transformers on the same checkpoint in a subprocess: eager, static cache,
                 static cache + torch.compile while the budget lasts
+    gpu_suite   tests/gpu (pytest -m gpu) in a subprocess
     served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),
                 `baton bench` fixed 256 -> 64 at three rates (needs Ray on the host)
 
 All of it outlasts one 8-minute call on the device (the served section alone is ~4
 minutes), so a lent device runs it in two calls on one warm machine, the second reusing the
-checkpoint the first wrote:
+checkpoint and the kernel table the first wrote (both in --work):
 
-    python3 -m bench.device.check --only hardware kernels checkpoint engine gpu_suite peer
-    python3 -m bench.device.check --only hardware checkpoint served --out $OUT/served.json
+    python3 -m bench.device.check --only hardware kernels checkpoint engine peer
+    python3 -m bench.device.check --only hardware checkpoint gpu_suite served \
+        --out $OUT/served.json
 
 The dry run takes the same code paths on the CPU with the tiny model (Triton under its
 interpreter), so the CPU suite knows the script works before it meets a GPU.
@@ -54,6 +58,7 @@ from typing import Any
 import torch
 
 from bench.device import figures, targets
+from bench.device import tuning as tuned_launches
 
 
 @dataclass
@@ -96,7 +101,10 @@ def hardware(run: Run) -> dict[str, Any]:
 
 
 def kernels(run: Run) -> dict[str, Any]:
-    return figures.prefill_attention_against_sdpa(_device(run), small=run.dry_run)
+    tuning = tuned_launches.tune_prefill(_device(run), run.dry_run, run.work, run.out.parent)
+    against = figures.prefill_attention_against_sdpa(_device(run), small=run.dry_run)
+    return {**against, "tuning": tuning, "headline": {**against["headline"],
+                                                      **tuning["headline"]}}  # fmt: skip
 
 
 def checkpoint(run: Run) -> dict[str, Any]:
@@ -163,11 +171,11 @@ def served(run: Run) -> dict[str, Any]:
 
 SECTIONS = [
     Section("hardware", 10, hardware),
-    Section("kernels", 25, kernels),
+    Section("kernels", 70, kernels),
     Section("checkpoint", 60, checkpoint),
     Section("engine", 120, engine),
-    Section("gpu_suite", 120, gpu_suite),
     Section("peer", 90, peer),
+    Section("gpu_suite", 120, gpu_suite),
     Section("served", 120, served),
 ]
 
@@ -201,6 +209,8 @@ def check(
     work: Path | None = None,
 ) -> Run:
     run = Run(out, dry_run, budget_s, work or out.parent / "work")
+    if not dry_run:
+        tuned_launches.name_earlier_table(run.work)
     run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
     run.save()
     for section in SECTIONS:

@@ -10,6 +10,7 @@ Floors, from the rates measured in the same run:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import statistics
@@ -95,7 +96,7 @@ def _prefill_case(
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from bench.engine.kernels import paged_prompts
-    from engine.kernels.prefill_attention import paged_prefill_attention
+    from engine.kernels.prefill_attention import launch_config, paged_prefill_attention
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}  # fmt: skip
@@ -104,9 +105,15 @@ def _prefill_case(
     out = torch.empty_like(q)
     scale = d**-0.5
     row: dict[str, Any] = {"batch": batch, "length": length, "heads": [hq, hk, d]}
+    launch, default = launch_config(dtype, d, device), launch_config(dtype, d)
+    row["launch"] = dataclasses.asdict(launch)  # the device's tuned one where it has one
     row["triton_ms"] = 1e3 * timed(
         lambda: paged_prefill_attention(q, kv, layout, scale, out=out), device
     )
+    if launch != default:
+        row["triton_default_launch_ms"] = 1e3 * timed(
+            lambda: paged_prefill_attention(q, kv, layout, scale, out, default), device
+        )
     want = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=scale,
                                           enable_gqa=True)  # fmt: skip
     got = out.view(batch, length, hq, d).transpose(1, 2)

@@ -24,8 +24,9 @@ of a multiple of 256 tokens, so it reads the same contexts in 256-token pages wh
 Triton kernel reads 16-token ones.
 
 --tune times every candidate launch of the prefill kernel (query rows and keys per tile,
-warps, pipeline stages) on the prefill shapes, checks each against SDPA, and prints the
-fastest: how `engine/kernels/prefill_attention.launch_config` was chosen.
+warps, pipeline stages, gathered keys or whole pages; bench/engine/prefill_tuning.py) on the
+prefill shapes, checks each against SDPA, and prints the fastest: how
+`engine/kernels/prefill_attention.launch_config`'s default was chosen.
 
 The peak is the theoretical DRAM bandwidth when torch reports the memory clock and bus
 width, else a measured device-to-device copy (marked "copy"). Without CUDA it prints a
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import sys
 from collections.abc import Callable
@@ -222,72 +222,17 @@ def _prefill_case(
     return _row(name, ms, base, nbytes, peak, tflops=flops / (ms * 1e-3) / 1e12, **extra)
 
 
-TUNE_BLOCK_M = (32, 64, 128)
-
-
-def tune_launches(dtype: torch.dtype) -> list[tuple[int, int, int]]:
-    """(keys per tile, warps, stages) to try; float32 tiles take twice the shared memory."""
-    if dtype == torch.float32:
-        return list(itertools.product((32,), (4, 8), (1, 2)))
-    return list(itertools.product((32, 64), (4, 8), (2, 3)))
-
-
 def tune_prefill(dtype: torch.dtype, dev: torch.device) -> list[dict]:
-    """Every candidate launch of the prefill kernel on bench_prefill's shapes: its total time
-    over them (None where it does not compile or disagrees with SDPA), fastest first."""
-    from engine.kernels.prefill_attention import (
-        LaunchConfig,
-        PrefillLayout,
-        paged_prefill_attention,
-    )
+    """Every candidate launch of the prefill kernel (bench/engine/prefill_tuning.py) at
+    head_dim 128 on bench_prefill's shapes and three tile heights, fastest first."""
+    from bench.engine import prefill_tuning
 
-    page, hq, hk, d = 16, 32, 8, 128
-    shapes = []
-    for batch, length in ((1, 4096), (8, 1024), (32, 256)):
-        nblk = length // page
-        kv = torch.randn(batch * nblk, 2, page, hk, d, dtype=dtype, device=dev)
-        tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
-        q = torch.randn(batch * length, hq, d, dtype=dtype, device=dev)
-        idx = torch.tensor(tables, device=dev)
-        k, v = (kv[idx, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
-        qb = q.view(batch, length, hq, d).transpose(1, 2)
-        want = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=d**-0.5,
-                                              enable_gqa=True)  # fmt: skip
-        want = want.transpose(1, 2).reshape(q.shape).float()
-        shapes.append((batch, length, tables, q, kv, want))
-    rows = []
-    for block_m in TUNE_BLOCK_M:
-        layouts = [
-            PrefillLayout.build([i * n for i in range(b)], [n] * b, [n] * b, t, dev, block_m)
-            for b, n, t, *_ in shapes
-        ]
-        for launch in tune_launches(dtype):
-            config = LaunchConfig(*launch)
-            row = dict(block_m=block_m, **dataclasses.asdict(config), ms=None)
-            try:
-                row["ms"] = sum(
-                    _time_checked(paged_prefill_attention, layout, config, *shape[3:])
-                    for layout, shape in zip(layouts, shapes, strict=True)
-                )
-            except Exception as e:  # a candidate that fails to compile is reported, not fatal
-                row["error"] = f"{type(e).__name__}: {str(e)[:80]}"
-            print(row)
-            rows.append(row)
-    rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
+    hq, hk = prefill_tuning.HEADS[128]
+    shapes = prefill_tuning.make_shapes(((1, 4096), (8, 1024), (32, 256)), hq, hk, 128, dtype, dev)
+    rows = prefill_tuning.tune(dtype, dev, 128, shapes, _time, block_ms=(32, 64, 128))
+    for row in rows:
+        print(row)
     return rows
-
-
-def _time_checked(
-    kernel: Callable[..., Any], layout: Any, config: Any, q: torch.Tensor, kv: torch.Tensor,
-    want: torch.Tensor,
-) -> float:  # fmt: skip
-    out = torch.empty_like(q)
-    scale = q.shape[-1] ** -0.5
-    kernel(q, kv, layout, scale, out, config)
-    error = (out.float() - want).abs().amax() / want.abs().amax()
-    if not error <= 2e-2:
-        raise ValueError(f"error {float(error):.3g} of the largest output, against SDPA")
-    return _time(lambda: kernel(q, kv, layout, scale, out, config))
 
 
 def bench_small(dtype: torch.dtype, peak: float, dev: torch.device) -> list[dict]:

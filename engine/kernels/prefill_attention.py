@@ -14,8 +14,20 @@ the tiles once per step (it knows the chunk lengths), so no program idles on pad
 step replayed from a CUDA graph (engine/step_graphs.py) launches a fixed number of tiles,
 and those past the step's list name a chunk of no queries and return at once.
 
-Tile sizes, warps and pipeline stages (`launch_config`) were picked by timing the candidates
-on an H100 (docs/performance.md, "The Triton kernels on an H100").
+Keys are read one of two ways (`LaunchConfig.whole_pages`):
+
+    gather       BLOCK_N keys a step, each key's address through the block table (any page
+                 size, head_dim or cache dtype)
+    whole pages  one 16-token page a step, K and V each in one tensor-descriptor load (TMA on
+                 Hopper: a bulk copy into shared memory, no per-token addresses); the softmax
+                 rescales its running sums only when a row's maximum grows by more than
+                 2^RESCALE_LOG2 (exact: the numerator and the denominator carry the same
+                 stale maximum), so short key steps do not pay a rescale each
+
+Tile sizes, warps, stages and the way of reading (`launch_config`) are chosen by timing the
+candidates on the device (`bench.engine.kernels --tune`, the device check): a device with a
+tuned table (engine/kernels/tuned.py) uses its entry, any other the H100's choice
+(docs/performance.md, "The Triton kernels on an H100").
 """
 
 from __future__ import annotations
@@ -26,7 +38,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from engine.kernels import tuned
 from engine.kernels._checks import (
     INDEX_DTYPES,
     QUANTIZED_CACHE,
@@ -44,22 +58,43 @@ from engine.kernels._paged_attention import (
 )
 
 BLOCK_M = 64
+RESCALE_LOG2 = tl.constexpr(8.0)
+"""Whole pages: how far (in log2) a row's maximum may grow before its sums are rescaled."""
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How one prefill launch is cut: keys per loop step, warps per program, pipeline stages."""
+    """How one prefill launch is cut: keys per loop step (gathered; a whole-pages launch
+    steps one page), warps per program, pipeline stages, and whether keys come as whole
+    pages through tensor descriptors."""
 
     block_n: int
     num_warps: int
     num_stages: int
+    whole_pages: bool = False
 
 
-def launch_config(dtype: torch.dtype, head_dim: int) -> LaunchConfig:
-    """The fastest measured at head_dim 128 with BLOCK_M rows a tile (`bench.engine.kernels
-    --tune` on an H100): bfloat16 32 keys, 4 warps, 2 stages (2.0x the 32-row tiles and
-    Triton's default stages before it); float32's tiles spill registers at 4 warps (11x
-    slower), so 8 warps and one stage. A head_dim above 128 (not measured) halves the keys."""
+def whole_pages_fit(kv_layer: torch.Tensor, head_dim: int) -> bool:
+    """Whether a cache layer can be read in whole pages: contiguous, unquantized, a
+    power-of-two head_dim (a descriptor's block is a power of two) of at least 16 bytes."""
+    return (
+        kv_layer.is_contiguous()
+        and kv_layer.dtype not in QUANTIZED_CACHE
+        and head_dim == next_pow2(head_dim)
+        and head_dim * kv_layer.element_size() >= 16
+    )
+
+
+def launch_config(dtype: torch.dtype, head_dim: int, device: torch.device | None = None
+                  ) -> LaunchConfig:  # fmt: skip
+    """The device's tuned entry where it has one (engine/kernels/tuned.py), else the fastest
+    measured at head_dim 128 with BLOCK_M rows a tile (`bench.engine.kernels --tune` on an
+    H100): bfloat16 32 keys, 4 warps, 2 stages (2.0x the 32-row tiles and Triton's default
+    stages before it); float32's tiles spill registers at 4 warps (11x slower), so 8 warps
+    and one stage. A head_dim above 128 (not measured) halves the keys."""
+    entry = tuned.prefill_entry(device, dtype, head_dim)
+    if entry is not None:
+        return LaunchConfig(**entry)
     if dtype == torch.float32:
         return LaunchConfig(block_n=32 if head_dim <= 128 else 16, num_warps=8, num_stages=1)
     if head_dim > 128:
@@ -133,8 +168,10 @@ def _prefill_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PRECISION: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr,
+    PRECISION: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr, WHOLE_PAGES: tl.constexpr,
 ):  # fmt: skip
+    """`kv_ptr` is the cache layer's pointer, or with WHOLE_PAGES a tensor descriptor over it
+    viewed [num_blocks * 2 * PAGE, Hk * HEAD_DIM] in [PAGE, HEAD_DIM] blocks."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     chunk = tl.load(tile_chunks_ptr + tile)
@@ -160,6 +197,23 @@ def _prefill_kernel(
     diagonal = prefix + row0
     end = tl.minimum(seq_len, diagonal + BLOCK_M)
     m, denom, acc = initial_state(BLOCK_M, BLOCK_D)
+    if WHOLE_PAGES:
+        # Pages wholly before the diagonal need no mask; the page holding it is visible to
+        # every row in part, so each row's maximum is finite after the first page either way.
+        table = table_ptr + chunk * stride_tb
+        below = diagonal // PAGE
+        scale2 = scale * 1.4426950408889634  # exp(x) = exp2(x log2 e)
+        m, denom, acc = _attend_pages(
+            m, denom, acc, q, q_pos, kv_ptr, table, kv_head, 0, below, end, scale2,
+            HEAD_DIM, PAGE, False, PRECISION, DOT,
+        )  # fmt: skip
+        _, denom, acc = _attend_pages(
+            m, denom, acc, q, q_pos, kv_ptr, table, kv_head, below, tl.cdiv(end, PAGE), end,
+            scale2, HEAD_DIM, PAGE, True, PRECISION, DOT,
+        )  # fmt: skip
+        _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot,
+               stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
+        return
     m, denom, acc = attend_paged_kv(
         m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, diagonal, scale,
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
@@ -171,11 +225,50 @@ def _prefill_kernel(
         stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
         BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT, QUANT,
     )  # fmt: skip
-    out = acc / denom[:, None]
+    _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot, stride_oh,
+           HEAD_DIM, BLOCK_D)  # fmt: skip
+
+
+@triton.jit
+def _attend_pages(
+    m, denom, acc, q, q_pos, desc, table, kv_head, first, last, end, scale2,
+    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    DOT: tl.constexpr,
+):  # fmt: skip
+    """Pages [first, last) of the chunk whose block table starts at `table`, one a step, in
+    the exp2 domain (`scale2` folds in log2 e): (m, denom, acc) as `attend_paged_kv` keeps
+    them, except that m may trail a row's maximum by up to RESCALE_LOG2."""
+    col = kv_head * HEAD_DIM
+    for page in range(first, last):
+        row = tl.load(table + page) * (2 * PAGE)  # block b's K page; its V page follows
+        k = desc.load([row, col])
+        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision=PRECISION) * scale2
+        if CAUSAL:
+            pos = page * PAGE + tl.arange(0, PAGE)
+            s = tl.where((pos[None, :] <= q_pos[:, None]) & (pos < end)[None, :], s, float("-inf"))
+        m_page = tl.max(s, 1)
+        if tl.max(m_page - m, 0) > RESCALE_LOG2:
+            m_new = tl.maximum(m, m_page)
+            alpha = tl.exp2(m - m_new)
+            denom = denom * alpha
+            acc = acc * alpha[:, None]
+            m = m_new
+        p = tl.exp2(s - m[:, None])
+        denom += tl.sum(p, 1)
+        v = desc.load([row + PAGE, col])
+        if CAUSAL:
+            v = tl.where((pos < end)[:, None], v, 0.0)  # slots past the context: any bits
+        acc += tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
+    return m, denom, acc
+
+
+@triton.jit
+def _store(out_ptr, out, q_start, rows, row_mask, head, stride_ot, stride_oh,
+           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    d = tl.arange(0, BLOCK_D)
     o_offs = (q_start + rows).to(tl.int64)[:, None] * stride_ot + head * stride_oh + d[None, :]
-    tl.store(
-        out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :]
-    )
+    mask = row_mask[:, None] & (d < HEAD_DIM)[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def paged_prefill_attention(
@@ -197,9 +290,18 @@ def paged_prefill_attention(
     num_tiles = layout.tile_chunks.shape[0]
     if num_tiles == 0:
         return out
-    config = config or launch_config(q.dtype, head_dim)
+    if config is None:
+        config = launch_config(q.dtype, head_dim, q.device)
+        if config.whole_pages and not whole_pages_fit(kv_layer, head_dim):
+            config = launch_config(q.dtype, head_dim)  # the device's choice cannot read it
+    kv = kv_layer
+    if config.whole_pages:
+        check(whole_pages_fit(kv_layer, head_dim),
+              "a whole-pages launch needs a contiguous, unquantized cache layer and a "
+              f"power-of-two head_dim (got {kv_layer.dtype}, head_dim {head_dim})")  # fmt: skip
+        kv = _page_descriptor(kv_layer, page, head_dim)
     _prefill_kernel[(num_tiles, num_heads)](
-        q, kv_layer, out,
+        q, kv, out,
         layout.query_starts, layout.query_lens, layout.seq_lens, layout.block_tables,
         layout.tile_chunks, layout.tile_rows,
         scale,
@@ -210,10 +312,17 @@ def paged_prefill_attention(
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=layout.block_m,
         BLOCK_N=config.block_n, BLOCK_D=next_pow2(head_dim),
         PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
-        QUANT=kv_layer.dtype in QUANTIZED_CACHE,
+        QUANT=kv_layer.dtype in QUANTIZED_CACHE, WHOLE_PAGES=config.whole_pages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
+
+
+def _page_descriptor(kv_layer: torch.Tensor, page: int, head_dim: int) -> TensorDescriptor:
+    """The layer as rows of one token's K (or V) for every KV head, read [page, head_dim] at
+    a time: block b's K page starts at row 2 b page, its V page at (2 b + 1) page."""
+    rows = kv_layer.view(-1, kv_layer.shape[3] * head_dim)
+    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [page, head_dim])
 
 
 def paged_prefill_attention_ref(

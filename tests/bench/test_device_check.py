@@ -30,6 +30,12 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     for name in ("decode_b1", "decode_b64"):
         assert engine[name]["step_ms"] > 0 and engine[name]["of_floor"] > 0
     assert all(row["max_abs_err"] < 1e-3 for row in sections["kernels"]["rows"])
+    # Both ways of reading keys were timed, and the faster is the table's entry, in the
+    # folder the device check copies back.
+    tuned = sections["kernels"]["tuning"]["rows"]["64"]
+    assert {r["whole_pages"] for r in tuned if r["ms"]} == {False, True}, tuned
+    table = json.loads((tmp_path / "tuned" / "cpu_dry_run.json").read_text())
+    assert table["prefill"]["float32/64"]["whole_pages"] == tuned[0]["whole_pages"]
     assert (
         sections["gpu_suite"]["returncode"] == 0 and "collected" in sections["gpu_suite"]["summary"]
     )

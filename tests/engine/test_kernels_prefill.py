@@ -11,9 +11,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from engine.kernels import tuned
 from engine.kernels.prefill_attention import (
     LaunchConfig,
     PrefillLayout,
+    launch_config,
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
@@ -40,17 +42,28 @@ def layout_for(ctx: PagedContexts, query_lens: list[int]) -> PrefillLayout:
     )
 
 
-def run(q: torch.Tensor, ctx: PagedContexts, query_lens: list[int]) -> torch.Tensor:
+def run(
+    q: torch.Tensor, ctx: PagedContexts, query_lens: list[int], config: LaunchConfig | None = None
+) -> torch.Tensor:
     out = poisoned(tuple(q.shape), q.dtype)
-    return paged_prefill_attention(q, ctx.kv_layer, layout_for(ctx, query_lens), 0.1, out=out)
+    layout = layout_for(ctx, query_lens)
+    return paged_prefill_attention(q, ctx.kv_layer, layout, 0.1, out, config)
 
 
-@pytest.mark.parametrize("hq,hk,dim,page,chunks,dtype", CASES)
-def test_matches_reference(hq, hk, dim, page, chunks, dtype) -> None:
+def whole_pages(page: int) -> LaunchConfig:
+    return LaunchConfig(block_n=page, num_warps=4, num_stages=2, whole_pages=True)
+
+
+@pytest.mark.parametrize(
+    "hq,hk,dim,page,chunks,dtype,whole",
+    # Whole pages read every case whose head_dim a descriptor's block can hold.
+    [(*case, False) for case in CASES] + [(*c, True) for c in CASES if c[2] in (64, 128, 256)],
+)
+def test_matches_reference(hq, hk, dim, page, chunks, dtype, whole) -> None:
     query_lens = [q for q, _ in chunks]
     ctx = make_paged_contexts([s for _, s in chunks], hk, dim, page, dtype, seed=dim + hq)
     q = torch.randn(LEADING_ROWS + sum(query_lens), hq, dim).to(dtype)
-    got = run(q, ctx, query_lens)
+    got = run(q, ctx, query_lens, whole_pages(page) if whole else None)
     want = paged_prefill_attention_ref(q, ctx.kv_layer, layout_for(ctx, query_lens), 0.1)
     assert got[:LEADING_ROWS].isnan().all(), "rows outside the chunks were written"
     assert not got[LEADING_ROWS:].isnan().any(), "a chunk row was left unwritten"
@@ -112,4 +125,54 @@ def test_padding_tiles_of_a_fixed_grid_write_nothing() -> None:
     got = paged_prefill_attention(q, ctx.kv_layer, padded, 0.1, out=poisoned(q.shape, q.dtype))
     want = paged_prefill_attention_ref(q, ctx.kv_layer, exact, 0.1)
     assert got[:LEADING_ROWS].isnan().all(), "a padding tile wrote a row"
+    torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[torch.float32])
+
+
+def test_whole_pages_rescale_when_later_keys_score_higher() -> None:
+    """Scores that climb along the context by far more than 2^8 a page: the running sums
+    are rescaled when a row's maximum outgrows the one they carry, and match the reference."""
+    chunks = [(40, 90), (33, 33)]
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], 1, 64, 16, torch.float32, seed=5)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), 2, 64).abs()
+    climb = torch.linspace(0.1, 8.0, 16).view(1, 16, 1, 1)
+    ctx.kv_layer[:, 0] = ctx.kv_layer[:, 0].abs() * climb  # later slots score higher (NaN stays)
+    layout = layout_for(ctx, query_lens)
+    got = paged_prefill_attention(q, ctx.kv_layer, layout, 0.5, config=whole_pages(16))
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout, 0.5)
+    torch.testing.assert_close(got[LEADING_ROWS:], want[LEADING_ROWS:], atol=1e-4, rtol=1e-4)
+
+
+def test_whole_pages_refuse_a_cache_they_cannot_read() -> None:
+    ctx = make_paged_contexts([20], 1, 80, 16, torch.float32, seed=1)
+    q = torch.randn(20, 2, 80)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        run(q, ctx, [20], whole_pages(16))
+
+
+def test_a_device_with_a_tuned_table_launches_its_entry(monkeypatch) -> None:
+    entry = dict(block_n=16, num_warps=8, num_stages=3, whole_pages=True)
+    monkeypatch.setattr(
+        tuned, "device_name", lambda kind, _: "NVIDIA H200" if kind == "cuda" else None
+    )
+    monkeypatch.setattr(tuned, "_in_process", {})
+    tuned.use("NVIDIA H200", {"prefill": {"bfloat16/128": entry}})
+    cuda = torch.device("cuda", 0)
+    assert launch_config(torch.bfloat16, 128, cuda) == LaunchConfig(**entry)
+    # What the table lacks, and a device without one, keep the default.
+    assert launch_config(torch.bfloat16, 64, cuda) == launch_config(torch.bfloat16, 64)
+    assert not launch_config(torch.bfloat16, 128, torch.device("cpu")).whole_pages
+    assert tuned.file_name("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3.json"
+
+
+def test_a_tuned_choice_that_cannot_read_the_layer_falls_back_to_gathering(monkeypatch) -> None:
+    """A table's whole-pages entry meets a head_dim no descriptor block holds: the launch
+    gathers instead of failing the step."""
+    monkeypatch.setattr(tuned, "device_name", lambda kind, _: "tuned cpu")
+    monkeypatch.setattr(tuned, "_in_process", {})
+    tuned.use("tuned cpu", {"prefill": {"float32/80": dataclasses.asdict(whole_pages(16))}})
+    ctx = make_paged_contexts([20, 7], 1, 80, 16, torch.float32, seed=2)
+    q = torch.randn(LEADING_ROWS + 27, 2, 80)
+    got = run(q, ctx, [20, 7])
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout_for(ctx, [20, 7]), 0.1)
     torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[torch.float32])

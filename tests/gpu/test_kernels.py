@@ -18,6 +18,7 @@ import torch
 from engine.kernels.decode_attention import paged_decode_attention, paged_decode_attention_ref
 from engine.kernels.int8_linear import int8_linear, int8_linear_ref
 from engine.kernels.prefill_attention import (
+    LaunchConfig,
     PrefillLayout,
     paged_prefill_attention,
     paged_prefill_attention_ref,
@@ -80,12 +81,16 @@ PREFILL_CASES = [
     (32, 8, 128, [(2048, 2048), (1, 3000), (100, 1100), (37, 37)]),
     (16, 16, 64, [(512, 512), (300, 4096)]),
     (8, 1, 128, [(1000, 1000), (65, 129)]),
+    (8, 2, 256, [(700, 700), (20, 333)]),
 ]
 
 
+@pytest.mark.parametrize("whole_pages", [False, True], ids=["gather", "whole_pages"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hq,hk,dim,chunks", PREFILL_CASES)
-def test_prefill_attention(hq, hk, dim, chunks, dtype) -> None:
+def test_prefill_attention(hq, hk, dim, chunks, dtype, whole_pages) -> None:
+    """Both ways of reading keys: gathered (the default launch) and whole pages through
+    tensor descriptors (TMA on Hopper)."""
     query_lens = [q for q, _ in chunks]
     ctx = make_paged_contexts([s for _, s in chunks], hk, dim, PAGE, dtype, seed=dim, device=CUDA)
     starts = [LEADING_ROWS + sum(query_lens[:i]) for i in range(len(chunks))]
@@ -93,7 +98,8 @@ def test_prefill_attention(hq, hk, dim, chunks, dtype) -> None:
     gen = torch.Generator().manual_seed(hq)
     q = torch.randn(LEADING_ROWS + sum(query_lens), hq, dim, generator=gen).to(dtype).to(CUDA)
     out = poisoned(tuple(q.shape), dtype, CUDA)
-    got = paged_prefill_attention(q, ctx.kv_layer, layout, dim**-0.5, out=out)
+    config = LaunchConfig(PAGE, 4, 2, whole_pages=True) if whole_pages else None
+    got = paged_prefill_attention(q, ctx.kv_layer, layout, dim**-0.5, out, config)
     want = paged_prefill_attention_ref(q, ctx.kv_layer, layout, dim**-0.5)
     assert got[:LEADING_ROWS].isnan().all(), "rows outside the chunks were written"
     for start, (q_len, n) in zip(starts, chunks, strict=True):

@@ -1,0 +1,132 @@
+"""Choosing the prefill kernel's launch on a device: every candidate timed on prompts already
+in the paged cache, each checked against SDPA first (a launch that is fast and wrong, or does
+not compile, is reported and never chosen).
+
+    candidates   gathered keys: keys per step x warps x pipeline stages; whole pages (tensor
+                 descriptors, TMA on Hopper) where the head_dim allows: warps x stages
+    shapes       batch x prompt length, causal, 16-token pages in a shuffled block table
+    table entry  the fastest launch at the engine's tile height (BLOCK_M query rows), per
+                 (dtype, head_dim): what engine/kernels/tuned.py serves to `launch_config`
+
+`bench.engine.kernels --tune` runs it at head_dim 128 over three tile heights (for the
+record); the device check (bench/device/tuning.py) at head_dims 64, 128 and 256, and writes
+the device's table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+HEADS = {64: (32, 8), 128: (32, 8), 256: (16, 8)}
+"""Query and KV heads tuned at each head_dim (GQA as Llama's; Gemma's shape at 256)."""
+PAGE = 16
+
+
+def candidates(dtype: torch.dtype, head_dim: int) -> list[Any]:
+    """Every launch to try: float32 tiles take twice the shared memory (fewer keys, fewer
+    stages); head_dim 256 halves the keys a step."""
+    from engine.kernels.prefill_attention import LaunchConfig
+
+    if dtype == torch.float32:
+        gather = itertools.product((16, 32), (4, 8), (1, 2))
+    else:
+        gather = itertools.product((16, 32) if head_dim > 128 else (32, 64), (4, 8), (2, 3))
+    out = [LaunchConfig(*launch) for launch in gather]
+    if head_dim in (64, 128, 256):
+        out += [LaunchConfig(PAGE, warps, stages, whole_pages=True)
+                for warps, stages in itertools.product((4, 8), (2, 3))]  # fmt: skip
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    batch: int
+    length: int
+    tables: list[list[int]]
+    q: torch.Tensor
+    kv: torch.Tensor
+    want: torch.Tensor
+
+
+def make_shapes(
+    cases: Sequence[tuple[int, int]], hq: int, hk: int, d: int, dtype: torch.dtype,
+    device: torch.device,
+) -> list[Shape]:  # fmt: skip
+    """Prompts of `length` tokens written to shuffled pages, and SDPA's answer for each."""
+    shapes = []
+    for batch, length in cases:
+        nblk = length // PAGE
+        kv = torch.randn(batch * nblk, 2, PAGE, hk, d, dtype=dtype, device=device)
+        tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
+        q = torch.randn(batch * length, hq, d, dtype=dtype, device=device)
+        idx = torch.tensor(tables, device=device)
+        k, v = (kv[idx, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
+        qb = q.view(batch, length, hq, d).transpose(1, 2)
+        want = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=d**-0.5,
+                                              enable_gqa=True)  # fmt: skip
+        shapes.append(Shape(batch, length, tables, q, kv, want.transpose(1, 2).reshape(q.shape)))
+    return shapes
+
+
+def tune(
+    dtype: torch.dtype,
+    device: torch.device,
+    head_dim: int,
+    shapes: list[Shape],
+    timer: Callable[[Callable[[], Any]], float],
+    block_ms: Sequence[int] | None = None,
+    launches: Sequence[Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Each candidate's total ms over `shapes` (`timer` gives one call's ms), fastest first;
+    None with the error where it fails to compile or disagrees with SDPA."""
+    from engine.kernels.prefill_attention import BLOCK_M, PrefillLayout
+
+    rows = []
+    for block_m in block_ms or (BLOCK_M,):
+        layouts = [
+            PrefillLayout.build([i * s.length for i in range(s.batch)], [s.length] * s.batch,
+                                [s.length] * s.batch, s.tables, device, block_m)
+            for s in shapes
+        ]  # fmt: skip
+        for config in launches or candidates(dtype, head_dim):
+            row = dict(head_dim=head_dim, block_m=block_m, **dataclasses.asdict(config), ms=None)
+            try:
+                row["ms"] = sum(
+                    _time_checked(layout, config, shape, timer)
+                    for layout, shape in zip(layouts, shapes, strict=True)
+                )
+            except Exception as e:  # a candidate that fails is reported, not fatal
+                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+            rows.append(row)
+    rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
+    return rows
+
+
+def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest launch that ran, at the engine's tile height, as LaunchConfig's fields."""
+    from engine.kernels.prefill_attention import BLOCK_M, LaunchConfig
+
+    fields = [f.name for f in dataclasses.fields(LaunchConfig)]
+    for row in rows:
+        if row["ms"] is not None and row["block_m"] == BLOCK_M:
+            return {name: row[name] for name in fields}
+    return None
+
+
+def _time_checked(layout: Any, config: Any, shape: Shape, timer: Callable) -> float:
+    from engine.kernels.prefill_attention import paged_prefill_attention
+
+    out = torch.empty_like(shape.q)
+    scale = shape.q.shape[-1] ** -0.5
+    paged_prefill_attention(shape.q, shape.kv, layout, scale, out, config)
+    want = shape.want.float()
+    error = (out.float() - want).abs().amax() / want.abs().amax()
+    if not error <= 2e-2:
+        raise ValueError(f"error {float(error):.3g} of the largest output, against SDPA")
+    return timer(lambda: paged_prefill_attention(shape.q, shape.kv, layout, scale, out, config))
