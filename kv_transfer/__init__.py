@@ -17,7 +17,10 @@ Module map
     holds.py       a failed send's source blocks, held while the receiver may read them
     settling.py    failed requests' results, held until the backend released their ops
     driver.py      the backend seam; nixl_driver.py, ucx_driver.py, shm_driver.py (same
-                   host: peers map each other's memfd cache), local_driver.py
+                   host: peers map each other's memfd cache), cuda_ipc_driver.py (same
+                   host, GPU caches: peers open each other's cache through CUDA IPC),
+                   local_driver.py
+    unix_messages.py  the same-host backends' control messages, over Unix sockets
     paired.py      PairedTransport: one transport per backend, the backend chosen per peer
     host.py        which processes share a host (boot id, pid and network namespaces)
     env.py         UCX settings for machines without a GPU, applied before UCX starts

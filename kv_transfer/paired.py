@@ -8,6 +8,9 @@ both and, for each peer, uses
 
     shm             when the peer is on this host (kv_transfer.host) and both have shm
     nixl, else ucx  otherwise, the first network backend both have
+    cuda_ipc        a peer on this host, both caches in GPU memory, where neither has a
+                    network backend (NIXL moves VRAM on a host as well; kv_transfer/
+                    cuda_ipc_driver.py)
     (none)          IncompatiblePeerError naming what each side has and why ours lacks one
 
 `local` is never chosen: it moves KV within one process only.
@@ -94,6 +97,12 @@ class PairedTransport(Transport):
         for backend in NETWORK_BACKENDS:
             if backend in self._transports and backend in peer_backends:
                 return backend
+        if (
+            peer_host == self.host
+            and "cuda_ipc" in peer_backends
+            and "cuda_ipc" in self._transports
+        ):
+            return "cuda_ipc"
         where = "this host" if peer_host == self.host else "another host"
         why = "; ".join(f"{b}: {reason}" for b, reason in self._unavailable.items())
         raise IncompatiblePeerError(

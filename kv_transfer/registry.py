@@ -2,8 +2,9 @@
 
 `auto` starts one transport per usable backend and picks per peer (kv_transfer.paired):
 `shm` for a peer on this host (CPU caches), else the first network backend that works here,
-`nixl` (zero-copy READs, peer-failure detection, VRAM) before `ucx`. What was started and why
-a backend is unavailable are logged. `local` (same-process peers only) is used only by name.
+`nixl` (zero-copy READs, peer-failure detection, VRAM) before `ucx`, else `cuda_ipc` for a
+GPU peer on this host. What was started and why a backend is unavailable are logged.
+`local` (same-process peers only) is used only by name.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _BACKENDS: dict[str, tuple[str, str]] = {
     "nixl": ("kv_transfer.nixl_driver:NixlDriver", "nixl._api"),
     "ucx": ("kv_transfer.ucx_driver:UcxDriver", "ucxx._lib.libucxx"),
     "shm": ("kv_transfer.shm_driver:ShmDriver", "mmap"),
+    "cuda_ipc": ("kv_transfer.cuda_ipc_driver:CudaIpcDriver", "torch"),
     "local": ("kv_transfer.local_driver:LocalDriver", "torch"),
 }
 
@@ -168,7 +170,8 @@ def create_transport(
     """Register `kv` (shaped as `layout` describes) with a backend and start its transport.
 
     `backend="auto"` picks per peer (kv_transfer.paired): `shm` on this host (CPU caches),
-    the first of nixl, ucx that works here for the others; `require_network` makes a missing
+    the first of nixl, ucx that works here for the others, `cuda_ipc` on this host (GPU
+    caches) where neither does; `require_network` makes a missing
     network backend an error now (a worker of a multi-host cluster), naming each backend and
     why it is unavailable. A named backend is used for every peer.
 
@@ -201,13 +204,14 @@ def create_transport(
         return start(select_backend(backend))
     transports: dict[str, Transport] = {}
     unavailable: dict[str, str] = {}
-    if kv.is_cuda:
-        unavailable["shm"] = "the cache is in GPU memory"
-    else:
-        try:
-            transports["shm"] = start("shm")
-        except (DriverError, ValueError) as exc:  # e.g. a cache not in shared memory
-            unavailable["shm"] = str(exc)
+    same_host = "cuda_ipc" if kv.is_cuda else "shm"
+    unavailable["cuda_ipc" if same_host == "shm" else "shm"] = (
+        f"the cache is in {'GPU' if kv.is_cuda else 'host'} memory"
+    )
+    try:
+        transports[same_host] = start(same_host)
+    except (DriverError, ValueError, RuntimeError) as exc:  # a cache not in shared memory
+        unavailable[same_host] = str(exc)
     for network in NETWORK_BACKENDS:
         reason = unavailable_reason(network)
         if reason is None:

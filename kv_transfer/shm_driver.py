@@ -9,10 +9,9 @@ How: the cache must live in a shared file mapping (the engine allocates CPU cach
 memfd, engine/kv_cache/shared_memory.py); this driver finds that mapping in
 /proc/self/maps and the fd that holds it, and a peer opens it read-only through
 /proc/<pid>/fd/<n>. The receiver pulls (copies from the sender's mapping into its own
-reserved blocks), so no process ever writes another's memory. Control messages are
-length-prefixed frames over Unix stream sockets (abstract names, one listener per
-driver); a dead receiver shows as a broken pipe on send, a dead sender by the request
-deadline (its mapping stays readable, so a copy never faults).
+reserved blocks), so no process ever writes another's memory. Control messages go over Unix
+sockets (kv_transfer/unix_messages.py); a dead sender's mapping stays readable, so a copy
+never faults.
 
 Only for peers on the same host and in the same pid namespace (checked at connect, with
 a message naming the mismatch). The copy runs on the transport's I/O thread, all regions
@@ -26,9 +25,6 @@ import ctypes
 import logging
 import mmap
 import os
-import select
-import socket
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +36,9 @@ from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
 from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region
+from kv_transfer.unix_messages import UnixMessages
 
 logger = logging.getLogger(__name__)
-
-_FRAME = struct.Struct("<I")
-_SEND_TIMEOUT_S = 5.0
 
 
 def _host_identity() -> tuple[str, str]:
@@ -81,15 +75,13 @@ def _backing_file(address: int, nbytes: int) -> tuple[int, int]:
 
 
 class _Peer:
-    def __init__(self, sock: socket.socket, mapping: mmap.mmap, offset: int, nbytes: int):
-        self.sock = sock
+    def __init__(self, mapping: mmap.mmap, offset: int, nbytes: int):
         self.mapping = mapping
         self.view = np.frombuffer(mapping, dtype=np.uint8)  # pins the mapping while in use
         self.base = self.view.ctypes.data + offset
         self.nbytes = nbytes
 
     def close(self) -> None:
-        self.sock.close()
         del self.view
         # a view still exported: the mapping goes with its last user
         with contextlib.suppress(BufferError):
@@ -111,20 +103,16 @@ class ShmDriver(Driver):
         self._base = self.kv_bytes.data_ptr()
         self._nbytes = self.kv_bytes.numel()
         self._fd, self._file_offset = _backing_file(self._base, self._nbytes)
-        self._address = f"\0baton-kv-shm-{os.getpid()}-{agent_name}"
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self._address)
-        self._listener.listen(64)
-        self._listener.setblocking(False)
-        self._inbound: list[tuple[socket.socket, bytearray]] = []
+        self._messages = UnixMessages(self.name, agent_name)
         self._peers: dict[str, _Peer] = {}
         self._native = block_copy
 
     def metadata(self) -> bytes:
         boot_id, pid_ns = _host_identity()
         return msgspec.msgpack.encode(
-            (boot_id, pid_ns, os.getpid(), self._fd, self._file_offset, self._nbytes, self._address)
-        )
+            (boot_id, pid_ns, os.getpid(), self._fd, self._file_offset, self._nbytes,
+             self._messages.address)
+        )  # fmt: skip
 
     def connect(self, peer: str, metadata: bytes) -> None:
         boot_id, pid_ns, pid, fd, offset, nbytes, address = msgspec.msgpack.decode(metadata)
@@ -143,20 +131,18 @@ class ShmDriver(Driver):
             raise DriverError(f"cannot map peer {peer}'s KV cache: {exc}") from exc
         finally:
             os.close(file_fd)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(_SEND_TIMEOUT_S)
         try:
-            sock.connect(address)
-        except OSError as exc:
-            sock.close()
+            self._messages.connect(peer, address)
+        except DriverError:
             mapping.close()
-            raise DriverError(f"cannot reach peer {peer}'s control socket: {exc}") from exc
+            raise
         old = self._peers.pop(peer, None)
         if old is not None:
             old.close()
-        self._peers[peer] = _Peer(sock, mapping, offset, nbytes)
+        self._peers[peer] = _Peer(mapping, offset, nbytes)
 
     def disconnect(self, peer: str) -> None:
+        self._messages.disconnect(peer)
         state = self._peers.pop(peer, None)
         if state is not None:
             state.close()
@@ -168,57 +154,13 @@ class ShmDriver(Driver):
         return state
 
     def send_message(self, peer: str, message: bytes) -> None:
-        try:
-            self._peer(peer).sock.sendall(_FRAME.pack(len(message)) + message)
-        except OSError as exc:  # broken pipe, reset, timeout: the peer is gone or stuck
-            raise DriverError(f"message to {peer} failed: {exc}") from exc
+        self._messages.send(peer, message)
 
     def messages(self) -> list[bytes]:
-        # One select() says which sockets have data: cheaper than a failing non-blocking
-        # accept and recv on each of them every step.
-        readable, _, _ = select.select(self.wait_fds(), [], [], 0)
-        if not readable:
-            return []
-        ready = set(readable)
-        if self._listener.fileno() in ready:
-            while True:
-                try:
-                    conn, _ = self._listener.accept()
-                except BlockingIOError:
-                    break
-                conn.setblocking(False)
-                self._inbound.append((conn, bytearray()))
-        out: list[bytes] = []
-        alive = []
-        for conn, buffer in self._inbound:
-            closed = False
-            while conn.fileno() in ready:
-                try:
-                    chunk = conn.recv(1 << 20)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    closed = True
-                    break
-                if not chunk:
-                    closed = True
-                    break
-                buffer += chunk
-            while len(buffer) >= _FRAME.size:
-                (length,) = _FRAME.unpack_from(buffer)
-                if len(buffer) < _FRAME.size + length:
-                    break
-                out.append(bytes(buffer[_FRAME.size : _FRAME.size + length]))
-                del buffer[: _FRAME.size + length]
-            if closed:
-                conn.close()
-            else:
-                alive.append((conn, buffer))
-        self._inbound = alive
-        return out
+        return self._messages.receive()
 
     def wait_fds(self) -> list[int]:
-        return [self._listener.fileno(), *(conn.fileno() for conn, _ in self._inbound)]
+        return self._messages.wait_fds()
 
     def pull_blocks(self, ready: LayersReady, peer_layout: KVLayout) -> Any:
         if self._native is None:
@@ -257,7 +199,4 @@ class ShmDriver(Driver):
     def close(self) -> None:
         for peer in list(self._peers):
             self.disconnect(peer)
-        for conn, _ in self._inbound:
-            conn.close()
-        self._inbound = []
-        self._listener.close()
+        self._messages.close()

@@ -4,7 +4,9 @@ fixed 256 -> 64 workload. The low rate's TTFT p50 is held against the engine's o
 256-token prefill step (engine section): what the served path adds to a first token; then,
 on a traced server of its own, where that time goes (bench/planning/ttft_breakdown.py).
 
-Needs Ray and the serving stack on the host; without them the section says so and skips.
+The 1P+1D workers' KV moves over NIXL where it is installed, else over CUDA IPC (both caches
+on the one GPU: kv_transfer/cuda_ipc_driver.py). Needs Ray and the serving stack on the host;
+without them the section says so and skips.
 The dry run serves the tiny checkpoint 1P+1D on the CPU at three low rates.
 """
 
@@ -46,17 +48,6 @@ def missing_stack() -> str | None:
     return None
 
 
-def no_gpu_transport() -> str | None:
-    """Why KV cannot move between two GPU workers here, or None: a cache in GPU memory needs
-    NIXL or UCX (the shared-memory transport takes host caches only)."""
-    from kv_transfer import unavailable_reason
-
-    reasons = {name: unavailable_reason(name) for name in ("nixl", "ucx")}
-    if all(reasons.values()):
-        return "no GPU KV transport: " + "; ".join(f"{k}: {v}" for k, v in reasons.items())
-    return None
-
-
 def served_figures(
     model_dir: Path, out_dir: Path, work: Path, dry_run: bool, left_s: Callable[[], float]
 ) -> dict[str, Any]:
@@ -73,15 +64,16 @@ def served_figures(
         else ["--device", "cuda", "--dtype", "bfloat16"]
     )
     result: dict[str, Any] = {"rates": [float(r) for r in RATES[kind]], "configs": {}}
+    if not dry_run:
+        from kv_transfer import unavailable_reason
+
+        result["kv_transport_1p1d"] = "nixl" if unavailable_reason("nixl") is None else "cuda_ipc"
     # The dry run serves 1P+1D only (the configuration with a flag of its own): every line
     # of this runs either way, in half the time.
     configs = {"1p1d": CONFIGS["1p1d"]} if dry_run else CONFIGS
     for name, flags in configs.items():
         if left_s() < 60:
             result["configs"][name] = {"skipped": f"{left_s():.0f} s left"}
-            continue
-        if name == "1p1d" and not dry_run and (why := no_gpu_transport()):
-            result["configs"][name] = {"skipped": why}
             continue
         serve = ["--model", str(model_dir), *device, *flags]
         log = out_dir / f"serve_{name}.log"

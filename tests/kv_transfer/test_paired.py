@@ -6,6 +6,9 @@ with the UCX wheel the two-process tests load); the multi-host tests run NIXL fo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import msgspec
 import pytest
 import torch
@@ -85,3 +88,36 @@ def test_a_peer_on_another_host_needs_a_network_backend(no_network) -> None:
 def test_a_multi_host_worker_without_a_network_backend_fails_at_start(no_network) -> None:
     with pytest.raises(RuntimeError, match=r"nixl: nixl is not loaded.*ucx: ucx is not loaded"):
         create_transport(cache(1), LAYOUT, "m", require_network=True)
+
+
+def _standing_for(backend: str) -> Any:
+    """A transport standing for one backend in the choice (never asked to move anything)."""
+    return SimpleNamespace(name="t", backend=backend, local_metadata=lambda: b"")
+
+
+@pytest.mark.parametrize(
+    "ours,theirs,same_host,chosen",
+    [
+        # GPU caches on one host: CUDA IPC where neither side has a network backend ...
+        (["cuda_ipc"], ["cuda_ipc"], True, "cuda_ipc"),
+        # ... and the network backend where both have one (NIXL moves VRAM on a host too).
+        (["cuda_ipc", "nixl"], ["cuda_ipc", "nixl"], True, "nixl"),
+        (["cuda_ipc"], ["cuda_ipc"], False, None),  # CUDA IPC does not cross hosts
+        (["shm", "ucx"], ["shm", "ucx"], True, "shm"),
+    ],
+)
+def test_the_backend_chosen_per_peer(ours, theirs, same_host, chosen) -> None:
+    paired = PairedTransport({name: _standing_for(name) for name in ours})
+    host = paired.host if same_host else "another-host"
+    if chosen is None:
+        with pytest.raises(IncompatiblePeerError, match="another host"):
+            paired.backend_for(host, theirs)
+    else:
+        assert paired.backend_for(host, theirs) == chosen
+
+
+def test_the_cuda_ipc_backend_takes_gpu_caches_only() -> None:
+    from kv_transfer.cuda_ipc_driver import CudaIpcDriver
+
+    with pytest.raises(ValueError, match="GPU memory only; use shm"):
+        CudaIpcDriver(cache(1), LAYOUT, "a")

@@ -1,8 +1,9 @@
 """Disaggregated on one GPU: a prefill worker in a child process and a decode worker in this
-one, both with their KV cache in VRAM, the prompt's KV moved block by block over NIXL. Every
-prompt's tokens equal one-process decoding's (an LLM on the same GPU, one prompt at a time
-as here, in float32), and again once the decode worker caches the prefixes and is sent only
-the rest. Skipped where nixl cannot be imported."""
+one, both with their KV cache in VRAM, the prompt's KV moved block by block over NIXL and
+over CUDA IPC (kv_transfer/cuda_ipc_driver.py). Every prompt's tokens equal one-process
+decoding's (an LLM on the same GPU, one prompt at a time as here, in float32), and again once
+the decode worker caches the prefixes and is sent only the rest. The NIXL case is skipped
+where nixl cannot be imported."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ TIMEOUT_S = 120.0
 ENGINE = dict(device="cuda", dtype="float32", num_kv_blocks=512)
 
 
-def spec(worker_id: str, role: WorkerRole, model_dir: str) -> WorkerSpec:
-    return WorkerSpec(worker_id, role, model_dir, EngineConfig(**ENGINE), transport="nixl")
+def spec(worker_id: str, role: WorkerRole, model_dir: str, backend: str) -> WorkerSpec:
+    return WorkerSpec(worker_id, role, model_dir, EngineConfig(**ENGINE), transport=backend)
 
 
 async def disaggregated(prefill: PipedProcess, decode: DecodeWorker, request: EngineRequest):
@@ -60,8 +61,9 @@ async def disaggregated(prefill: PipedProcess, decode: DecodeWorker, request: En
     raise AssertionError("the stream ended before the request finished")
 
 
-def test_prefill_to_decode_over_nixl_equals_one_process(tiny_model_dir, loop_thread) -> None:
-    reason = unavailable_reason("nixl")
+@pytest.mark.parametrize("backend", ["nixl", "cuda_ipc"])
+def test_prefill_to_decode_equals_one_process(tiny_model_dir, loop_thread, backend) -> None:
+    reason = unavailable_reason(backend)
     if reason is not None:
         pytest.skip(reason)
     model_dir = str(tiny_model_dir("llama"))
@@ -70,11 +72,13 @@ def test_prefill_to_decode_over_nixl_equals_one_process(tiny_model_dir, loop_thr
     want = [one_process.generate([p], GREEDY)[0].token_ids for p in prompts]
 
     prefill = PipedProcess(
-        prefill_worker_main, (spec("p0", WorkerRole.PREFILL, model_dir),), start_timeout_s=300
+        prefill_worker_main,
+        (spec("p0", WorkerRole.PREFILL, model_dir, backend),),
+        start_timeout_s=300,
     )
-    decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model_dir))
+    decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model_dir, backend))
     try:
-        assert decode.info().transport_backend == "nixl"
+        assert decode.info().transport_backend == backend
         assert decode.group.rank.engine.runner.kv_cache.is_cuda
         prefill.call("route", loop_thread.run(decode.accept(prefill.metadata)))
         skipped = []
