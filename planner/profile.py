@@ -12,13 +12,13 @@ stepping in lockstep over torch.distributed (gloo on CPU, NCCL on GPU: engine/tp
 the same shapes as at TP 1, from rank 0's step totals; `--threads` is per rank.
 
 Prefill time against prompt length (with and without a cached prefix) and decode step time
-against batch size and context, each fitted to the performance model (core/perf), with the samples
-behind the fits. The KV transfer between workers is measured too (a few seconds;
-`--no-measure-transfer` skips it): two processes with caches of the model's KV layout send
-1 to 256 blocks (more where a model's blocks are small) over the transport a cluster uses
-here (`--transport`: shm for CPU workers on one host, else nixl; both caches in host
-memory), fitted to time = latency + bytes / bandwidth (planner/transfer.py), recorded as
-`transfer_gbps`, `transfer_latency_ms`, `transfer_source` ("measured over shm on <host>") and
+against batch size and context, each fitted to the performance model (core/perf), with the
+samples behind the fits. The KV transfer between workers is measured too (a few seconds; `--no-
+measure-transfer` skips it): two processes with caches of the model's KV layout send 1 to 256
+blocks (more where a model's blocks are small) over the transport a cluster uses here
+(`--transport`: shm for CPU workers on one host, else nixl, else cuda_ipc; both caches where the
+engine keeps them), fitted to time = latency + bytes / bandwidth (planner/transfer.py), recorded
+as `transfer_gbps`, `transfer_latency_ms`, `transfer_source` ("measured over shm on <host>") and
 `samples.transfer`. The rate between hosts is not something one machine can measure: give it
 (`--transfer-gbps`, `--transfer-latency-ms`, from `bench/transfer/kv_transfer.py` run between
 two of your hosts) and a given figure overrides the measured one. The prefill fit's keys are
@@ -75,9 +75,10 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--transport",
-        choices=("auto", "shm", "nixl", "ucx"),
+        choices=("auto", "shm", "nixl", "ucx", "cuda_ipc"),
         default="auto",
-        help="the backend measured; auto: shm for a CPU engine (workers on one host), else nixl",
+        help="the backend measured; auto: shm for a CPU engine (workers on one host), else "
+        "nixl where it is installed, else cuda_ipc (GPU workers on one host)",
     )
     p.add_argument("--transfer-blocks", type=int, nargs="+", default=list(BLOCK_COUNTS))
     p.add_argument("--transfer-gbps", type=float, default=None, help="given: overrides the measure")
@@ -108,10 +109,14 @@ def transfer_fields(
     backend = args.transport
     if backend == "auto":
         backend = "shm" if device == "cpu" else "nixl"
+        if backend == "nixl" and unavailable_reason("nixl"):
+            backend = "cuda_ipc"
     try:
         if reason := unavailable_reason(backend):
             raise RuntimeError(f"{backend} unavailable: {reason}")
-        measured = measure_transfer(layout, model_id, backend, tuple(args.transfer_blocks))
+        measured = measure_transfer(
+            layout, model_id, backend, tuple(args.transfer_blocks), device=device
+        )
     except (RuntimeError, TimeoutError, ValueError) as e:  # the engine's figures still stand
         print(f"baton profile: the KV transfer was not measured: {e}", file=sys.stderr)
         fields.update(given)

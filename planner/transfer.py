@@ -1,15 +1,15 @@
 """How fast KV moves between two workers on this host: the measurement behind `baton
 profile`'s transfer figures.
 
-Two processes (spawned, as a cluster starts its workers), each holding a cache of the
-profiled model's KV layout in shared memory as the engine allocates it on CPU, connected by
-the project's transport (kv_transfer) over the backend named: `shm` is what a cluster's
-workers on one host use, `nixl` / `ucx` what they use between hosts (measured here over
-loopback). The receiver reserves blocks (`expect`) as a decode worker does; for each block
-count the sender times one `send` of that many contiguous blocks, every layer at once, to its
-acknowledgement (the receiver pulled them), `repeat` times after a warm-up; the receiver then
-confirms every transfer landed. The fastest send of each size is fitted to time = latency +
-bytes / bandwidth (core/perf `fit_transfer`).
+Two processes (spawned, as a cluster starts its workers), each holding a cache of the profiled
+model's KV layout where the engine keeps it (on CPU in shared memory, on a GPU in its memory),
+connected by the project's transport (kv_transfer) over the backend named: `shm` / `cuda_ipc` is
+what a cluster's CPU / GPU workers on one host use, `nixl` / `ucx` what they use between hosts
+(measured here over loopback). The receiver reserves blocks (`expect`) as a decode worker does;
+for each block count the sender times one `send` of that many contiguous blocks, every layer at
+once, to its acknowledgement (the receiver pulled them), `repeat` times after a warm-up; the
+receiver then confirms every transfer landed. The fastest send of each size is fitted to time =
+latency + bytes / bandwidth (core/perf `fit_transfer`).
 
 A worker of TP t moves its KV as t rank pairs at once, each rank's heads to the matching
 rank of the peer (worker/rank.py), so at TP t there are t pairs, each with one rank's share
@@ -96,10 +96,11 @@ class TransferProfile:
 
 
 def _side(
-    conn: Connection, backend: str, layout: KVLayout, model_id: str, timeout_s: float
-) -> None:
-    """One worker-like process: a transport over its own cache, answering commands on
-    `conn` until Stop."""
+    conn: Connection, backend: str, layout: KVLayout, model_id: str, timeout_s: float,
+    device: str = "cpu",
+) -> None:  # fmt: skip
+    """One worker-like process: a transport over its own cache on `device`, answering
+    commands on `conn` until Stop."""
     import time
 
     import torch
@@ -109,7 +110,7 @@ def _side(
     from kv_transfer import Role, create_transport
 
     torch.set_num_threads(1)
-    kv = allocate_kv_cache(layout, torch.device("cpu"))
+    kv = allocate_kv_cache(layout, torch.device(device))
     kv.view(torch.uint8).fill_(1)  # every page touched, as a served cache's are
     transport = create_transport(
         kv, layout, model_id, backend=backend, loopback=True,
@@ -145,7 +146,9 @@ class _Pair:
     """A sender (0) and a receiver (1), each a spawned `_side`; `connect` joins them (apart
     from the start, so several pairs start their processes together)."""
 
-    def __init__(self, backend: str, layout: KVLayout, model_id: str, timeout_s: float) -> None:
+    def __init__(
+        self, backend: str, layout: KVLayout, model_id: str, timeout_s: float, device: str
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.timeout_s = timeout_s
         self.conns: list[Connection] = []
@@ -153,7 +156,9 @@ class _Pair:
         for _ in range(2):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_side, args=(child, backend, layout, model_id, timeout_s), daemon=True
+                target=_side,
+                args=(child, backend, layout, model_id, timeout_s, device),
+                daemon=True,
             )
             proc.start()
             self.conns.append(parent)
@@ -198,6 +203,7 @@ def measure_transfer(
     block_counts: tuple[int, ...] = BLOCK_COUNTS,
     repeat: int = 5,
     timeout_s: float = 30.0,
+    device: str = "cpu",
 ) -> TransferProfile:
     """Send each of `block_counts` blocks of `layout` (its block count is replaced by what
     the largest send needs) `repeat` times between two processes over `backend`, and fit.
@@ -216,7 +222,7 @@ def measure_transfer(
     try:
         for rank in range(num_ranks):
             rank_layout = replace(layout, tp_rank=rank)
-            pairs.append(_Pair(backend, rank_layout, model_id, timeout_s))
+            pairs.append(_Pair(backend, rank_layout, model_id, timeout_s, device))
         for pair in pairs:
             pair.connect()
         for n in counts:

@@ -16,8 +16,9 @@ class TransferOptions:
 
     transport: str = knob(
         default_of(ClusterSpec, "transport"),
-        "KV transport: nixl, ucx, shm (workers on one host), local, or auto (per peer: shm "
-        "for a peer on this host, else the first network backend that works here, nixl "
-        "before ucx)",
+        "KV transport: nixl, ucx, shm (CPU workers on one host), cuda_ipc (GPU workers on one "
+        "host), local, or auto (per peer: shm for a CPU peer on this host, else the first "
+        "network backend that works here, nixl before ucx, else cuda_ipc for a GPU peer on "
+        "this host)",
         metavar="NAME",
     )
