@@ -27,13 +27,15 @@ Sections, in this order, each skipped (with why) when the time left is under its
     gpu_suite   tests/gpu (pytest -m gpu) in a subprocess
     served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),
                 `baton bench` fixed 256 -> 64 at three rates (needs Ray on the host)
+    plan        `baton profile` on the device, and `baton plan`'s prediction of the served
+                1P+1D runs beside them (bench/device/planned.py)
 
 All of it outlasts one 8-minute call on the device (the served section alone is ~4
 minutes), so a lent device runs it in two calls on one warm machine, the second reusing the
 checkpoint and the kernel table the first wrote (both in --work):
 
     python3 -m bench.device.check --only hardware kernels checkpoint engine peer
-    python3 -m bench.device.check --only hardware checkpoint gpu_suite served \
+    python3 -m bench.device.check --only hardware checkpoint gpu_suite served plan \
         --out $OUT/served.json
 
 The dry run takes the same code paths on the CPU with the tiny model (Triton under its
@@ -169,6 +171,15 @@ def served(run: Run) -> dict[str, Any]:
     )
 
 
+def plan(run: Run) -> dict[str, Any]:
+    from bench.device import planned
+
+    served_result = run.report["sections"].get("served", {})
+    return planned.plan_against_served(
+        _checkpoint(run), served_result, run.out.parent, run.dry_run, run.left_s
+    )
+
+
 SECTIONS = [
     Section("hardware", 10, hardware),
     Section("kernels", 70, kernels),
@@ -177,6 +188,7 @@ SECTIONS = [
     Section("peer", 90, peer),
     Section("gpu_suite", 120, gpu_suite),
     Section("served", 120, served),
+    Section("plan", 90, plan),
 ]
 
 

@@ -1,6 +1,7 @@
 """`baton serve` on the device check's one GPU, and `baton bench` against it: unified (one
 worker), then 1P+1D sharing the GPU (`--gpus-per-worker 0.5`), each at three rates of the
-fixed 256 -> 64 workload. The low rate's TTFT p50 is held against the engine's own
+fixed 256 -> 64 workload (and, on the 1P+1D server, its request overhead: what `baton plan`
+adds to a first token). The low rate's TTFT p50 is held against the engine's own
 256-token prefill step (engine section): what the served path adds to a first token; then,
 on a traced server of its own, where that time goes (bench/planning/ttft_breakdown.py).
 
@@ -12,6 +13,7 @@ The dry run serves the tiny checkpoint 1P+1D on the CPU at three low rates.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -38,6 +40,14 @@ LENGTH = {"full": ["--duration", "12"], "dry": ["--num-requests", "3"]}
 WORKLOAD = ["--workload", "fixed", "--input-len", "256", "--output-len", "64"]
 
 
+def device_flags(dry_run: bool) -> list[str]:
+    """Where `baton serve` / `baton profile` run the checkpoint: the GPU in bf16, the dry
+    run's CPU in float32."""
+    if dry_run:
+        return ["--device", "cpu", "--dtype", "float32"]
+    return ["--device", "cuda", "--dtype", "bfloat16"]
+
+
 def missing_stack() -> str | None:
     """Why `baton serve` cannot run on this host, or None."""
     for module in ("ray", "fastapi", "uvicorn", "grpc"):
@@ -58,11 +68,7 @@ def served_figures(
     if why:
         return {"skipped": why}
     kind = "dry" if dry_run else "full"
-    device = (
-        ["--device", "cpu", "--dtype", "float32"]
-        if dry_run
-        else ["--device", "cuda", "--dtype", "bfloat16"]
-    )
+    device = device_flags(dry_run)
     result: dict[str, Any] = {"rates": [float(r) for r in RATES[kind]], "configs": {}}
     if not dry_run:
         from kv_transfer import unavailable_reason
@@ -86,6 +92,8 @@ def served_figures(
                          "--plot", str(work / f"bench_{name}.png")]  # fmt: skip
                 subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
                                capture_output=True, text=True)  # fmt: skip
+                if name == "1p1d":
+                    result["request_overhead_1p1d"] = _request_overhead(server.url, dry_run)
         except Exception as e:  # one configuration failing leaves the other
             result["configs"][name] = {"error": f"{type(e).__name__}: {e}"[:800]}
             continue
@@ -106,6 +114,18 @@ def served_figures(
     if not dry_run:
         result["breakdown_unified"] = traced_breakdown(model_dir, device, out_dir, left_s)
     return result
+
+
+def _request_overhead(url: str, dry_run: bool) -> dict[str, Any]:
+    """What the 1P+1D server adds to a first token beyond its engines' steps, a request at a
+    time (bench/planning/request_overhead.py): `baton plan --request-overhead-ms`'s input."""
+    from bench.planning import request_overhead
+
+    try:
+        return asyncio.run(request_overhead.measure(url, samples=1 if dry_run else 5,
+                                                    disagg_tokens=256))  # fmt: skip
+    except Exception as e:  # the rates' figures stand without it
+        return {"error": f"{type(e).__name__}: {e}"[:400]}
 
 
 def traced_breakdown(

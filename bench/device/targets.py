@@ -53,6 +53,13 @@ def evaluate(report: dict[str, Any]) -> list[dict[str, Any]]:
     out.append(_target(None if low is None or step is None else low - step, 5.0, True,
                        "served TTFT p50 at the lowest rate - the engine's 256-token prefill "
                        "step, ms"))  # fmt: skip
+    plan_rows = _get(report, "plan", "rows") or []
+    lowest = next((r for r in plan_rows if "ttft_plan_over_served" in r), {})
+    for what in ("ttft", "itl"):
+        ratio = lowest.get(f"{what}_plan_over_served")
+        out.append(_target(None if ratio is None else abs(ratio - 1), 0.15, True,
+                           f"baton plan's {what.upper()} p50 / served 1P+1D's at the lowest "
+                           "rate: |ratio - 1|"))  # fmt: skip
     return out
 
 

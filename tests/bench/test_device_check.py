@@ -45,6 +45,15 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     assert [r["rate"] for r in runs] == sections["served"]["rates"]
     assert all(r["ok"] == 3 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in runs)
 
+    # The plan is given what the 1P+1D server adds to a first token, measured on it.
+    overhead = sections["served"]["request_overhead_1p1d"]
+    assert overhead["local_ms"] > 0 and overhead["disagg_ms"] > 0, overhead
+    assert sections["plan"]["request_overhead_ms"] == [
+        str(overhead["local_ms"]), str(overhead["disagg_ms"])]  # fmt: skip
+    plan = sections["plan"]["rows"]
+    assert [r["rate"] for r in plan] == sections["served"]["rates"]
+    assert all(r["plan_ttft_p50_ms"] > 0 and r["ttft_plan_over_served"] > 0 for r in plan)
+
     # Every target but the compiled peer's (no compile in the dry run) and the served
     # TTFT's (no 256-token prefill in the dry run's shapes) has its figure.
     missing = [t["what"] for t in report["targets"] if t["figure"] is None]
@@ -62,8 +71,11 @@ def test_targets_read_the_figures_they_name() -> None:
                  "static_b64": {"error": "no"}},
         "kernels": {"rows": [{"batch": 1, "length": 4096, "triton_vs_fastest_sdpa": 0.85}]},
         "served": {"configs": {"unified": [{"ttft_p50_ms": 14.0}]}},
+        "plan": {"rows": [{"rate": 1.0, "ttft_plan_over_served": 0.9,
+                           "itl_plan_over_served": 1.2}]},
     }}  # fmt: skip
     held = [t["held"] for t in targets.evaluate(report)]
     # b1 held, b64 missed, prefill held, short prompt held, b1 vs compiled missed (0.83),
-    # batched 3.33x held, attention held, served 4 ms over the step held.
-    assert held == [True, False, True, True, False, True, True, True]
+    # batched 3.33x held, attention held, served 4 ms over the step held, the plan's TTFT
+    # 10% under the served one held, its ITL 20% over missed.
+    assert held == [True, False, True, True, False, True, True, True, True, False]
