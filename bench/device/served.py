@@ -1,9 +1,10 @@
 """`baton serve` on the device check's one GPU, and `baton bench` against it: unified (one
 worker), then 1P+1D sharing the GPU (`--gpus-per-worker 0.5`), each at three rates of the
-fixed 256 -> 64 workload (and, on the 1P+1D server, its request overhead: what `baton plan`
-adds to a first token). The low rate's TTFT p50 is held against the engine's own
-256-token prefill step (engine section): what the served path adds to a first token; then,
-on a traced server of its own, where that time goes (bench/planning/ttft_breakdown.py).
+fixed 256 -> 64 and the long_mix workloads (and, on the 1P+1D server, its request overhead:
+what `baton plan` adds to a first token). The low rate's TTFT p50 is held against the
+engine's own 256-token prefill step (engine section): what the served path adds to a first
+token; then, on a traced server of its own, where that time goes
+(bench/planning/ttft_breakdown.py).
 
 The 1P+1D workers' KV moves over NIXL where it is installed, else over CUDA IPC (both caches
 on the one GPU: kv_transfer/cuda_ipc_driver.py). Needs Ray and the serving stack on the host;
@@ -35,9 +36,15 @@ CONFIGS = {
     ],
 }
 RATES = {"full": ["1", "8", "24"], "dry": ["0.5", "1", "2"]}
-LENGTH = {"full": ["--duration", "12"], "dry": ["--num-requests", "3"]}
-"""How long each rate runs: 12 s on the device; three requests in the dry run."""
 WORKLOAD = ["--workload", "fixed", "--input-len", "256", "--output-len", "64"]
+WORKLOADS = {"fixed": WORKLOAD, "long_mix": ["--workload", "long_mix"]}
+"""fixed 256 -> 64, and long_mix: short chats with 15% prompts 10-50x longer (up to 3,000)."""
+LENGTH = {
+    "full": {"fixed": ["--duration", "12"], "long_mix": ["--duration", "8"]},
+    "dry": {"fixed": ["--num-requests", "3"], "long_mix": ["--num-requests", "3"]},
+}
+"""How long each rate runs: 12 s (fixed) and 8 s (long_mix) on the device; three requests
+in the dry run."""
 
 
 def device_flags(dry_run: bool) -> list[str]:
@@ -77,40 +84,34 @@ def served_figures(
     # The dry run serves 1P+1D only (the configuration with a flag of its own): every line
     # of this runs either way, in half the time.
     configs = {"1p1d": CONFIGS["1p1d"]} if dry_run else CONFIGS
+    result["long_mix"] = {}
     for name, flags in configs.items():
         if left_s() < 60:
             result["configs"][name] = {"skipped": f"{left_s():.0f} s left"}
             continue
         serve = ["--model", str(model_dir), *device, *flags]
         log = out_dir / f"serve_{name}.log"
-        out = out_dir / f"bench_{name}.json"
         try:
             with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
-                bench = [sys.executable, "-m", "router.cli", "bench", "--url", server.url,
-                         *WORKLOAD, "--rate", *RATES[kind], *LENGTH[kind],
-                         "--drain-timeout", "20", "--no-progress", "--out", str(out),
-                         "--plot", str(work / f"bench_{name}.png")]  # fmt: skip
-                subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
-                               capture_output=True, text=True)  # fmt: skip
+                for workload, args in WORKLOADS.items():
+                    key = name if workload == "fixed" else f"{name}_{workload}"
+                    out = out_dir / f"bench_{key}.json"
+                    bench = [sys.executable, "-m", "router.cli", "bench", "--url", server.url,
+                             *args, "--rate", *RATES[kind], *LENGTH[kind][workload],
+                             "--drain-timeout", "20", "--no-progress", "--out", str(out),
+                             "--plot", str(work / f"bench_{key}.png")]  # fmt: skip
+                    subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
+                                   capture_output=True, text=True)  # fmt: skip
+                    runs = _runs(json.loads(out.read_text())["runs"])
+                    if workload == "fixed":
+                        result["configs"][name] = runs
+                    else:
+                        result[workload][name] = runs
                 if name == "1p1d":
                     result["request_overhead_1p1d"] = _request_overhead(server.url, dry_run)
         except Exception as e:  # one configuration failing leaves the other
-            result["configs"][name] = {"error": f"{type(e).__name__}: {e}"[:800]}
-            continue
-        runs = json.loads(out.read_text())["runs"]
-        result["configs"][name] = [
-            {
-                "rate": r["rate"],
-                "ok": r["num_ok"],
-                "errors": r["num_errors"],
-                "ttft_p50_ms": _ms(r["ttft_s"]["p50"]),
-                "ttft_p99_ms": _ms(r["ttft_s"]["p99"]),
-                "itl_p50_ms": _ms(r["itl_s"]["p50"]),
-                "tpot_p50_ms": _ms(r["tpot_s"]["p50"]),
-                "output_tokens_s": r["output_tokens_per_s"],
-            }
-            for r in runs
-        ]
+            result["configs"].setdefault(name, {"error": f"{type(e).__name__}: {e}"[:800]})
+            result["long_mix"].setdefault(name, {"error": f"{type(e).__name__}: {e}"[:800]})
     if not dry_run:
         result["breakdown_unified"] = traced_breakdown(model_dir, device, out_dir, left_s)
     return result
@@ -145,6 +146,23 @@ def traced_breakdown(
         )
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"[:800]}
+
+
+def _runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`baton bench`'s runs, a rate each, as the check reports them."""
+    return [
+        {
+            "rate": r["rate"],
+            "ok": r["num_ok"],
+            "errors": r["num_errors"],
+            "ttft_p50_ms": _ms(r["ttft_s"]["p50"]),
+            "ttft_p99_ms": _ms(r["ttft_s"]["p99"]),
+            "itl_p50_ms": _ms(r["itl_s"]["p50"]),
+            "tpot_p50_ms": _ms(r["tpot_s"]["p50"]),
+            "output_tokens_s": r["output_tokens_per_s"],
+        }
+        for r in runs
+    ]
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -44,6 +44,9 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     runs = sections["served"]["configs"]["1p1d"]
     assert [r["rate"] for r in runs] == sections["served"]["rates"]
     assert all(r["ok"] == 3 and r["errors"] == 0 and r["ttft_p50_ms"] > 0 for r in runs)
+    long_mix = sections["served"]["long_mix"]["1p1d"]
+    assert [r["rate"] for r in long_mix] == sections["served"]["rates"]
+    assert all(r["ok"] == 3 and r["errors"] == 0 for r in long_mix), long_mix
 
     # The plan is given what the 1P+1D server adds to a first token, measured on it.
     overhead = sections["served"]["request_overhead_1p1d"]
