@@ -240,7 +240,8 @@ def _attend_pages(
     them, except that m may trail a row's maximum by up to RESCALE_LOG2."""
     col = kv_head * HEAD_DIM
     for page in range(first, last):
-        row = tl.load(table + page) * (2 * PAGE)  # block b's K page; its V page follows
+        # Block b's K page (a descriptor's coordinates are 32-bit); its V page follows.
+        row = (tl.load(table + page) * (2 * PAGE)).to(tl.int32)
         k = desc.load([row, col])
         s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision=PRECISION) * scale2
         if CAUSAL:

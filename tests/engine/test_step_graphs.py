@@ -17,6 +17,8 @@ from core.config import EngineConfig
 from core.request import EngineRequest, RequestOutput
 from core.sampling import SamplingParams
 from engine.engine import LLMEngine
+from engine.kernels import tuned
+from engine.kernels.prefill_attention import launch_config
 from engine.kv_connector import LayerHook
 from engine.request import Request
 from engine.step_graphs import token_buckets
@@ -60,10 +62,29 @@ def steps_until_done(engine: LLMEngine, prompts: list[list[int]], tag: str) -> l
     return [o.token_ids for o in outs.values()]
 
 
-def test_every_step_replays_and_gives_transformers_tokens(tiny_model_dir, triton) -> None:
+@pytest.fixture
+def keys_read(request, monkeypatch) -> str:
+    """How the prefill kernel reads keys: its default (gathered), or whole pages through a
+    tuned table naming this (CPU) device, as a GPU's table would."""
+    if request.param == "whole_pages":
+        monkeypatch.setattr(tuned, "device_name", lambda kind, index: "this cpu")
+        monkeypatch.setattr(tuned, "_in_process", {})
+        launch = dict(block_n=16, num_warps=4, num_stages=2, whole_pages=True)
+        tuned.use("this cpu", {"prefill": {f"float32/{d}": launch for d in (16, 32, 64)}})
+    return request.param
+
+
+@pytest.mark.parametrize("keys_read", ["gather", "whole_pages"], indirect=True)
+def test_every_step_replays_and_gives_transformers_tokens(
+    tiny_model_dir, triton, keys_read
+) -> None:
     model_dir = tiny_model_dir("llama")
     capturer = CountingCapturer()
     engine = make_engine(model_dir, capturer)
+    layer = engine.runner.kv_cache[0]
+    head_dim = layer.shape[-1]
+    chosen = launch_config(torch.float32, head_dim, layer.device)
+    assert chosen.whole_pages == (keys_read == "whole_pages"), (head_dim, chosen)
     assert engine.runner.step_graphs is not None and engine.runner.step_graphs.sizes == [16, 32, 40]
     # Prompts of 33, 65 and 100 tokens in a 40-token budget: chunks alone, chunks beside
     # decodes, two chunks in one step; then the same prompts over their cached prefixes.
