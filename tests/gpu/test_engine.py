@@ -28,8 +28,24 @@ def attention_backend(llm: LLM) -> str:
     return llm.engine.runner.model.model.layers[0].self_attn.backend.name
 
 
+@pytest.fixture
+def keys_read(request, monkeypatch) -> str:
+    """How prefill attention reads keys: the default launch, or whole pages (tensor
+    descriptors, TMA on Hopper) through a tuned table naming this GPU."""
+    if request.param == "whole_pages":
+        from engine.kernels import tuned
+
+        name = torch.cuda.get_device_name(0)
+        monkeypatch.setattr(tuned, "_in_process", {})
+        launch = dict(block_n=16, num_warps=4, num_stages=2, whole_pages=True)
+        heads = {f"float32/{d}": launch for d in (16, 32, 64, 128)}
+        tuned.use(name, {"prefill": heads})
+    return request.param
+
+
+@pytest.mark.parametrize("keys_read", ["default", "whole_pages"], indirect=True)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str) -> None:
+def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str, keys_read) -> None:
     model_dir = tiny_model_dir(arch)
     # A 64-token budget chunks the longer prompts and mixes them with the others' decodes.
     llm = LLM(model_dir, device="cuda", dtype="float32", num_kv_blocks=512,
