@@ -31,7 +31,7 @@ from kv_transfer.driver import Driver, DriverError, OpState
 from kv_transfer.handshake import LayersReady
 from kv_transfer.host import host_identity
 from kv_transfer.layout import Region
-from kv_transfer.unix_messages import UnixMessages
+from kv_transfer.unix_messages import UnixMessages, UnixSocketMessaging
 
 
 def device_uuid(index: int) -> str:
@@ -65,7 +65,7 @@ class _Shared(msgspec.Struct, frozen=True):
     address: str
 
 
-class CudaIpcDriver(Driver):
+class CudaIpcDriver(UnixSocketMessaging, Driver):
     name = "cuda_ipc"
 
     def __init__(self, kv: torch.Tensor, layout: KVLayout, agent_name: str) -> None:
@@ -115,15 +115,6 @@ class CudaIpcDriver(Driver):
     def disconnect(self, peer: str) -> None:
         self._messages.disconnect(peer)
         self._peers.pop(peer, None)  # the last reference closes the IPC mapping
-
-    def send_message(self, peer: str, message: bytes) -> None:
-        self._messages.send(peer, message)
-
-    def messages(self) -> list[bytes]:
-        return self._messages.receive()
-
-    def wait_fds(self) -> list[int]:
-        return self._messages.wait_fds()
 
     def _peer(self, peer: str) -> torch.Tensor:
         cache = self._peers.get(peer)

@@ -36,7 +36,7 @@ from core.kv_layout import KVLayout
 from kv_transfer.driver import Driver, DriverError, OpState
 from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region
-from kv_transfer.unix_messages import UnixMessages
+from kv_transfer.unix_messages import UnixMessages, UnixSocketMessaging
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class _Peer:
             self.mapping.close()
 
 
-class ShmDriver(Driver):
+class ShmDriver(UnixSocketMessaging, Driver):
     name = "shm"
 
     def __init__(
@@ -152,15 +152,6 @@ class ShmDriver(Driver):
         if state is None:
             raise DriverError(f"unknown peer {peer}")
         return state
-
-    def send_message(self, peer: str, message: bytes) -> None:
-        self._messages.send(peer, message)
-
-    def messages(self) -> list[bytes]:
-        return self._messages.receive()
-
-    def wait_fds(self) -> list[int]:
-        return self._messages.wait_fds()
 
     def pull_blocks(self, ready: LayersReady, peer_layout: KVLayout) -> Any:
         if self._native is None:

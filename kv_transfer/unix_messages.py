@@ -107,3 +107,19 @@ class UnixMessages:
             conn.close()
         self._inbound = []
         self._listener.close()
+
+
+class UnixSocketMessaging:
+    """A same-host driver's message methods (Driver's `send_message`, `messages`, `wait_fds`)
+    over its `_messages`; listed before Driver in the driver's bases."""
+
+    _messages: UnixMessages
+
+    def send_message(self, peer: str, message: bytes) -> None:
+        self._messages.send(peer, message)
+
+    def messages(self) -> list[bytes]:
+        return self._messages.receive()
+
+    def wait_fds(self) -> list[int]:
+        return self._messages.wait_fds()
