@@ -75,11 +75,14 @@ class LaunchConfig:
 
 
 def whole_pages_fit(kv_layer: torch.Tensor, head_dim: int) -> bool:
-    """Whether a cache layer can be read in whole pages: contiguous, unquantized, a
-    power-of-two head_dim (a descriptor's block is a power of two) of at least 16 bytes."""
+    """Whether a cache layer can be read in whole pages: contiguous, unquantized, pages of a
+    power-of-two size and a power-of-two head_dim (a descriptor's block is a power of two)
+    of at least 16 bytes."""
+    page = kv_layer.shape[2]
     return (
         kv_layer.is_contiguous()
         and kv_layer.dtype not in QUANTIZED_CACHE
+        and page == next_pow2(page)
         and head_dim == next_pow2(head_dim)
         and head_dim * kv_layer.element_size() >= 16
     )
@@ -298,8 +301,9 @@ def paged_prefill_attention(
     kv = kv_layer
     if config.whole_pages:
         check(whole_pages_fit(kv_layer, head_dim),
-              "a whole-pages launch needs a contiguous, unquantized cache layer and a "
-              f"power-of-two head_dim (got {kv_layer.dtype}, head_dim {head_dim})")  # fmt: skip
+              "a whole-pages launch needs a contiguous, unquantized cache layer, power-of-two "
+              f"pages and a power-of-two head_dim (got {kv_layer.dtype}, pages of {page}, "
+              f"head_dim {head_dim})")  # fmt: skip
         kv = _page_descriptor(kv_layer, page, head_dim)
     _prefill_kernel[(num_tiles, num_heads)](
         q, kv, out,
