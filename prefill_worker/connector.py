@@ -3,9 +3,12 @@
 reserved blocks the moment the model wrote it, so the transfer overlaps the remaining
 layers, and parks each prompt after its first token until its KV was handed over.
 
-    add(request, dest)       a prompt and where its KV goes (before the engine queues it)
+    add(request, dest)       a prompt and where its KV goes (before the engine queues it);
+                             the blocks may come later, while the prompt computes
+    set_destination(...)     the decode worker's blocks for a prompt added without them
     begin_step(completing)   the step that completes a prompt: plan its sends; the hook
-                             posts every layer as it is written
+                             posts every layer as it is written (or, while the blocks are
+                             not known yet, keeps each layer's event until they are)
     request_prefilled(...)   its first token: park it, keep a PrefillResult for the worker
     take_prefilled()         the worker collects them after the step
     take_post_times(id)      when each layer of a traced prompt was handed to the transport
@@ -22,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from core.device_event import DeviceEvent
 from core.request import EngineRequest, OutputDelta, TokenLogprob
@@ -44,12 +47,27 @@ request's own id."""
 @dataclass(frozen=True)
 class Destination:
     """Where a prompt's KV goes: the decode worker, and the blocks there for this worker's
-    blocks from `skip_blocks` on (the first `skip_blocks` it already holds: not sent)."""
+    blocks from `skip_blocks` on (the first `skip_blocks` it already holds: not sent).
+    `dst_block_ids` None: the decode worker is still reserving them while the prompt
+    computes (`PrefillConnector.set_destination` names them, within `timeout_s`)."""
 
     peer_worker_id: str
-    dst_block_ids: list[int]
+    dst_block_ids: list[int] | None
     skip_blocks: int
     timeout_s: float
+
+
+@dataclass
+class _Awaiting:
+    """A prompt whose KV is written but whose destination blocks are not known yet: each
+    written layer with its device event, sent once they are."""
+
+    request_id: str
+    block_ids: list[int]
+    dest: Destination
+    deadline: float
+    """time.monotonic() past which no destination fails its transfer (the blocks go)."""
+    layers: list[tuple[int, DeviceEvent | None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,6 +114,8 @@ class PrefillConnector:
         """Prompts sent to several receiving ranks, or landing in one's area: their parts."""
         self.destinations: dict[str, Destination] = {}
         """Prompts whose sends are not planned yet."""
+        self.awaiting: dict[str, _Awaiting] = {}
+        """Prompts computed before their destination blocks were known."""
         self._sending: set[str] = set()
         """Prompts parked after their first token."""
         self._prefilled: list[PrefillResult] = []
@@ -141,13 +161,41 @@ class PrefillConnector:
 
     def forget(self, request_id: str) -> None:
         self.destinations.pop(request_id, None)
+        self.awaiting.pop(request_id, None)
         self._sending.discard(request_id)
         self.post_times.pop(request_id, None)
+
+    def set_destination(self, request_id: str, dst_block_ids: list[int], skip_blocks: int) -> None:
+        """The decode worker's blocks for a prompt added without them: planned with them
+        when its step comes, or, computed already, its layers sent now. Nothing for a prompt
+        this rank no longer has (aborted, or its wait for the blocks ran out)."""
+        dest = self.destinations.get(request_id)
+        if dest is not None:
+            self.destinations[request_id] = replace(
+                dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
+            )
+            return
+        waiting = self.awaiting.pop(request_id, None)
+        if waiting is None:
+            return
+        self.destinations[request_id] = replace(
+            waiting.dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
+        )
+        for send in self._plan(request_id, waiting.block_ids):
+            for layer, written in waiting.layers:
+                if send.num_posted >= 0:
+                    self._send_layer(send, layer, written)
 
     # -- results --------------------------------------------------------------------------
     def gather(self, results: list[TransferResult]) -> list[TransferResult]:
         """This rank's transfer results, with the unsent ones, the parts of a prompt (by wire
         id) folded into the prompt's one result once every part ended."""
+        now = time.monotonic()
+        for request_id, waiting in list(self.awaiting.items()):
+            if now > waiting.deadline:
+                del self.awaiting[request_id]
+                self._fail_unsent(request_id, "no destination blocks named within "
+                                  f"{waiting.dest.timeout_s:g} s")  # fmt: skip
         results, self.unsent = self.unsent + results, []
         out = []
         for result in results:
@@ -160,7 +208,9 @@ class PrefillConnector:
 
     def cancel(self, request_id: str) -> None:
         """Stop a prompt's sends (each part reports its end)."""
-        if request_id in self.fan:
+        if self.awaiting.pop(request_id, None) is not None:
+            self._fail_unsent(request_id, "cancelled before its destination was named")
+        elif request_id in self.fan:
             self.fan.cancel(request_id)
         else:
             self.transport.cancel(request_id)
@@ -168,32 +218,45 @@ class PrefillConnector:
     # -- layer side ----------------------------------------------------------------------
     def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
         """Runs inside this rank's step, with the requests whose prompt KV the step
-        completes: returns the hook that sends each layer the moment it is written."""
-        sends = [s for req, block_ids in completing for s in self._plan(req, block_ids)]
-        if not sends:
+        completes: returns the hook that sends each layer the moment it is written (or
+        keeps it for when the prompt's destination is named)."""
+        sends: list[_Send] = []
+        waits: list[_Awaiting] = []
+        for req, block_ids in completing:
+            dest = self.destinations.get(req.request_id)
+            if dest is not None and dest.dst_block_ids is None:
+                del self.destinations[req.request_id]
+                deadline = time.monotonic() + dest.timeout_s
+                waits.append(_Awaiting(req.request_id, block_ids, dest, deadline))
+                self.awaiting[req.request_id] = waits[-1]
+            else:
+                sends += self._plan(req.request_id, block_ids)
+        if not sends and not waits:
             return None
 
         def layer_done(layer: int, written: DeviceEvent | None) -> None:
             for send in sends:
                 if send.num_posted >= 0:  # not failed yet
                     self._send_layer(send, layer, written)
+            for waiting in waits:
+                waiting.layers.append((layer, written))
 
         return layer_done
 
     def end_step(self) -> None:
         pass
 
-    def _plan(self, req: Request, block_ids: list[int]) -> list[_Send]:
-        dest = self.destinations.pop(req.request_id, None)
-        if dest is None:
+    def _plan(self, request_id: str, block_ids: list[int]) -> list[_Send]:
+        dest = self.destinations.pop(request_id, None)
+        if dest is None or dest.dst_block_ids is None:
             return []
-        rid, routes = req.request_id, self.routes(dest.peer_worker_id)
+        rid, routes = request_id, self.routes(dest.peer_worker_id)
         src = block_ids[dest.skip_blocks :]
         if len(src) != len(dest.dst_block_ids) or not src or not routes:
             error = f"{len(src)} source blocks to send, {len(dest.dst_block_ids)} reserved"
             if not routes:
                 error = f"no route to {dest.peer_worker_id}"
-            self.unsent.append(TransferResult(rid, Role.SEND, False, None, (), error))
+            self._fail_unsent(rid, error)
             return []
         sends = [
             _Send(rid, rid if rank is None else wire_id(rid, rank), src, peer,
@@ -205,6 +268,9 @@ class PrefillConnector:
                 rid, Role.SEND, {(0, s.wire_id): self._canceller(s.wire_id) for s in sends}
             )
         return sends
+
+    def _fail_unsent(self, request_id: str, error: str) -> None:
+        self.unsent.append(TransferResult(request_id, Role.SEND, False, None, (), error))
 
     def _canceller(self, wire: str) -> Callable[[], None]:
         return lambda: self.transport.cancel(wire)

@@ -38,6 +38,9 @@ class PrefillRank(WorkerRank):
     def add_prefill(self, request: EngineRequest, dest: Destination) -> None:
         self.connector.add(request, dest)
 
+    def set_destination(self, request_id: str, dst_block_ids: list[int], skip_blocks: int) -> None:
+        self.connector.set_destination(request_id, dst_block_ids, skip_blocks)
+
     def take_prefilled(self) -> list[PrefillResult]:
         return self.connector.take_prefilled()
 

@@ -3,7 +3,9 @@
 `route()` connects every rank to where a decode worker takes its KV (the decode worker's
 answer to this one's metadata: its matching rank, or, laid out otherwise, the landing areas
 of the ranks that need this rank's heads: worker/landing.py). `prefill()` tells every rank
-the prompt and its destination (decode worker, reserved block ids, blocks to skip). In the
+the prompt and its destination (decode worker, reserved block ids, blocks to skip); the
+block ids may follow in `destination()`, so that the prompt computes while the decode worker
+reserves them (the front door makes both calls at once: router/cluster/attempt.py). In the
 step that completes the prompt, each rank's KV connector (prefill_worker/connector.py) sends
 that rank's heads of each layer there the moment the model finishes the layer, so the
 transfer overlaps the remaining layers. The first token goes back to the caller; the
@@ -52,7 +54,8 @@ class PrefillReply:
     """The first token's delta; `finished` when it already ends the request."""
     num_cached_tokens: int
     """Prompt tokens this worker took from its own prefix cache."""
-    num_blocks_sent: int
+    num_blocks: int
+    """The prompt's blocks here; those past the receiver's `skip_blocks` are sent."""
     backlog: tuple[int, int, int]
     """When this worker's load reports counted the request (PrefillResult.backlog)."""
 
@@ -87,15 +90,16 @@ class PrefillWorker(WorkerBase):
         self,
         request: EngineRequest,
         peer: str,
-        dst_block_ids: list[int],
+        dst_block_ids: list[int] | None,
         skip_blocks: int,
         timeout_s: float,
         hand_over: bool = False,
     ) -> PrefillReply:
         """`peer` is the receiving worker's id, `dst_block_ids` its blocks for this worker's
-        blocks from `skip_blocks` on (its `KVReservation`). `hand_over`: the prompt is a
-        prefix `peer`, a prefill worker, pulls (prefix migration): once sent, its blocks are
-        the first this worker's cache evicts."""
+        blocks from `skip_blocks` on (its `KVReservation`); None: `destination()` names them
+        (and the skip) while the prompt computes, within `timeout_s`. `hand_over`: the
+        prompt is a prefix `peer`, a prefill worker, pulls (prefix migration): once sent,
+        its blocks are the first this worker's cache evicts."""
         self._check_admitting()
         span = served(
             self.tracing, request.trace, SpanName.PREFILL, **{"baton.worker": self.worker_id}
@@ -109,17 +113,29 @@ class PrefillWorker(WorkerBase):
                 uncached = len(request.prompt_token_ids) - reply.num_cached_tokens
                 chunks = -(-uncached // self.config.max_num_batched_tokens)
                 prefill_spans(self.tracing, span, timings, max(1, chunks))
-                span.set_attributes({
-                    "baton.cached_tokens": reply.num_cached_tokens,
-                    "baton.blocks_sent": reply.num_blocks_sent,
-                })  # fmt: skip
+                span.set_attribute("baton.cached_tokens", reply.num_cached_tokens)
             return reply
+
+    async def destination(
+        self, request_id: str, dst_block_ids: list[int], skip_blocks: int
+    ) -> None:
+        """The receiving worker's blocks for a prompt whose `prefill` came without them: its
+        layers go there once computed (at once, if they are). Nothing for a prompt this
+        worker no longer has (aborted, or its wait ran out)."""
+
+        def name(g: RankGroup) -> None:
+            traced = self._traced_sends.get(request_id)
+            if traced is not None:
+                self._traced_sends[request_id] = (traced[0], len(dst_block_ids))
+            g.all(PrefillRank.set_destination, request_id, dst_block_ids, skip_blocks)
+
+        await self.engine.call(name)
 
     async def _prefill(
         self,
         request: EngineRequest,
         peer: str,
-        dst_block_ids: list[int],
+        dst_block_ids: list[int] | None,
         skip_blocks: int,
         timeout_s: float,
         hand_over: bool,
@@ -128,13 +144,14 @@ class PrefillWorker(WorkerBase):
         request_id = request.request_id
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), loop)
-        dest = Destination(peer, list(dst_block_ids), skip_blocks, timeout_s)
+        dst = None if dst_block_ids is None else list(dst_block_ids)
+        dest = Destination(peer, dst, skip_blocks, timeout_s)
 
         def start(g: RankGroup) -> None:
             g.all(PrefillRank.add_prefill, request, dest)
             self.tracker.add(request_id, Role.SEND)
             if span.is_recording():
-                self._traced_sends[request_id] = (span, len(dst_block_ids))
+                self._traced_sends[request_id] = (span, len(dst_block_ids or ()))
 
         self.waiters[request_id] = waiter
         if hand_over:
@@ -150,13 +167,12 @@ class PrefillWorker(WorkerBase):
         except TimeoutError as e:
             await self.abort(request_id)
             raise DeadlineExceededError(f"prefill of {request_id} exceeded {timeout_s} s") from e
-        num_sent = max(0, len(result.block_ids) - skip_blocks)
         return PrefillReply(
             result.first_token,
             result.logprob,
             result.output,
             result.num_cached_tokens,
-            num_sent,
+            len(result.block_ids),
             result.backlog,
         )
 

@@ -12,8 +12,9 @@
   worker does not hold is shorter than `disagg_min_uncached_tokens` (256 in `baton serve`)
   is prefilled by that decode worker, inside its steps.
 - Prefill: planner.sim.prefill.SimWorker (an LRU prefix cache of the worker's KV blocks in
-  front of a FIFO server), from when the decode worker has reserved the prompt's blocks: at
-  the end of the step it is running. The first token leaves with the prefill's last step.
+  front of a FIFO server), from the request's arrival, while the decode worker reserves the
+  prompt's blocks at the end of the step it is running; the KV moves once both are done.
+  The first token leaves with the prefill's last step.
   (The front door's gate lets a waiter with a longer cached prefix go first,
   router.cluster.prefill_gate; this model looks each prompt up in the cache when it arrives
   and keeps arrival order, as bench.routing.router_sim's queued workers do with
@@ -72,7 +73,8 @@ class RequestOverhead:
     local_ms: float = 0.0
     """Prefilled by its decode worker: door -> generate -> output stream -> client."""
     disagg_ms: float = 0.0
-    """Through the prefill pool: door -> reserve -> prefill -> admit -> output stream."""
+    """Through the prefill pool: door -> reserve and prefill at once -> admit -> output
+    stream."""
 
 
 _REPORT_EVERY = 8
@@ -177,15 +179,18 @@ def simulate_cluster(
         router.apply(w.batch(events))
         cached = min(hit * block_size, length)
         # The decode worker reserves the blocks on its engine thread, between two of its steps
-        # (worker/base.py `reserve`); the prefill is sent once that reply is back.
+        # (worker/base.py `reserve`), while the prefill worker computes the prompt (the door
+        # makes both calls at once: router/cluster/attempt.py); the KV goes once both are.
         reserved_at = max(now, d.clock)
         # the host as it is when the prompt is queued: a prefill worker's FIFO is priced at
         # enqueue, not stepped, so a job that starts later keeps the stretch of its arrival
         stretch = 1.0 if host is None else host.stretch(now, 1 + busy(now, w))
-        done = w.enqueue(reserved_at, length, length - cached, stretch=stretch)
+        done = w.enqueue(now, length, length - cached, stretch=stretch)
         heapq.heappush(prefilling, (done, n, ticket))
         sent = max(0, length - d_hit * block_size)  # blocks the decode worker holds stay
-        kv_at = done + (prefill.transfer_ms(sent) if prefill.can_transfer else 0.0)
+        kv_at = max(done, reserved_at) + (
+            prefill.transfer_ms(sent) if prefill.can_transfer else 0.0
+        )
         if output > 1:
             heapq.heappush(handoffs, (kv_at, n, d.worker_id, length, output))
         else:  # the prefill worker's reply ends it: the decode worker drops its reservation

@@ -1,5 +1,5 @@
-"""One try of one request on one (prefill, decode) pair: gate -> reserve -> prefill -> admit
--> stream (router/cluster/request_path.py routes it and retries it), with its spans. The
+"""One try of one request on one (prefill, decode) pair: gate -> reserve and prefill at once ->
+admit -> stream (router/cluster/request_path.py routes it and retries it), with its spans. The
 first token, sampled where the prompt was computed, goes to the client with the prefill's
 reply; the decode worker's stream carries the rest.
 
@@ -120,30 +120,17 @@ class Attempt:
                                            self.request.priority, self.request.tenant)  # fmt: skip
             if ticket.decision.pull_from is not None:
                 await pull_prefix(self.path, self.request, prefill, ticket.decision, self._left)
-            reservation = await self._reserve()
+            reservation, reply = await self._reserve_and_prefill()
             reused(decode.worker_id, reservation.num_cached_tokens)
             skip = reservation.skip_blocks  # of the prefill worker's blocks
-            self.calling = prefill
-            with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
-                reply = await asyncio.wait_for(
-                    prefill.handle.prefill.remote(
-                        self._carried(s), decode.worker_id, reservation.dst_block_ids, skip,
-                        self._left(),
-                    ),
-                    self._left(),
-                )  # fmt: skip
-                s.set_attributes({
-                    "baton.cached_tokens": reply.num_cached_tokens,
-                    "baton.blocks_sent": reply.num_blocks_sent,
-                    "baton.kv.bytes": reply.num_blocks_sent * prefill.info.kv_bytes_per_block,
-                })  # fmt: skip
+            num_sent = max(0, reply.num_blocks - skip)
             ticket.prefill_done(reply.backlog)
             reused(prefill.worker_id, reply.num_cached_tokens)
             self.calling = decode
             first_token_at = asyncio.get_running_loop().time()
             first_delta = replace(reply.output, prefilled_by=WorkerRole.PREFILL.value)
             stats.num_transfers += 1
-            stats.num_blocks_sent += reply.num_blocks_sent
+            stats.num_blocks_sent += num_sent
             stats.num_blocks_skipped += skip
             if reply.output.finished:
                 decode.handle.abort.remote(rid)
@@ -168,7 +155,7 @@ class Attempt:
             async for delta in self._stream(first_token_at):
                 if first:  # it comes once every layer has landed: what the transfer added
                     first = False
-                    self._record_transfer(reply.num_blocks_sent, first_token_at)
+                    self._record_transfer(num_sent, first_token_at)
                     if delta.new_token_ids == reply.output.new_token_ids and not delta.finished:
                         continue
                     delta = _after_first(delta, reply.output)
@@ -205,6 +192,59 @@ class Attempt:
             metrics.record_kv_transfer(
                 num_blocks_sent * self.prefill.info.kv_bytes_per_block, waited
             )
+
+    async def _reserve_and_prefill(self) -> tuple[Any, Any]:
+        """D reserves the prompt's blocks while P computes it: P is called without them and
+        told them (`destination`) the moment D answers, so the first token waits for the
+        longer of the two rather than their sum (P's layers wait for the blocks if it gets
+        there first). While D's KV is full and requests wait for it in turn, P is called only
+        once D has reserved, as it would otherwise hold a computed prompt's blocks through
+        the wait. Returns (D's reservation, P's reply); the first to fail ends both (the
+        caller's `cancel` frees what either holds)."""
+        decode, prefill, rid = self.decode, self.prefill, self.request.request_id
+        if self.path.decode_line.busy(decode.worker_id):
+            reservation = await self._reserve()
+            self.calling = prefill
+            with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
+                reply = await asyncio.wait_for(
+                    prefill.handle.prefill.remote(
+                        self._carried(s), decode.worker_id, reservation.dst_block_ids,
+                        reservation.skip_blocks, self._left(),
+                    ),
+                    self._left(),
+                )  # fmt: skip
+                _prefill_attributes(s, reply, reservation, prefill)
+            return reservation, reply
+        reserving = asyncio.ensure_future(self._reserve())
+        computing: asyncio.Future[Any] | None = None
+        try:
+            await asyncio.sleep(0)  # D's call goes out (and its span starts) first
+            with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
+                call = prefill.handle.prefill.remote(
+                    self._carried(s), decode.worker_id, None, 0, self._left()
+                )
+                computing = asyncio.ensure_future(asyncio.wait_for(call, self._left()))
+                await asyncio.wait({computing, reserving}, return_when=asyncio.FIRST_EXCEPTION)
+                if computing.done() and computing.exception() is not None:
+                    self.calling = prefill
+                    computing.result()  # raises
+                reservation = await reserving  # raises D's failure
+                self.calling = prefill
+                named = prefill.handle.destination.remote(
+                    rid, reservation.dst_block_ids, reservation.skip_blocks
+                )
+                reply = await computing
+                await asyncio.wait_for(named, self._left())
+                _prefill_attributes(s, reply, reservation, prefill)
+        finally:
+            for task in (computing, reserving):
+                if task is None:
+                    continue
+                if not task.done():
+                    task.cancel()
+                elif not task.cancelled():
+                    task.exception()  # retrieved: the other's failure is the one raised
+        return reservation, reply
 
     async def _reserve(self) -> Any:
         """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
@@ -261,6 +301,16 @@ class Attempt:
             if m is not None:
                 with contextlib.suppress(Exception):
                     m.handle.abort.remote(self.request.request_id)
+
+
+def _prefill_attributes(span: trace.Span, reply: Any, reservation: Any, prefill: Any) -> None:
+    if span.is_recording():
+        num_sent = max(0, reply.num_blocks - reservation.skip_blocks)
+        span.set_attributes({
+            "baton.cached_tokens": reply.num_cached_tokens,
+            "baton.blocks_sent": num_sent,
+            "baton.kv.bytes": num_sent * prefill.info.kv_bytes_per_block,
+        })  # fmt: skip
 
 
 def _after_first(delta: OutputDelta, first: OutputDelta) -> OutputDelta:

@@ -11,8 +11,9 @@ For each request (docs/architecture.md, "One request, disaggregated"):
      Q caches more of the prompt than P), P copies those blocks from Q's cache first and
      computes only the rest (prefix_pull.py)
   2. D reserves blocks (reusing its cached prefix) and arms its transport    -> block ids
-  3. P prefills (reusing its own cached prefix), sending each layer's KV into D's blocks
-     as soon as the layer is done                                             -> first token
+  3. at the same time P prefills (reusing its own cached prefix); told D's blocks as soon
+     as D answers, it sends each layer's KV into them as soon as the layer is done (the
+     layers computed before then wait for them)                              -> first token
   4. D waits for every layer, admits the request and streams deltas back, over the one
      output channel this front door keeps with D (worker_channel.py)
 
