@@ -104,6 +104,11 @@ class AsyncEngine:
         self._wake.set()
         return fut
 
+    def wake(self) -> None:
+        """Run the loop's after-step hooks now rather than at the end of its idle wait
+        (thread-safe: a transport calls it when a transfer ended)."""
+        self._wake.set()
+
     async def call(self, fn: Callable[[LLMEngine], T], timeout_s: float = 60.0) -> T:
         try:
             return await asyncio.wait_for(asyncio.wrap_future(self.submit(fn)), timeout_s)

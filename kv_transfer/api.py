@@ -153,6 +153,11 @@ class Transport(ABC):
         """Results (either role) that finished since the last poll, not yet taken."""
 
     @abstractmethod
+    def on_results(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (on the transport's own thread; it must be quick) whenever a
+        result becomes ready to `poll`, so an idle caller need not poll on a timer."""
+
+    @abstractmethod
     def wait(self, request_id: str, role: Role, timeout_s: float) -> TransferResult:
         """Block until `request_id` finished in `role`; TimeoutError if not within
         `timeout_s` (the transfer goes on; its own deadline still applies)."""

@@ -22,7 +22,7 @@ come back through one `poll`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
@@ -176,6 +176,10 @@ class PairedTransport(Transport):
         for r in results:
             self._by_request.pop((r.role, r.request_id), None)
         return results
+
+    def on_results(self, listener: Callable[[], None]) -> None:
+        for transport in self._transports.values():
+            transport.on_results(listener)
 
     def wait(self, request_id: str, role: Role, timeout_s: float) -> TransferResult:
         transport = self._by_request.pop((role, request_id), None)

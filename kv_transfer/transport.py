@@ -112,6 +112,7 @@ class DriverTransport(Transport):
             )
         )
         self._on_failure = on_failure
+        self._listener: Callable[[], None] | None = None
         # Written under _cond; the protocol holds this same dict: mutate it, never rebind it.
         self._peers: dict[str, KVLayout] = {}
         self._checked: dict[str, tuple[str, list[int], list[int]]] = {}  # see _checked_blocks
@@ -261,6 +262,9 @@ class DriverTransport(Transport):
             self._results.clear()
         return results
 
+    def on_results(self, listener: Callable[[], None]) -> None:
+        self._listener = listener
+
     def wait(self, request_id: str, role: Role, timeout_s: float) -> TransferResult:
         key = (role, request_id)
         with self._cond:
@@ -322,6 +326,11 @@ class DriverTransport(Transport):
         with self._cond:
             self._results[(result.role, result.request_id)] = result
             self._cond.notify_all()
+        if self._listener is not None:
+            try:
+                self._listener()
+            except Exception:
+                logger.exception("%s: results listener raised", self.name)
 
     def _drain_commands(self) -> bool:
         if self._commands.empty():

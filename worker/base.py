@@ -79,6 +79,11 @@ class WorkerBase:
         self._info: WorkerInfo = self.engine.submit(describe).result(_DESCRIBE_TIMEOUT_S)
         self.tracker = TransferTracker(spec.tp)
         self.engine.after_step.append(self._after_step)
+        rank = getattr(self.group, "rank", None)  # tp=1: the rank's transport is in-process
+        if rank is not None:
+            # A transfer's end is taken at once, not at the idle loop's next look (20 ms):
+            # an idle decode worker admits a prompt the moment its KV landed.
+            rank.transport.on_results(self.engine.wake)
         self.events = EventLog()
         self.draining = False
         self._arrivals: dict[str, concurrent.futures.Future[str | None]] = {}

@@ -4,10 +4,10 @@ first token, sampled where the prompt was computed, goes to the client with the 
 reply; the decode worker's stream carries the rest.
 
 Each step that waits on a worker is a client span under the attempt's span, and the worker's
-own spans are children of it (the call carries its traceparent: core/tracing.py). The
-stream adds a `first_token` span (from the prefill's reply to the first delta here: the
-KV's last layers, admission, the first step) and one `decode` span per
-`DECODE_SPAN_TOKENS` tokens, at most `MAX_DECODE_SPANS`. When the attempt's span records
+own spans are children of it (the call carries its traceparent: core/tracing.py). The stream
+adds a `first_token` span (from the prefill's reply to the first delta here: the KV's last
+layers, admission, the first step) and one `decode` span per `DECODE_SPAN_TOKENS` tokens, at
+most `MAX_DECODE_SPANS` (request_spans.DecodeSpans). When the attempt's span records
 nothing, none of this runs: no span, no count per token.
 """
 
@@ -25,15 +25,9 @@ from opentelemetry import trace
 from core.errors import KVCapacityError, WorkerFailedError
 from core.request import EngineRequest, OutputDelta
 from core.roles import WorkerRole
-from core.tracing import (
-    DECODE_SPAN_TOKENS,
-    MAX_DECODE_SPANS,
-    SpanName,
-    carry,
-    ending,
-    epoch_ns,
-)
+from core.tracing import SpanName, carry, ending
 from router.cluster.prefix_pull import pull_prefix
+from router.cluster.request_spans import DecodeSpans, prefill_attributes
 from router.cluster.worker_channel import Queue
 from router.routing.ticket import Ticket
 
@@ -56,6 +50,8 @@ class Attempt:
     """The worker whose call is in flight: the one to blame if it dies."""
     queue: Queue | None = None
     """Where this attempt's deltas land, from the decode worker's output channel."""
+    naming: asyncio.Future[Any] | None = None
+    """P's answer to `destination` (D's blocks for the prompt), awaited with admission."""
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -134,6 +130,7 @@ class Attempt:
             stats.num_blocks_skipped += skip
             if reply.output.finished:
                 decode.handle.abort.remote(rid)
+                self._drop_naming()
                 self.finished = True
                 yield first_delta
                 return
@@ -146,8 +143,8 @@ class Attempt:
                     carry(s) if self.carries else None,
                 )  # fmt: skip
                 try:
-                    await asyncio.wait_for(admit, self._left())
-                except Exception:  # the KV did not land (failed, timed out, D lost)
+                    await self._admitted(admit)
+                except Exception:  # the KV did not land (failed, timed out, D or P lost)
                     if self.path.metrics is not None:
                         self.path.metrics.record_kv_transfer_failure()
                     raise
@@ -167,7 +164,7 @@ class Attempt:
         """The attempt's deltas from the channel; traced: a `first_token` span from `since`
         (loop time) to the first delta, then `decode` spans of DECODE_SPAN_TOKENS tokens."""
         assert self.queue is not None
-        spans = _DecodeSpans(self, since) if self.traced else None
+        spans = DecodeSpans(self, since) if self.traced else None
         try:
             while True:
                 async with asyncio.timeout(self._left()):  # not wait_for: see AsyncEngine.stream
@@ -213,17 +210,17 @@ class Attempt:
                     ),
                     self._left(),
                 )  # fmt: skip
-                _prefill_attributes(s, reply, reservation, prefill)
+                prefill_attributes(s, reply, reservation, prefill)
             return reservation, reply
-        reserving = asyncio.ensure_future(self._reserve())
         computing: asyncio.Future[Any] | None = None
+        reserving: asyncio.Future[Any] | None = None
         try:
-            await asyncio.sleep(0)  # D's call goes out (and its span starts) first
             with self._step(SpanName.PREFILL, **{"baton.worker": prefill.worker_id}) as s:
-                call = prefill.handle.prefill.remote(
+                call = prefill.handle.prefill.remote(  # the longer call: it goes out first
                     self._carried(s), decode.worker_id, None, 0, self._left()
                 )
                 computing = asyncio.ensure_future(asyncio.wait_for(call, self._left()))
+                reserving = asyncio.ensure_future(self._reserve())
                 await asyncio.wait({computing, reserving}, return_when=asyncio.FIRST_EXCEPTION)
                 if computing.done() and computing.exception() is not None:
                     self.calling = prefill
@@ -233,18 +230,40 @@ class Attempt:
                 named = prefill.handle.destination.remote(
                     rid, reservation.dst_block_ids, reservation.skip_blocks
                 )
+                # Its answer waits for P's step to end: the first token does not wait for it.
+                self.naming = asyncio.ensure_future(asyncio.wait_for(named, self._left()))
                 reply = await computing
-                await asyncio.wait_for(named, self._left())
-                _prefill_attributes(s, reply, reservation, prefill)
+                prefill_attributes(s, reply, reservation, prefill)
         finally:
-            for task in (computing, reserving):
-                if task is None:
-                    continue
-                if not task.done():
-                    task.cancel()
-                elif not task.cancelled():
-                    task.exception()  # retrieved: the other's failure is the one raised
+            _settle(computing, reserving)
         return reservation, reply
+
+    async def _admitted(self, admit: Any) -> None:
+        """D's admission (it waits for the KV) beside P's answer to `destination`: were P
+        lost before it took D's blocks, nothing would send the KV, and the attempt fails
+        now rather than at D's deadline."""
+        admitting = asyncio.ensure_future(asyncio.wait_for(admit, self._left()))
+        naming, self.naming = self.naming, None
+        try:
+            if naming is not None:
+                await asyncio.wait({admitting, naming}, return_when=asyncio.FIRST_EXCEPTION)
+                if naming.done() and naming.exception() is not None:
+                    self.calling = self.prefill
+                    naming.result()  # raises
+            await admitting
+            if naming is not None:
+                self.calling = self.prefill
+                await naming
+                self.calling = self.decode
+        finally:
+            _settle(admitting, naming)
+
+    def _drop_naming(self) -> None:
+        """Nothing waits for P's answer to `destination` any more (P may be gone)."""
+        if self.naming is not None:
+            self.naming.add_done_callback(_retrieved)
+            self.naming.cancel()
+            self.naming = None
 
     async def _reserve(self) -> Any:
         """Reserve the prompt's blocks on D. While D's KV is full, wait for its running
@@ -297,20 +316,28 @@ class Attempt:
 
     def cancel(self) -> None:
         """Free the request's blocks on both workers (fire and forget: they may be gone)."""
+        self._drop_naming()
         for m in (self.decode, self.prefill):
             if m is not None:
                 with contextlib.suppress(Exception):
                     m.handle.abort.remote(self.request.request_id)
 
 
-def _prefill_attributes(span: trace.Span, reply: Any, reservation: Any, prefill: Any) -> None:
-    if span.is_recording():
-        num_sent = max(0, reply.num_blocks - reservation.skip_blocks)
-        span.set_attributes({
-            "baton.cached_tokens": reply.num_cached_tokens,
-            "baton.blocks_sent": num_sent,
-            "baton.kv.bytes": num_sent * prefill.info.kv_bytes_per_block,
-        })  # fmt: skip
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _settle(*tasks: asyncio.Future[Any] | None) -> None:
+    """Calls awaited together, one of which may have failed: cancel those still running and
+    retrieve the others' errors (the failure raised is the one that counts)."""
+    for task in tasks:
+        if task is None:
+            continue
+        if not task.done():
+            task.cancel()
+        else:
+            _retrieved(task)
 
 
 def _after_first(delta: OutputDelta, first: OutputDelta) -> OutputDelta:
@@ -332,38 +359,3 @@ def _after_first(delta: OutputDelta, first: OutputDelta) -> OutputDelta:
         new_logprobs=logprobs,
         prompt_logprobs=None,
     )
-
-
-class _DecodeSpans:
-    """The stream's spans: `first_token` until the first delta, then a `decode` span per
-    DECODE_SPAN_TOKENS tokens; the last of MAX_DECODE_SPANS takes every token after it."""
-
-    def __init__(self, attempt: Attempt, since: float) -> None:
-        self.tracer, self.context = attempt.tracer, trace.set_span_in_context(attempt.span)
-        self.worker = {"baton.worker": attempt.decode.worker_id}
-        self.span = self.tracer.start_span(
-            SpanName.FIRST_TOKEN,
-            context=self.context,
-            start_time=epoch_ns(since),
-            attributes=self.worker,
-        )
-        self.first, self.num_tokens, self.num_spans, self.from_token = True, 0, 0, 0
-
-    def add(self, num_new: int) -> None:
-        self.num_tokens += num_new
-        full = self.num_tokens - self.from_token >= DECODE_SPAN_TOKENS
-        if self.first or (full and self.num_spans < MAX_DECODE_SPANS):
-            self.end()
-            self.first = False
-            self.num_spans += 1
-            self.span = self.tracer.start_span(
-                SpanName.DECODE, context=self.context, attributes=self.worker
-            )
-            self.from_token = self.num_tokens
-
-    def end(self) -> None:
-        if self.span.is_recording():
-            if not self.first:
-                self.span.set_attribute("baton.tokens.from", self.from_token)
-                self.span.set_attribute("baton.tokens.to", self.num_tokens)
-            self.span.end()

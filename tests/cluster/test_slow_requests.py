@@ -14,10 +14,11 @@ from tests.cluster.conftest import ADMIN_TOKEN
 
 pytestmark = pytest.mark.slow
 
-STEPS = [SpanName.ROUTE, SpanName.GATE_WAIT, SpanName.RESERVE, SpanName.PREFILL,
+STEPS = [SpanName.ROUTE, SpanName.GATE_WAIT, SpanName.PREFILL, SpanName.RESERVE,
          SpanName.FIRST_TOKEN, SpanName.ADMIT, SpanName.DECODE]  # fmt: skip
-"""An attempt's steps, in the order they start (the first token is waited for from the
-prefill's reply on, so admission runs inside it)."""
+"""An attempt's steps, in the order they start (the prefill's call goes out just before the
+reservation it runs beside; the first token is waited for from the prefill's reply on, so
+admission runs inside it)."""
 
 
 def test_a_disaggregated_request_has_its_whole_timeline(served) -> None:  # type: ignore[no-untyped-def]
