@@ -67,17 +67,24 @@ async def handoff(prefill: Any, decode: DecodeWorker, req: EngineRequest) -> tup
     reply = await prefill.prefill(
         req, decode.worker_id, res.dst_block_ids, res.skip_blocks, TIMEOUT_S
     )
-    channel = f"ch-{req.request_id}"
-    await decode.admit(req.request_id, reply.first_token, None, TIMEOUT_S, channel)
+    return res, reply, await admit_and_decode(decode, req.request_id, reply.first_token)
+
+
+async def admit_and_decode(decode: DecodeWorker, request_id: str, first_token: int) -> list[int]:
+    """Admit a prefilled request on the decode worker and read its tokens to its end (its
+    first delta repeats the prefill's first token)."""
+    channel = f"ch-{request_id}"
+    await decode.admit(request_id, first_token, None, TIMEOUT_S, channel)
     tokens: list[int] = []
     stream = decode.outputs(channel)
     try:
         async for batch in stream:
-            for request_id, item in batch:
+            for rid, item in batch:
                 assert not isinstance(item, BaseException), item
-                tokens += item.new_token_ids
-                if request_id == req.request_id and is_final(item):
-                    return res, reply, tokens
+                if rid == request_id:
+                    tokens += item.new_token_ids
+                    if is_final(item):
+                        return tokens
     finally:
         await stream.aclose()
     raise AssertionError("the stream ended early")

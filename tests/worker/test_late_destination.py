@@ -13,59 +13,21 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
-from core.roles import WorkerRole
-from decode_worker.worker import DecodeWorker
-from prefill_worker.worker import PrefillReply, PrefillWorker
 from tests.support.worker_pair import (
     PROMPT_BLOCKS,
     TIMEOUT_S,
+    admit_and_decode,
     cached_kv,
-    connect_pair,
     on_engine,
     request,
     run_here,
     same,
     settled,
-    spec,
 )
 
 
-@pytest.fixture
-def pair(tiny_model_dir, loop_thread):
-    model = tiny_model_dir()
-    blocks = 2 * PROMPT_BLOCKS
-    prefill = PrefillWorker(spec("p0", WorkerRole.PREFILL, model, blocks, "shm"))
-    decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model, blocks, "shm"))
-    loop_thread.run(connect_pair(prefill, decode))
-    yield prefill, decode
-    prefill.shutdown()
-    decode.shutdown()
-
-
-async def decoded(decode: DecodeWorker, request_id: str, reply: PrefillReply) -> list[int]:
-    """Admit a prefilled request on the decode worker and read its tokens to the end (its
-    first delta repeats the prefill worker's first token)."""
-    channel = f"ch-{request_id}"
-    await decode.admit(request_id, reply.first_token, None, TIMEOUT_S, channel)
-    tokens: list[int] = []
-    stream = decode.outputs(channel)
-    try:
-        async for batch in stream:
-            for rid, item in batch:
-                assert not isinstance(item, BaseException), item
-                if rid == request_id:
-                    tokens += item.new_token_ids
-                    if item.finished:
-                        return tokens
-    finally:
-        await stream.aclose()
-    raise AssertionError("the stream ended early")
-
-
-def test_layers_computed_first_go_once_the_blocks_are_named(pair, loop_thread) -> None:
-    prefill, decode = pair
+def test_layers_computed_first_go_once_the_blocks_are_named(shm_pair, loop_thread) -> None:
+    prefill, decode = shm_pair
     req = request("r", seed=5, max_tokens=6)
     reference_req = request("ref", seed=5, max_tokens=6)
 
@@ -79,7 +41,7 @@ def test_layers_computed_first_go_once_the_blocks_are_named(pair, loop_thread) -
         res = await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
         assert res.skip_blocks == 0 and reply.num_blocks == PROMPT_BLOCKS
         await prefill.destination(req.request_id, res.dst_block_ids, res.skip_blocks)
-        got = await decoded(decode, req.request_id, reply)
+        got = await admit_and_decode(decode, req.request_id, reply.first_token)
         await settled(decode)
         await settled(prefill)
         after = await on_engine(decode, cached_kv)
@@ -92,14 +54,14 @@ def test_layers_computed_first_go_once_the_blocks_are_named(pair, loop_thread) -
         up_front = await prefill.prefill(
             again, decode.worker_id, res.dst_block_ids, res.skip_blocks, TIMEOUT_S
         )
-        assert got == await decoded(decode, again.request_id, up_front)
+        assert got == await admit_and_decode(decode, again.request_id, up_front.first_token)
         assert len(got) == 6
 
     loop_thread.run(scenario())
 
 
-def test_blocks_named_before_the_prompt_runs_are_used_as_if_given(pair, loop_thread) -> None:
-    prefill, decode = pair
+def test_blocks_named_before_the_prompt_runs_are_used_as_if_given(shm_pair, loop_thread) -> None:
+    prefill, decode = shm_pair
     req = request("early", seed=9, max_tokens=3)
     hold = threading.Event()
     named_while_queued: list[bool] = []
@@ -132,7 +94,7 @@ def test_blocks_named_before_the_prompt_runs_are_used_as_if_given(pair, loop_thr
         await held
         await naming
         reply = await computing
-        assert len(await decoded(decode, req.request_id, reply)) == 3
+        assert len(await admit_and_decode(decode, req.request_id, reply.first_token)) == 3
         await settled(decode)
         await settled(prefill)
 
@@ -140,8 +102,10 @@ def test_blocks_named_before_the_prompt_runs_are_used_as_if_given(pair, loop_thr
     assert named_while_queued == [True]
 
 
-def test_no_destination_in_time_fails_the_transfer_and_frees_the_blocks(pair, loop_thread) -> None:
-    prefill, _ = pair
+def test_no_destination_in_time_fails_the_transfer_and_frees_the_blocks(
+    shm_pair, loop_thread
+) -> None:
+    prefill, _ = shm_pair
     req = request("lost", seed=3, max_tokens=4)
 
     async def scenario() -> None:
@@ -153,8 +117,8 @@ def test_no_destination_in_time_fails_the_transfer_and_frees_the_blocks(pair, lo
     loop_thread.run(scenario())
 
 
-def test_an_abort_while_waiting_for_the_blocks_frees_them(pair, loop_thread) -> None:
-    prefill, _ = pair
+def test_an_abort_while_waiting_for_the_blocks_frees_them(shm_pair, loop_thread) -> None:
+    prefill, _ = shm_pair
     req = request("gone", seed=4, max_tokens=4)
 
     async def scenario() -> None:

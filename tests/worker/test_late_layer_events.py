@@ -14,23 +14,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pytest
 import torch
 
-from core.roles import WorkerRole
-from decode_worker.worker import DecodeWorker
-from prefill_worker.worker import PrefillWorker
 from tests.support.worker_pair import (
-    PROMPT_BLOCKS,
     TIMEOUT_S,
     cached_kv,
-    connect_pair,
     on_engine,
     request,
     run_here,
     same,
     settled,
-    spec,
 )
 
 LOOKS = 3
@@ -57,20 +50,8 @@ class LateLayer:
             return self.done
 
 
-@pytest.fixture
-def pair(tiny_model_dir, loop_thread):
-    model = tiny_model_dir()
-    blocks = 2 * PROMPT_BLOCKS
-    prefill = PrefillWorker(spec("p0", WorkerRole.PREFILL, model, blocks, "shm"))
-    decode = DecodeWorker(spec("d0", WorkerRole.DECODE, model, blocks, "shm"))
-    loop_thread.run(connect_pair(prefill, decode))
-    yield prefill, decode
-    prefill.shutdown()
-    decode.shutdown()
-
-
-def test_decode_gets_the_kv_written_after_the_event(pair, loop_thread) -> None:
-    prefill, decode = pair
+def test_decode_gets_the_kv_written_after_the_event(shm_pair, loop_thread) -> None:
+    prefill, decode = shm_pair
     events: list[LateLayer] = []
 
     def make_late(rank: Any) -> None:
