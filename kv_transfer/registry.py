@@ -171,9 +171,9 @@ def create_transport(
 
     `backend="auto"` picks per peer (kv_transfer.paired): `shm` on this host (CPU caches),
     the first of nixl, ucx that works here for the others, `cuda_ipc` on this host (GPU
-    caches) where neither does; `require_network` makes a missing
-    network backend an error now (a worker of a multi-host cluster), naming each backend and
-    why it is unavailable. A named backend is used for every peer.
+    caches) where neither does; `require_network` makes a missing network backend an error
+    now (a worker of a multi-host cluster), naming each backend and why it is unavailable. A
+    named backend is used for every peer.
 
     `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (a
     single-node cluster, tests); `on_failure` is the FailureHook that releases blocks;
