@@ -5,7 +5,9 @@ Shared by a single-server run (loadgen/cli.py) and a comparison (loadgen/compare
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,6 +74,24 @@ async def measure(
     summary.update(rate=rate, num_not_sent=run.num_not_sent,
                    load_avg_1m=(load_before, os.getloadavg()[0]))  # fmt: skip
     return summary
+
+
+async def metrics_after_steps(
+    base_url: str, before: str, workers: str = "", timeout_s: float = 1.0
+) -> str | None:
+    """/metrics once the counters of a worker whose id starts with `workers` show a step
+    past `before`: they reach the door with the workers' next reports, so a scrape right
+    after a reply may not hold its steps yet. The last scrape if none shows one within
+    `timeout_s`; None if /metrics fails."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = await scrape_metrics(base_url)
+        if after is None or time.monotonic() >= deadline:
+            return after
+        totals = step_totals(after, before)
+        if any(v.get("steps", 0.0) > 0 for w, v in totals.items() if w.startswith(workers)):
+            return after
+        await asyncio.sleep(0.02)
 
 
 def step_totals(after: str, before: str) -> dict[str, dict[str, float]]:

@@ -34,7 +34,7 @@ import httpx
 
 from loadgen.client import scrape_metrics, stream_completion
 from loadgen.metrics import RequestResult
-from loadgen.run import served_model, step_totals
+from loadgen.run import metrics_after_steps, served_model, step_totals
 from loadgen.traces import TraceRequest
 
 
@@ -66,7 +66,10 @@ async def measure(
                 await stream_completion(
                     client, model, TraceRequest.of_prompt(0.0, prompt, max_tokens), result
                 )
-                after = await scrape_metrics(url)
+                after = None
+                if before is not None:  # the prefill pool's step is the one it counts
+                    pool = "prefill" if name == "disagg" else ""
+                    after = await metrics_after_steps(url, before, pool)
                 if not result.ok or result.ttft_s is None or before is None or after is None:
                     raise RuntimeError(f"{name} probe {i} failed: {result.error or 'no /metrics'}")
                 if i >= 2:

@@ -28,7 +28,7 @@ import httpx
 
 from loadgen.client import scrape_metrics, stream_completion
 from loadgen.metrics import RequestResult
-from loadgen.run import served_model, step_totals
+from loadgen.run import metrics_after_steps, served_model, step_totals
 from loadgen.traces import TraceRequest
 
 SERVE_FLAGS = {
@@ -50,7 +50,7 @@ async def sample(url: str, requests: int, prompt_len: int, seed: int = 0) -> lis
             start_ns = time.time_ns()
             result = RequestResult(0.0, prompt_len)
             await stream_completion(client, model, TraceRequest.of_prompt(0.0, prompt, 1), result)
-            after = await scrape_metrics(url)
+            after = await metrics_after_steps(url, before) if before else None
             if not result.ok or result.ttft_s is None or before is None or after is None:
                 raise RuntimeError(f"request {i} failed: {result.error or 'no /metrics'}")
             busy = sum(w["busy_s"] for w in step_totals(after, before).values())
