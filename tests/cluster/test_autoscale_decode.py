@@ -38,9 +38,10 @@ pytestmark = pytest.mark.slow
 
 SLOTS = 8
 """Each decode worker's cap on running requests."""
-FLOOD, FLOOD_TOKENS = 3 * SLOTS, 32
+FLOOD, FLOOD_TOKENS = 4 * SLOTS, 32
 """Short streams that fill two workers' slots with some to spare (a slot whose stream just
-ended is taken again only once the next one's prompt has arrived)."""
+ended is taken again only once the next one's prompt has arrived, and on a loaded host more
+of them are in the prefill pool at any look)."""
 FEED_TOKENS = (192, 224, 256)
 """One long stream per length kept in flight (lengths apart, so they do not end together):
 3 of 2 x SLOTS slots is calm (pressure 3 / 16 / 0.85 = 0.22, under `calm` 0.5), and 3 of one
