@@ -20,6 +20,7 @@ from kv_transfer import unavailable_reason
 from tests.engine.test_parity import GREEDY, make_prompts
 from tests.gpu.prefill_process import prefill_worker_main
 from tests.kv_transfer.peer_process import PipedProcess
+from tests.support.worker_pair import admit_and_decode
 from worker.records import WorkerSpec
 
 pytestmark = pytest.mark.gpu
@@ -45,20 +46,10 @@ async def disaggregated(prefill: PipedProcess, decode: DecodeWorker, request: En
     if reply.output.finished:  # the first token ended it
         await decode.abort(request.request_id)
         return reply.output.new_token_ids, skip
-    channel = f"ch-{request.request_id}"
-    await decode.admit(request.request_id, reply.first_token, reply.logprob, TIMEOUT_S, channel)
-    tokens: list[int] = []
-    stream = decode.outputs(channel)
-    try:
-        async for batch in stream:
-            for _, item in batch:
-                assert not isinstance(item, BaseException), item
-                tokens += item.new_token_ids
-                if item.finished:
-                    return tokens, skip
-    finally:
-        await stream.aclose()
-    raise AssertionError("the stream ended before the request finished")
+    tokens = await admit_and_decode(
+        decode, request.request_id, reply.first_token, reply.logprob, TIMEOUT_S
+    )
+    return tokens, skip
 
 
 @pytest.mark.parametrize("backend", ["nixl", "cuda_ipc"])

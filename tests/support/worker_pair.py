@@ -70,11 +70,14 @@ async def handoff(prefill: Any, decode: DecodeWorker, req: EngineRequest) -> tup
     return res, reply, await admit_and_decode(decode, req.request_id, reply.first_token)
 
 
-async def admit_and_decode(decode: DecodeWorker, request_id: str, first_token: int) -> list[int]:
+async def admit_and_decode(
+    decode: DecodeWorker, request_id: str, first_token: int, logprob: Any = None,
+    timeout_s: float = TIMEOUT_S,
+) -> list[int]:  # fmt: skip
     """Admit a prefilled request on the decode worker and read its tokens to its end (its
     first delta repeats the prefill's first token)."""
     channel = f"ch-{request_id}"
-    await decode.admit(request_id, first_token, None, TIMEOUT_S, channel)
+    await decode.admit(request_id, first_token, logprob, timeout_s, channel)
     tokens: list[int] = []
     stream = decode.outputs(channel)
     try:
