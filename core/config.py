@@ -85,6 +85,10 @@ class EngineConfig:
     decode_graphs: bool = True
     """With cuda_graphs, also record the decode-only steps' graphs (a prefill worker's
     engine, whose steps are prompts, records only the token-count graphs)."""
+    overlap_steps: bool | None = None
+    """Launch each step before the last one's outputs are processed (engine/overlap.py):
+    the host schedules, prepares and detokenizes while the device computes. None: on where
+    the device runs asynchronously (CUDA), off on CPU, whose kernels run on the host."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -77,3 +77,16 @@ def use_fused_kernels(x: torch.Tensor) -> bool:
     """Layers run their Triton kernel (norm, rotary) on CUDA tensors when triton is there;
     BATON_FUSED_KERNELS=0 keeps the plain-torch ops (e.g. to bisect a GPU mismatch)."""
     return x.is_cuda and has_triton() and env.FUSED_KERNELS.get()
+
+
+def host_to_device(values: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`torch.tensor(values, dtype=dtype, device=device)`, without waiting for the device.
+
+    A CUDA tensor made from host data is copied synchronously: the host first waits for
+    everything queued on the stream, so a step laid out while the one before still runs
+    (engine/overlap.py) would wait for it. This stages the values in pinned memory (torch's
+    caching host allocator keeps the buffer until the copy is done) and queues the copy."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return tensor if device.type == "cpu" else tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -44,9 +44,10 @@ from engine.held import HeldRequests, NoCapacityError, Reservation
 from engine.host_heap import keep_freed_memory
 from engine.kv_cache.manager import KVCacheManager
 from engine.kv_cache.restore_rule import attach_offload
-from engine.kv_connector import KVConnector
+from engine.kv_connector import KVConnector, prompts_completing
 from engine.kv_events import KVEventFeed
 from engine.model_runner import ModelRunner, SampledToken
+from engine.overlap import StepsInFlight, overlap_enabled, took_token
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request, RequestStatus
 from engine.resume import restore
@@ -105,16 +106,13 @@ class LLMEngine:
         self.held = HeldRequests(self.kv)
         self.kv_events = KVEventFeed(worker_id, self.model_config.model_id)
         self.step_totals = StepTotals()
+        overlap = overlap_enabled(config, self.runner.device.type, tp.size)
+        self.in_flight = StepsInFlight(self.scheduler, self.kv, self.step_totals, overlap)
         self.kv_connector: KVConnector | None = None
         """Set by a worker whose KV leaves this engine (see kv_connector.py)."""
-        logger.info(
-            "engine %s: %d KV blocks of %d tokens, max_model_len=%d, backend=%s",
-            worker_id,
-            num_blocks,
-            config.block_size,
-            self.max_model_len,
-            backend,
-        )
+        logger.info("engine %s: %d KV blocks of %d tokens, max_model_len=%d, backend=%s, "
+                    "steps overlapped: %s", worker_id, num_blocks, config.block_size,
+                    self.max_model_len, backend, overlap)  # fmt: skip
 
     # -- requests ------------------------------------------------------------------------
     def add_request(
@@ -201,13 +199,13 @@ class LLMEngine:
             return False
         if req.status != RequestStatus.FINISHED:
             req.finish_reason = FinishReason.ABORT
-            self.scheduler.finish(req)
+            self.in_flight.finish(req)
         else:
             self.kv.free(req)
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return self.scheduler.num_unfinished > 0 or self.in_flight.launched is not None
 
     def num_in_flight(self) -> int:
         """Requests that still hold blocks here: scheduled, or parked / reserved."""
@@ -220,34 +218,44 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
     def step(self) -> list[OutputDelta]:
         """Schedule, run, process outputs. Returns a delta for every request that got a
-        token or finished this step."""
+        token or finished this step; with overlapped steps (engine/overlap.py), of the step
+        before, this one left running on the device."""
+        flight = self.in_flight
+        if flight.launched is not None and not flight.run_ahead():
+            return self._processed(flight.land())
         totals = self.step_totals
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
-            return []
+            return self._processed(flight.land()) if flight.launched is not None else []
         scheduled = time.perf_counter()
         totals.schedule_s += scheduled - start
         totals.steps += 1
-        hook = None
-        if self.kv_connector is not None:
-            completing = [
-                (req, self.kv.block_ids(req.request_id))
-                for req, n in batch.items
-                if req.num_computed_tokens + n == req.num_tokens and req.num_sampled_here == 0
-            ]
-            hook = self.kv_connector.begin_step(completing)
-        sampled = self.runner.execute(batch, self.kv, hook, totals)
+        connector, hook = self.kv_connector, None
+        if connector is not None:
+            hook = connector.begin_step(prompts_completing(batch.items, self.kv.block_ids))
+        launched = self.runner.launch(batch, self.kv, hook, totals, flight.launched)
         batch.mark_computed(totals)
+        outputs = self._processed(flight.swap(launched))
+        if not flight.enabled or connector is not None:
+            outputs += self._processed(flight.land())
+            if connector is not None:
+                connector.end_step()
+        return outputs
+
+    def _processed(self, sampled: list[SampledToken]) -> list[OutputDelta]:
+        totals = self.step_totals
         if self.scheduler.speculator is not None:
             sampled = self.scheduler.speculator.accept(sampled, totals)
         processing = time.perf_counter()
         # A request can finish at any of its tokens; what it sampled past that is dropped.
         done = RequestStatus.FINISHED
-        outputs = [self._process(s) for s in sampled if s.request.status != done]
+        outputs = []
+        for s in sampled:
+            took_token(s)
+            if s.request.status != done:
+                outputs.append(self._process(s))
         totals.output_s += time.perf_counter() - processing
-        if self.kv_connector is not None:
-            self.kv_connector.end_step()
         return outputs
 
     def _process(self, s: SampledToken) -> OutputDelta:
@@ -282,7 +290,7 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
             self.held.park(req)
         elif decision.finished:
-            self.scheduler.finish(req)
+            self.in_flight.finish(req)
             self.requests.pop(req.request_id, None)
         return out
 

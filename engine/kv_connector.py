@@ -45,6 +45,18 @@ def layer_written(device: torch.device) -> DeviceEvent | None:
     return event
 
 
+def prompts_completing(
+    items: list[tuple[Request, int]], block_ids: Callable[[str], list[int]]
+) -> list[tuple[Request, list[int]]]:
+    """The requests of a step's `items` (request, tokens) whose prompt KV the step completes,
+    with their blocks: what `begin_step` is given."""
+    return [
+        (req, block_ids(req.request_id))
+        for req, n in items
+        if req.num_computed_tokens + n == req.num_tokens and req.num_sampled_here == 0
+    ]
+
+
 class KVConnector(Protocol):
     # -- scheduler side ------------------------------------------------------------------
     def request_prefilled(

@@ -21,6 +21,7 @@ from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.cpu_forward import CPUForward
 from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, DecodeGraphs, GraphCapturer, choose_capturer
+from engine.device import host_to_device
 from engine.grammar import token_mask
 from engine.int8_checkpoint import prepare_int8_weights
 from engine.kv_cache import sizing
@@ -33,7 +34,7 @@ from engine.memory_profile import CudaMemory, DeviceMemory, measure_device_usage
 from engine.models import build_model
 from engine.parallel import SINGLE, TPGroup
 from engine.request import Request
-from engine.sampler import Sampler
+from engine.sampler import Sampled, Sampler
 from engine.sampling.prompt_logprobs import add_prompt_logprobs
 from engine.sampling.rows import sampling_row
 from engine.scheduler import ScheduledBatch
@@ -47,6 +48,29 @@ class SampledToken:
     request: Request
     token_id: int
     logprob: TokenLogprob | None
+
+
+@dataclass(eq=False)
+class LaunchedStep:
+    """A step given to the device: the positions it samples (request, drafts ahead) and
+    its tokens, on the device until `tokens()` brings them to the host."""
+
+    batch: ScheduledBatch
+    to_sample: list[tuple[Request, int]]
+    sampled: Sampled | None
+
+    def row_of(self) -> dict[Request, int]:
+        """Each request's row in `sampled.tokens` (its token after its last one)."""
+        return {r: i for i, (r, ahead) in enumerate(self.to_sample) if ahead == 0}
+
+    def tokens(self) -> list[SampledToken]:
+        if self.sampled is None:
+            return []
+        out = self.sampled.result()
+        return [
+            SampledToken(r, t, lp)
+            for (r, _), t, lp in zip(self.to_sample, out.token_ids, out.logprobs, strict=True)
+        ]
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
@@ -156,7 +180,6 @@ class ModelRunner:
         logger.info("%s", sizing.describe(usage, utilization, size))
         return size.num_blocks
 
-    @torch.inference_mode()
     def execute(
         self,
         batch: ScheduledBatch,
@@ -167,9 +190,23 @@ class ModelRunner:
         """Run one step. Returns a token for every request whose tokens are all computed
         after this step (not for a request that only got a chunk of its prompt). Adds the
         forward and sampling time to `totals` (attention too, on CPU)."""
-        inputs = self._prepare(batch, kv, layer_done)
+        return self.launch(batch, kv, layer_done, totals).tokens()
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        batch: ScheduledBatch,
+        kv: KVCacheManager,
+        layer_done: LayerHook | None = None,
+        totals: StepTotals | None = None,
+        ahead: LaunchedStep | None = None,
+    ) -> LaunchedStep:
+        """`execute`, without waiting for the tokens: on a device the step may still be
+        running when this returns. `ahead`: the step before, whose tokens a request with
+        a pending one (`Request.num_pending`) takes as its input here, on the device."""
+        inputs = self._prepare(batch, kv, layer_done, ahead)
         if inputs is None:
-            return []
+            return LaunchedStep(batch, [], None)
         input_ids, positions, meta, logits_idx, to_sample = inputs
         if totals is not None and self.device.type == "cpu":
             meta.totals = totals  # kernels run synchronously: host time is their time
@@ -197,20 +234,17 @@ class ModelRunner:
         if prompt_logprobs:
             self._prompt_logprobs(batch, hidden)
         if not to_sample:
-            return []
+            return LaunchedStep(batch, [], None)
         # In the model's dtype: the sampler widens them where it needs float32 (not for plain
         # greedy rows, whose argmax is the same on the exact bf16 values: 64 x 32,000 bf16
         # logits, widen + max 1.06 ms against max 0.77).
         logits = self.model.compute_logits(hidden[logits_idx])
         rows = [sampling_row(r, r.draft_token_ids[:ahead]) for r, ahead in to_sample]
         mask = token_mask([r.grammar for r, _ in to_sample], self.sampler.vocab_size)
-        out = self.sampler(logits, rows, mask)
+        sampled = self.sampler.sample(logits, rows, mask)
         if totals is not None:
             totals.sample_s += time.perf_counter() - forwarded
-        return [
-            SampledToken(r, t, lp)
-            for (r, _), t, lp in zip(to_sample, out.token_ids, out.logprobs, strict=True)
-        ]
+        return LaunchedStep(batch, to_sample, sampled)
 
     def plan_graphs(self, capturer: GraphCapturer | None = None) -> int:
         """Decide whether steps will replay graphs (`choose_capturer`: `capturer` stands in
@@ -274,6 +308,7 @@ class ModelRunner:
         batch: ScheduledBatch,
         kv: KVCacheManager,
         layer_done: LayerHook | None,
+        ahead: LaunchedStep | None,
     ) -> (
         tuple[
             torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[tuple[Request, int]]
@@ -282,6 +317,8 @@ class ModelRunner:
     ):
         if not batch.items:
             return None
+        pending: list[tuple[int, Request]] = []
+        """(row, request): rows whose input is a token the step before left on the device."""
         bs = self.block_size
         dev = self.device
         input_ids: list[int] = []
@@ -299,6 +336,9 @@ class ModelRunner:
             block_ids = kv.block_ids(req.request_id)
             drafts = req.draft_token_ids
             input_ids.extend(req.all_token_ids[start : end - len(drafts)])
+            if req.num_pending and end > req.num_tokens - req.num_pending:
+                pending.append((t + n - 1, req))  # its pending token is its last input
+                input_ids.append(0)
             input_ids.extend(drafts)
             positions.extend(range(start, end))
             slot_blocks.extend(block_ids[p // bs] for p in range(start, end))
@@ -310,9 +350,7 @@ class ModelRunner:
                     decode_tables.append(block_ids[: cdiv(seq_len, bs)])
                     decode_lens.append(seq_len)
             else:
-                block_tensor = torch.tensor(
-                    block_ids[: cdiv(end, bs)], dtype=torch.long, device=dev
-                )
+                block_tensor = host_to_device(block_ids[: cdiv(end, bs)], torch.long, dev)
                 prefills.append(PrefillChunk(t, n, end, block_tensor))
             t += n
             if end == req.num_tokens + len(drafts):
@@ -320,19 +358,24 @@ class ModelRunner:
                 to_sample.extend((req, ahead) for ahead in range(len(drafts) + 1))
         width = max((len(b) for b in decode_tables), default=0)
         table = [b + [0] * (width - len(b)) for b in decode_tables]
-        pos = torch.tensor(positions, dtype=torch.long, device=dev)
+        pos = host_to_device(positions, torch.long, dev)
         meta = AttentionMetadata(
             block_size=bs,
-            slot_blocks=torch.tensor(slot_blocks, dtype=torch.long, device=dev),
+            slot_blocks=host_to_device(slot_blocks, torch.long, dev),
             slot_offsets=pos % bs,
             num_decodes=len(decode_tables),
-            decode_block_tables=torch.tensor(table, dtype=torch.long, device=dev).reshape(
-                len(table), width
-            ),
-            decode_seq_lens=torch.tensor(decode_lens, dtype=torch.long, device=dev),
+            decode_block_tables=host_to_device(table, torch.long, dev).reshape(len(table), width),
+            decode_seq_lens=host_to_device(decode_lens, torch.long, dev),
             prefills=prefills,
             layer_done=None if layer_done is None else self._with_event(layer_done),
         )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
-        idx = torch.tensor(logits_idx, dtype=torch.long, device=dev)
+        ids = host_to_device(input_ids, torch.long, dev)
+        if pending:
+            if ahead is None or ahead.sampled is None:
+                raise RuntimeError("a request's pending token has no step in flight")
+            rows = ahead.row_of()
+            into = host_to_device([row for row, _ in pending], torch.long, dev)
+            source = host_to_device([rows[req] for _, req in pending], torch.long, dev)
+            ids[into] = ahead.sampled.tokens[source]
+        idx = host_to_device(logits_idx, torch.long, dev)
         return ids, pos, meta, idx, to_sample

@@ -68,6 +68,9 @@ class Request:
     num_sent_chars: int = 0
     """How much of the detokenizer's text the outputs have carried so far (text that may
     still turn out to be part of a stop string is held back)."""
+    num_pending: int = 0
+    """Tokens sampled by a step still on the device (engine/overlap.py): counted in
+    `num_tokens`, not yet in `all_token_ids`; the step after reads them there."""
     draft_token_ids: list[int] = field(default_factory=list)
     """This step's speculative guesses (engine/spec): computed after the last token, not
     yet part of `all_token_ids`."""
@@ -105,7 +108,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.num_pending
 
     def take_prompt_logprobs(self) -> list[TokenLogprob | None] | None:
         """Once, for the request's first delta (the whole prompt has run by then)."""

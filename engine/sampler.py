@@ -43,6 +43,7 @@ import torch
 
 from core.request import TokenLogprob
 from core.sampling import SamplingParams
+from engine.device import host_to_device
 from engine.sampling.bias import TokenBias, apply_bias_
 from engine.sampling.filters import filter_logits
 from engine.sampling.logprobs import compute_logprobs
@@ -75,6 +76,32 @@ class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob | None]
     """None where the row's params.logprobs is None."""
+
+
+class Sampled:
+    """One step's tokens as the sampler left them: `tokens` on the device (what a step
+    launched before they reach the host reads, engine/overlap.py), and `result()`, the
+    host's copy. On CUDA the copy to pinned host memory is queued at once; `result()`
+    waits for it alone, not for whatever the device was given after."""
+
+    def __init__(self, tokens: torch.Tensor, output: SamplerOutput | None = None) -> None:
+        """`output`: the result, already on the host (a step that needed it there)."""
+        self.tokens = tokens
+        self._output = output
+        self._host, self._ready = tokens, None
+        if output is None and tokens.is_cuda:
+            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            self._host.copy_(tokens, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def result(self) -> SamplerOutput:
+        if self._output is None:
+            if self._ready is not None:
+                self._ready.synchronize()
+            ids = self._host.tolist()
+            self._output = SamplerOutput(ids, [None] * len(ids))
+        return self._output
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -126,9 +153,20 @@ class Sampler:
         """Sample from `logits` [len(rows), >= vocab_size]; columns past vocab_size (a padded
         LM head) are ignored. `token_mask` limits its rows to the tokens it allows. Does not
         modify `logits`."""
+        return self.sample(logits, rows, token_mask).result()
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        token_mask: TokenMask | None = None,
+    ) -> Sampled:
+        """`__call__`, with the tokens left on the device where nothing needs them on the
+        host yet (plain greedy rows: the common case)."""
         self._check_inputs(logits, rows)
         if not rows:
-            return SamplerOutput(token_ids=[], logprobs=[])
+            empty = torch.empty(0, dtype=torch.int64, device=logits.device)
+            return Sampled(empty, SamplerOutput(token_ids=[], logprobs=[]))
         raw = logits = logits[:, : self.vocab_size]
         biased = any(row.bias for row in rows)
         if token_mask is not None or biased:
@@ -138,7 +176,7 @@ class Sampler:
             if biased:
                 apply_bias_(logits, [row.bias for row in rows])
         if all(_is_plain_greedy(row.params) for row in rows):
-            return SamplerOutput(greedy_tokens(logits).tolist(), [None] * len(rows))
+            return Sampled(greedy_tokens(logits))
         if raw.dtype != torch.float32:  # a bf16 model's logits: widened (exactly) only here
             widened = raw.float()
             raw, logits = widened, widened if logits is raw else logits
@@ -166,7 +204,7 @@ class Sampler:
         rows: Sequence[SamplingRow],
         raw: torch.Tensor | None = None,
         private: bool = False,
-    ) -> SamplerOutput:
+    ) -> Sampled:
         """`logits` is `raw` (None: the same), or (`private`) a masked float32 copy of it
         that may be modified; logprobs come from `raw`."""
         raw = logits if raw is None else raw
@@ -192,11 +230,13 @@ class Sampler:
         greedy = [i for i, p in enumerate(params) if p.is_greedy]
         random = [i for i, p in enumerate(params) if not p.is_greedy]
         if greedy:
-            index = torch.tensor(greedy, dtype=torch.long, device=device)
+            index = host_to_device(greedy, torch.long, device)
             token_ids[index] = greedy_tokens(work[index])
         if random:
-            index = torch.tensor(random, dtype=torch.long, device=device)
-            temperature = torch.tensor([params[i].temperature for i in random], device=device)
+            index = host_to_device(random, torch.long, device)
+            temperature = host_to_device(
+                [params[i].temperature for i in random], torch.float32, device
+            )
             if len(random) < len(rows):
                 scaled = work[index].float().div_(temperature[:, None])
             elif work_is_private and work.dtype == torch.float32:
@@ -204,8 +244,11 @@ class Sampler:
             else:  # one pass that also copies: the caller's logits are never modified
                 scaled = work.float() / temperature[:, None]
             token_ids[index] = self._sample_random(scaled, [rows[i] for i in random])
+        if all(p.logprobs is None for p in params):
+            return Sampled(token_ids)  # nothing here needs them on the host yet
         ids = token_ids.tolist()
-        return SamplerOutput(ids, compute_logprobs(raw, ids, [p.logprobs for p in params]))
+        logprobs = compute_logprobs(raw, ids, [p.logprobs for p in params])
+        return Sampled(token_ids, SamplerOutput(ids, logprobs))
 
     def _sample_random(self, scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Filters and the exponential race over `scaled`: a private float32 copy of the
@@ -219,7 +262,7 @@ class Sampler:
         )
         token_ids = torch.empty(len(rows), dtype=torch.int64, device=scaled.device)
         if filtered.candidate_rows:
-            index = torch.tensor(filtered.candidate_rows, dtype=torch.long, device=scaled.device)
+            index = host_to_device(filtered.candidate_rows, torch.long, scaled.device)
             chosen = self._race(
                 filtered.candidate_logits,
                 [rows[i] for i in filtered.candidate_rows],
@@ -227,7 +270,7 @@ class Sampler:
             )
             token_ids[index] = filtered.candidate_token_ids.gather(1, chosen[:, None]).squeeze(1)
         if filtered.full_rows:
-            index = torch.tensor(filtered.full_rows, dtype=torch.long, device=scaled.device)
+            index = host_to_device(filtered.full_rows, torch.long, scaled.device)
             vocab_size = filtered.full_logits.shape[1]
             token_ids[index] = self._race(
                 filtered.full_logits,
@@ -272,7 +315,7 @@ class Sampler:
         if unseeded:
             shared = torch.empty((len(unseeded), probs.shape[1]), device=device)
             shared.uniform_(generator=self._own_generator(device))
-            noise[torch.tensor(unseeded, dtype=torch.long, device=device)] = shared
+            noise[host_to_device(unseeded, torch.long, device)] = shared
         for i in seeded:
             _draw_uniform_row(noise[i, : widths[i]], rows[i].generator)
         return noise.log_()
@@ -293,6 +336,9 @@ def _draw_uniform_row(out: torch.Tensor, generator: torch.Generator) -> None:
     """Fill one row with U ~ Uniform[0, 1) drawn from `generator` (on any device)."""
     if generator.device == out.device:
         out.uniform_(generator=generator)
+    elif out.is_cuda:  # a host generator's draw, queued to the device (not waited for)
+        drawn = torch.empty(out.shape, pin_memory=True).uniform_(generator=generator)
+        out.copy_(drawn, non_blocking=True)
     else:
         out.copy_(torch.empty(out.shape, device=generator.device).uniform_(generator=generator))
 

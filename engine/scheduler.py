@@ -117,6 +117,9 @@ class Scheduler:
                 i += 1  # its adapter waits for a slot: the step's are all taken
                 continue
             num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new == 0:
+                i += 1  # its last token ends it, once the step in flight lands
+                continue
             drafts = self._drafts(req, num_new, budget, proposed)
             num_new += len(drafts)
             while not self.kv.allocate_slots(req, num_new):
@@ -137,8 +140,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting.head()
             assert req is not None
-            if not self._adapter_fits(req, adapters):
-                break
+            if req.num_pending or not self._adapter_fits(req, adapters):
+                break  # preempted before its pending token landed: it waits for it
             hits = self.kv.get_computed_blocks(req) if req.params.prompt_logprobs is None else []
             num_hit_tokens = len(hits) * self.kv.block_size
             tail = self.kv.swapped_tail(req, len(hits))  # a preempted request's last block
@@ -240,13 +243,15 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(req)
 
-    def finish(self, req: Request) -> None:
-        """Drop a finished or aborted request from the queues and free its blocks."""
+    def finish(self, req: Request, keep_blocks: bool = False) -> None:
+        """Drop a finished or aborted request from the queues and free its blocks (unless
+        `keep_blocks`: a step in flight still writes to them, engine/overlap.py)."""
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
-        self.kv.free(req)
+        if not keep_blocks:
+            self.kv.free(req)
         req.status = RequestStatus.FINISHED
 
     def admit_landed(self, req: Request) -> None:

@@ -100,8 +100,6 @@ class StepGraphs:
             self.chunk_tables = torch.zeros(c, width, dtype=torch.long, device=dev)
             self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
             self._host_index = torch.zeros(self.index.shape, dtype=torch.int32)
-            if dev.type == "cuda":
-                self._host_index = self._host_index.pin_memory()
             rows = {t: min(t, self.max_decodes) for t in self.sizes}
             workspaces = split_workspaces(rows, model, width * block_size, dev)
             forwards = {t: self._forward_fn(t, workspaces[t]) for t in self.sizes}
@@ -196,9 +194,12 @@ class StepGraphs:
             for row in range(0, chunk.query_len, BLOCK_M):
                 host[3 * c + tile], host[3 * c + m + tile] = i, row
                 tile += 1
-        # Blocking: the host buffer is written again next step (the copy is one small DMA,
-        # and at a step's start the stream has nothing queued to wait for).
-        self.index.copy_(self._host_index)
+        # Queued, not waited for (a step laid out while the one before runs, engine/overlap.py):
+        # a pinned copy of its own, which the caching host allocator keeps until it is read.
+        staged = self._host_index
+        if self.index.is_cuda:
+            staged = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True).copy_(staged)
+        self.index.copy_(staged, non_blocking=True)
         self._replays[size]()
         if layer_done is not None:
             for i in range(self.num_layers):

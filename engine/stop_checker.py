@@ -91,6 +91,11 @@ class StopChecker:
         self._decision = stop or self._check_length(len(token_ids)) or _RUNNING
         return self._decision
 
+    def ends_by_length(self, num_output_tokens: int) -> bool:
+        """Whether a request with this many output tokens has finished by length (its
+        next token will not be asked for, whatever it is)."""
+        return num_output_tokens >= self._max_output_tokens
+
     def banned_token_ids(self, num_output_tokens: int) -> frozenset[int]:
         """Tokens the sampler must not pick for output position `num_output_tokens`: the
         stop tokens, while `min_tokens` is not reached (else none)."""

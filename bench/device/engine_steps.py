@@ -1,14 +1,17 @@
 """The engine's steps on the device check's checkpoint, each beside its floor (see
 figures.py), and its offline throughput: the figures the GPU targets are judged on.
 
-    decode_b1       a 128-token prompt's decode steps (median)
-    decode_b64      64 sequences of 2,048 prompt tokens decoding together (median step)
+    decode_b1       a 128-token prompt's decode steps (mean over a run)
+    decode_b64      64 sequences of 2,048 prompt tokens decoding together (mean step)
     prefill_N       one N-token prompt's step: its forward, its first token (median of 3)
     offline_b1      1 x 128 -> 128, output tokens a second
     offline_b64     64 x 512 -> 128, output tokens a second
 
-Every step is timed on the host around `engine.step()` (which ends in the sampled tokens'
-copy to the host, so the device is done), and counted as a graph replay or an eager step.
+Decode steps are timed as a run of steps (the device synchronized before and after it), with
+the engine's steps overlapped (engine/overlap.py: the engine's default on a GPU; the dry run
+forces it) and again one at a time, each with the host's own time a step (scheduling and
+processing outputs). Every other step is timed on the host around `engine.step()`, ended by
+a sync; each is counted as a graph replay or an eager step.
 The dry run scales every length and batch down (SCALES) and replays through the static
 buffers with the re-running capturer.
 """
@@ -58,6 +61,31 @@ def _params(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
+def _syncs(engine: Any, device: torch.device, count: int) -> list[dict] | None:
+    """Where `count` overlapped steps made the host wait for the device (torch's sync debug
+    mode; each place with how often): a step laid out while the one before runs must not
+    wait for it. None off CUDA."""
+    if device.type != "cuda":
+        return None
+    import warnings
+
+    engine.in_flight.enabled = True
+    engine.step()
+    places: dict[tuple[str, int], int] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for _ in range(count):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        key = (str(w.filename), int(w.lineno))
+        places[key] = places.get(key, 0) + 1
+    return [{"file": f, "line": n, "count": c} for (f, n), c in sorted(places.items())]
+
+
 def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool) -> dict:
     from engine.cuda_graphs import RerunCapturer
     from engine.engine import LLMEngine
@@ -68,7 +96,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
         max_num_seqs=64 if not small else 8, max_num_batched_tokens=sizes["budget"],
         max_model_len=sizes["max_model_len"], enable_prefix_caching=False,
         gpu_memory_utilization=0.6, num_kv_blocks=512 if small else None,
-        num_threads=1 if small else None,
+        num_threads=1 if small else None, overlap_steps=True,
     )  # fmt: skip
     start = time.monotonic()
     engine = LLMEngine(model_dir, config, capturer=RerunCapturer() if small else None)
@@ -95,7 +123,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     out["weights_gib"] = weight_bytes / 2**30
     rng = random.Random(0)
     vocab = mc.vocab_size
-    steps = {"count": 0}
+    first_step = engine.step_totals.steps  # steps launched (a call may only land one)
 
     def timed_steps(limit: int | None = None, ready: Any = None) -> list[float]:
         times: list[float] = []
@@ -105,31 +133,54 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
             deltas = engine.step()
             sync(device)
             times.append(time.perf_counter() - t)
-            steps["count"] += 1
             if ready is not None:
                 ready(deltas)
         return times
+
+    def mean_step(count: int, overlap: bool) -> tuple[float, float]:
+        """(mean step, host time beside the device a step) over `count` decode steps run
+        back to back, steps overlapped or one at a time (after one step untimed: the
+        switch). Timed as a run, not step by step: a sync between steps would end the
+        overlap it measures."""
+        engine.in_flight.enabled = overlap
+        engine.step()
+        totals = engine.step_totals
+        host = totals.schedule_s + totals.output_s
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(count):
+            engine.step()
+        sync(device)
+        host = totals.schedule_s + totals.output_s - host
+        return (time.perf_counter() - t) / count, host / count
 
     def floor_decode(contexts: list[int]) -> float | None:
         if not copy_rate:
             return None
         return (weight_bytes + sum(contexts) * kv_token_bytes) / copy_rate
 
-    # Decode at batch 1.
-    engine.add_request(
-        "b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(1 + sizes["b1_steps"])
-    )
-    times = timed_steps()
-    step = statistics.median(times[1:])
-    floor = floor_decode([sizes["b1_prompt"] + sizes["b1_steps"] // 2])
+    # Decode at batch 1: steps overlapped (engine/overlap.py), then one at a time.
+    overlapped = engine.in_flight.enabled
+    k = sizes["b1_steps"]
+    engine.add_request("b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(10 + 2 * k))
+    timed_steps(limit=1)  # the prompt
+    step, host = mean_step(k, overlapped)
+    single, single_host = mean_step(k, False)
+    out["syncs_in_overlapped_steps"] = _syncs(engine, device, 4)
+    timed_steps()  # what is left of it
+    floor = floor_decode([sizes["b1_prompt"] + k])
     out["decode_b1"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
-                        "of_floor": floor and step / floor}  # fmt: skip
+                        "of_floor": floor and step / floor, "overlapped": overlapped,
+                        "host_ms": 1e3 * host, "one_at_a_time_ms": 1e3 * single,
+                        "one_at_a_time_host_ms": 1e3 * single_host}  # fmt: skip
 
     # Decode at batch 64, 2,048-token contexts: timed once every sequence is decoding.
     n, ctx = sizes["b64"], sizes["b64_context"]
     started: set[str] = set()
     for i in range(n):
-        engine.add_request(f"d{i}", _prompt(rng, ctx, vocab), _params(n + sizes["b64_steps"] + 2))
+        engine.add_request(
+            f"d{i}", _prompt(rng, ctx, vocab), _params(n + 2 * sizes["b64_steps"] + 4)
+        )
 
     def note(deltas: list) -> None:
         started.update(d.request_id for d in deltas if d.new_token_ids)
@@ -137,21 +188,26 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     while len(started) < n and engine.has_unfinished():
         timed_steps(limit=1, ready=note)
     contexts = [r.num_tokens for r in engine.requests.values()]
-    times = timed_steps(limit=sizes["b64_steps"])
-    step = statistics.median(times)
+    step, host = mean_step(sizes["b64_steps"], overlapped)
+    single, single_host = mean_step(sizes["b64_steps"], False)
+    engine.in_flight.enabled = overlapped
     floor = floor_decode(contexts)
     out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
                          "of_floor": floor and step / floor, "batch": n,
-                         "mean_context": sum(contexts) / max(1, len(contexts))}  # fmt: skip
+                         "mean_context": sum(contexts) / max(1, len(contexts)),
+                         "overlapped": overlapped, "host_ms": 1e3 * host,
+                         "one_at_a_time_ms": 1e3 * single,
+                         "one_at_a_time_host_ms": 1e3 * single_host}  # fmt: skip
     timed_steps()  # the rest of their tokens
 
-    # Prefill steps: one prompt alone, its first token sampled.
+    # Prefill steps: one prompt alone, to its first token (overlapped, the token lands in
+    # the call after the one that launched the step: both are timed).
     layers, heads, head_dim = mc.num_hidden_layers, mc.num_attention_heads, mc.head_dim
     for length in sizes["prefills"]:
         times = []
         for k in range(3):
             engine.add_request(f"p{length}-{k}", _prompt(rng, length, vocab), _params(1))
-            times += timed_steps()
+            times.append(sum(timed_steps()))
         step = statistics.median(times)
         flops = (
             2 * dense_params * length + 2 * embed + 4 * layers * heads * head_dim * length**2 / 2
@@ -175,8 +231,9 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     out["offline_b64"] = {"tokens_s": batch * max_tokens / (time.perf_counter() - t)}
 
     replays = decode_graphs.count + step_graphs.count
-    out["steps"] = {"total": steps["count"], "decode_graph": decode_graphs.count,
-                    "step_graph": step_graphs.count, "eager": steps["count"] - replays}  # fmt: skip
+    total = engine.step_totals.steps - first_step
+    out["steps"] = {"total": total, "decode_graph": decode_graphs.count,
+                    "step_graph": step_graphs.count, "eager": total - replays}  # fmt: skip
     b1, p128 = out["decode_b1"]["step_ms"], out[f"prefill_{sizes['prefills'][-1]}"]["step_ms"]
     out["short_prefill_over_decode_b1"] = p128 / b1
     out["headline"] = {

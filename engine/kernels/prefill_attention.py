@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from engine.device import host_to_device
 from engine.kernels import tuned
 from engine.kernels._checks import (
     INDEX_DTYPES,
@@ -137,7 +138,7 @@ class PrefillLayout:
         tiles = [(c, r) for c, ql in enumerate(query_lens) for r in range(0, ql, block_m)]
 
         def as_tensor(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=device)
+            return host_to_device(values, torch.int32, device)
 
         if n and isinstance(block_ids[0], torch.Tensor):
             # Device tensors stay on the device: pad there instead of syncing to the host.
@@ -147,7 +148,7 @@ class PrefillLayout:
         else:
             width = max((len(b) for b in block_ids), default=0)
             rows = [list(b) + [0] * (width - len(b)) for b in block_ids]  # type: ignore[arg-type]
-            table = torch.tensor(rows, dtype=torch.int32, device=device).reshape(n, width)
+            table = host_to_device(rows, torch.int32, device).reshape(n, width)
 
         return PrefillLayout(
             as_tensor(query_starts),

@@ -12,6 +12,8 @@ from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
+from engine.device import host_to_device
+
 TokenBias = Mapping[int, float]
 """token id -> value added to its logit (-inf bans it)."""
 
@@ -42,6 +44,6 @@ def apply_bias_(logits: torch.Tensor, biases: Sequence[TokenBias | None]) -> Non
     if not rows:
         return
     device = logits.device
-    index = (torch.tensor(rows, device=device), torch.tensor(cols, device=device))
+    index = (host_to_device(rows, torch.long, device), host_to_device(cols, torch.long, device))
     # (row, token) pairs are unique (a dict per row), so a plain gather-add-scatter is exact.
-    logits[index] = logits[index] + torch.tensor(values, dtype=logits.dtype, device=device)
+    logits[index] = logits[index] + host_to_device(values, logits.dtype, device)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.device import host_to_device
+
 TOP_P_CANDIDATES = 1024
 """Tokens a top-p-only row examines before falling back to a full sort of its row. A `topk`
 of 1024 out of 152k costs ~1/3 of a sort; larger k costs nearly linearly more."""
@@ -96,7 +98,7 @@ def filter_logits(
         full_parts.append(logits if not filtered else logits[_index(full_rows, device)])
     if unresolved:
         index = _index(unresolved, device)
-        p = torch.tensor([ps[filtered[j]] for j in unresolved], device=device)
+        p = host_to_device([ps[filtered[j]] for j in unresolved], torch.float32, device)
         full_parts.append(_top_p_full_sort(sub[index], p))
         full_rows = full_rows + [filtered[j] for j in unresolved]
     full = torch.cat(full_parts) if len(full_parts) > 1 else (full_parts or [logits[:0]])[0]
@@ -112,26 +114,29 @@ def _candidates(
     vocab_size = logits.shape[1]
     device = logits.device
     num_p_candidates = min(vocab_size, TOP_P_CANDIDATES)
-    k = torch.tensor(ks, device=device)
-    p = torch.tensor(ps, dtype=torch.float32, device=device)
+    k = host_to_device(ks, torch.long, device)
+    p = host_to_device(ps, torch.float32, device)
     has_k, has_p = k > 0, p < 1.0
     p_only = has_p & ~has_k
+    # Read on the host from the lists: `bool()` of a device tensor waits for the device.
+    any_p = any(pp < 1.0 for pp in ps)
+    any_p_only = any(pp < 1.0 and kk <= 0 for kk, pp in zip(ks, ps, strict=True))
     widths = [kk if kk > 0 else num_p_candidates for kk in ks]
 
     # One topk as wide as the widest row; positions past a row's own width are masked, so the
     # batch's width does not change any row's result.
     values, token_ids = logits.topk(max(widths), dim=-1)
     position = torch.arange(values.shape[1], device=device)
-    past_width = position[None, :] >= torch.tensor(widths, device=device)[:, None]
+    past_width = position[None, :] >= host_to_device(widths, torch.long, device)[:, None]
     values.masked_fill_(past_width, -math.inf)
 
     unresolved: list[int] = []
-    if bool(has_p.any()):
+    if any_p:
         # A top-k row renormalises over its k survivors, a top-p-only row over its whole row.
         # Both use the row-wise softmax kernel, so a row's probabilities do not depend on the
         # rest of the batch.
         probs = values.softmax(dim=-1)
-        if bool(p_only.any()):
+        if any_p_only:
             whole_row = logits[p_only].softmax(dim=-1)
             probs[p_only] = whole_row.gather(1, token_ids[p_only])
             probs.masked_fill_(past_width, 0.0)
@@ -157,7 +162,8 @@ def _top_p_full_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def _min_p_sorted(values: torch.Tensor, min_p: Sequence[float]) -> None:
     """min-p on candidate rows, whose best logit is in column 0."""
     if any(m > 0.0 for m in min_p):
-        log_ratio = torch.tensor([_log_or_neg_inf(m) for m in min_p], device=values.device)
+        ratios = [_log_or_neg_inf(m) for m in min_p]
+        log_ratio = host_to_device(ratios, torch.float32, values.device)
         values.masked_fill_(values < (values[:, :1] + log_ratio[:, None]), -math.inf)
 
 
@@ -167,7 +173,7 @@ def apply_min_p(logits: torch.Tensor, min_p: Sequence[float]) -> None:
     if not rows:
         return
     device = logits.device
-    log_ratio = torch.tensor([math.log(min_p[i]) for i in rows], device=device)
+    log_ratio = host_to_device([math.log(min_p[i]) for i in rows], torch.float32, device)
     if len(rows) == logits.shape[0]:
         threshold = logits.amax(dim=-1) + log_ratio
         logits.masked_fill_(logits < threshold[:, None], -math.inf)
@@ -179,7 +185,7 @@ def apply_min_p(logits: torch.Tensor, min_p: Sequence[float]) -> None:
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return host_to_device(rows, torch.long, device)
 
 
 def _log_or_neg_inf(x: float) -> float:

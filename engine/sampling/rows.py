@@ -18,11 +18,13 @@ if TYPE_CHECKING:
 
 def _positioned(req: Request, ahead: int = 0) -> torch.Generator | None:
     """A seeded request's generator, set for the output position it samples now (`ahead`
-    drafts later: a generator of its own, since one step draws at several positions)."""
+    drafts later: a generator of its own, since one step draws at several positions; past
+    its pending tokens, engine/overlap.py)."""
     if req.generator is None or req.sample_seed is None:
         return req.generator
     generator = req.generator if ahead == 0 else torch.Generator(device=req.generator.device)
-    return at_position(generator, req.sample_seed, len(req.output_token_ids) + ahead)
+    position = len(req.output_token_ids) + req.num_pending + ahead
+    return at_position(generator, req.sample_seed, position)
 
 
 def _bias(req: Request, ahead: int = 0) -> TokenBias | None:
@@ -31,7 +33,8 @@ def _bias(req: Request, ahead: int = 0) -> TokenBias | None:
     grammar decides (min_tokens does not hold under a constraint)."""
     banned: frozenset[int] = frozenset()
     if req.stop_checker is not None and req.grammar is None:
-        banned = req.stop_checker.banned_token_ids(len(req.output_token_ids) + ahead)
+        position = len(req.output_token_ids) + req.num_pending + ahead
+        banned = req.stop_checker.banned_token_ids(position)
     return row_bias(req.params.logit_bias, banned)
 
 

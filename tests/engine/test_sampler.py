@@ -89,7 +89,7 @@ def test_greedy_fast_path_equals_general_path() -> None:
     logits = random_logits(16, 1000, seed=1)
     rows = [row(SamplingParams(temperature=0.0), prompt=[1, 2], output=[3]) for _ in range(16)]
     fast = sampler(logits, rows)
-    general = sampler._sample_general(logits, rows)
+    general = sampler._sample_general(logits, rows).result()
     assert fast.token_ids == general.token_ids == logits.argmax(dim=-1).tolist()
     assert fast.logprobs == [None] * 16
 

@@ -111,6 +111,12 @@ class EngineOptions:
         "(CUDA workers with the Triton kernels; never on CPU); --no-cuda-graphs runs every "
         "step eagerly (vLLM's --enforce-eager)",
     )
+    overlap_steps: bool = knob(
+        True,
+        "launch each engine step before the last one's tokens are processed, so the host's "
+        "scheduling and output work overlaps the device's (CUDA workers; never on CPU, "
+        "whose kernels run on the host); --no-overlap-steps finishes every step first",
+    )
     speculative: str | None = knob(
         default_of(EngineConfig, "speculative"),
         "speculative decoding on the decode workers (output unchanged): ngram, by prompt "

@@ -134,6 +134,7 @@ class ServeConfig:
             speculative_model=speculative_model or engine.speculative_model,
             num_speculative_tokens=engine.num_speculative_tokens,
             cuda_graphs=engine.cuda_graphs,
+            overlap_steps=None if engine.overlap_steps else False,
             fair_share=self.limits.fair_share_config(),
             max_loras=model.loras(),
             max_lora_rank=model.max_lora_rank,

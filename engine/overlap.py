@@ -1,0 +1,119 @@
+"""Overlapped steps: the engine launches step N+1 before step N's tokens reach the host.
+
+A step on a GPU is the host's work (schedule, lay the batch out, process the last tokens:
+detokenize, check stops, build deltas) and then the device's; in series, the device waits
+for the host every step: ~0.9 ms of host work at batch 64 on a fast core, beside a decode
+step of a few ms. Overlapped, the host schedules and lays out step N+1 while the device runs
+step N, launches it, and only then waits for step N's tokens and processes them: the device
+goes from one step to the next without waiting (vLLM's async scheduling, SGLang's overlap
+scheduler).
+
+Step N+1 is scheduled before step N's tokens are known: each request that samples in step N
+runs ahead with one pending token (`Request.num_pending`: counted in its length, not yet in
+its token ids), and step N+1 reads that token where step N's sampler left it, on the device
+(`ModelRunner.launch`'s `ahead`). A request whose next row needs the token on the host runs
+no step ahead, and the engine then processes step N before scheduling more: a grammar's mask,
+penalties over the output so far; so does an engine that speculates, hands KV to a connector,
+or runs tensor-parallel ranks. A request that finishes at step N may have a row in step N+1:
+that token is dropped, and its blocks are freed once step N+1 has run (a transfer into a
+freed block must not race the step still writing its last slot). A request whose length
+ends it after step N's token runs no step ahead at all.
+"""
+
+from __future__ import annotations
+
+import time
+
+from core.config import EngineConfig
+from core.step_stats import StepTotals
+from engine.kv_cache.manager import KVCacheManager
+from engine.model_runner import LaunchedStep, SampledToken
+from engine.request import Request, RequestStatus
+from engine.sampling.penalties import has_penalty
+from engine.scheduler import Scheduler
+
+
+def overlap_enabled(config: EngineConfig, device_type: str, tp_size: int) -> bool:
+    """Whether an engine overlaps its steps: as configured, else where the device runs
+    asynchronously (CUDA); never with speculation or several TP ranks."""
+    wanted = config.overlap_steps if config.overlap_steps is not None else device_type == "cuda"
+    return wanted and not config.speculative and tp_size == 1
+
+
+def needs_host_tokens(req: Request) -> bool:
+    """Whether `req`'s next row needs its last token on the host: a grammar's token mask,
+    or penalties over its output."""
+    p = req.params
+    penalized = has_penalty(p.repetition_penalty, p.frequency_penalty, p.presence_penalty)
+    return req.grammar is not None or penalized
+
+
+class StepsInFlight:
+    """The engine's step on the device, and the blocks that wait for it."""
+
+    def __init__(
+        self, scheduler: Scheduler, kv: KVCacheManager, totals: StepTotals, enabled: bool
+    ) -> None:
+        """`totals`: where the wait for a step's tokens goes (its `sample_s`)."""
+        self.scheduler = scheduler
+        self.kv = kv
+        self.totals = totals
+        self.enabled = enabled
+        self.launched: LaunchedStep | None = None
+        self._requests: set[Request] = set()
+        self._free_after: list[Request] = []
+        self.steps_ahead = 0
+        """Steps launched while the one before was still in flight (a test reads it)."""
+
+    def run_ahead(self) -> bool:
+        """Give each request that samples in the step in flight its pending token, so the
+        next step can be scheduled now. False (nothing changed) where one cannot run ahead:
+        the step in flight must be processed first."""
+        assert self.launched is not None
+        ahead = [r for r, _ in self.launched.to_sample if r.status != RequestStatus.FINISHED]
+        if any(needs_host_tokens(r) or r.draft_token_ids for r in ahead):
+            return False
+        for req in ahead:
+            if not req.stop_checker.ends_by_length(len(req.output_token_ids) + 1):
+                req.num_pending = 1
+        return True
+
+    def swap(self, launched: LaunchedStep) -> list[SampledToken]:
+        """`launched` is now in flight: the tokens of the step before it (waited for; none
+        if none was in flight), with the blocks that waited for that step freed."""
+        before, self.launched = self.launched, launched
+        self._requests = {r for r, _ in launched.batch.items}
+        if before is None:
+            return []
+        self.steps_ahead += 1
+        return self._landed(before)
+
+    def land(self) -> list[SampledToken]:
+        """Wait for the step in flight: its tokens, with the blocks that waited for it freed."""
+        assert self.launched is not None
+        launched, self.launched, self._requests = self.launched, None, set()
+        return self._landed(launched)
+
+    def _landed(self, step: LaunchedStep) -> list[SampledToken]:
+        start = time.perf_counter()
+        tokens = step.tokens()
+        self.totals.sample_s += time.perf_counter() - start
+        freed, self._free_after = self._free_after, []
+        for req in freed:
+            self.kv.free(req)
+        return tokens
+
+    def finish(self, req: Request) -> None:
+        """End `req` (finished or aborted): its blocks are freed now, or once the step in
+        flight that writes to them has run."""
+        if req in self._requests:
+            self.scheduler.finish(req, keep_blocks=True)
+            self._free_after.append(req)
+        else:
+            self.scheduler.finish(req)
+
+
+def took_token(s: SampledToken) -> None:
+    """`s`'s request now has the token it counted as pending (if it ran ahead)."""
+    if s.request.num_pending:
+        s.request.num_pending -= 1

@@ -1,0 +1,178 @@
+"""Overlapped steps (engine/overlap.py) on CPU, where they are off unless asked for: each
+step launched before the last one's tokens are processed gives the tokens, logprobs and
+finishes of one step at a time, through batching, chunked prefill, preemption, stops, seeded
+sampling, rows that need their tokens on the host, requests that join or leave while a step
+is in flight, the hand-off to a decode engine and whole steps replayed from graphs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+
+from core.config import EngineConfig
+from core.request import RequestOutput
+from core.sampling import SamplingParams
+from core.structured import StructuredKind, StructuredOutput
+from engine import LLM
+from engine.engine import LLMEngine
+from engine.overlap import overlap_enabled
+from tests.engine.test_parity import GREEDY, check_parity, hand_off, hf_greedy, make_prompts
+from tests.support.handoff import ParkingConnector
+
+
+def test_on_where_the_device_runs_asynchronously() -> None:
+    assert overlap_enabled(EngineConfig(), "cuda", 1)
+    assert not overlap_enabled(EngineConfig(), "cpu", 1)
+    assert overlap_enabled(EngineConfig(overlap_steps=True), "cpu", 1)
+    assert not overlap_enabled(EngineConfig(overlap_steps=False), "cuda", 1)
+    assert not overlap_enabled(EngineConfig(speculative="ngram"), "cuda", 1)
+    assert not overlap_enabled(EngineConfig(), "cuda", 2)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_kv_blocks=512),  # batched, prefix cache
+        dict(num_kv_blocks=512, max_num_batched_tokens=7),  # chunked prefill beside decodes
+        dict(num_kv_blocks=14),  # preemption, some of it of requests running ahead
+    ],
+    ids=["batched", "chunked", "preempted"],
+)
+def test_greedy_tokens_equal_transformers(tiny_model_dir, config: dict) -> None:
+    model_dir = tiny_model_dir("llama")
+    llm = LLM(model_dir, overlap_steps=True, **config)
+    prompts = make_prompts(llm.engine.model_config.vocab_size)
+    check_parity(llm, model_dir, prompts)
+    assert llm.engine.in_flight.steps_ahead > 0
+    if config["num_kv_blocks"] == 14:
+        assert llm.engine.scheduler.num_preemptions > 0
+
+
+def mixed_params() -> list[SamplingParams]:
+    digits = StructuredOutput(StructuredKind.REGEX, "[0-9]{2,6}")
+    return [
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=2, temperature=0.0),
+        SamplingParams(max_tokens=17, temperature=0.0, logprobs=3),
+        SamplingParams(max_tokens=20, temperature=0.9, top_k=20, seed=7),
+        SamplingParams(max_tokens=20, temperature=0.7, top_p=0.8, seed=8, min_tokens=12),
+        SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=[5, 9, 11, 13]),
+        SamplingParams(max_tokens=16, temperature=0.0, stop=["e", "a"]),
+        SamplingParams(max_tokens=12, temperature=1.0, seed=3, repetition_penalty=1.4),
+        SamplingParams(max_tokens=10, temperature=0.0, structured_outputs=digits),
+    ]
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], tag: str):
+    """Every request to its end, the later half arriving while the first half runs."""
+    outs = {f"{tag}{i}": RequestOutput(f"{tag}{i}", p) for i, p in enumerate(prompts)}
+    items = list(zip(outs, prompts, params, strict=True))
+    half = len(items) // 2
+    for rid, prompt, sp in items[:half]:
+        engine.add_request(rid, prompt, sp)
+    steps = 0
+    while engine.has_unfinished():
+        for delta in engine.step():
+            outs[delta.request_id].add(delta)
+        steps += 1
+        if steps == 3:
+            for rid, prompt, sp in items[half:]:
+                engine.add_request(rid, prompt, sp)
+    engine.check_invariants()
+    assert engine.kv.pool.num_used_blocks == 0
+    return {rid.removeprefix(tag): out for rid, out in outs.items()}
+
+
+def test_every_request_ends_as_with_one_step_at_a_time(tiny_model_dir) -> None:
+    """Seeded draws, logprobs, min_tokens, stop tokens and strings, lengths of 1 and 2, and
+    the rows that need their last token on the host (penalties, a grammar): the same output
+    either way; the steps run ahead while no such row is running."""
+    model_dir = tiny_model_dir("llama")
+    outputs = []
+    for overlap in (False, True):
+        engine = LLMEngine(model_dir, EngineConfig(num_kv_blocks=256, overlap_steps=overlap))
+        prompts = make_prompts(engine.model_config.vocab_size)[3:12]
+        outputs.append(run(engine, prompts, mixed_params(), "r"))
+        plain = run(engine, prompts[:4], [GREEDY] * 4, "p")
+        cached = run(engine, prompts[:4], [GREEDY] * 4, "q")  # over their cached prefixes
+        assert [o.token_ids for o in plain.values()] == [o.token_ids for o in cached.values()]
+        if overlap:
+            assert engine.in_flight.steps_ahead > 0
+    one_at_a_time, overlapped = outputs
+    for rid, out in one_at_a_time.items():
+        other = overlapped[rid]
+        assert (other.token_ids, other.text, other.finish_reason) == (
+            out.token_ids,
+            out.text,
+            out.finish_reason,
+        ), rid
+        assert other.logprobs == out.logprobs, rid
+
+
+def test_rows_that_need_their_tokens_on_the_host_never_run_ahead(tiny_model_dir) -> None:
+    engine = LLMEngine(tiny_model_dir("llama"), EngineConfig(overlap_steps=True))
+    penalized = SamplingParams(max_tokens=8, temperature=0.0, frequency_penalty=0.5)
+    out = run(engine, [[3, 4, 5], [6, 7, 8, 9]], [penalized, penalized], "r")
+    assert engine.in_flight.steps_ahead == 0
+    assert [len(o.token_ids) for o in out.values()] == [8, 8]
+
+
+def test_an_abort_while_its_step_is_in_flight_frees_its_blocks_after(tiny_model_dir) -> None:
+    engine = LLMEngine(tiny_model_dir("llama"), EngineConfig(overlap_steps=True))
+    engine.add_request("a", list(range(3, 40)), GREEDY)
+    engine.add_request("b", list(range(5, 30)), GREEDY)
+    out = RequestOutput("b", [])
+    assert engine.step() == []  # both prompts: in flight
+    # Their first decode launched, the prompts' first tokens processed.
+    for delta in engine.step():
+        if delta.request_id == "b":
+            out.add(delta)
+    assert engine.in_flight.launched is not None and out.token_ids
+    held = set(engine.kv.block_ids("a"))
+    assert engine.abort("a")
+    # The step in flight still writes a's last slot: its blocks wait for it.
+    assert held <= {b.block_id for b in engine.kv.pool.blocks if b.ref_cnt}
+    while engine.has_unfinished():
+        for delta in engine.step():
+            assert delta.request_id == "b"
+            out.add(delta)
+    assert out.token_ids == hf_greedy(str(tiny_model_dir("llama")), tuple(range(5, 30)))
+    engine.check_invariants()
+    assert engine.kv.pool.num_used_blocks == 0
+
+
+def test_a_decode_engine_overlaps_the_requests_handed_to_it(tiny_model_dir) -> None:
+    model_dir = tiny_model_dir("llama")
+    prefill = LLMEngine(model_dir, EngineConfig(num_kv_blocks=256, overlap_steps=True))
+    ParkingConnector(prefill)  # a connector: its steps are processed one at a time
+    decode = LLMEngine(
+        model_dir, EngineConfig(num_kv_blocks=256, overlap_steps=True), worker_id="d"
+    )
+    prompts = make_prompts(prefill.model_config.vocab_size)[:8]
+    got = hand_off(prefill, decode, prompts)
+    for i, p in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(str(model_dir), tuple(p)), f"prompt len {len(p)}"
+    assert prefill.in_flight.steps_ahead == 0 and decode.in_flight.steps_ahead > 0
+    for engine in (prefill, decode):
+        engine.check_invariants()
+        assert engine.kv.pool.num_used_blocks == 0
+
+
+def test_replayed_steps_read_the_pending_tokens_on_the_device(tiny_model_dir, monkeypatch) -> None:
+    """Whole steps through the graphs' static buffers (Triton under the interpreter): the
+    pending tokens are written into the step's input ids before the replay copies them."""
+    monkeypatch.setenv("BATON_ATTENTION", "triton")
+    from tests.engine.test_step_graphs import make_engine, steps_until_done
+    from tests.support.graph_capturer import CountingCapturer
+
+    model_dir = tiny_model_dir("llama")
+    capturer = CountingCapturer()
+    engine = make_engine(model_dir, capturer, overlap_steps=True)
+    prompts = [make_prompts(engine.model_config.vocab_size)[i] for i in (7, 11)]
+    want = [hf_greedy(str(model_dir), tuple(p)) for p in prompts]
+    assert steps_until_done(engine, prompts, "a") == want
+    assert engine.in_flight.steps_ahead > 0
+    assert sum(capturer.by_bucket(engine).values()) + sum(capturer.by_size(engine).values())
