@@ -17,7 +17,9 @@ penalties over the output so far; so does an engine that speculates, hands KV to
 or runs tensor-parallel ranks. A request that finishes at step N may have a row in step N+1:
 that token is dropped, and its blocks are freed once step N+1 has run (a transfer into a
 freed block must not race the step still writing its last slot). A request whose length
-ends it after step N's token runs no step ahead at all.
+ends it after step N's token runs no step ahead at all. Rows whose sampling brings device
+values to the host (logprobs, a top-p nucleus checked against its candidates) run ahead, but
+their step's sampler waits for the device: that step does not overlap the next.
 """
 
 from __future__ import annotations
@@ -96,12 +98,13 @@ class StepsInFlight:
 
     def _landed(self, step: LaunchedStep) -> list[SampledToken]:
         start = time.perf_counter()
-        tokens = step.tokens()
-        self.totals.sample_s += time.perf_counter() - start
         freed, self._free_after = self._free_after, []
-        for req in freed:
-            self.kv.free(req)
-        return tokens
+        try:
+            return step.tokens()
+        finally:  # a failed step (a broken device) still gives its blocks back
+            self.totals.sample_s += time.perf_counter() - start
+            for req in freed:
+                self.kv.free(req)
 
     def finish(self, req: Request) -> None:
         """End `req` (finished or aborted): its blocks are freed now, or once the step in

@@ -1,5 +1,6 @@
-"""Fused residual-add RMSNorm, rotary (default and llama3 frequencies, both pair layouts)
-and reshape-and-cache (Triton, under the interpreter) against their torch references."""
+"""Fused residual-add RMSNorm, rotary (default and llama3 frequencies, both pair layouts),
+SiLU-and-multiply and reshape-and-cache (Triton, under the interpreter) against their torch
+references."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from engine.kernels.rotary import apply_rotary, apply_rotary_ref
+from engine.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from tests.engine.test_kernels_common import TOLERANCE
@@ -88,3 +90,17 @@ def test_reshape_and_cache(hk: int, dim: int, page: int, dtype: torch.dtype) -> 
     reshape_and_cache(k, v, kv, blocks, offsets)
     reshape_and_cache_ref(k, v, want, blocks, offsets)
     torch.testing.assert_close(kv, want, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,intermediate", [(1, 64), (5, 1100), (3, 7)])
+def test_silu_and_mul(rows: int, intermediate: int, dtype: torch.dtype) -> None:
+    gate_up = (4 * torch.randn(rows, 2 * intermediate)).to(dtype)
+    out = silu_and_mul(gate_up)
+    assert out.shape == (rows, intermediate)
+    torch.testing.assert_close(out, silu_and_mul_ref(gate_up), **TOLERANCE[dtype])
+
+
+def test_silu_and_mul_refuses_an_odd_width() -> None:
+    with pytest.raises(ValueError, match="gate_up's last dimension must be even"):
+        silu_and_mul(torch.zeros(2, 5))

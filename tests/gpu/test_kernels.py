@@ -26,6 +26,7 @@ from engine.kernels.prefill_attention import (
 from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from engine.kernels.rotary import apply_rotary, apply_rotary_ref
+from engine.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from engine.layers.rotary import RotaryEmbedding
 from tests.support.paged_kv import make_paged_contexts, padded_table, poisoned
 
@@ -183,6 +184,16 @@ def test_rms_norm(rows: int, hidden: int, fused: bool, dtype: torch.dtype) -> No
     want, want_residual = rms_norm_ref(x, weight, 1e-5, residual if fused else None)
     torch.testing.assert_close(out, want, **ELEMENTWISE_TOLERANCE[dtype])
     torch.testing.assert_close(new_residual, want_residual, **ELEMENTWISE_TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows,intermediate", [(1, 14336), (300, 5632), (7, 1000)])
+def test_silu_and_mul(rows: int, intermediate: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(intermediate)
+    gate_up = (4 * torch.randn(rows, 2 * intermediate, generator=gen)).to(dtype).to(CUDA)
+    torch.testing.assert_close(
+        silu_and_mul(gate_up), silu_and_mul_ref(gate_up), **ELEMENTWISE_TOLERANCE[dtype]
+    )
 
 
 LLAMA3 = {
