@@ -79,7 +79,7 @@ def use_fused_kernels(x: torch.Tensor) -> bool:
     return x.is_cuda and has_triton() and env.FUSED_KERNELS.get()
 
 
-def host_to_device(values: object, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def host_to_device(values: object, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """`torch.tensor(values, dtype=dtype, device=device)`, without waiting for the device.
 
     A CUDA tensor made from host data is copied synchronously: the host first waits for
@@ -87,6 +87,7 @@ def host_to_device(values: object, dtype: torch.dtype, device: torch.device) -> 
     (engine/overlap.py) would wait for it. This stages the values in pinned memory (torch's
     caching host allocator keeps the buffer until the copy is done) and queues the copy."""
     tensor = torch.tensor(values, dtype=dtype)
+    device = torch.device(device)
     if device.type != "cuda":
         return tensor if device.type == "cpu" else tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
