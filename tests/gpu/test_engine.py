@@ -62,6 +62,33 @@ def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str, keys_r
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == want
     assert any(o.num_cached_tokens > 0 for o in outs)
+    assert llm.engine.in_flight.enabled and llm.engine.in_flight.steps_ahead > 0
+
+
+def test_overlapped_steps_end_every_request_as_one_at_a_time(tiny_model_dir) -> None:
+    """Steps launched before the last one's tokens reach the host (engine/overlap.py; the
+    default on CUDA): seeded draws, logprobs, stops, min_tokens, penalties and a grammar
+    give what one step at a time gives, with requests joining mid-run."""
+    from core.config import EngineConfig
+    from engine.engine import LLMEngine
+    from tests.engine.test_overlap import mixed_params, run
+
+    model_dir = tiny_model_dir("llama")
+    outputs = []
+    for overlap in (False, True):
+        config = EngineConfig(device="cuda", dtype="float32", num_kv_blocks=256,
+                              overlap_steps=overlap)  # fmt: skip
+        engine = LLMEngine(model_dir, config)
+        prompts = make_prompts(engine.model_config.vocab_size)[3:12]
+        outputs.append(run(engine, prompts, mixed_params(), "r"))
+        assert (engine.in_flight.steps_ahead > 0) == overlap
+    for rid, out in outputs[0].items():
+        other = outputs[1][rid]
+        assert (other.token_ids, other.text, other.logprobs) == (
+            out.token_ids,
+            out.text,
+            out.logprobs,
+        ), rid
 
 
 def prompt_logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
