@@ -1,9 +1,10 @@
-"""Resolving "auto" device, dtype and attention backend."""
+"""Resolving "auto" device, dtype and attention backend; host values onto the device."""
 
 from __future__ import annotations
 
 import functools
 
+import numpy
 import torch
 
 from core import env
@@ -79,6 +80,9 @@ def use_fused_kernels(x: torch.Tensor) -> bool:
     return x.is_cuda and has_triton() and env.FUSED_KERNELS.get()
 
 
+_NUMPY_DTYPES = {torch.int64: numpy.int64, torch.int32: numpy.int32, torch.float32: numpy.float32}
+
+
 def host_to_device(values: object, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """`torch.tensor(values, dtype=dtype, device=device)`, without waiting for the device.
 
@@ -86,7 +90,11 @@ def host_to_device(values: object, dtype: torch.dtype, device: torch.device | st
     everything queued on the stream, so a step laid out while the one before still runs
     (engine/overlap.py) would wait for it. This stages the values in pinned memory (torch's
     caching host allocator keeps the buffer until the copy is done) and queues the copy."""
-    tensor = torch.tensor(values, dtype=dtype)
+    numpy_dtype = _NUMPY_DTYPES.get(dtype)
+    if numpy_dtype is None:
+        tensor = torch.tensor(values, dtype=dtype)
+    else:  # through numpy: torch.tensor inspects each element (64 ints: 4.9 µs against 1.6)
+        tensor = torch.from_numpy(numpy.asarray(values, dtype=numpy_dtype))
     device = torch.device(device)
     if device.type != "cuda":
         return tensor if device.type == "cpu" else tensor.to(device)
