@@ -106,7 +106,7 @@ class LLMEngine:
         self.held = HeldRequests(self.kv)
         self.kv_events = KVEventFeed(worker_id, self.model_config.model_id)
         self.step_totals = StepTotals()
-        overlap = overlap_enabled(config, self.runner.device.type, tp.size)
+        overlap = overlap_enabled(config, self.runner.device.type)
         self.in_flight = StepsInFlight(self.scheduler, self.kv, self.step_totals, overlap)
         self.kv_connector: KVConnector | None = None
         """Set by a worker whose KV leaves this engine (see kv_connector.py)."""

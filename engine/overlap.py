@@ -13,8 +13,8 @@ runs ahead with one pending token (`Request.num_pending`: counted in its length,
 its token ids), and step N+1 reads that token where step N's sampler left it, on the device
 (`ModelRunner.launch`'s `ahead`). A request whose next row needs the token on the host runs
 no step ahead, and the engine then processes step N before scheduling more: a grammar's mask,
-penalties over the output so far; so does an engine that speculates, hands KV to a connector,
-or runs tensor-parallel ranks. A request that finishes at step N may have a row in step N+1:
+penalties over the output so far; an engine that speculates or hands KV to a connector
+processes every step before the next. A request that finishes at step N may have a row in step N+1:
 that token is dropped, and its blocks are freed once step N+1 has run (a transfer into a
 freed block must not race the step still writing its last slot). A request whose length
 ends it after step N's token runs no step ahead at all. Rows whose sampling brings device
@@ -35,11 +35,12 @@ from engine.sampling.penalties import has_penalty
 from engine.scheduler import Scheduler
 
 
-def overlap_enabled(config: EngineConfig, device_type: str, tp_size: int) -> bool:
+def overlap_enabled(config: EngineConfig, device_type: str) -> bool:
     """Whether an engine overlaps its steps: as configured, else where the device runs
-    asynchronously (CUDA); never with speculation or several TP ranks."""
+    asynchronously (CUDA); never with speculation. Tensor-parallel ranks overlap alike: each
+    makes the same decisions, so their steps' collectives still line up."""
     wanted = config.overlap_steps if config.overlap_steps is not None else device_type == "cuda"
-    return wanted and not config.speculative and tp_size == 1
+    return wanted and not config.speculative
 
 
 def needs_host_tokens(req: Request) -> bool:

@@ -24,12 +24,11 @@ from tests.support.handoff import ParkingConnector
 
 
 def test_on_where_the_device_runs_asynchronously() -> None:
-    assert overlap_enabled(EngineConfig(), "cuda", 1)
-    assert not overlap_enabled(EngineConfig(), "cpu", 1)
-    assert overlap_enabled(EngineConfig(overlap_steps=True), "cpu", 1)
-    assert not overlap_enabled(EngineConfig(overlap_steps=False), "cuda", 1)
-    assert not overlap_enabled(EngineConfig(speculative="ngram"), "cuda", 1)
-    assert not overlap_enabled(EngineConfig(), "cuda", 2)
+    assert overlap_enabled(EngineConfig(), "cuda")
+    assert not overlap_enabled(EngineConfig(), "cpu")
+    assert overlap_enabled(EngineConfig(overlap_steps=True), "cpu")
+    assert not overlap_enabled(EngineConfig(overlap_steps=False), "cuda")
+    assert not overlap_enabled(EngineConfig(speculative="ngram"), "cuda")
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,21 @@ def test_tp2_matches_tp1_and_transformers(tiny_model_dir, arch: str) -> None:
     check_tp2(tiny_model_dir(arch))
 
 
+def test_tp2_ranks_overlap_their_steps_in_step(tiny_model_dir) -> None:
+    """Each rank launches a step before the last one's tokens are processed (engine/
+    overlap.py): the same decisions on every rank, the collectives lined up, TP=1's tokens."""
+    model_dir = tiny_model_dir("llama")
+    single = LLM(model_dir, **TP_CONFIG)
+    prompts = [make_prompts(single.engine.model_config.vocab_size)[i] for i in PROMPT_IDS]
+    want = [o.token_ids for o in single.generate(prompts, GREEDY)]
+    want_sampled = [o.token_ids for o in single.generate(prompts, SEEDED)]
+    with TPEngine(model_dir, EngineConfig(tp_size=2, overlap_steps=True, **TP_CONFIG)) as engine:
+        assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == want
+        assert [o.token_ids for o in engine.generate(prompts, SEEDED)] == want_sampled
+        engine.check_invariants()
+        assert not engine.has_unfinished()
+
+
 def test_tp2_replicates_a_single_kv_head(tiny_model_dir) -> None:
     check_tp2(tiny_model_dir("llama", num_key_value_heads=1))
 
