@@ -17,9 +17,10 @@ penalties over the output so far; an engine that speculates or hands KV to a con
 processes every step before the next. A request that finishes at step N may have a row in step N+1:
 that token is dropped, and its blocks are freed once step N+1 has run (a transfer into a
 freed block must not race the step still writing its last slot). A request whose length
-ends it after step N's token runs no step ahead at all. Rows whose sampling brings device
-values to the host (logprobs, a top-p nucleus checked against its candidates) run ahead, but
-their step's sampler waits for the device: that step does not overlap the next.
+ends it after step N's token runs no step ahead at all. The sampled tokens and logprobs come
+to the host by copies queued on the stream; a row whose sampling itself reads the device's
+values (a top-p nucleus checked against its candidates) runs ahead, but its step's sampler
+waits for the device: that step does not overlap the next.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from core.sampling import SamplingParams
 from engine.device import host_to_device
 from engine.sampling.bias import TokenBias, apply_bias_
 from engine.sampling.filters import filter_logits
-from engine.sampling.logprobs import compute_logprobs
+from engine.sampling.logprobs import LogprobTensors, host_logprobs, logprob_tensors
 from engine.sampling.penalties import apply_penalties, has_penalty
 from engine.sampling.seeds import position_seed
 
@@ -81,17 +81,24 @@ class SamplerOutput:
 class Sampled:
     """One step's tokens as the sampler left them: `tokens` on the device (what a step
     launched before they reach the host reads, engine/overlap.py), and `result()`, the
-    host's copy. On CUDA the copy to pinned host memory is queued at once; `result()`
-    waits for it alone, not for whatever the device was given after."""
+    host's copy, with the logprobs. On CUDA their copies to pinned host memory are queued at
+    once; `result()` waits for those alone, not for whatever the device was given after."""
 
-    def __init__(self, tokens: torch.Tensor, output: SamplerOutput | None = None) -> None:
-        """`output`: the result, already on the host (a step that needed it there)."""
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        output: SamplerOutput | None = None,
+        logprobs: LogprobTensors | None = None,
+    ) -> None:
+        """`output`: the result, already on the host (a step that needed it there);
+        `logprobs`: the rows' logprobs, on the device."""
         self.tokens = tokens
         self._output = output
-        self._host, self._ready = tokens, None
+        self._logprobs = logprobs
+        self._host = [tokens, *(logprobs.tensors() if logprobs is not None else [])]
+        self._ready = None
         if output is None and tokens.is_cuda:
-            self._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            self._host.copy_(tokens, non_blocking=True)
+            self._host = [_pinned_copy(t) for t in self._host]
             self._ready = torch.cuda.Event()
             self._ready.record()
 
@@ -99,9 +106,14 @@ class Sampled:
         if self._output is None:
             if self._ready is not None:
                 self._ready.synchronize()
-            ids = self._host.tolist()
-            self._output = SamplerOutput(ids, [None] * len(ids))
+            ids, *logprobs = (t.tolist() for t in self._host)
+            self._output = SamplerOutput(ids, host_logprobs(self._logprobs, logprobs, ids))
         return self._output
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -244,11 +256,9 @@ class Sampler:
             else:  # one pass that also copies: the caller's logits are never modified
                 scaled = work.float() / temperature[:, None]
             token_ids[index] = self._sample_random(scaled, [rows[i] for i in random])
-        if all(p.logprobs is None for p in params):
-            return Sampled(token_ids)  # nothing here needs them on the host yet
-        ids = token_ids.tolist()
-        logprobs = compute_logprobs(raw, ids, [p.logprobs for p in params])
-        return Sampled(token_ids, SamplerOutput(ids, logprobs))
+        return Sampled(
+            token_ids, logprobs=logprob_tensors(raw, token_ids, [p.logprobs for p in params])
+        )
 
     def _sample_random(self, scaled: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
         """Filters and the exponential race over `scaled`: a private float32 copy of the
