@@ -24,8 +24,6 @@ from pathlib import Path
 from bench.observability.slow_requests_overhead import cpu_model
 from bench.paths import results_file
 
-CALLS = 300
-
 
 def _burn(stop_at: float, threads: int) -> None:
     import torch
@@ -41,14 +39,14 @@ def _ms(values: list[float]) -> dict[str, float]:
     return {"p50": 1e3 * statistics.median(values), "p90": 1e3 * values[int(0.9 * len(values))]}
 
 
-async def _measure(actor) -> dict[str, dict[str, float]]:
+async def _measure(actor, count: int) -> dict[str, dict[str, float]]:
     calls = []
-    for i in range(CALLS):
+    for i in range(count):
         start = time.perf_counter()
         await actor.ping.remote(i)
         calls.append(time.perf_counter() - start)
     items = []
-    stream = actor.stream.options(num_returns="streaming").remote(CALLS)
+    stream = actor.stream.options(num_returns="streaming").remote(count)
     async for ref in stream:
         sent = await ref
         items.append(time.perf_counter() - sent)
@@ -59,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(results_file("serving", "ray_hops.json")))
     ap.add_argument("--cpu", default=cpu_model(), help="the CPU, as the JSON names it")
+    ap.add_argument("--calls", type=int, default=300, help="calls and streamed items, each")
     args = ap.parse_args(argv)
     import ray
 
@@ -79,12 +78,12 @@ def main(argv: list[str] | None = None) -> None:
         ray.get(actor.ping.remote(0), timeout=60)
         report: dict = {"command": "python -m bench.serving.ray_hops", "cpu": args.cpu,
                         "cores": cores, "date": time.strftime("%Y-%m-%d")}  # fmt: skip
-        report["idle"] = asyncio.run(_measure(actor))
+        report["idle"] = asyncio.run(_measure(actor, args.calls))
         burner = mp.get_context("spawn").Process(target=_burn, args=(time.monotonic() + 120, cores))
         burner.start()
         try:
             time.sleep(2)  # the load's threads running
-            report["beside_a_load_on_every_core"] = asyncio.run(_measure(actor))
+            report["beside_a_load_on_every_core"] = asyncio.run(_measure(actor, args.calls))
         finally:
             burner.terminate()
             burner.join(10)
