@@ -29,6 +29,10 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     assert engine["steps"]["eager"] == 0 and engine["steps"]["step_graph"] > 0
     for name in ("decode_b1", "decode_b64"):
         assert engine[name]["step_ms"] > 0 and engine[name]["of_floor"] > 0
+        # Timed with the steps overlapped (as on a GPU) and one at a time.
+        assert engine[name]["overlapped"] and engine[name]["one_at_a_time_ms"] > 0
+        assert engine[name]["host_ms"] > 0
+    assert engine["syncs_in_overlapped_steps"] is None  # looked for on CUDA only
     assert all(row["max_abs_err"] < 1e-3 for row in sections["kernels"]["rows"])
     # Both ways of reading keys were timed, and the faster is the table's entry, in the
     # folder the device check copies back.
