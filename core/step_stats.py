@@ -17,6 +17,9 @@ PHASES = ("schedule", "forward", "attention", "sample", "output", "between")
 
 class StepTotals(msgspec.Struct):
     steps: int = 0
+    overlapped_steps: int = 0
+    """Steps launched while the step before was still on the device (engine/overlap.py):
+    `steps` on a GPU serving plain decodes; fewer where rows needed their tokens first."""
     decode_rows: int = 0
     """Rows of one new token: a running request's next token."""
     prefill_tokens: int = 0

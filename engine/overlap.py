@@ -58,7 +58,8 @@ class StepsInFlight:
     def __init__(
         self, scheduler: Scheduler, kv: KVCacheManager, totals: StepTotals, enabled: bool
     ) -> None:
-        """`totals`: where the wait for a step's tokens goes (its `sample_s`)."""
+        """`totals`: where the wait for a step's tokens goes (its `sample_s`), and the count
+        of steps launched with the one before in flight (`overlapped_steps`)."""
         self.scheduler = scheduler
         self.kv = kv
         self.totals = totals
@@ -66,8 +67,6 @@ class StepsInFlight:
         self.launched: LaunchedStep | None = None
         self._requests: set[Request] = set()
         self._free_after: list[Request] = []
-        self.steps_ahead = 0
-        """Steps launched while the one before was still in flight (a test reads it)."""
 
     def run_ahead(self) -> bool:
         """Give each request that samples in the step in flight its pending token, so the
@@ -89,7 +88,7 @@ class StepsInFlight:
         self._requests = {r for r, _ in launched.batch.items}
         if before is None:
             return []
-        self.steps_ahead += 1
+        self.totals.overlapped_steps += 1
         return self._landed(before)
 
     def land(self) -> list[SampledToken]:

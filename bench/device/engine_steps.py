@@ -232,6 +232,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
 
     replays = decode_graphs.count + step_graphs.count
     total = engine.step_totals.steps - first_step
+    out["overlapped_steps"] = engine.step_totals.overlapped_steps
     out["steps"] = {"total": total, "decode_graph": decode_graphs.count,
                     "step_graph": step_graphs.count, "eager": total - replays}  # fmt: skip
     b1, p128 = out["decode_b1"]["step_ms"], out[f"prefill_{sizes['prefills'][-1]}"]["step_ms"]

@@ -166,6 +166,12 @@ class Metrics:
         self.worker_steps = Counter(
             "baton:worker_steps", "Engine steps a worker ran.", ["worker"], registry=r
         )
+        self.worker_overlapped_steps = Counter(
+            "baton:worker_overlapped_steps",
+            "Engine steps a worker launched while the step before was still on the device "
+            "(overlapped steps: on a GPU, all of them while every row is a plain decode).",
+            ["worker"], registry=r,
+        )  # fmt: skip
         self.worker_step_seconds = Counter(
             "baton:worker_step_seconds",
             "Time a worker's engine steps spent, by phase (attention is part of forward).",
@@ -269,6 +275,7 @@ class Metrics:
             return max(0.0, steps.get(key, 0) - last.get(key, 0))
 
         self.worker_steps.labels(worker=worker_id).inc(grown("steps"))
+        self.worker_overlapped_steps.labels(worker=worker_id).inc(grown("overlapped_steps"))
         for kind, key in STEP_TOKEN_KINDS:
             self.worker_step_tokens.labels(worker=worker_id, kind=kind).inc(grown(key))
         if any(steps.get(key) for _, key in OFFLOAD_OPS):  # only workers whose tiers moved
@@ -293,6 +300,8 @@ class Metrics:
         if self._step_totals.pop(worker_id, None) is not None:
             with contextlib.suppress(KeyError):
                 self.worker_steps.remove(worker_id)
+            with contextlib.suppress(KeyError):
+                self.worker_overlapped_steps.remove(worker_id)
             for kind, _ in STEP_TOKEN_KINDS:
                 with contextlib.suppress(KeyError):
                     self.worker_step_tokens.remove(worker_id, kind)

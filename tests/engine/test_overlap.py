@@ -45,7 +45,7 @@ def test_greedy_tokens_equal_transformers(tiny_model_dir, config: dict) -> None:
     llm = LLM(model_dir, overlap_steps=True, **config)
     prompts = make_prompts(llm.engine.model_config.vocab_size)
     check_parity(llm, model_dir, prompts)
-    assert llm.engine.in_flight.steps_ahead > 0
+    assert llm.engine.step_totals.overlapped_steps > 0
     if config["num_kv_blocks"] == 14:
         assert llm.engine.scheduler.num_preemptions > 0
 
@@ -99,7 +99,7 @@ def test_every_request_ends_as_with_one_step_at_a_time(tiny_model_dir) -> None:
         cached = run(engine, prompts[:4], [GREEDY] * 4, "q")  # over their cached prefixes
         assert [o.token_ids for o in plain.values()] == [o.token_ids for o in cached.values()]
         if overlap:
-            assert engine.in_flight.steps_ahead > 0
+            assert engine.step_totals.overlapped_steps > 0
     one_at_a_time, overlapped = outputs
     for rid, out in one_at_a_time.items():
         other = overlapped[rid]
@@ -115,7 +115,7 @@ def test_rows_that_need_their_tokens_on_the_host_never_run_ahead(tiny_model_dir)
     engine = LLMEngine(tiny_model_dir("llama"), EngineConfig(overlap_steps=True))
     penalized = SamplingParams(max_tokens=8, temperature=0.0, frequency_penalty=0.5)
     out = run(engine, [[3, 4, 5], [6, 7, 8, 9]], [penalized, penalized], "r")
-    assert engine.in_flight.steps_ahead == 0
+    assert engine.step_totals.overlapped_steps == 0
     assert [len(o.token_ids) for o in out.values()] == [8, 8]
 
 
@@ -154,7 +154,7 @@ def test_a_decode_engine_overlaps_the_requests_handed_to_it(tiny_model_dir) -> N
     got = hand_off(prefill, decode, prompts)
     for i, p in enumerate(prompts):
         assert got[f"r{i}"] == hf_greedy(str(model_dir), tuple(p)), f"prompt len {len(p)}"
-    assert prefill.in_flight.steps_ahead == 0 and decode.in_flight.steps_ahead > 0
+    assert prefill.step_totals.overlapped_steps == 0 and decode.step_totals.overlapped_steps > 0
     for engine in (prefill, decode):
         engine.check_invariants()
         assert engine.kv.pool.num_used_blocks == 0
@@ -173,5 +173,5 @@ def test_replayed_steps_read_the_pending_tokens_on_the_device(tiny_model_dir, mo
     prompts = [make_prompts(engine.model_config.vocab_size)[i] for i in (7, 11)]
     want = [hf_greedy(str(model_dir), tuple(p)) for p in prompts]
     assert steps_until_done(engine, prompts, "a") == want
-    assert engine.in_flight.steps_ahead > 0
+    assert engine.step_totals.overlapped_steps > 0
     assert sum(capturer.by_bucket(engine).values()) + sum(capturer.by_size(engine).values())

@@ -58,6 +58,7 @@ def test_tp2_ranks_overlap_their_steps_in_step(tiny_model_dir) -> None:
     with TPEngine(model_dir, EngineConfig(tp_size=2, overlap_steps=True, **TP_CONFIG)) as engine:
         assert [o.token_ids for o in engine.generate(prompts, GREEDY)] == want
         assert [o.token_ids for o in engine.generate(prompts, SEEDED)] == want_sampled
+        assert engine.load().steps.overlapped_steps > 0
         engine.check_invariants()
         assert not engine.has_unfinished()
 

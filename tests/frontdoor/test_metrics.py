@@ -27,7 +27,13 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
         num_waiting=1,
         kv_usage=0.5,
         prefix_hit_rate=0.25,
-        steps={"steps": 12, "decode_rows": 36, "prefill_tokens": 64, "forward_s": 0.75},
+        steps={
+            "steps": 12,
+            "decode_rows": 36,
+            "prefill_tokens": 64,
+            "forward_s": 0.75,
+            "overlapped_steps": 10,
+        },
     )
     m.record_worker(
         "prefill-0", num_running=0, num_waiting=0, kv_usage=0.0, prefix_hit_rate=0.5,
@@ -46,6 +52,7 @@ def test_cluster_hooks_export_vllm_style_names() -> None:
     assert sample(m, "baton:pool_size", {"pool": "decode"}) == 2
     assert sample(m, "baton:router_decisions_total", {"policy": "cache_aware"}) == 1
     assert sample(m, "baton:worker_steps_total", {"worker": "decode-0"}) == 12
+    assert sample(m, "baton:worker_overlapped_steps_total", {"worker": "decode-0"}) == 10
     tokens = {"worker": "decode-0", "kind": "decode"}
     assert sample(m, "baton:worker_step_tokens_total", tokens) == 36
     forward = {"worker": "decode-0", "phase": "forward"}

@@ -62,7 +62,7 @@ def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str, keys_r
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == want
     assert any(o.num_cached_tokens > 0 for o in outs)
-    assert llm.engine.in_flight.enabled and llm.engine.in_flight.steps_ahead > 0
+    assert llm.engine.in_flight.enabled and llm.engine.step_totals.overlapped_steps > 0
 
 
 def test_overlapped_steps_end_every_request_as_one_at_a_time(tiny_model_dir) -> None:
@@ -81,7 +81,7 @@ def test_overlapped_steps_end_every_request_as_one_at_a_time(tiny_model_dir) -> 
         engine = LLMEngine(model_dir, config)
         prompts = make_prompts(engine.model_config.vocab_size)[3:12]
         outputs.append(run(engine, prompts, mixed_params(), "r"))
-        assert (engine.in_flight.steps_ahead > 0) == overlap
+        assert (engine.step_totals.overlapped_steps > 0) == overlap
     for rid, out in outputs[0].items():
         other = outputs[1][rid]
         assert (other.token_ids, other.text, other.logprobs) == (
