@@ -5,7 +5,9 @@ layers, and parks each prompt after its first token until its KV was handed over
 
     add(request, dest)       a prompt and where its KV goes (before the engine queues it);
                              the blocks may come later, while the prompt computes
-    set_destination(...)     the decode worker's blocks for a prompt added without them
+    set_destination(...)     the decode worker's blocks for a prompt added without them;
+                             callable from another thread while the engine's step runs
+                             (the worker names them at once, not behind the step)
     begin_step(completing)   the step that completes a prompt: plan its sends; the hook
                              posts every layer as it is written (or, while the blocks are
                              not known yet, keeps each layer's event until they are)
@@ -23,6 +25,7 @@ under a wire id of its own (worker/fanin.py).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -36,6 +39,9 @@ from kv_transfer import Role, TransferResult, Transport
 from worker.fanin import FanIn, wire_id
 
 logger = logging.getLogger(__name__)
+
+EARLY_TTL_S = 60.0
+"""How long blocks named for a prompt not added (yet) are kept for it."""
 
 PeerRoutes = Callable[[str], list[tuple[str, int | None]]]
 """A decode worker's id -> where this rank sends a prompt's KV there: per receiving rank, its
@@ -68,6 +74,8 @@ class _Awaiting:
     deadline: float
     """time.monotonic() past which no destination fails its transfer (the blocks go)."""
     layers: list[tuple[int, DeviceEvent | None]] = field(default_factory=list)
+    sends: list[_Send] | None = None
+    """Set once the blocks are named while the step still runs: its later layers go at once."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,12 @@ class PrefillConnector:
 
     def __init__(self, engine: LLMEngine, transport: Transport, routes: PeerRoutes) -> None:
         self.engine, self.transport, self.routes = engine, transport, routes
+        self._lock = threading.RLock()
+        """Held by every method: `set_destination` may run on another thread than the
+        engine's, while the engine's step (its layer hook) runs."""
+        self._early: dict[str, tuple[list[int], int, float]] = {}
+        """Blocks named before the prompt was added (its `add` waits behind a step): what
+        `add` applies; with the time they came, dropped after EARLY_TTL_S."""
         self.fan = FanIn()
         """Prompts sent to several receiving ranks, or landing in one's area: their parts."""
         self.destinations: dict[str, Destination] = {}
@@ -127,10 +141,14 @@ class PrefillConnector:
 
     def add(self, request: EngineRequest, dest: Destination) -> None:
         request_id = request.request_id
-        self.destinations[request_id] = dest
-        self._sending.add(request_id)
-        if request.trace.traceparent:
-            self.post_times[request_id] = []
+        with self._lock:
+            early = self._early.pop(request_id, None)
+            if early is not None and dest.dst_block_ids is None:
+                dest = replace(dest, dst_block_ids=early[0], skip_blocks=early[1])
+            self.destinations[request_id] = dest
+            self._sending.add(request_id)
+            if request.trace.traceparent:
+                self.post_times[request_id] = []
         try:
             self.engine.enqueue(request)
         except Exception:
@@ -138,82 +156,97 @@ class PrefillConnector:
             raise
 
     def take_prefilled(self) -> list[PrefillResult]:
-        results, self._prefilled = self._prefilled, []
+        with self._lock:
+            results, self._prefilled = self._prefilled, []
         return results
 
     # -- scheduler side ------------------------------------------------------------------
     def request_prefilled(
         self, req: Request, first_token: int, logprob: TokenLogprob | None, delta: OutputDelta
     ) -> bool:
-        if req.request_id not in self._sending:
-            return False
-        self._sending.discard(req.request_id)
-        block_ids = self.engine.kv.block_ids(req.request_id)
-        backlog = (req.arrival_step, self.engine.step_totals.steps, req.num_tokens - 1)
-        self._prefilled.append(PrefillResult(
-            req.request_id, first_token, logprob, block_ids, req.num_prompt_tokens,
-            max(req.num_cached_tokens, 0), delta, backlog,
-        ))  # fmt: skip
-        return True
+        with self._lock:
+            if req.request_id not in self._sending:
+                return False
+            self._sending.discard(req.request_id)
+            block_ids = self.engine.kv.block_ids(req.request_id)
+            backlog = (req.arrival_step, self.engine.step_totals.steps, req.num_tokens - 1)
+            self._prefilled.append(PrefillResult(
+                req.request_id, first_token, logprob, block_ids, req.num_prompt_tokens,
+                max(req.num_cached_tokens, 0), delta, backlog,
+            ))  # fmt: skip
+            return True
 
     def take_post_times(self, request_id: str) -> list[int]:
-        return self.post_times.pop(request_id, [])
+        with self._lock:
+            return self.post_times.pop(request_id, [])
 
     def forget(self, request_id: str) -> None:
-        self.destinations.pop(request_id, None)
-        self.awaiting.pop(request_id, None)
-        self._sending.discard(request_id)
-        self.post_times.pop(request_id, None)
+        with self._lock:
+            self.destinations.pop(request_id, None)
+            self.awaiting.pop(request_id, None)
+            self._sending.discard(request_id)
+            self.post_times.pop(request_id, None)
 
     def set_destination(self, request_id: str, dst_block_ids: list[int], skip_blocks: int) -> None:
         """The decode worker's blocks for a prompt added without them: planned with them
-        when its step comes, or, computed already, its layers sent now. Nothing for a prompt
-        this rank no longer has (aborted, or its wait for the blocks ran out)."""
-        dest = self.destinations.get(request_id)
-        if dest is not None:
+        when its step comes, or, computed already (wholly, or while its step still runs, on
+        another thread), its written layers sent now and the rest as they are written. Kept
+        a while for a prompt not added yet (its `add` waits behind the engine's step);
+        nothing for one this rank no longer has (aborted, or its wait ran out)."""
+        with self._lock:
+            dest = self.destinations.get(request_id)
+            if dest is not None:
+                self.destinations[request_id] = replace(
+                    dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
+                )
+                return
+            waiting = self.awaiting.pop(request_id, None)
+            if waiting is None:
+                if request_id not in self._sending:  # not added yet, or gone
+                    self._early[request_id] = (list(dst_block_ids), skip_blocks, time.monotonic())
+                return
             self.destinations[request_id] = replace(
-                dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
+                waiting.dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
             )
-            return
-        waiting = self.awaiting.pop(request_id, None)
-        if waiting is None:
-            return
-        self.destinations[request_id] = replace(
-            waiting.dest, dst_block_ids=list(dst_block_ids), skip_blocks=skip_blocks
-        )
-        for send in self._plan(request_id, waiting.block_ids):
-            for layer, written in waiting.layers:
-                if send.num_posted >= 0:
-                    self._send_layer(send, layer, written)
+            waiting.sends = self._plan(request_id, waiting.block_ids)
+            for send in waiting.sends:
+                for layer, written in waiting.layers:
+                    if send.num_posted >= 0:
+                        self._send_layer(send, layer, written)
 
     # -- results --------------------------------------------------------------------------
     def gather(self, results: list[TransferResult]) -> list[TransferResult]:
         """This rank's transfer results, with the unsent ones, the parts of a prompt (by wire
         id) folded into the prompt's one result once every part ended."""
         now = time.monotonic()
-        for request_id, waiting in list(self.awaiting.items()):
-            if now > waiting.deadline:
-                del self.awaiting[request_id]
-                self._fail_unsent(request_id, "no destination blocks named within "
-                                  f"{waiting.dest.timeout_s:g} s")  # fmt: skip
-        results, self.unsent = self.unsent + results, []
-        out = []
-        for result in results:
-            part = (0, result.request_id)
-            if not self.fan.owns(part):
-                out.append(result)
-            elif (ended := self.fan.feed(part, result)) is not None:
-                out.append(ended)
-        return out
+        with self._lock:
+            for request_id, waiting in list(self.awaiting.items()):
+                if now > waiting.deadline:
+                    del self.awaiting[request_id]
+                    self._fail_unsent(request_id, "no destination blocks named within "
+                                      f"{waiting.dest.timeout_s:g} s")  # fmt: skip
+            for request_id, (_, _, named_at) in list(self._early.items()):
+                if now - named_at > EARLY_TTL_S:
+                    del self._early[request_id]
+            results, self.unsent = self.unsent + results, []
+            out = []
+            for result in results:
+                part = (0, result.request_id)
+                if not self.fan.owns(part):
+                    out.append(result)
+                elif (ended := self.fan.feed(part, result)) is not None:
+                    out.append(ended)
+            return out
 
     def cancel(self, request_id: str) -> None:
         """Stop a prompt's sends (each part reports its end)."""
-        if self.awaiting.pop(request_id, None) is not None:
-            self._fail_unsent(request_id, "cancelled before its destination was named")
-        elif request_id in self.fan:
-            self.fan.cancel(request_id)
-        else:
-            self.transport.cancel(request_id)
+        with self._lock:
+            if self.awaiting.pop(request_id, None) is not None:
+                self._fail_unsent(request_id, "cancelled before its destination was named")
+            elif request_id in self.fan:
+                self.fan.cancel(request_id)
+            else:
+                self.transport.cancel(request_id)
 
     # -- layer side ----------------------------------------------------------------------
     def begin_step(self, completing: list[tuple[Request, list[int]]]) -> LayerHook | None:
@@ -222,24 +255,29 @@ class PrefillConnector:
         keeps it for when the prompt's destination is named)."""
         sends: list[_Send] = []
         waits: list[_Awaiting] = []
-        for req, block_ids in completing:
-            dest = self.destinations.get(req.request_id)
-            if dest is not None and dest.dst_block_ids is None:
-                del self.destinations[req.request_id]
-                deadline = time.monotonic() + dest.timeout_s
-                waits.append(_Awaiting(req.request_id, block_ids, dest, deadline))
-                self.awaiting[req.request_id] = waits[-1]
-            else:
-                sends += self._plan(req.request_id, block_ids)
+        with self._lock:
+            for req, block_ids in completing:
+                dest = self.destinations.get(req.request_id)
+                if dest is not None and dest.dst_block_ids is None:
+                    del self.destinations[req.request_id]
+                    deadline = time.monotonic() + dest.timeout_s
+                    waits.append(_Awaiting(req.request_id, block_ids, dest, deadline))
+                    self.awaiting[req.request_id] = waits[-1]
+                else:
+                    sends += self._plan(req.request_id, block_ids)
         if not sends and not waits:
             return None
 
         def layer_done(layer: int, written: DeviceEvent | None) -> None:
-            for send in sends:
-                if send.num_posted >= 0:  # not failed yet
-                    self._send_layer(send, layer, written)
-            for waiting in waits:
-                waiting.layers.append((layer, written))
+            with self._lock:
+                for send in sends:
+                    if send.num_posted >= 0:  # not failed yet
+                        self._send_layer(send, layer, written)
+                for waiting in waits:
+                    waiting.layers.append((layer, written))
+                    for send in waiting.sends or ():  # named while the step runs
+                        if send.num_posted >= 0:
+                            self._send_layer(send, layer, written)
 
         return layer_done
 

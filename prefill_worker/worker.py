@@ -121,15 +121,27 @@ class PrefillWorker(WorkerBase):
     ) -> None:
         """The receiving worker's blocks for a prompt whose `prefill` came without them: its
         layers go there once computed (at once, if they are). Nothing for a prompt this
-        worker no longer has (aborted, or its wait ran out)."""
+        worker no longer has (aborted, or its wait ran out).
+
+        With one rank (in this process) the blocks are named from here at once, not behind
+        the engine's step: a prompt whose step is running sends the layers written so far
+        now and each later one as it is written, as if the blocks had come with it. Ranks
+        of their own take them between steps."""
+        rank = getattr(self.group, "rank", None)
+        if rank is not None:
+            rank.set_destination(request_id, dst_block_ids, skip_blocks)
 
         def name(g: RankGroup) -> None:
             traced = self._traced_sends.get(request_id)
             if traced is not None:
                 self._traced_sends[request_id] = (traced[0], len(dst_block_ids))
-            g.all(PrefillRank.set_destination, request_id, dst_block_ids, skip_blocks)
+            if rank is None:
+                g.all(PrefillRank.set_destination, request_id, dst_block_ids, skip_blocks)
 
-        await self.engine.call(name)
+        if rank is None:
+            await self.engine.call(name)
+        else:
+            self.engine.submit(name)  # the trace's bookkeeping, on the engine thread
 
     async def _prefill(
         self,
