@@ -15,12 +15,12 @@ import pytest
 from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling import SamplingParams
-from core.structured import StructuredKind, StructuredOutput
 from engine import LLM
 from engine.engine import LLMEngine
 from engine.overlap import overlap_enabled
 from tests.engine.test_parity import GREEDY, check_parity, hand_off, hf_greedy, make_prompts
 from tests.support.handoff import ParkingConnector
+from tests.support.mixed_requests import mixed_params, run
 
 
 def test_on_where_the_device_runs_asynchronously() -> None:
@@ -48,41 +48,6 @@ def test_greedy_tokens_equal_transformers(tiny_model_dir, config: dict) -> None:
     assert llm.engine.step_totals.overlapped_steps > 0
     if config["num_kv_blocks"] == 14:
         assert llm.engine.scheduler.num_preemptions > 0
-
-
-def mixed_params() -> list[SamplingParams]:
-    digits = StructuredOutput(StructuredKind.REGEX, "[0-9]{2,6}")
-    return [
-        SamplingParams(max_tokens=1, temperature=0.0),
-        SamplingParams(max_tokens=2, temperature=0.0),
-        SamplingParams(max_tokens=17, temperature=0.0, logprobs=3),
-        SamplingParams(max_tokens=20, temperature=0.9, top_k=20, seed=7),
-        SamplingParams(max_tokens=20, temperature=0.7, top_p=0.8, seed=8, min_tokens=12),
-        SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=[5, 9, 11, 13]),
-        SamplingParams(max_tokens=16, temperature=0.0, stop=["e", "a"]),
-        SamplingParams(max_tokens=12, temperature=1.0, seed=3, repetition_penalty=1.4),
-        SamplingParams(max_tokens=10, temperature=0.0, structured_outputs=digits),
-    ]
-
-
-def run(engine: LLMEngine, prompts: list[list[int]], params: list[SamplingParams], tag: str):
-    """Every request to its end, the later half arriving while the first half runs."""
-    outs = {f"{tag}{i}": RequestOutput(f"{tag}{i}", p) for i, p in enumerate(prompts)}
-    items = list(zip(outs, prompts, params, strict=True))
-    half = len(items) // 2
-    for rid, prompt, sp in items[:half]:
-        engine.add_request(rid, prompt, sp)
-    steps = 0
-    while engine.has_unfinished():
-        for delta in engine.step():
-            outs[delta.request_id].add(delta)
-        steps += 1
-        if steps == 3:
-            for rid, prompt, sp in items[half:]:
-                engine.add_request(rid, prompt, sp)
-    engine.check_invariants()
-    assert engine.kv.pool.num_used_blocks == 0
-    return {rid.removeprefix(tag): out for rid, out in outs.items()}
 
 
 def test_every_request_ends_as_with_one_step_at_a_time(tiny_model_dir) -> None:

@@ -71,7 +71,7 @@ def test_overlapped_steps_end_every_request_as_one_at_a_time(tiny_model_dir) -> 
     give what one step at a time gives, with requests joining mid-run."""
     from core.config import EngineConfig
     from engine.engine import LLMEngine
-    from tests.engine.test_overlap import mixed_params, run
+    from tests.support.mixed_requests import mixed_params, run
 
     model_dir = tiny_model_dir("llama")
     outputs = []
