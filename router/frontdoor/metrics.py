@@ -167,10 +167,8 @@ class Metrics:
             "baton:worker_steps", "Engine steps a worker ran.", ["worker"], registry=r
         )
         self.worker_overlapped_steps = Counter(
-            "baton:worker_overlapped_steps",
-            "Engine steps a worker launched while the step before was still on the device "
-            "(overlapped steps: on a GPU, all of them while every row is a plain decode).",
-            ["worker"], registry=r,
+            "baton:worker_overlapped_steps", "Engine steps a worker launched while the step "
+            "before was still on the device (overlapped steps).", ["worker"], registry=r,
         )  # fmt: skip
         self.worker_step_seconds = Counter(
             "baton:worker_step_seconds",
@@ -298,10 +296,9 @@ class Metrics:
                 self.kv_blocks.remove(worker_id, state)
         self.accuracy.forget(worker_id)
         if self._step_totals.pop(worker_id, None) is not None:
-            with contextlib.suppress(KeyError):
-                self.worker_steps.remove(worker_id)
-            with contextlib.suppress(KeyError):
-                self.worker_overlapped_steps.remove(worker_id)
+            for counter in (self.worker_steps, self.worker_overlapped_steps):
+                with contextlib.suppress(KeyError):
+                    counter.remove(worker_id)
             for kind, _ in STEP_TOKEN_KINDS:
                 with contextlib.suppress(KeyError):
                     self.worker_step_tokens.remove(worker_id, kind)
