@@ -51,37 +51,50 @@ def listeners(session: int) -> list[tuple[str, int]]:
     return found
 
 
-def test_a_local_cluster_listens_on_loopback_only(tmp_path: Path, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UCX_", "GLOO_"))}
-    port, grpc_port = free_port(), free_port()
-    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - the child owns it
-    server = subprocess.Popen(
-        [sys.executable, "-m", "router.cli", "serve", "--model", str(tiny_model_dir("llama")),
-         "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-gb", "0.05"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
-    )  # fmt: skip
-    log.close()
-    try:
+def serving(tmp_path: Path, model: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`baton serve` up on free ports; started again on others when one was taken between
+    the choice and the bind (by another process of this machine's, or of its own Ray)."""
+    for attempt in range(3):
+        port, grpc_port = free_port(), free_port()
+        log_path = tmp_path / f"serve-{attempt}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+        server = subprocess.Popen(
+            [sys.executable, "-m", "router.cli", "serve", "--model", str(model),
+             "--port", str(port), "--grpc-port", str(grpc_port), "--kv-cache-gb", "0.05"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True,
+        )  # fmt: skip
+        log.close()
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+        while time.monotonic() < deadline and server.poll() is None:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                    return server
             time.sleep(1)
-        else:
-            raise TimeoutError("baton serve did not come up")
+        stop(server)
+        text = log_path.read_text()
+        assert "address already in use" in text, text[-3000:]
+    raise AssertionError("three ports in a row were taken before baton serve bound them")
+
+
+def stop(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        server.wait(60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)  # what is left of the group we started
+
+
+def test_a_local_cluster_listens_on_loopback_only(tmp_path: Path, tiny_model_dir) -> None:  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "UCX_", "GLOO_"))}
+    server = serving(tmp_path, tiny_model_dir("llama"), env)
+    try:
         found = listeners(server.pid)  # the server leads its session: its pid is the id
         pids = {pid for _, pid in found}
         assert len(pids) >= 3, f"expected the front door and Ray's processes, got {found}"
         exposed = [(address, pid) for address, pid in found if address not in LOOPBACK]
         assert not exposed, f"listening beyond loopback: {exposed}"
     finally:
-        server.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(60)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)  # what is left of the group we started
+        stop(server)
 
 
 @pytest.mark.parametrize("door", ["HTTP", "gRPC"])
