@@ -65,7 +65,6 @@ class StepsInFlight:
         self.totals = totals
         self.enabled = enabled
         self.launched: LaunchedStep | None = None
-        self._requests: set[Request] = set()
         self._free_after: list[Request] = []
 
     def run_ahead(self) -> bool:
@@ -85,7 +84,6 @@ class StepsInFlight:
         """`launched` is now in flight: the tokens of the step before it (waited for; none
         if none was in flight), with the blocks that waited for that step freed."""
         before, self.launched = self.launched, launched
-        self._requests = {r for r, _ in launched.batch.items}
         if before is None:
             return []
         self.totals.overlapped_steps += 1
@@ -94,7 +92,7 @@ class StepsInFlight:
     def land(self) -> list[SampledToken]:
         """Wait for the step in flight: its tokens, with the blocks that waited for it freed."""
         assert self.launched is not None
-        launched, self.launched, self._requests = self.launched, None, set()
+        launched, self.launched = self.launched, None
         return self._landed(launched)
 
     def _landed(self, step: LaunchedStep) -> list[SampledToken]:
@@ -110,7 +108,8 @@ class StepsInFlight:
     def finish(self, req: Request) -> None:
         """End `req` (finished or aborted): its blocks are freed now, or once the step in
         flight that writes to them has run."""
-        if req in self._requests:
+        launched = self.launched
+        if launched is not None and any(r is req for r, _ in launched.batch.items):
             self.scheduler.finish(req, keep_blocks=True)
             self._free_after.append(req)
         else:

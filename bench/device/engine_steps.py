@@ -69,7 +69,7 @@ def _syncs(engine: Any, device: torch.device, count: int) -> list[dict] | None:
         return None
     import warnings
 
-    engine.in_flight.enabled = True
+    setting, engine.in_flight.enabled = engine.in_flight.enabled, True
     engine.step()
     places: dict[tuple[str, int], int] = {}
     with warnings.catch_warnings(record=True) as caught:
@@ -80,6 +80,7 @@ def _syncs(engine: Any, device: torch.device, count: int) -> list[dict] | None:
                 engine.step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+            engine.in_flight.enabled = setting
     for w in caught:
         key = (str(w.filename), int(w.lineno))
         places[key] = places.get(key, 0) + 1
@@ -124,6 +125,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     rng = random.Random(0)
     vocab = mc.vocab_size
     first_step = engine.step_totals.steps  # steps launched (a call may only land one)
+    overlapped = engine.in_flight.enabled  # the engine's own setting (the config's: on)
 
     def timed_steps(limit: int | None = None, ready: Any = None) -> list[float]:
         times: list[float] = []
@@ -140,8 +142,8 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     def mean_step(count: int, overlap: bool) -> tuple[float, float]:
         """(mean step, host time beside the device a step) over `count` decode steps run
         back to back, steps overlapped or one at a time (after one step untimed: the
-        switch). Timed as a run, not step by step: a sync between steps would end the
-        overlap it measures."""
+        switch; the engine's own setting back after). Timed as a run, not step by step: a
+        sync between steps would end the overlap it measures."""
         engine.in_flight.enabled = overlap
         engine.step()
         totals = engine.step_totals
@@ -152,6 +154,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
             engine.step()
         sync(device)
         host = totals.schedule_s + totals.output_s - host
+        engine.in_flight.enabled = overlapped
         return (time.perf_counter() - t) / count, host / count
 
     def floor_decode(contexts: list[int]) -> float | None:
@@ -160,7 +163,6 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
         return (weight_bytes + sum(contexts) * kv_token_bytes) / copy_rate
 
     # Decode at batch 1: steps overlapped (engine/overlap.py), then one at a time.
-    overlapped = engine.in_flight.enabled
     k = sizes["b1_steps"]
     engine.add_request("b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(10 + 2 * k))
     timed_steps(limit=1)  # the prompt
@@ -190,7 +192,6 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     contexts = [r.num_tokens for r in engine.requests.values()]
     step, host = mean_step(sizes["b64_steps"], overlapped)
     single, single_host = mean_step(sizes["b64_steps"], False)
-    engine.in_flight.enabled = overlapped
     floor = floor_decode(contexts)
     out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
                          "of_floor": floor and step / floor, "batch": n,
