@@ -18,9 +18,9 @@ processes every step before the next. A request that finishes at step N may have
 that token is dropped, and its blocks are freed once step N+1 has run (a transfer into a
 freed block must not race the step still writing its last slot). A request whose length
 ends it after step N's token runs no step ahead at all. The sampled tokens and logprobs come
-to the host by copies queued on the stream; a row whose sampling itself reads the device's
-values (a top-p nucleus checked against its candidates) runs ahead, but its step's sampler
-waits for the device: that step does not overlap the next.
+to the host by copies queued on the stream; nothing else in a step's sampling reads the
+device's values on CUDA (a top-p-only row's nucleus comes from sorting its row there, not
+from a check on the host whether its best 1024 tokens hold it: engine/sampling/filters.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ A seeded request's generator is re-seeded before each draw from (seed, output po
 draws before it, so it is the same after the request moved to another worker mid-stream.
 
 A row with top-k (or a top-p nucleus within its best 1024 tokens) is sampled over its
-candidates only, so its race costs O(k), not O(vocab): see `engine.sampling.filters`.
+candidates only, so its race costs O(k), not O(vocab): see `engine.sampling.filters`. On CUDA
+a kernel finds a top-p-only row's nucleus instead: then only penalties (whose rows need their
+tokens on the host anyway, engine/overlap.py) make the sampler wait for the device.
 
 Fast path: when every row is greedy with no penalties and no logprobs the whole step is one
 argmax, with no copy of the logits.
@@ -149,10 +151,15 @@ def _is_plain_greedy(params: SamplingParams) -> bool:
 class Sampler:
     """Samples one token per row; not thread-safe (it owns a generator)."""
 
-    def __init__(self, vocab_size: int, seed: int | None = None) -> None:
+    def __init__(
+        self, vocab_size: int, seed: int | None = None, nucleus_on_device: bool | None = None
+    ) -> None:
+        """`nucleus_on_device`: a top-p-only row's nucleus comes from a kernel, not from a
+        check on the host (engine.sampling.filters; None: on CUDA)."""
         if not isinstance(vocab_size, int) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
         self.vocab_size = vocab_size
+        self.nucleus_on_device = nucleus_on_device
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
 
@@ -269,6 +276,7 @@ class Sampler:
             [p.top_k for p in params],
             [p.top_p for p in params],
             [p.min_p for p in params],
+            self.nucleus_on_device,
         )
         token_ids = torch.empty(len(rows), dtype=torch.int64, device=scaled.device)
         if filtered.candidate_rows:

@@ -6,6 +6,10 @@ figures.py), and its offline throughput: the figures the GPU targets are judged 
     prefill_N       one N-token prompt's step: its forward, its first token (median of 3)
     offline_b1      1 x 128 -> 128, output tokens a second
     offline_b64     64 x 512 -> 128, output tokens a second
+    sampler_bN      the sampler alone on 1 and 64 rows of the checkpoint's vocabulary: greedy,
+                    top-k, top-p (its nucleus from the kernel, or checked on the host), and
+                    top-p by torch.sort alone; a mean over a run of calls, with the host's
+                    waits in one call
 
 Decode steps are timed as a run of steps (the device synchronized before and after it), with
 the engine's steps overlapped (engine/overlap.py: the engine's default on a GPU; the dry run
@@ -85,6 +89,66 @@ def _syncs(engine: Any, device: torch.device, count: int) -> list[dict] | None:
         key = (str(w.filename), int(w.lineno))
         places[key] = places.get(key, 0) + 1
     return [{"file": f, "line": n, "count": c} for (f, n), c in sorted(places.items())]
+
+
+SAMPLER_ROWS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "top_k_50": SamplingParams(temperature=0.8, top_k=50),
+    "top_p_0.9": SamplingParams(temperature=0.8, top_p=0.9),
+    "top_p_0.9_seeded": SamplingParams(temperature=0.8, top_p=0.9, seed=1),
+}
+
+
+def sampler_times(device: torch.device, vocab: int, batch: int, calls: int) -> dict[str, Any]:
+    """The sampler alone on `batch` rows of bf16 logits (a model's: its top tokens a few
+    logits apart), ms a call over a run of `calls`, and how often one call made the host wait
+    for the device (CUDA only: None elsewhere). Top-p rows each way (engine.sampling.filters):
+    their nucleus from the kernel (the default on CUDA), and checked against their best 1024
+    tokens on the host; beside them, top-p by torch.sort alone (vLLM's way without FlashInfer)."""
+    from engine.sampler import Sampler, SamplingRow, make_generator
+    from engine.sampling.filters import top_p_by_sort
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(batch, vocab, device=device, generator=generator).mul_(3.0)
+    logits = logits.to(torch.bfloat16)
+    out: dict[str, Any] = {"batch": batch, "vocab": vocab}
+
+    def timed(call: Any) -> dict[str, Any]:
+        call()
+        syncs = _waits(call, device)
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync(device)
+        return {"ms": 1e3 * (time.perf_counter() - t) / calls, "syncs": syncs}
+
+    for name, params in SAMPLER_ROWS.items():
+        rows = [SamplingRow(params, [1], [2], make_generator(params.seed, device))
+                for _ in range(batch)]  # fmt: skip
+        for on_device in (True, False) if params.top_p < 1.0 else (None,):
+            sampler = Sampler(vocab, seed=0, nucleus_on_device=on_device)
+            key = name if on_device is None else f"{name}_{'kernel' if on_device else 'host'}"
+            out[key] = timed(lambda s=sampler, r=rows: s.sample(logits, r))
+    p = torch.full((batch,), 0.9, device=device)
+    out["top_p_0.9_torch_sort"] = timed(lambda: top_p_by_sort(logits.float(), p))
+    return out
+
+
+def _waits(call: Any, device: torch.device) -> int | None:
+    """How often `call` made the host wait for the device (torch's sync debug mode)."""
+    if device.type != "cuda":
+        return None
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return len(caught)
 
 
 def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool) -> dict:
@@ -231,6 +295,8 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     timed_steps()
     out["offline_b64"] = {"tokens_s": batch * max_tokens / (time.perf_counter() - t)}
 
+    for rows in (1, n):
+        out[f"sampler_b{rows}"] = sampler_times(device, vocab, rows, 20 if not small else 2)
     replays = decode_graphs.count + step_graphs.count
     total = engine.step_totals.steps - first_step
     out["overlapped_steps"] = engine.step_totals.overlapped_steps

@@ -201,6 +201,9 @@ def _prefill_kernel(
     diagonal = prefix + row0
     end = tl.minimum(seq_len, diagonal + BLOCK_M)
     m, denom, acc = initial_state(BLOCK_M, BLOCK_D)
+    # One branch or the other, each to its store: the compiler builds only the branch a
+    # constexpr picks, where code after an early `return` would still be built (and the
+    # gather path cannot take a tensor descriptor).
     if WHOLE_PAGES:
         # Pages wholly before the diagonal need no mask; the page holding it is visible to
         # every row in part, so each row's maximum is finite after the first page either way.
@@ -217,20 +220,20 @@ def _prefill_kernel(
         )  # fmt: skip
         _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot,
                stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
-        return
-    m, denom, acc = attend_paged_kv(
-        m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, diagonal, scale,
-        stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
-        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT, QUANT,
-    )  # fmt: skip
-    # Key `diagonal` is visible to every row, so each row's maximum is finite from here on.
-    _, denom, acc = attend_paged_kv(
-        m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, diagonal, end, scale,
-        stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
-        BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT, QUANT,
-    )  # fmt: skip
-    _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot, stride_oh,
-           HEAD_DIM, BLOCK_D)  # fmt: skip
+    else:
+        m, denom, acc = attend_paged_kv(
+            m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, 0, diagonal, scale,
+            stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+            BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, False, PRECISION, DOT, QUANT,
+        )  # fmt: skip
+        # Key `diagonal` is visible to every row, so each row's maximum is finite from here.
+        _, denom, acc = attend_paged_kv(
+            m, denom, acc, q, q_pos, kv_ptr, table_ptr, chunk, kv_head, diagonal, end, scale,
+            stride_tb, stride_kvb, stride_kvkv, stride_kvs, stride_kvh,
+            BLOCK_M, HEAD_DIM, PAGE, BLOCK_N, BLOCK_D, True, PRECISION, DOT, QUANT,
+        )  # fmt: skip
+        _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot,
+               stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
 
 
 @triton.jit

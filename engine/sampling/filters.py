@@ -17,6 +17,12 @@ and stay a full-vocabulary row. Which form a row takes depends only on that row'
 and parameters, never on the rest of the batch, so a seeded request samples the same token
 alone or in any batch.
 
+Whether a nucleus is wider than its candidates is read on the host, and on CUDA that read
+waits for the device: the step that samples could not overlap the next (engine/overlap.py).
+There (`nucleus_on_device`) a top-p-only row stays a full row whose nucleus threshold a
+Triton kernel finds (engine/kernels/nucleus.py: no sort, no read on the host), and which
+form a row takes depends on its parameters alone.
+
     candidate form:  logits [n, C] best first (-inf past a row's width or filtered out),
                      token_ids [n, C], width[i] = the row's k, or TOP_P_CANDIDATES
     full form:       logits [m, vocab] (-inf where filtered out)
@@ -63,17 +69,27 @@ class FilteredLogits:
 
 
 def filter_logits(
-    logits: torch.Tensor, top_k: Sequence[int], top_p: Sequence[float], min_p: Sequence[float]
+    logits: torch.Tensor,
+    top_k: Sequence[int],
+    top_p: Sequence[float],
+    min_p: Sequence[float],
+    nucleus_on_device: bool | None = None,
 ) -> FilteredLogits:
     """Apply top-k, then top-p, then min-p to each row of `logits` ([rows, vocab], float32).
 
     `top_k[i] <= 0` or `>= vocab`, `top_p[i] >= 1` and `min_p[i] <= 0` disable a filter. May
-    modify `logits` in place.
+    modify `logits` in place. `nucleus_on_device`: a top-p-only row's nucleus comes from the
+    threshold kernel, with no read of the device's values on the host (None: on CUDA).
     """
     num_rows, vocab_size = logits.shape
     device = logits.device
+    if nucleus_on_device is None:
+        nucleus_on_device = logits.is_cuda
     ks = [k if 0 < k < vocab_size else 0 for k in top_k]
     ps = [min(float(p), 1.0) for p in top_p]
+    on_device = [i for i in range(num_rows) if nucleus_on_device and ks[i] == 0 and ps[i] < 1.0]
+    if on_device:
+        return _with_device_nuclei(logits, ks, ps, min_p, on_device)
     filtered = [i for i in range(num_rows) if ks[i] > 0 or ps[i] < 1.0]
     full_rows = [i for i in range(num_rows) if ks[i] == 0 and ps[i] >= 1.0]
     if not filtered:
@@ -99,11 +115,46 @@ def filter_logits(
     if unresolved:
         index = _index(unresolved, device)
         p = host_to_device([ps[filtered[j]] for j in unresolved], torch.float32, device)
-        full_parts.append(_top_p_full_sort(sub[index], p))
+        full_parts.append(top_p_by_sort(sub[index], p))
         full_rows = full_rows + [filtered[j] for j in unresolved]
     full = torch.cat(full_parts) if len(full_parts) > 1 else (full_parts or [logits[:0]])[0]
     apply_min_p(full, [min_p[i] for i in full_rows])
     return FilteredLogits(candidate_rows, values, token_ids, widths, full_rows, full)
+
+
+def _with_device_nuclei(
+    logits: torch.Tensor,
+    ks: list[int],
+    ps: list[float],
+    min_p: Sequence[float],
+    rows: list[int],
+) -> FilteredLogits:
+    """`filter_logits` where the top-p-only rows `rows` are full rows, each masked below its
+    nucleus threshold: the rest go through `filter_logits` as before (none is top-p only)."""
+    from engine.kernels.nucleus import nucleus_threshold  # Triton: only where it is used
+
+    device = logits.device
+    on_device = set(rows)
+    others = [i for i in range(len(ks)) if i not in on_device]
+    rest = filter_logits(
+        logits[_index(others, device)] if others else logits[:0],
+        [ks[i] for i in others],
+        [ps[i] for i in others],
+        [min_p[i] for i in others],
+        nucleus_on_device=False,
+    )
+    nuclei = logits if len(rows) == len(ks) else logits[_index(rows, device)]
+    p = host_to_device([ps[i] for i in rows], torch.float32, device)
+    nuclei.masked_fill_(nuclei < nucleus_threshold(nuclei, p)[:, None], -math.inf)
+    apply_min_p(nuclei, [min_p[i] for i in rows])
+    return FilteredLogits(
+        [others[j] for j in rest.candidate_rows],
+        rest.candidate_logits,
+        rest.candidate_token_ids,
+        rest.candidate_widths,
+        [others[j] for j in rest.full_rows] + rows,
+        torch.cat([rest.full_logits, nuclei]) if rest.full_rows else nuclei,
+    )
 
 
 def _candidates(
@@ -144,14 +195,15 @@ def _candidates(
         mass_before = cumulative - probs
         threshold = torch.where(has_p, p, torch.full_like(p, math.inf))
         values.masked_fill_(mass_before >= threshold[:, None], -math.inf)
-        if num_p_candidates < vocab_size:
+        if any_p_only and num_p_candidates < vocab_size:
             # The nucleus may extend past the candidates only if they hold less than top_p.
             unresolved = torch.nonzero(p_only & (cumulative[:, -1] < p)).flatten().tolist()
     return values, token_ids, widths, unresolved
 
 
-def _top_p_full_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Top-p by sorting whole rows: the reference algorithm, used when the nucleus is wide."""
+def top_p_by_sort(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Top-p by sorting whole rows: the reference algorithm (vLLM's without FlashInfer), used
+    when a nucleus is wider than its candidates."""
     values, indices = logits.sort(dim=-1, descending=True)
     probs = values.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs

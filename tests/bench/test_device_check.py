@@ -33,6 +33,13 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
         assert engine[name]["overlapped"] and engine[name]["one_at_a_time_ms"] > 0
         assert engine[name]["host_ms"] > 0
     assert engine["syncs_in_overlapped_steps"] is None  # looked for on CUDA only
+    assert engine["sampler_b1"]["batch"] == 1
+    sampler = engine["sampler_b4"]  # the dry run's batch
+    timed = {k: v for k, v in sampler.items() if isinstance(v, dict)}
+    assert set(timed) == {"greedy", "top_k_50", "top_p_0.9_kernel", "top_p_0.9_host",
+                          "top_p_0.9_seeded_kernel", "top_p_0.9_seeded_host",
+                          "top_p_0.9_torch_sort"}  # fmt: skip
+    assert all(v["ms"] > 0 and v["syncs"] is None for v in timed.values()), timed
     assert all(row["max_abs_err"] < 1e-3 for row in sections["kernels"]["rows"])
     # Both ways of reading keys were timed, and the faster is the table's entry, in the
     # folder the device check copies back.
