@@ -140,3 +140,38 @@ def test_replayed_steps_read_the_pending_tokens_on_the_device(tiny_model_dir, mo
     assert steps_until_done(engine, prompts, "a") == want
     assert engine.step_totals.overlapped_steps > 0
     assert sum(capturer.by_bucket(engine).values()) + sum(capturer.by_size(engine).values())
+
+
+def test_an_overlapped_step_reads_nothing_on_the_host_but_its_tokens(
+    tiny_model_dir, monkeypatch
+) -> None:
+    """What torch's sync debug mode lists on a GPU, looked for on the CPU (HostReads): whole
+    steps through the graphs' static buffers with every kind of row that runs ahead (greedy,
+    top-p from the nucleus kernel, seeded top-k with logprobs, min-p with a stop string). The
+    one read is each step's tokens landing (on CUDA, pinned copies waited for by an event)."""
+    monkeypatch.setenv("BATON_ATTENTION", "triton")
+    from tests.engine.test_step_graphs import make_engine
+    from tests.support.graph_capturer import CountingCapturer
+    from tests.support.host_reads import HostReads
+
+    engine = make_engine(tiny_model_dir("llama"), CountingCapturer(), overlap_steps=True)
+    engine.runner.sampler.nucleus_on_device = True
+    rows = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, top_p=0.9),
+        dict(temperature=0.8, top_k=20, seed=3, logprobs=2),
+        dict(temperature=1.0, min_p=0.05, stop=["xyz"]),
+    ]
+    for i, row in enumerate(rows):
+        params = SamplingParams(max_tokens=12, ignore_eos=True, **row)
+        engine.add_request(f"r{i}", [5 + i, 9, 13, 17, 21, 25, 29, 33], params)
+    for _ in range(3):  # the prompts, then decoding
+        engine.step()
+    overlapped = engine.step_totals.overlapped_steps
+    with HostReads() as reads:
+        for _ in range(4):
+            engine.step()
+    assert engine.step_totals.overlapped_steps == overlapped + 4
+    assert reads.places and all(
+        p.startswith("Tensor.tolist at") and "engine/sampler.py" in p for p in reads.places
+    ), reads.places
