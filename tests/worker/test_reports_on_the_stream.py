@@ -5,6 +5,7 @@ membership.py). A real decode worker (tiny model) in this process."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from core.events import BlockStored, WorkerLoad
@@ -15,17 +16,25 @@ from tests.support.worker_pair import TIMEOUT_S, request, spec
 from worker.records import WorkerReport
 
 
-async def _read(stream: Any, request_id: str) -> list[Any]:
-    """Every item of the stream's batches until `request_id`'s last."""
-    items: list[Any] = []
-    try:
+async def _read(stream: Any, request_id: str, until_a_report: bool = False) -> list[Any]:
+    """Every item of the stream's batches until `request_id`'s last (and, with
+    `until_a_report`, a report: when the engine ran the whole request before the stream was
+    read, its tokens come in one batch and the report asked after it rides the idle wake-up),
+    for at most TIMEOUT_S."""
+
+    async def read() -> list[Any]:
+        items: list[Any] = []
         async for batch in stream:
             items += batch
-            if any(rid == request_id and is_final(item) for rid, item in batch):
+            done = any(rid == request_id and is_final(item) for rid, item in items)
+            if done and (not until_a_report or any(not rid for rid, _ in items)):
                 return items
+        return items
+
+    try:
+        return await asyncio.wait_for(read(), TIMEOUT_S)
     finally:
         await stream.aclose()
-    return items
 
 
 def test_reports_ride_the_batches_with_the_events_after_the_cursor(
@@ -39,7 +48,7 @@ def test_reports_ride_the_batches_with_the_events_after_the_cursor(
         first, second = request("a", seed=1, max_tokens=12), request("b", seed=2, max_tokens=4)
 
         await decode.generate(first, TIMEOUT_S, "asked")
-        items = await _read(decode.outputs("asked", 0.0, cursor), "a")
+        items = await _read(decode.outputs("asked", 0.0, cursor), "a", until_a_report=True)
         reports = [item for rid, item in items if not rid]
         assert reports and all(isinstance(r, WorkerReport) for r in reports)
         assert all(isinstance(r.load, WorkerLoad) and r.load.worker_id == "d0" for r in reports)
