@@ -24,19 +24,22 @@ Sections, in this order, each skipped (with why) when the time left is under its
                 each beside its floor; offline 1 x 128 -> 128 and 64 x 512 -> 128
     peer        transformers on the same checkpoint in a subprocess: eager, static cache,
                 static cache + torch.compile while the budget lasts
-    gpu_suite   tests/gpu (pytest -m gpu) in a subprocess
     served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),
                 `baton bench` fixed 256 -> 64 at three rates (needs Ray on the host)
     plan        `baton profile` on the device, and `baton plan`'s prediction of the served
                 1P+1D runs beside them (bench/device/planned.py)
+    gpu_suite   tests/gpu (pytest -m gpu) in a subprocess: last, as nothing reads its result
 
-All of it outlasts one 8-minute call on the device (the served section alone is ~4
-minutes), so a lent device runs it in two calls on one warm machine, the second reusing the
-checkpoint and the kernel table the first wrote (both in --work):
+A lease is 15 minutes of device time, its start included, and a call at most 10: the
+first call runs what fits in --budget-s (480 s; a section is skipped when less is left than
+its estimate), and a second call on the same warm machine resumes it, keeping what the first
+finished (the checkpoint, the kernel table and that call's JSON stay in --work):
 
-    python3 -m bench.device.check --only hardware kernels checkpoint engine peer
-    python3 -m bench.device.check --only hardware checkpoint gpu_suite served plan \
-        --out $OUT/served.json
+    python3 -m bench.device.check                                # call 1, timeout 600
+    python3 -m bench.device.check --resume --budget-s 240        # call 2: the rest
+
+The checkpoint (16 GB to write) is drawn and written in a thread while the kernels are
+tuned, so the engine section is the first to wait for it.
 
 The dry run takes the same code paths on the CPU with the tiny model (Triton under its
 interpreter), so the CPU suite knows the script works before it meets a GPU.
@@ -53,6 +56,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +65,9 @@ import torch
 
 from bench.device import figures, targets
 from bench.device import tuning as tuned_launches
+
+LAST_CALL = "last_check.json"
+"""The latest call's report in the work folder: what --resume keeps."""
 
 
 @dataclass
@@ -80,10 +87,13 @@ class Run:
         return self.budget_s - (time.monotonic() - self.start)
 
     def save(self) -> None:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.report, indent=2, default=str))
-        tmp.replace(self.out)
+        """The report, to `out` and (for a later call's --resume) to the work folder."""
+        text = json.dumps(self.report, indent=2, default=str)
+        for path in (self.out, self.work / LAST_CALL):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,10 @@ class Section:
     estimate_s: float
     """Device seconds it is expected to take (skipped when less is left)."""
     run: Callable[[Run], dict[str, Any]]
+    beside: str | None = None
+    """The section this one runs beside, in a thread started with it: work that keeps the
+    device idle (the checkpoint's 16 GB go to disk) waits for none; its own place in the
+    order is where it is waited for."""
 
 
 def _device(run: Run) -> torch.device:
@@ -183,12 +197,12 @@ def plan(run: Run) -> dict[str, Any]:
 SECTIONS = [
     Section("hardware", 10, hardware),
     Section("kernels", 70, kernels),
-    Section("checkpoint", 60, checkpoint),
+    Section("checkpoint", 60, checkpoint, beside="kernels"),
     Section("engine", 120, engine),
     Section("peer", 90, peer),
-    Section("gpu_suite", 120, gpu_suite),
     Section("served", 120, served),
     Section("plan", 90, plan),
+    Section("gpu_suite", 120, gpu_suite),
 ]
 
 
@@ -213,40 +227,79 @@ def describe_host(dry_run: bool) -> dict[str, Any]:
     return host
 
 
+def finished_earlier(work: Path) -> dict[str, dict[str, Any]]:
+    """The sections the last call in `work` finished (neither failed nor skipped)."""
+    path = work / LAST_CALL
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    when = earlier.get("host", {}).get("date")
+    return {
+        name: {**result, "kept_from": when}
+        for name, result in earlier.get("sections", {}).items()
+        if "error" not in result and "skipped" not in result
+    }
+
+
 def check(
     out: Path,
     dry_run: bool,
     budget_s: float,
     only: list[str] | None = None,
     work: Path | None = None,
+    resume: bool = False,
 ) -> Run:
+    """Run the sections (`only` these, if given; with `resume`, not those the last call in
+    `work` finished, whose results it keeps)."""
     run = Run(out, dry_run, budget_s, work or out.parent / "work")
+    kept = finished_earlier(run.work) if resume else {}
     if not dry_run:
         tuned_launches.name_earlier_table(run.work)
     run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
     run.save()
-    for section in SECTIONS:
-        if only and section.name not in only:
-            continue
-        started = time.monotonic()
-        if run.left_s() < section.estimate_s:
-            result: dict[str, Any] = {
-                "skipped": f"{run.left_s():.0f} s left, needs ~{section.estimate_s:.0f}"
-            }
-        else:
-            print(f"[{time.monotonic() - run.start:6.1f} s] {section.name}", flush=True)
-            try:
-                result = section.run(run)
-            except Exception as e:  # a section's failure is a finding, not the end
-                result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        result["took_s"] = round(time.monotonic() - started, 2)
-        run.report["sections"][section.name] = result
-        run.save()
+    chosen = [s for s in SECTIONS if not only or s.name in only]
+    started: dict[str, Future[dict[str, Any]]] = {}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for section in chosen:
+            if section.name in kept:
+                run.report["sections"][section.name] = kept[section.name]
+                run.save()
+                continue
+            section_starts = run.left_s() >= section.estimate_s
+            for other in chosen:
+                if other.beside == section.name and other.name not in kept and section_starts:
+                    started[other.name] = pool.submit(other.run, run)
+            result = _run_section(run, section, started.pop(section.name, None))
+            run.report["sections"][section.name] = result
+            run.save()
     run.report["total_s"] = round(time.monotonic() - run.start, 1)
     run.report["targets"] = targets.evaluate(run.report)
     run.save()
     print(figures.table(run.report))
     return run
+
+
+def _run_section(
+    run: Run, section: Section, started: Future[dict[str, Any]] | None
+) -> dict[str, Any]:
+    """The section's result, or why it has none; `started`: it runs already, beside another."""
+    begun = time.monotonic()
+    if started is None and run.left_s() < section.estimate_s:
+        result: dict[str, Any] = {
+            "skipped": f"{run.left_s():.0f} s left, needs ~{section.estimate_s:.0f}"
+        }
+    else:
+        print(f"[{time.monotonic() - run.start:6.1f} s] {section.name}", flush=True)
+        try:
+            if started is None:
+                result = section.run(run)
+            else:
+                result = started.result(timeout=max(1.0, run.left_s()))
+                result["beside"] = section.beside
+        except Exception as e:  # a section's failure is a finding, not the end
+            result = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+    result["took_s"] = round(time.monotonic() - begun, 2)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s", type=float, default=480.0, help="stop starting sections past this"
     )
     parser.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SECTIONS])
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the last call's finished sections (in --work)")  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path("/tmp/baton-device-check"),
                         help="the checkpoint (16 GB on the device) and charts")  # fmt: skip
     args = parser.parse_args(argv)
@@ -267,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("bench.device.check: no CUDA device; --dry-run runs it on the CPU")
         return 2
-    run = check(args.out, args.dry_run, args.budget_s, args.only, args.work)
+    run = check(args.out, args.dry_run, args.budget_s, args.only, args.work, args.resume)
     failed = [n for n, r in run.report["sections"].items() if "error" in r]
     return 1 if failed else 0
 

@@ -20,6 +20,7 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     assert report == json.loads(json.dumps(run.report, default=str))
     sections = report["sections"]
     assert list(sections) == [s.name for s in SECTIONS]
+    assert sections["checkpoint"]["beside"] == "kernels"  # drawn while the kernels were tuned
     failed = {n: s.get("error") or s.get("skipped") for n, s in sections.items()
               if "error" in s or "skipped" in s}  # fmt: skip
     assert not failed, failed
@@ -93,3 +94,26 @@ def test_targets_read_the_figures_they_name() -> None:
     # batched 3.33x held, attention held, served 4 ms over the step held, the plan's TTFT
     # 10% under the served one held, its ITL 20% over missed.
     assert held == [True, False, True, True, False, True, True, True, True, False]
+
+
+def test_a_second_call_keeps_what_the_first_finished_and_runs_the_rest(tmp_path) -> None:
+    work = tmp_path / "work"
+    # The first call's budget covers the copy and matmul rates, not the checkpoint.
+    first = check(tmp_path / "a.json", True, budget_s=40, only=["hardware", "checkpoint"],
+                  work=work)  # fmt: skip
+    assert first.report["sections"]["hardware"]["copy_gb_s"] > 0
+    assert "skipped" in first.report["sections"]["checkpoint"]
+
+    second = check(tmp_path / "b.json", True, budget_s=600, only=["hardware", "checkpoint"],
+                   work=work, resume=True)  # fmt: skip
+    hardware, made = second.report["sections"]["hardware"], second.report["sections"]["checkpoint"]
+    assert hardware["kept_from"] == first.report["host"]["date"]
+    assert {k: v for k, v in hardware.items() if k != "kept_from"} == json.loads(
+        json.dumps(first.report["sections"]["hardware"])
+    )
+    assert "kept_from" not in made and (work / "checkpoint" / "config.json").exists()
+    assert json.loads((tmp_path / "b.json").read_text())["sections"]["checkpoint"]["path"]
+
+    # Without --resume, everything chosen runs again.
+    third = check(tmp_path / "c.json", True, budget_s=600, only=["hardware"], work=work)
+    assert "kept_from" not in third.report["sections"]["hardware"]
