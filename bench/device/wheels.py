@@ -14,8 +14,9 @@ cluster never loads, so it travels without it (and without the dashboard's sourc
 ~44 MiB. A GPU cache moves between workers over NIXL or UCX only, and neither fits beside
 Ray: NIXL's CUDA 13 wheel is 56 MiB (17 without its expert-parallel torch extensions and
 the plugins Baton does not load, which with Ray and the rest is still ~61 MiB of wheels
-beside a ~7 MiB tree), UCX's 43. So the device serves unified with these wheels, and 1P+1D
-waits for a host with Ray or NIXL installed (the served section says so and skips it).
+beside a ~7 MiB tree), UCX's 43. So with these wheels a 1P+1D pair sharing the GPU moves its
+KV over CUDA IPC (kv_transfer/cuda_ipc_driver.py); NIXL's own path waits for a host that has
+it.
 
 Checked here on Python 3.12 with these wheels and the host's own packages beside them (click,
 aiohttp, grpcio, anyio, annotated-doc, ...): the slimmed Ray starts a local cluster and runs
