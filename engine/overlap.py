@@ -19,8 +19,9 @@ that token is dropped, and its blocks are freed once step N+1 has run (a transfe
 freed block must not race the step still writing its last slot). A request whose length
 ends it after step N's token runs no step ahead at all. The sampled tokens and logprobs come
 to the host by copies queued on the stream; nothing else in a step's sampling reads the
-device's values on CUDA (a top-p-only row's nucleus comes from sorting its row there, not
-from a check on the host whether its best 1024 tokens hold it: engine/sampling/filters.py).
+device's values on CUDA (a top-p-only row's nucleus threshold comes from a Triton kernel
+there, not from a check on the host whether its best 1024 tokens hold it:
+engine/sampling/filters.py, engine/kernels/nucleus.py).
 """
 
 from __future__ import annotations
