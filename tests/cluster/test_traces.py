@@ -155,7 +155,8 @@ def test_one_disaggregated_request_is_one_connected_trace(
     root_s = (root.end_ns - root.start_ns) / 1e9
     assert root_s >= 0.95 * e2e_s - CLIENT_SLACK_S, (root_s, e2e_s)
     children = [(s.start_ns, s.end_ns) for s in spans if s is not root]
-    assert union_s(children, root.start_ns, root.end_ns) >= 0.95 * root_s
+    # Between the children, the door's own few lines, which a loaded host can stall alike.
+    assert union_s(children, root.start_ns, root.end_ns) >= 0.95 * root_s - CLIENT_SLACK_S
     # Routing says what it chose and from what; the transfer what it moved, and how.
     route = next(s for s in spans if s.name == SpanName.ROUTE)
     worker_ids = {m.worker_id for m in cluster.membership.workers.values()}
@@ -248,7 +249,7 @@ def test_a_retry_after_a_worker_dies_shows_in_the_trace(traced, receiver, caplog
     rid = uuid.uuid4().hex
     headers = {"traceparent": f"00-{trace_id}-1111111111111111-01", "X-Request-Id": rid}
     payload = {"model": cluster.backend.model_name, "messages": MESSAGES, "stream": True,
-               "max_tokens": 120, "ignore_eos": True, "temperature": 0.0}  # fmt: skip
+               "max_tokens": 600, "ignore_eos": True, "temperature": 0.0}  # fmt: skip
 
     def mine(spans: list[ReceivedSpan], name: str) -> list[ReceivedSpan]:
         return [s for s in spans if s.trace_id == trace_id and s.name == name]
@@ -265,7 +266,8 @@ def test_a_retry_after_a_worker_dies_shows_in_the_trace(traced, receiver, caplog
             chunks += text.startswith("data: {")
             if chunks == 10:
                 break
-        # The decode worker streaming it, as its routing span says: the one to kill.
+        # The decode worker streaming it, as its routing span says: the one to kill (while
+        # the 590 tokens left, ~1 s, still run: the spans' flush and poll come first).
         assert cluster.tracing.flush(FLUSH_TIMEOUT_S)
         spans = receiver.wait_for(lambda spans: bool(mine(spans, SpanName.ROUTE)))
         victim_id = mine(spans, SpanName.ROUTE)[0].attributes["baton.route.decode_worker"]
@@ -274,7 +276,7 @@ def test_a_retry_after_a_worker_dies_shows_in_the_trace(traced, receiver, caplog
             pass
     line = trace_id_of_log(caplog, rid)
     assert line["trace_id"] == trace_id
-    assert line["retries"] >= 1 and line["output_tokens"] == 120
+    assert line["retries"] >= 1 and line["output_tokens"] == 600
     assert cluster.tracing.flush(FLUSH_TIMEOUT_S)
     spans = receiver.wait_for(
         lambda spans: len(mine(spans, SpanName.ATTEMPT)) >= 2 and bool(mine(spans, SpanName.FINISH))

@@ -85,5 +85,6 @@ def test_the_serving_loop_counts_its_time_between_steps_apart(tiny_model_dir) ->
         engine.stop()
     # Six steps with work; a pause after each of the first five comes before another step.
     assert t.steps == 6
-    assert 5 * pause_s <= engine.between_s < 6 * pause_s + t.busy_s()
+    # Not the steps' time: at most a pause more (and a loaded host's oversleeping).
+    assert 5 * pause_s <= engine.between_s < 6 * pause_s + t.busy_s() + 0.05
     assert t.between_s == 0.0  # the engine's own totals are its steps'; the worker adds it

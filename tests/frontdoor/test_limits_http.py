@@ -18,7 +18,7 @@ import pytest
 from router.cli.serve_args import add_serve_arguments, door_limits
 from router.frontdoor.http.app import create_app
 from router.frontdoor.http.guard import DoorGuard
-from router.frontdoor.limits import DoorLimits
+from router.frontdoor.limits import DoorControls, DoorLimits
 from tests.frontdoor.conftest import wait_until_idle
 from tests.support.http_server import HTTPServerThread
 from tests.support.local_backend import LocalBackend
@@ -32,6 +32,8 @@ class CountingBackend:
         self.inner = inner
         self.delay_s = delay_s
         self.num_requests = 0
+        self.controls: DoorControls | None = None
+        """The door's live limits (the fixture's door)."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -49,7 +51,8 @@ def door(backend: LocalBackend) -> Iterator[Callable[..., tuple[HTTPServerThread
 
     def start(**limits: Any) -> tuple[HTTPServerThread, CountingBackend]:
         counting = CountingBackend(backend)
-        app = create_app(counting, None, admin_token="x", limits=DoorLimits(**limits))  # type: ignore[arg-type]
+        counting.controls = DoorControls(DoorLimits(**limits))
+        app = create_app(counting, None, admin_token="x", limits=counting.controls)  # type: ignore[arg-type]
         servers.append(HTTPServerThread(app).start())
         return servers[-1], counting
 
@@ -139,21 +142,25 @@ def test_a_queued_request_runs_when_a_slot_frees(door, backend) -> None:
 
 
 def test_the_admission_queue_is_bounded_in_size_and_time(door, backend) -> None:
-    server, counting = door(max_concurrent=1, max_queued=1, queue_timeout_s=0.5)
+    # The held stream's 200 deltas take 4 s: longer than the queue's wait.
+    server, counting = door(max_concurrent=1, max_queued=1, queue_timeout_s=1.0)
+    admission = counting.controls.admission
     result: list[httpx.Response] = []
     with HeldStream(server, body(backend, **LONG)):
         start = time.monotonic()
         waiter = threading.Thread(target=lambda: result.append(post(server, body(backend))))
         waiter.start()
-        waiter.join(0.2)
+        while admission.num_waiting == 0 and waiter.is_alive():
+            assert time.monotonic() - start < 10, "the second request never queued"
+            time.sleep(0.01)
         r = post(server, body(backend))  # the queue (1) is taken: refused at once
         error = assert_refused(r, 503, "server_overloaded", "service_unavailable")
-        assert "at capacity" in error["message"] and int(r.headers["Retry-After"]) >= 1
+        assert "1 waiting" in error["message"] and int(r.headers["Retry-After"]) >= 1
         waiter.join(10)
         waited_s = time.monotonic() - start
     error = assert_refused(result[0], 503, "server_overloaded", "service_unavailable")
-    assert "within 0.5 s" in error["message"]
-    assert 0.5 <= waited_s < 5
+    assert "within 1 s" in error["message"]
+    assert 1.0 <= waited_s < 10
     assert counting.num_requests == 1
 
 

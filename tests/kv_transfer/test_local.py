@@ -76,7 +76,7 @@ def test_concurrent_requests_land_exactly(sides) -> None:
 
 def test_deadline_fails_both_sides_and_runs_hooks(sides) -> None:
     prefill, decode, to_decode = sides
-    decode.transport.expect("slow", [3, 4], timeout_s=0.3)
+    decode.transport.expect("slow", [3, 4], timeout_s=2.0)  # layer 0 lands well before
     prefill.transport.send("slow", [0, 1], to_decode, [3, 4], [0], timeout_s=10)
     result = decode.transport.wait("slow", Role.RECV, 10)
     assert not result.ok and "1/3 layers landed" in (result.error or "")

@@ -100,7 +100,8 @@ def test_a_full_area_refuses_and_every_ending_frees_it(workers, loop_thread) -> 
         waiting = [request(f"w{i}", 60, seed=10 + i) for i in range(3)]
         for req in waiting[:2]:
             await decode.reserve(req, TIMEOUT_S, prefill.worker_id)
-        await decode.reserve(waiting[2], 0.3, prefill.worker_id)  # times out on its own
+        # Times out on its own, after the two checks below.
+        await decode.reserve(waiting[2], 2.0, prefill.worker_id)
         assert await staged(decode) == AREA_BLOCKS
         with pytest.raises(KVCapacityError, match="landing area of an unlike prefill worker"):
             await decode.reserve(request("full", 20, seed=20), TIMEOUT_S, prefill.worker_id)

@@ -166,7 +166,8 @@ def test_no_destination_in_time_fails_the_transfer_and_frees_the_blocks(
     req = request("lost", seed=3, max_tokens=4)
 
     async def scenario() -> None:
-        await prefill.prefill(req, "d0", None, 0, 0.3)
+        # 2 s: the first step's token and the read below come well before the wait ends.
+        await prefill.prefill(req, "d0", None, 0, 2.0)
         assert await on_engine(prefill, lambda r: r.engine.kv.pool.num_used_blocks) > 0
         await settled(prefill)  # the wait ran out: the transfer failed, the blocks went back
         assert await on_engine(prefill, lambda r: not r.connector.awaiting)
