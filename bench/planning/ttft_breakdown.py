@@ -7,9 +7,10 @@ counters over the request) beside the client's TTFT.
 
 Per span (service, name): the median offset of its start from the door's root span and its
 median duration, over the requests; and the medians of the client's TTFT, the engine's
-busy seconds while the request ran, and their difference (the served path's share). The
-device check (bench/device/served.py) runs it on the GPU beside the rate sweep; here it
-starts its own server with the receiver in this process.
+busy seconds while the request ran, and their difference (the served path's share); and the
+two edges no span holds: the client's send to the door's root span, and the door's first
+token to the client's. The device check (bench/device/served.py) runs it on the GPU beside
+the rate sweep; here it starts its own server with the receiver in this process.
 """
 
 from __future__ import annotations
@@ -86,10 +87,38 @@ def breakdown(samples: list[dict[str, Any]], spans: list[Any]) -> dict[str, Any]
                      "duration_ms": statistics.median(x[1] for x in v)})  # fmt: skip
     rows.sort(key=lambda r: r["start_ms"])
     ttft = statistics.median(s["ttft_s"] for s in samples) * 1e3
+    edges = _edges(samples, traces)
     engine = statistics.median(s["engine_s"] for s in samples) * 1e3
     outside = statistics.median((s["ttft_s"] - s["engine_s"]) * 1e3 for s in samples)
     return {"requests": len(samples), "ttft_p50_ms": ttft, "engine_p50_ms": engine,
-            "outside_engine_p50_ms": outside, "spans": rows}  # fmt: skip
+            "outside_engine_p50_ms": outside, **edges, "spans": rows}  # fmt: skip
+
+
+def _edges(samples: list[dict[str, Any]], traces: dict[str, list[Any]]) -> dict[str, float]:
+    """What the spans cannot show, from each sample's own trace (the first root after it was
+    sent): the client's send to the door's root span (the client, the HTTP server and the
+    middleware before the door's), and the end of the door's first-token span to the
+    client's first token (the reply written out and read)."""
+    roots = sorted(
+        (s for spans in traces.values() for s in spans if s.name == "baton.request"),
+        key=lambda s: s.start_ns,
+    )
+    to_door, to_client = [], []
+    for sample in samples:
+        root = next((r for r in roots if r.start_ns >= sample["sent_ns"]), None)
+        if root is None:
+            continue
+        to_door.append((root.start_ns - sample["sent_ns"]) / 1e6)
+        first = [s for s in traces[root.trace_id] if s.name == "first_token"]
+        if first:
+            got_ns = sample["sent_ns"] + sample["ttft_s"] * 1e9
+            to_client.append((got_ns - first[0].end_ns) / 1e6)
+    edges = {}
+    if to_door:
+        edges["client_to_door_p50_ms"] = statistics.median(to_door)
+    if to_client:
+        edges["first_token_to_client_p50_ms"] = statistics.median(to_client)
+    return edges
 
 
 def table(result: dict[str, Any]) -> str:
@@ -98,6 +127,12 @@ def table(result: dict[str, Any]) -> str:
         f"outside the engine {result['outside_engine_p50_ms']:.2f} ms "
         f"({result['requests']} requests)"
     ]
+    if "client_to_door_p50_ms" in result:
+        lines.append(f"  the client's send to the door's root span: "
+                     f"{result['client_to_door_p50_ms']:.2f} ms")  # fmt: skip
+    if "first_token_to_client_p50_ms" in result:
+        lines.append(f"  the door's first token to the client's: "
+                     f"{result['first_token_to_client_p50_ms']:.2f} ms")  # fmt: skip
     for r in result["spans"]:
         lines.append(f"  {r['service']:<14} {r['span']:<22} at {r['start_ms']:7.2f}  "
                      f"for {r['duration_ms']:7.2f} ms")  # fmt: skip

@@ -21,6 +21,7 @@ def test_spans_are_placed_from_their_own_root() -> None:
         span("old", "baton-router", "baton.request", -50, -40),  # before the samples: out
         span("a", "baton-router", "baton.request", 0, 12),
         span("a", "baton-unified", "prefill", 3, 4),
+        span("a", "baton-router", "first_token", 5, 10),
         span("b", "baton-router", "baton.request", 100, 110),
         span("b", "baton-unified", "prefill", 105, 105.5),
     ]
@@ -36,3 +37,8 @@ def test_spans_are_placed_from_their_own_root() -> None:
     prefill = rows[("baton-unified", "prefill")]
     assert prefill["start_ms"] == 4.0 and prefill["duration_ms"] == 0.75
     assert "outside the engine 6.50 ms" in table(result)
+    # Sent 1 ms before their roots; a's first token reached the client 1 ms after the door's
+    # first-token span ended (b has none).
+    assert result["client_to_door_p50_ms"] == 1.0
+    assert result["first_token_to_client_p50_ms"] == 1.0
+    assert "to the client's: 1.00 ms" in table(result)
