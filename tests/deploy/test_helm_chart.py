@@ -31,7 +31,10 @@ VARIANTS = {
     "gpu-tp2": load_values("gpu-tp2-values.yaml"),
     # The colocated baseline: every worker asks for `unified`, so both groups offer it.
     "unified": {"serve": {"mode": "unified"}},
-}
+    # Two workers on each GPU: one-GPU pods of two workers each.
+    "shared-gpus": {"serve": {"gpusPerWorker": 0.5}, "prefill": {"gpu": {"count": 1}},
+                    "decode": {"gpu": {"count": 1}}},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
@@ -120,8 +123,12 @@ def test_pools_are_pinned_and_sized(variant) -> None:
         per_pod = resources[resource]
         gpus = pool["gpu"]["count"]
         assert group["rayStartParams"]["num-gpus"] == str(gpus)
+        share = values["serve"]["gpusPerWorker"]
+        assert args.gpus_per_worker == share
         if pool["workersPerPod"]:
             assert per_pod == pool["workersPerPod"]
+        elif gpus and share < 1:
+            assert per_pod == int(gpus / share)  # the workers sharing each GPU
         elif gpus:
             assert per_pod * tp == gpus
         else:
@@ -218,6 +225,7 @@ def test_generated_admin_token_is_random_per_install() -> None:
     ("values", "message"),
     [
         ({"serve": {"tp": 3}}, "must be a multiple of serve.tp"),
+        ({"serve": {"tp": 2, "gpusPerWorker": 0.5}}, "takes whole GPUs"),
         ({"prefill": {"minReplicas": 5}}, "minReplicas must not exceed"),
         ({"redis": {"enabled": True, "externalUrl": "redis://r:6379/0"}}, "only one of redis"),
     ],
@@ -234,6 +242,7 @@ def test_inconsistent_values_fail_with_a_clear_message(values, message) -> None:
         {"serve": {"mode": "colocated"}},
         {"prefill": {"gpu": {"count": -1}}},
         {"model": {"source": "s3"}},
+        {"serve": {"gpusPerWorker": 1.5}},
     ],
 )
 def test_values_schema_rejects_bad_values(values) -> None:
@@ -273,6 +282,16 @@ def test_cuda_graphs_value_reaches_the_engine_config(cuda_graphs: bool) -> None:
 
     args, _ = _head_serve(render({"serve": {"cudaGraphs": cuda_graphs}}))
     assert build_spec(args, args.model).engine.cuda_graphs is cuda_graphs
+
+
+def test_gpus_per_worker_reaches_the_cluster_spec() -> None:
+    from router.cli.serve import build_spec
+
+    values = VARIANTS["shared-gpus"]
+    args, _ = _head_serve(render(values))
+    spec = build_spec(args, args.model)
+    assert spec.gpus_per_worker == 0.5
+    assert (args.prefill, args.decode) == (2, 2)  # one pod a pool, two workers on its GPU
 
 
 @pytest.mark.parametrize("quantization", [None, "int8", "w8a8"])

@@ -93,16 +93,23 @@ data:
 
 {{/*
 Baton workers one pod of a pool holds: workersPerPod when set, else GPUs per pod / TP
-(each worker asks Ray for `tp` GPUs and one unit of the pool's custom resource), else 1
-on a CPU pool. Call with (dict "pool" .Values.prefill "tp" .Values.serve.tp "role" "prefill").
+(each worker asks Ray for `tp` GPUs and one unit of the pool's custom resource), or, with
+serve.gpusPerWorker under 1, GPUs per pod / gpusPerWorker (workers sharing a GPU), else 1
+on a CPU pool. Call with (dict "pool" .Values.prefill "serve" .Values.serve "role" "prefill").
 */}}
 {{- define "baton.workersPerPod" -}}
-{{- $tp := int .tp }}
+{{- $tp := int .serve.tp }}
+{{- $share := float64 .serve.gpusPerWorker }}
 {{- $gpus := int .pool.gpu.count }}
+{{- if and (lt $share 1.0) (gt $tp 1) }}
+{{- fail (printf "serve.gpusPerWorker (%v) shares a GPU between workers; a worker of several TP ranks takes whole GPUs (set gpusPerWorker 1 or tp 1)" .serve.gpusPerWorker) }}
+{{- end }}
 {{- if gt (int .pool.workersPerPod) 0 }}
 {{- int .pool.workersPerPod }}
 {{- else if eq $gpus 0 }}
 {{- 1 }}
+{{- else if lt $share 1.0 }}
+{{- int (floor (divf $gpus $share)) }}
 {{- else if or (lt $gpus $tp) (ne (mod $gpus $tp) 0) }}
 {{- fail (printf "%s.gpu.count (%d) must be a multiple of serve.tp (%d)" .role $gpus $tp) }}
 {{- else }}
@@ -177,8 +184,8 @@ in the RayCluster object.
 {{- define "baton.serveArgs" -}}
 {{- $prefillPods := int .Values.prefill.replicas }}
 {{- $decodePods := int .Values.decode.replicas }}
-{{- $prefillPer := include "baton.workersPerPod" (dict "pool" .Values.prefill "tp" .Values.serve.tp "role" "prefill") | int }}
-{{- $decodePer := include "baton.workersPerPod" (dict "pool" .Values.decode "tp" .Values.serve.tp "role" "decode") | int }}
+{{- $prefillPer := include "baton.workersPerPod" (dict "pool" .Values.prefill "serve" .Values.serve "role" "prefill") | int }}
+{{- $decodePer := include "baton.workersPerPod" (dict "pool" .Values.decode "serve" .Values.serve "role" "decode") | int }}
 - baton
 - serve
 - --address
@@ -243,6 +250,8 @@ in the RayCluster object.
 {{- end }}
 - --gpu-memory-utilization
 - {{ .Values.serve.gpuMemoryUtilization | quote }}
+- --gpus-per-worker
+- {{ .Values.serve.gpusPerWorker | quote }}
 - --max-num-seqs
 - {{ .Values.serve.maxNumSeqs | quote }}
 - --max-num-batched-tokens

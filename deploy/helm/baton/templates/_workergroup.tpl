@@ -1,7 +1,8 @@
 {{/*
 One worker group of the RayCluster: the pods of one pool. Each pod is one Ray node that
 advertises `num-gpus` GPUs and `<role>: workersPerPod` of the pool's custom resource; a
-Baton worker asks for `tp` GPUs (on CUDA) plus one `<role>`, so the pool controller's actors land
+Baton worker asks for `tp` GPUs (on CUDA; serve.gpusPerWorker of one when under 1) plus one
+`<role>`, so the pool controller's actors land
 only on their own pool's nodes, at most workersPerPod of them per pod.
 Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
 */}}
@@ -10,7 +11,7 @@ Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
 {{- $pool := .pool }}
 {{- $role := .role }}
 {{- $gpus := int $pool.gpu.count }}
-{{- $perPod := include "baton.workersPerPod" (dict "pool" $pool "tp" $root.Values.serve.tp "role" $role) | int }}
+{{- $perPod := include "baton.workersPerPod" (dict "pool" $pool "serve" $root.Values.serve "role" $role) | int }}
 {{- /* In unified mode every worker runs both phases and asks for `unified` instead. */}}
 {{- $resource := ternary "unified" $role (eq $root.Values.serve.mode "unified") }}
 {{- if gt (int $pool.minReplicas) (int $pool.replicas) }}
