@@ -2,8 +2,8 @@
 One worker group of the RayCluster: the pods of one pool. Each pod is one Ray node that
 advertises `num-gpus` GPUs and `<role>: workersPerPod` of the pool's custom resource; a
 Baton worker asks for `tp` GPUs (on CUDA; serve.gpusPerWorker of one when under 1) plus one
-`<role>`, so the pool controller's actors land
-only on their own pool's nodes, at most workersPerPod of them per pod.
+`<role>`, so the pool controller's actors land only on their own pool's nodes, at most
+workersPerPod of them per pod.
 Call with (dict "root" $ "role" "prefill" "pool" .Values.prefill).
 */}}
 {{- define "baton.workerGroup" -}}
