@@ -223,6 +223,7 @@ class DecodeGraphs:
         max_batch: int,
         max_model_len: int,
         block_size: int,
+        dtype: torch.dtype,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -241,7 +242,8 @@ class DecodeGraphs:
             self.block_tables = torch.full(
                 (n, self.max_blocks_per_seq), scratch, dtype=torch.long, device=dev
             )
-            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
+            # The activations' dtype: a quantized cache holds int8 / fp8, the hidden states not.
+            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=dtype, device=dev)
             max_context = self.max_blocks_per_seq * block_size
             workspaces = split_workspaces({s: s for s in self.sizes}, model, max_context, dev)
             forwards = {s: self._forward_fn(s, workspaces[s]) for s in self.sizes}

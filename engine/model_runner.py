@@ -269,6 +269,7 @@ class ModelRunner:
                 max_batch=min(config.max_num_seqs, config.max_num_batched_tokens),
                 max_model_len=max_model_len,
                 block_size=self.block_size,
+                dtype=self.dtype,
             )
         if self.model.model.layers[0].self_attn.backend.step_graphs:
             self.step_graphs = StepGraphs(
@@ -280,6 +281,7 @@ class ModelRunner:
                 max_model_len=max_model_len,
                 block_size=self.block_size,
                 scratch_block=self.kv_cache.shape[1] - NUM_SCRATCH_BLOCKS,
+                dtype=self.dtype,
             )
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:

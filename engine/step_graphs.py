@@ -73,6 +73,7 @@ class StepGraphs:
         max_model_len: int,
         block_size: int,
         scratch_block: int,
+        dtype: torch.dtype,
     ) -> None:
         self.model = model
         self.kv_cache = kv_cache
@@ -98,7 +99,8 @@ class StepGraphs:
             # one int32 buffer, so a step's chunk layout is one copy.
             self.index = torch.zeros(3 * c + 2 * self.max_tiles, dtype=torch.int32, device=dev)
             self.chunk_tables = torch.zeros(c, width, dtype=torch.long, device=dev)
-            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=kv_cache.dtype, device=dev)
+            # The activations' dtype: a quantized cache holds int8 / fp8, the hidden states not.
+            self.hidden = torch.zeros(n, model.config.hidden_size, dtype=dtype, device=dev)
             self._host_index = torch.zeros(self.index.shape, dtype=torch.int32)
             rows = {t: min(t, self.max_decodes) for t in self.sizes}
             workspaces = split_workspaces(rows, model, width * block_size, dev)

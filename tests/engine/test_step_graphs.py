@@ -176,3 +176,18 @@ def test_a_prefill_engine_sends_each_layer_from_its_replay(tiny_model_dir, trito
     for i in range(layers):
         assert torch.equal(connector.seen[i], prefill.runner.kv_cache[i, connector.blocks])
         assert not (connector.seen[i] == SENTINEL).any()  # every slot of the prompt written
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_a_quantized_cache_replays_as_it_runs_eagerly(
+    tiny_model_dir, triton, kv_cache_dtype
+) -> None:
+    # The graphs' hidden states are the model's activations, whatever the cache holds.
+    model_dir = tiny_model_dir("llama")
+    prompts = [make_prompts(64)[i] for i in (7, 11)]
+    eager = make_engine(model_dir, None, kv_cache_dtype=kv_cache_dtype, cuda_graphs=False)
+    capturer = CountingCapturer()
+    graphs = make_engine(model_dir, capturer, kv_cache_dtype=kv_cache_dtype)
+    assert graphs.runner.step_graphs is not None and graphs.runner.decode_graphs is not None
+    assert steps_until_done(graphs, prompts, "g") == steps_until_done(eager, prompts, "e")
+    assert sum(capturer.by_bucket(graphs).values()) and sum(capturer.by_size(graphs).values())
