@@ -58,6 +58,10 @@ class LaunchedStep:
     batch: ScheduledBatch
     to_sample: list[tuple[Request, int]]
     sampled: Sampled | None
+    ran: torch.cuda.Event | None = None
+    """A step that samples nothing, on CUDA: an event after its forward, which `tokens()`
+    waits for, so the blocks freed after it (engine/overlap.py) reach no transfer (which no
+    stream orders after the step) while it still writes them."""
 
     def row_of(self) -> dict[Request, int]:
         """Each request's row in `sampled.tokens` (its token after its last one)."""
@@ -65,12 +69,23 @@ class LaunchedStep:
 
     def tokens(self) -> list[SampledToken]:
         if self.sampled is None:
+            if self.ran is not None:
+                self.ran.synchronize()
             return []
         out = self.sampled.result()
         return [
             SampledToken(r, t, lp)
             for (r, _), t, lp in zip(self.to_sample, out.token_ids, out.logprobs, strict=True)
         ]
+
+
+def _recorded(t: torch.Tensor) -> torch.cuda.Event | None:
+    """An event after the work queued so far (on CUDA; None elsewhere)."""
+    if not t.is_cuda:
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
@@ -106,6 +121,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.tp = tp
         self.attention_backend = attention_backend
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # streams, events and Triton launches use it
         if device_memory is None and device.type == "cuda":
             # Made before anything is allocated: a shared device's other workers are seen.
             device_memory = CudaMemory(device, shared=config.gpu_fraction < 1)
@@ -234,7 +251,7 @@ class ModelRunner:
         if prompt_logprobs:
             self._prompt_logprobs(batch, hidden)
         if not to_sample:
-            return LaunchedStep(batch, [], None)
+            return LaunchedStep(batch, [], None, _recorded(hidden))
         # In the model's dtype: the sampler widens them where it needs float32 (not for plain
         # greedy rows, whose argmax is the same on the exact bf16 values: 64 x 32,000 bf16
         # logits, widen + max 1.06 ms against max 0.77).

@@ -114,7 +114,9 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
 
     def disconnect(self, peer: str) -> None:
         self._messages.disconnect(peer)
-        self._peers.pop(peer, None)  # the last reference closes the IPC mapping
+        if self._peers.pop(peer, None) is not None:
+            # The last reference closes the IPC mapping: no copy queued from it may be left.
+            self._stream.synchronize()
 
     def _peer(self, peer: str) -> torch.Tensor:
         cache = self._peers.get(peer)
@@ -161,6 +163,10 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
 
     def state(self, op: Any) -> OpState:
         return OpState.DONE if op is None or op.query() else OpState.PENDING
+
+    def release(self, op: Any) -> bool:
+        """A copy still queued writes into blocks a failed transfer's hook would free."""
+        return op is None or op.query()
 
     def close(self) -> None:
         for peer in list(self._peers):

@@ -67,6 +67,8 @@ class _Arriving:
     route: _Route
     staged: list[int]
     first_token: int
+    read: torch.cuda.Event | None = None
+    """On CUDA, after the copies out of the area (queued behind the step in flight)."""
 
 
 class Landings:
@@ -189,6 +191,10 @@ class Landings:
         them as its own parts end could stage it elsewhere than its peers."""
         arriving = self._ended.pop(request_id, None)
         if arriving is not None:
+            if arriving.read is not None:
+                # The next prompt's transfer into these blocks is on no stream after the
+                # copies out of them: they must have run.
+                arriving.read.synchronize()
             arriving.route.areas[0][0].free[:0] = arriving.staged
 
     def num_staged(self) -> int:
@@ -233,6 +239,9 @@ class Landings:
             ]
             tokens = range(res.num_cached_tokens, res.num_tokens)
             land(self.cache, res.block_ids, self.heads, tokens, sources)
+            if self.cache.is_cuda:
+                arriving.read = torch.cuda.Event()
+                arriving.read.record()
         skip = res.num_cached_tokens // self.layout.block_size
         return TransferResult(
             ended.request_id, Role.RECV, ended.ok, ended.peer, tuple(res.block_ids[skip:]),

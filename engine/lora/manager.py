@@ -21,6 +21,7 @@ from torch import nn
 
 from core.errors import InvalidRequestError
 from core.lora import LoRARef
+from engine.device import host_to_device
 from engine.lora.adapter import TARGETS, LoRAAdapter, read_adapter
 from engine.lora.weights import LoRABatch, LoRAContext, LoRALinear, Rows
 from engine.request import Request
@@ -118,7 +119,7 @@ class LoRAManager:
             for (slot, _), runs in zip(groups, rows.values(), strict=True):
                 for start, end in runs:
                     slot_of[start:end] = [slot] * (end - start)
-            row_slots = torch.tensor(slot_of, dtype=torch.int32, device=device)
+            row_slots = host_to_device(slot_of, torch.int32, device)
         self.context.batch = LoRABatch(tuple(groups), row_slots)
         return self.context.batch
 
@@ -168,4 +169,4 @@ def _rows(runs: list[tuple[int, int]], device: torch.device) -> Rows:
     if len(merged) == 1:
         return slice(*merged[0])
     index = [i for start, end in runs for i in range(start, end)]
-    return torch.tensor(index, dtype=torch.long, device=device)
+    return host_to_device(index, torch.long, device)
