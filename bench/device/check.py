@@ -48,6 +48,8 @@ interpreter), so the CPU suite knows the script works before it meets a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import platform
@@ -63,7 +65,7 @@ from typing import Any
 
 import torch
 
-from bench.device import figures, targets
+from bench.device import figures, hf_peer, targets
 from bench.device import tuning as tuned_launches
 
 LAST_CALL = "last_check.json"
@@ -158,23 +160,25 @@ def gpu_suite(run: Run) -> dict[str, Any]:
 
 
 def peer(run: Run) -> dict[str, Any]:
-    out = run.out.parent / "peer.json"
+    out = run.work / "peer.json"
+    out.unlink(missing_ok=True)
     args = [sys.executable, "-m", "bench.device.hf_peer", str(_checkpoint(run)), "--out", str(out)]
     if run.dry_run:
         args.append("--dry-run")
-    timeout = max(30.0, run.left_s() - 20)
-    try:
-        subprocess.run(args, timeout=timeout, check=False)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        timed_out = True  # what it wrote so far stands
+    # At most 5 minutes: its compile is unbounded, and the later sections need the time.
+    timeout = max(30.0, min(run.left_s() - 20, 300.0))
+    returncode: int | None = None
+    with contextlib.suppress(subprocess.TimeoutExpired):  # what it wrote so far stands
+        returncode = subprocess.run(args, timeout=timeout, check=False).returncode
     result = json.loads(out.read_text()) if out.exists() else {}
-    rates = {k: v.get("tokens_s") for k, v in result.items() if isinstance(v, dict)}
-    return {
-        **result,
-        "timed_out": timed_out,
-        "headline": {f"{k}_tok_s": v for k, v in rates.items()},
-    }
+    runs = {k: v for k, v in result.items() if isinstance(v, dict)}
+    rates = {k: v.get("tokens_s") for k, v in runs.items()}
+    report = {**result, "timed_out": returncode is None, "returncode": returncode,
+              "headline": {f"{k}_tok_s": v for k, v in rates.items()}}  # fmt: skip
+    missing = [k for k in hf_peer.RUNS if k not in runs or "error" in runs[k]]
+    if missing and not run.dry_run:  # a later call's --resume runs it again
+        report["error"] = f"no figure for {', '.join(missing)} (exit {returncode})"
+    return report
 
 
 def served(run: Run) -> dict[str, Any]:
@@ -190,17 +194,17 @@ def plan(run: Run) -> dict[str, Any]:
 
     served_result = run.report["sections"].get("served", {})
     return planned.plan_against_served(
-        _checkpoint(run), served_result, run.out.parent, run.dry_run, run.left_s
+        _checkpoint(run), served_result, run.work, run.dry_run, run.left_s
     )
 
 
 SECTIONS = [
     Section("hardware", 10, hardware),
-    Section("kernels", 70, kernels),
+    Section("kernels", 120, kernels),
     Section("checkpoint", 60, checkpoint, beside="kernels"),
     Section("engine", 120, engine),
-    Section("peer", 90, peer),
-    Section("served", 120, served),
+    Section("peer", 180, peer),
+    Section("served", 300, served),
     Section("plan", 90, plan),
     Section("gpu_suite", 120, gpu_suite),
 ]
@@ -272,11 +276,20 @@ def check(
             result = _run_section(run, section, started.pop(section.name, None))
             run.report["sections"][section.name] = result
             run.save()
+            _free_device_memory(run)
     run.report["total_s"] = round(time.monotonic() - run.start, 1)
     run.report["targets"] = targets.evaluate(run.report)
     run.save()
     print(figures.table(run.report))
     return run
+
+
+def _free_device_memory(run: Run) -> None:
+    """What a section left (a failed one's traceback held its engine) goes back before the
+    next section's servers size their caches from the free memory."""
+    gc.collect()
+    if not run.dry_run:
+        torch.cuda.empty_cache()
 
 
 def _run_section(

@@ -179,13 +179,18 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
         out[name] = {"sizes": graphs.sizes, "capture_s": graphs.capture_s,
                      "graph_gib": None if used is None else used / 2**30}  # fmt: skip
     mc = engine.model_config
-    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     embed = mc.vocab_size * mc.hidden_size
+    # What a step reads: every weight but the embedding table, of which it reads a row a
+    # token (untied; a tied table is the LM head's, read whole).
+    untied = 0 if mc.tie_word_embeddings else embed
+    element = next(runner.model.parameters()).element_size()
+    weight_bytes = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    weight_bytes -= untied * element
     dense_params = sum(p.numel() for p in runner.model.parameters()) - 2 * embed
     kv_token_bytes = runner.kv_layout.block_bytes_all_layers // config.block_size
     copy_rate = rates.get("copy_gb_s", 0) * 1e9
     matmul_rate = rates.get("matmul_tflop_s", 0) * 1e12
-    out["weights_gib"] = weight_bytes / 2**30
+    out["weights_read_gib"] = weight_bytes / 2**30  # a decode step's, the floor's
     rng = random.Random(0)
     vocab = mc.vocab_size
     first_step = engine.step_totals.steps  # steps launched (a call may only land one)

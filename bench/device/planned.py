@@ -16,7 +16,6 @@ CPU on small shapes, without the transfer.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,30 +36,30 @@ TRANSFER_KEYS = ("transfer_gbps", "transfer_latency_ms", "transfer_source")
 def plan_against_served(
     model_dir: Path,
     served: dict[str, Any],
-    out_dir: Path,
+    work: Path,
     dry_run: bool,
     left_s: Callable[[], float],
 ) -> dict[str, Any]:
     kind = "dry" if dry_run else "full"
     device = serving.device_flags(dry_run)
-    profile = out_dir / "profile.json"
-    cli = [sys.executable, "-m", "router.cli"]
-    subprocess.run(
-        [*cli, "profile", "--model", str(model_dir), *device, *SHAPES[kind], "--out",
-         str(profile)],
-        timeout=max(30.0, left_s() - 40), check=True, capture_output=True, text=True,
+    profile = work / "profile.json"
+    # `baton profile` and `baton plan` by their modules: the device runs the tree uninstalled.
+    serving.run_tool(
+        [sys.executable, "-m", "planner.profile", "--model", str(model_dir), *device,
+         *SHAPES[kind], "--out", str(profile)],
+        timeout_s=max(30.0, left_s() - 40),
     )  # fmt: skip
     rates = [str(r) for r in served.get("rates", [])] or serving.RATES[kind]
-    plan_out = out_dir / "plan_1p1d.json"
+    plan_out = work / "plan_1p1d.json"
     overhead = served.get("request_overhead_1p1d") or {}
     measured_overhead = "local_ms" in overhead and "disagg_ms" in overhead
     overhead_flag = (["--request-overhead-ms", str(overhead["local_ms"]),
                       str(overhead["disagg_ms"])] if measured_overhead else [])  # fmt: skip
-    subprocess.run(
-        [*cli, "plan", "--profile", str(profile), "--prefill", "1", "--decode", "1",
-         *serving.WORKLOAD, "--rate", *rates, "--num-requests", REQUESTS[kind],
-         *overhead_flag, "--out", str(plan_out)],
-        timeout=max(30.0, left_s() - 10), check=True, capture_output=True, text=True,
+    serving.run_tool(
+        [sys.executable, "-m", "planner.plan", "--profile", str(profile), "--prefill", "1",
+         "--decode", "1", *serving.WORKLOAD, "--rate", *rates, "--num-requests",
+         REQUESTS[kind], *overhead_flag, "--out", str(plan_out)],
+        timeout_s=max(30.0, left_s() - 10),
     )  # fmt: skip
     profiled = json.loads(profile.read_text())
     planned = json.loads(plan_out.read_text())["runs"]

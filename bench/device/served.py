@@ -68,7 +68,8 @@ def missing_stack() -> str | None:
 def served_figures(
     model_dir: Path, out_dir: Path, work: Path, dry_run: bool, left_s: Callable[[], float]
 ) -> dict[str, Any]:
-    """Servers' logs and the benchmark's JSON in `out_dir`, its charts in `work`."""
+    """Servers' logs in `out_dir` (copied back from the device), the benchmark's JSON and
+    charts in `work` (their figures are in the result)."""
     from loadgen.server import ServerProcess
 
     why = missing_stack()
@@ -95,13 +96,14 @@ def served_figures(
             with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
                 for workload, args in WORKLOADS.items():
                     key = name if workload == "fixed" else f"{name}_{workload}"
-                    out = out_dir / f"bench_{key}.json"
-                    bench = [sys.executable, "-m", "router.cli", "bench", "--url", server.url,
+                    out = work / f"bench_{key}.json"
+                    # `baton bench` by its module: the device runs the tree uninstalled, and
+                    # `baton`'s own subcommands beyond serve come from installed entry points.
+                    bench = [sys.executable, "-m", "loadgen.cli", "--url", server.url,
                              *args, "--rate", *RATES[kind], *LENGTH[kind][workload],
                              "--drain-timeout", "20", "--no-progress", "--out", str(out),
                              "--plot", str(work / f"bench_{key}.png")]  # fmt: skip
-                    subprocess.run(bench, timeout=max(30.0, left_s() - 20), check=True,
-                                   capture_output=True, text=True)  # fmt: skip
+                    run_tool(bench, timeout_s=max(30.0, left_s() - 20))
                     runs = _runs(json.loads(out.read_text())["runs"])
                     if workload == "fixed":
                         result["configs"][name] = runs
@@ -110,11 +112,21 @@ def served_figures(
                 if name == "1p1d":
                     result["request_overhead_1p1d"] = _request_overhead(server.url, dry_run)
         except Exception as e:  # one configuration failing leaves the other
-            result["configs"].setdefault(name, {"error": f"{type(e).__name__}: {e}"[:800]})
-            result["long_mix"].setdefault(name, {"error": f"{type(e).__name__}: {e}"[:800]})
+            failed = {"error": f"{type(e).__name__}: {e}"[:1500]}
+            result["configs"].setdefault(name, failed)
+            result["long_mix"].setdefault(name, failed)
+            result["error"] = f"{name}: {failed['error']}"  # a later call's --resume reruns it
     if not dry_run:
         result["breakdown_unified"] = traced_breakdown(model_dir, device, out_dir, left_s)
     return result
+
+
+def run_tool(args: list[str], timeout_s: float) -> None:
+    """Run one of the project's tools; a failure raises with the end of what it printed."""
+    done = subprocess.run(args, timeout=timeout_s, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout)[-1200:]
+        raise RuntimeError(f"{' '.join(args[1:4])} ... exited {done.returncode}: {tail}")
 
 
 def _request_overhead(url: str, dry_run: bool) -> dict[str, Any]:
