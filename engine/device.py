@@ -18,6 +18,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_cache_dtype(kv_cache_dtype: str, device: torch.device) -> None:
+    """An fp8 (e4m3) cache on CUDA needs compute capability 8.9 or newer (Ada, Hopper): below
+    it Triton has no e4m3 type, and the first kernel would fail far from the setting."""
+    if kv_cache_dtype != "fp8" or device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(
+            f"kv_cache_dtype fp8 needs a GPU of compute capability 8.9 or newer; "
+            f"{torch.cuda.get_device_name(device)} is {major}.{minor} (use int8)"
+        )
+
+
 def resolve_dtype(name: str, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         # CPUs here lack fast half-precision GEMMs; float32 is both faster and exact.

@@ -21,7 +21,7 @@ from engine.checkpoint import iter_weights
 from engine.config import ModelConfig
 from engine.cpu_forward import CPUForward
 from engine.cuda_graphs import NUM_SCRATCH_BLOCKS, DecodeGraphs, GraphCapturer, choose_capturer
-from engine.device import host_to_device
+from engine.device import check_cache_dtype, host_to_device
 from engine.grammar import token_mask
 from engine.int8_checkpoint import prepare_int8_weights
 from engine.kv_cache import sizing
@@ -123,6 +123,7 @@ class ModelRunner:
         self.attention_backend = attention_backend
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # streams, events and Triton launches use it
+        check_cache_dtype(config.kv_cache_dtype, device)
         if device_memory is None and device.type == "cuda":
             # Made before anything is allocated: a shared device's other workers are seen.
             device_memory = CudaMemory(device, shared=config.gpu_fraction < 1)
@@ -145,13 +146,9 @@ class ModelRunner:
         """The LoRA adapters' slots (engine/lora); None: the base model only."""
         if config.max_loras:
             self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, dtype)
-        logger.info(
-            "loaded %s (%s, %s) in %.1f s",
-            model_config.model_id,
-            model_config.architecture,
-            dtype_name(dtype),
-            time.monotonic() - start,
-        )
+        took = time.monotonic() - start
+        logger.info("loaded %s (%s, %s) in %.1f s", model_config.model_id,
+                    model_config.architecture, dtype_name(dtype), took)  # fmt: skip
         attn = self.model.model.layers[0].self_attn
         per_block = KVLayout(
             num_layers=model_config.num_hidden_layers,

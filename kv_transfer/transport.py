@@ -340,6 +340,10 @@ class DriverTransport(Transport):
         return True
 
     def _run(self) -> None:
+        if self.driver.kv.is_cuda:  # its events and copies: on the cache's GPU, not GPU 0
+            import torch
+
+            torch.cuda.set_device(self.driver.kv.device)
         step, active = self._protocol.step, self._protocol.active
         needs_polling = self._protocol.needs_polling
         idle_nap = _IDLE_POLL_S

@@ -97,9 +97,11 @@ class KVOffload:
             raise ValueError("the host tier needs a block at least; the disk tier none or more")
         self.kv = kv_cache
         shape = list(kv_cache.shape)
-        pin = kv_cache.device.type == "cuda"
         shape[1] = host_blocks
-        host = torch.zeros(shape, dtype=kv_cache.dtype, pin_memory=pin)
+        # Pageable: a block is a strided slice here and in the cache, so its copies go
+        # through contiguous temporaries either way, and torch's pinned allocator rounds a
+        # tier up to a power of two (a 65 GB tier would lock 128 GiB of host memory).
+        host = torch.zeros(shape, dtype=kv_cache.dtype)
         self.tiers = [Tier("host", host)]
         if disk_blocks:
             shape[1] = disk_blocks

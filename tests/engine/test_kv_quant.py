@@ -15,6 +15,7 @@ from core.sampling import SamplingParams
 from engine import LLM
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.torch_paged import TorchPagedAttention
+from engine.device import check_cache_dtype
 from engine.kv_cache import quant as kv_quant
 from kv_transfer.handshake import CompatRecord, IncompatiblePeerError
 from tests.engine.test_parity import make_prompts
@@ -167,3 +168,14 @@ def test_quantized_blocks_spill_and_come_back_with_their_scales(tiny_model_dir) 
     assert llm.engine.kv.pool.offload.tiers[0].stats.restored == 6
     fresh = LLM(model_dir, kv_cache_dtype="int8", num_kv_blocks=64)
     assert out.token_ids == fresh.generate([shared + [4, 5]], params)[0].token_ids
+
+
+def test_an_fp8_cache_on_a_gpu_without_e4m3_is_refused_naming_it(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match=r"kv_cache_dtype fp8 .* NVIDIA A100 is 8\.0 \(use int8\)"):
+        check_cache_dtype("fp8", torch.device("cuda"))
+    check_cache_dtype("int8", torch.device("cuda"))  # int8 runs anywhere
+    check_cache_dtype("fp8", torch.device("cpu"))  # the CPU converts in torch
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_cache_dtype("fp8", torch.device("cuda"))

@@ -55,7 +55,8 @@ class ModelOptions:
     kv_cache_dtype: str = knob(
         default_of(EngineConfig, "kv_cache_dtype"),
         "int8 or fp8 (e4m3): a quantized KV cache, one scale per token and head (a quarter of "
-        "fp32's bytes in the cache and on the wire, plus the scales); auto: --dtype",
+        "fp32's bytes in the cache and on the wire, plus the scales); auto: --dtype. fp8 on a "
+        "GPU needs compute capability 8.9 or newer (Ada, Hopper)",
         choices=tuple(KV_CACHE_DTYPES),
     )
     lora_modules: tuple[tuple[str, str], ...] = knob(
