@@ -30,9 +30,10 @@ Sections, in this order, each skipped (with why) when the time left is under its
                 1P+1D runs beside them (bench/device/planned.py)
     gpu_suite   tests/gpu (pytest -m gpu) in a subprocess: last, as nothing reads its result
 
-A lease is 15 minutes of device time, its start included, and a call at most 10: the
-first call runs what fits in --budget-s (480 s; a section is skipped when less is left than
-its estimate), and a second call on the same warm machine resumes it, keeping what the first
+A lease is 15 minutes of device time, its start included, and a call at most 10; the
+sections' estimates add up to ~17 minutes. The first call runs what fits in --budget-s (480
+s: hardware to peer; a section is skipped when less is left than its estimate), and a second
+call on the same warm machine resumes it as far as the lease lasts, keeping what the first
 finished (the checkpoint, the kernel table and that call's JSON stay in --work):
 
     python3 -m bench.device.check                                # call 1, timeout 600
