@@ -128,6 +128,7 @@ def measure_device_usage(
     memory.reset_peak()
     before = memory.allocated_bytes()  # weights + the temporary cache
     hidden = model(input_ids, positions, kv_cache, meta)
+    dtype = hidden.dtype  # the activations', which a draft model loads in
     # A sampler of its own: the engine's keeps its generator state untouched.
     Sampler(vocab_size, seed=0)(model.compute_logits(hidden[:num_rows]).float(), rows)
     memory.synchronize()
@@ -145,6 +146,20 @@ def measure_device_usage(
         activation_peak_bytes=activation_peak,
         non_torch_bytes=non_torch,
         num_profile_tokens=config.max_num_batched_tokens,
+        reserved_bytes=_draft_bytes(config, max_model_len, dtype),
+    )
+
+
+def _draft_bytes(config: EngineConfig, max_model_len: int, dtype: torch.dtype) -> int:
+    """A draft model's weights and cache (`--speculative draft`), which load after the KV
+    cache is sized and so must be left room for."""
+    if config.speculative != "draft" or not config.speculative_model:
+        return 0
+    from engine.spec.draft_model import draft_device_bytes
+    from engine.spec.speculator import MAX_BATCH
+
+    return draft_device_bytes(
+        config.speculative_model, dtype, MAX_BATCH, max_model_len, config.block_size
     )
 
 

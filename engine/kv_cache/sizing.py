@@ -7,6 +7,7 @@ largest step's activations and everything outside torch's allocator are counted.
   - activation peak           a forward at max_num_batched_tokens, above weights + its cache
   - outside torch             CUDA context, NCCL buffers, other processes (total - free -
                               what torch's allocator has reserved)
+  - a draft model             its weights and cache (--speculative draft): they load later
   = KV cache bytes            // bytes of one block in every layer -> blocks
 
 Pure arithmetic on numbers `engine/memory_profile.py` measures; no torch here.
@@ -33,6 +34,8 @@ class DeviceUsage:
     non_torch_bytes: int
     num_profile_tokens: int
     """Tokens of the profiling forward that gave `activation_peak_bytes`."""
+    reserved_bytes: int = 0
+    """What the worker allocates after its KV cache: a draft model's weights and cache."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,12 @@ def size_kv_cache(usage: DeviceUsage, utilization: float, block_bytes: int) -> K
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
     budget = int(usage.total_bytes * utilization)
-    used = usage.weights_bytes + usage.activation_peak_bytes + usage.non_torch_bytes
+    used = (
+        usage.weights_bytes
+        + usage.activation_peak_bytes
+        + usage.non_torch_bytes
+        + usage.reserved_bytes
+    )
     num_blocks = max(0, budget - used) // block_bytes
     if num_blocks < 1:
         raise KVCacheSizeError(
@@ -80,6 +88,7 @@ def _terms(usage: DeviceUsage) -> str:
         f"weights {_gib(usage.weights_bytes)}, activation peak "
         f"{_gib(usage.activation_peak_bytes)} ({usage.num_profile_tokens} tokens), outside "
         f"torch {_gib(usage.non_torch_bytes)}"
+        + (f", a draft model {_gib(usage.reserved_bytes)}" if usage.reserved_bytes else "")
     )
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,28 @@ class _Row:
     """Tokens to feed this forward."""
     room: int
     drafts: list[int] = field(default_factory=list)
+
+
+def draft_device_bytes(
+    model_dir: str | Path, dtype: torch.dtype, max_seqs: int, max_len: int, block_size: int = 16
+) -> int:
+    """What a `DraftModel` of these arguments takes of its device: its weights (every tensor
+    of its checkpoint, in `dtype`) and its KV cache. The target's KV cache is sized with it
+    set aside (engine/memory_profile.py), since the draft loads after that cache exists."""
+    from safetensors import safe_open
+
+    cfg = ModelConfig.from_dir(model_dir)
+    elements = 0
+    for path in sorted(Path(cfg.model_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+                elements += math.prod(f.get_slice(name).get_shape())
+    blocks_per_slot = cdiv(min(max_len, cfg.max_position_embeddings), block_size)
+    layout = KVLayout(num_layers=cfg.num_hidden_layers, num_blocks=max_seqs * blocks_per_slot,
+                      block_size=block_size, num_kv_heads=cfg.num_key_value_heads,
+                      head_dim=cfg.head_dim, dtype=dtype_name(dtype))  # fmt: skip
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    return elements * element_size + layout.num_blocks * layout.block_bytes_all_layers
 
 
 class DraftModel:

@@ -59,6 +59,16 @@ def test_no_room_names_the_flag_and_every_number() -> None:
         assert part in message, (part, message)
 
 
+def test_a_draft_models_room_is_set_aside_and_named() -> None:
+    draft = 3 * GIB
+    plain, with_draft = usage(), DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, draft)
+    assert size_kv_cache(plain, 0.9, BLOCK).num_blocks - size_kv_cache(
+        with_draft, 0.9, BLOCK
+    ).num_blocks in (draft // BLOCK, draft // BLOCK + 1)
+    with pytest.raises(KVCacheSizeError, match=r"a draft model 3\.00 GiB"):
+        size_kv_cache(with_draft, 0.22, BLOCK)
+
+
 def test_the_log_line_shows_the_sum() -> None:
     size = size_kv_cache(usage(), 0.9, BLOCK)
     line = describe(usage(), 0.9, size)

@@ -210,3 +210,20 @@ def test_a_shared_device_counts_only_this_workers_outside_memory(monkeypatch) ->
     assert shared.total_and_non_torch_bytes() == (80 * gib, SHARED_OUTSIDE_BYTES)
     answers.update(free=53 * gib, reserved=16 * gib)  # the other worker gone: 1 GiB, its own
     assert shared.total_and_non_torch_bytes() == (80 * gib, 1 * gib)
+
+
+def test_a_draft_model_is_left_its_room(model_config: ModelConfig, tiny_model_dir) -> None:
+    """The draft loads after the target's cache is sized: its weights and cache are set
+    aside first, exactly what engine/spec/draft_model.py says it takes."""
+    from engine.spec.draft_model import draft_device_bytes
+    from engine.spec.speculator import MAX_BATCH
+
+    block = block_bytes(model_config)
+    draft_dir = str(tiny_model_dir("llama", num_hidden_layers=2, seed=5))
+    draft = draft_device_bytes(draft_dir, torch.float32, MAX_BATCH, 256)
+    total = 2 * (WEIGHTS + ACTIVATION + NON_TORCH + 81 * block // 2 + draft)
+    plain = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5)
+    spec = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5,
+                  speculative="draft", speculative_model=draft_dir)  # fmt: skip
+    assert spec.kv_layout.num_blocks == 40
+    assert plain.kv_layout.num_blocks - 40 in (draft // block, -(-draft // block))

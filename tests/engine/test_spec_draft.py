@@ -154,3 +154,20 @@ def test_serve_refuses_a_draft_method_without_its_model(tiny_model_dir) -> None:
     args = build_parser().parse_args([*serve, "--speculative-model", "/no/such/dir"])
     with pytest.raises(SystemExit, match="no config"):
         build_spec(args, tiny_model_dir("llama"))
+
+
+def test_the_room_left_for_a_draft_is_what_it_takes(tiny_model_dir) -> None:
+    """A GPU worker sizes its KV cache before its draft loads (engine/memory_profile.py):
+    the bytes it sets aside are the draft's weights and cache, as built."""
+    from engine.spec.draft_model import draft_device_bytes
+    from engine.spec.speculator import MAX_BATCH
+
+    model_dir = tiny_model_dir("llama")
+    llm = LLM(model_dir, speculative="draft", speculative_model=str(_draft(tiny_model_dir)),
+              num_speculative_tokens=2, num_kv_blocks=128)  # fmt: skip
+    draft = llm.engine.scheduler.speculator.draft_model
+    held = sum(p.numel() * p.element_size() for p in draft.model.parameters())
+    held += draft.kv_cache.numel() * draft.kv_cache.element_size()
+    dtype = next(draft.model.parameters()).dtype
+    want = draft_device_bytes(str(_draft(tiny_model_dir)), dtype, MAX_BATCH, draft.max_len)
+    assert want == held
