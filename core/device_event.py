@@ -6,7 +6,8 @@ the hook would let the receiver's RDMA READ copy blocks that are not written yet
 tokens, no error. So the hook hands over a `DeviceEvent` recorded on the compute stream
 right after the layer, and the transport offers the layer only once it `query()`s true.
 `torch.cuda.Event` is one; on the CPU the kernels have run when the hook fires, and the
-engine passes None.
+engine passes None. Where blocks are handed back after a step or a copy, the engine waits
+for such an event (`synchronize`) first.
 """
 
 from __future__ import annotations
@@ -17,3 +18,6 @@ from typing import Protocol
 class DeviceEvent(Protocol):
     def query(self) -> bool:
         """True once everything recorded before the event has completed. Never blocks."""
+
+    def synchronize(self) -> None:
+        """Wait until everything recorded before the event has completed."""

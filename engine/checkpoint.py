@@ -75,6 +75,15 @@ def list_weight_files(model_dir: str | Path) -> list[Path]:
     raise CheckpointError(f"{folder}: no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
+def num_elements(model_dir: str | Path) -> int:
+    """Elements in every tensor of the checkpoint, from the shards' headers alone."""
+    return sum(
+        math.prod(entry.shape)
+        for path in list_weight_files(model_dir)
+        for entry in _read_header(path)[1].values()
+    )
+
+
 def iter_weights(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     """Yields (HF tensor name, tensor) for every tensor of the checkpoint, in the dtype it
     is stored in. The tensors are read-only views of the mapped file: copy them (with

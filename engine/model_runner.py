@@ -58,7 +58,7 @@ class LaunchedStep:
     batch: ScheduledBatch
     to_sample: list[tuple[Request, int]]
     sampled: Sampled | None
-    ran: torch.cuda.Event | None = None
+    ran: DeviceEvent | None = None
     """A step that samples nothing, on CUDA: an event after its forward, which `tokens()`
     waits for, so the blocks freed after it (engine/overlap.py) reach no transfer (which no
     stream orders after the step) while it still writes them."""
@@ -77,15 +77,6 @@ class LaunchedStep:
             SampledToken(r, t, lp)
             for (r, _), t, lp in zip(self.to_sample, out.token_ids, out.logprobs, strict=True)
         ]
-
-
-def _recorded(t: torch.Tensor) -> torch.cuda.Event | None:
-    """An event after the work queued so far (on CUDA; None elsewhere)."""
-    if not t.is_cuda:
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
 
 
 def _wants_prompt_logprobs(req: Request) -> bool:
@@ -248,7 +239,7 @@ class ModelRunner:
         if prompt_logprobs:
             self._prompt_logprobs(batch, hidden)
         if not to_sample:
-            return LaunchedStep(batch, [], None, _recorded(hidden))
+            return LaunchedStep(batch, [], None, layer_written(self.device))
         # In the model's dtype: the sampler widens them where it needs float32 (not for plain
         # greedy rows, whose argmax is the same on the exact bf16 values: 64 x 32,000 bf16
         # logits, widen + max 1.06 ms against max 0.77).

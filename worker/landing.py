@@ -29,10 +29,12 @@ from dataclasses import dataclass
 
 import torch
 
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout, kv_head_range
 from engine.engine import NoCapacityError, Reservation
 from engine.kv_cache.remap import Source, land
 from engine.kv_cache.tensor import allocate_kv_cache
+from engine.kv_connector import layer_written
 from kv_transfer import CompatRecord, Role, TransferResult, Transport, peer_compat
 from worker.fanin import FanIn, wire_id
 
@@ -67,7 +69,7 @@ class _Arriving:
     route: _Route
     staged: list[int]
     first_token: int
-    read: torch.cuda.Event | None = None
+    read: DeviceEvent | None = None
     """On CUDA, after the copies out of the area (queued behind the step in flight)."""
 
 
@@ -239,9 +241,7 @@ class Landings:
             ]
             tokens = range(res.num_cached_tokens, res.num_tokens)
             land(self.cache, res.block_ids, self.heads, tokens, sources)
-            if self.cache.is_cuda:
-                arriving.read = torch.cuda.Event()
-                arriving.read.record()
+            arriving.read = layer_written(self.cache.device)  # None off CUDA
         skip = res.num_cached_tokens // self.layout.block_size
         return TransferResult(
             ended.request_id, Role.RECV, ended.ok, ended.peer, tuple(res.block_ids[skip:]),

@@ -43,29 +43,22 @@ def sync(device: torch.device) -> None:
 
 
 def timed(fn: Callable[[], Any], device: torch.device, repeat: int = 5) -> float:
-    """Median seconds of a call over `repeat` measurements after one warm-up. On CUDA each
-    measurement is 10 calls back to back between two events, so a call's host work (its
-    checks, the launch) overlaps the device's as in a graph replay, and only a short
-    kernel's device time counts; elsewhere one call between two host clocks."""
-    fn()
+    """Median seconds of a call. On CUDA Triton's `do_bench` (device time between events, the
+    L2 flushed between calls, as bench/engine/kernels.py times kernels: a short kernel's
+    host-side checks and launch do not count); elsewhere `repeat` calls after a warm-up,
+    each between two host clocks."""
     if device.type == "cuda":
-        times = []
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(10):
-                fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / 10)
-        return statistics.median(times)
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100)) / 1e3
+    fn()
     times = []
     for _ in range(repeat):
         sync(device)
-        begun = time.perf_counter()
+        start = time.perf_counter()
         fn()
         sync(device)
-        times.append(time.perf_counter() - begun)
+        times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
@@ -188,13 +181,12 @@ def make_checkpoint(folder: Path, device: torch.device, small: bool) -> dict[str
 
 def _complete(folder: Path) -> bool:
     """A checkpoint whose every shard was written (config.json is written first)."""
-    index = folder / "model.safetensors.index.json"
-    if not (folder / "config.json").exists():
+    from engine.checkpoint import CheckpointError, list_weight_files
+
+    try:
+        return (folder / "config.json").exists() and bool(list_weight_files(folder))
+    except CheckpointError:  # a shard missing or cut short
         return False
-    if not index.exists():
-        return (folder / "model.safetensors").exists()
-    shards = set(json.loads(index.read_text())["weight_map"].values())
-    return all((folder / shard).exists() for shard in shards)
 
 
 def engine_figures(

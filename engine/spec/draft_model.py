@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch
 from core.kv_layout import KVLayout, dtype_name
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
-from engine.checkpoint import iter_weights
+from engine.checkpoint import iter_weights, num_elements
 from engine.config import ModelConfig
 from engine.cpu_forward import CPUForward
 from engine.kv_cache.manager import cdiv
@@ -92,14 +91,8 @@ def draft_device_bytes(
     """What a `DraftModel` of these arguments takes of its device: its weights (every tensor
     of its checkpoint, in `dtype`) and its KV cache. The target's KV cache is sized with it
     set aside (engine/memory_profile.py), since the draft loads after that cache exists."""
-    from safetensors import safe_open
-
     cfg = ModelConfig.from_dir(model_dir)
-    elements = 0
-    for path in sorted(Path(cfg.model_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - a safetensors handle, not a dict
-                elements += math.prod(f.get_slice(name).get_shape())
+    elements = num_elements(cfg.model_dir)
     blocks_per_slot = cdiv(min(max_len, cfg.max_position_embeddings), block_size)
     layout = KVLayout(num_layers=cfg.num_hidden_layers, num_blocks=max_seqs * blocks_per_slot,
                       block_size=block_size, num_kv_heads=cfg.num_key_value_heads,

@@ -69,6 +69,19 @@ def send_requests(baton: ServerProcess, num_requests: int) -> None:
         httpx.post(baton.url + "/v1/completions", json=body, timeout=120).raise_for_status()
 
 
+def _wait_working(baton: ServerProcess, prometheus: PrometheusServer, query: str,
+                  what: str) -> list:  # type: ignore[type-arg]  # fmt: skip
+    """`_wait` for `query`, the server kept working (a request a try) until a scrape sees it."""
+
+    def probe() -> list:  # type: ignore[type-arg]
+        found = prometheus.query(query)
+        if not found:
+            send_requests(baton, 1)
+        return found
+
+    return _wait(probe, what)
+
+
 def _wait(probe: Callable[[], list], what: str, timeout_s: float = CONVERGE_S) -> list:  # type: ignore[type-arg]
     deadline = time.monotonic() + timeout_s
     while True:
@@ -125,13 +138,8 @@ def test_the_recording_rules_see_the_pools_and_the_transfers(
     kv = _wait(lambda: prometheus.query("pool:baton_kv_cache_usage_perc:avg"), "KV per pool")
     assert {s["metric"]["pool"] for s in kv} == {"prefill", "decode"}
 
-    def moving() -> list:  # type: ignore[type-arg]
-        found = prometheus.query("job:baton_kv_transfer_bytes:rate1m > 0")
-        if not found:  # a minute past the earlier tests' requests, the rate is 0 again
-            send_requests(baton, 1)
-        return found
-
-    moved = _wait(moving, "KV moved")
+    # A minute past the earlier tests' requests the rate is 0 again: traffic until it shows.
+    moved = _wait_working(baton, prometheus, "job:baton_kv_transfer_bytes:rate1m > 0", "KV moved")
     assert moved[0]["metric"]["job"] == "baton"
     ttft = _wait(
         lambda: prometheus.query('job:baton_slo_misses:ratio_rate5m{slo="ttft"} >= 0'),
@@ -152,12 +160,5 @@ def test_the_autoscalers_inputs_are_scraped_per_pool(
     targets = prometheus.query("baton:autoscale_target_workers")
     assert {s["metric"]["pool"]: s["value"][1] for s in targets} == {"prefill": "1", "decode": "1"}
 
-    def measured() -> list:  # type: ignore[type-arg]
-        found = prometheus.query(
-            'max_over_time(baton:autoscale_tokens_per_second{pool="decode"}[5m]) > 0'
-        )
-        if not found:  # the decode pool keeps working until a scrape sees its rate
-            send_requests(baton, 1)
-        return found
-
-    assert _wait(measured, "the decode pool's measured work")
+    rate = 'max_over_time(baton:autoscale_tokens_per_second{pool="decode"}[5m]) > 0'
+    assert _wait_working(baton, prometheus, rate, "the decode pool's measured work")
