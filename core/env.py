@@ -50,8 +50,8 @@ ATTENTION = EnvText(
 )
 FUSED_KERNELS = EnvFlag(
     "BATON_FUSED_KERNELS",
-    "the Triton norm and rotary kernels on CUDA; 0 keeps the plain-torch ops (to bisect a "
-    "GPU mismatch)",
+    "the Triton norm and rotary kernels on CUDA, rotary inside the Triton attention's KV "
+    "write; 0 keeps the plain-torch ops and a KV write of its own (to bisect a GPU mismatch)",
 )
 CPU_FUSED = EnvFlag(
     "BATON_CPU_FUSED",

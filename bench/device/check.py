@@ -21,7 +21,8 @@ Sections, in this order, each skipped (with why) when the time left is under its
                 backend at 1 x 4,096 and 8 x 1,024
     checkpoint  a random Llama-3.1-8B-shaped checkpoint, drawn on the device, bf16
     engine      decode at batch 1 and 64 x 2,048 context, 2,048- / 256- / 128-token prefills,
-                each beside its floor; offline 1 x 128 -> 128 and 64 x 512 -> 128
+                each beside its floor, the decodes and the long prefill kernel by kernel;
+                offline 1 x 128 -> 128 and 64 x 512 -> 128
     peer        transformers on the same checkpoint in a subprocess: eager, static cache,
                 static cache + torch.compile while the budget lasts
     served      `baton serve` unified and 1P+1D sharing the GPU (--gpus-per-worker 0.5),

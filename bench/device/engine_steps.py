@@ -15,7 +15,8 @@ Decode steps are timed as a run of steps (the device synchronized before and aft
 the engine's steps overlapped (engine/overlap.py: the engine's default on a GPU; the dry run
 forces it) and again one at a time, each with the host's own time a step (scheduling and
 processing outputs). Every other step is timed on the host around `engine.step()`, ended by
-a sync; each is counted as a graph replay or an eager step.
+a sync; each is counted as a graph replay or an eager step. Decode at batch 1 and 64 and the
+longest prefill are also profiled kernel by kernel (`kernels`: kernel_profile.py).
 The dry run scales every length and batch down (SCALES) and replays through the static
 buffers with the re-running capturer.
 """
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from bench.device import kernel_profile
 from bench.device.figures import sync
 from core.config import EngineConfig
 from core.sampling import SamplingParams
@@ -40,6 +42,10 @@ FULL = dict(b1_prompt=128, b1_steps=32, b64=64, b64_context=2048, b64_steps=8,
 DRY = dict(b1_prompt=16, b1_steps=4, b64=4, b64_context=64, b64_steps=2,
            prefills=(64, 32, 16), offline_b1=(16, 8), offline_b64=(4, 32, 8),
            budget=64, max_model_len=256)  # fmt: skip
+
+
+PROFILED_STEPS = 6
+"""Decode steps profiled kernel by kernel at batch 1 and 64 (bench/device/kernel_profile.py)."""
 
 
 class Counted:
@@ -233,24 +239,26 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
 
     # Decode at batch 1: steps overlapped (engine/overlap.py), then one at a time.
     k = sizes["b1_steps"]
-    engine.add_request("b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(10 + 2 * k))
+    engine.add_request("b1", _prompt(rng, sizes["b1_prompt"], vocab), _params(20 + 2 * k))
     timed_steps(limit=1)  # the prompt
     step, host = mean_step(k, overlapped)
     single, single_host = mean_step(k, False)
     out["syncs_in_overlapped_steps"] = _syncs(engine, device, 4)
+    b1_kernels = kernel_profile.guarded(engine.step, PROFILED_STEPS, device)
     timed_steps()  # what is left of it
     floor = floor_decode([sizes["b1_prompt"] + k])
     out["decode_b1"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
                         "of_floor": floor and step / floor, "overlapped": overlapped,
                         "host_ms": 1e3 * host, "one_at_a_time_ms": 1e3 * single,
-                        "one_at_a_time_host_ms": 1e3 * single_host}  # fmt: skip
+                        "one_at_a_time_host_ms": 1e3 * single_host,
+                        "kernels": b1_kernels}  # fmt: skip
 
     # Decode at batch 64, 2,048-token contexts: timed once every sequence is decoding.
     n, ctx = sizes["b64"], sizes["b64_context"]
     started: set[str] = set()
     for i in range(n):
         engine.add_request(
-            f"d{i}", _prompt(rng, ctx, vocab), _params(n + 2 * sizes["b64_steps"] + 4)
+            f"d{i}", _prompt(rng, ctx, vocab), _params(n + 2 * sizes["b64_steps"] + 14)
         )
 
     def note(deltas: list) -> None:
@@ -262,12 +270,14 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     step, host = mean_step(sizes["b64_steps"], overlapped)
     single, single_host = mean_step(sizes["b64_steps"], False)
     floor = floor_decode(contexts)
+    b64_kernels = kernel_profile.guarded(engine.step, PROFILED_STEPS, device)
     out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
                          "of_floor": floor and step / floor, "batch": n,
                          "mean_context": sum(contexts) / max(1, len(contexts)),
                          "overlapped": overlapped, "host_ms": 1e3 * host,
                          "one_at_a_time_ms": 1e3 * single,
-                         "one_at_a_time_host_ms": 1e3 * single_host}  # fmt: skip
+                         "one_at_a_time_host_ms": 1e3 * single_host,
+                         "kernels": b64_kernels}  # fmt: skip
     timed_steps()  # the rest of their tokens
 
     # Prefill steps: one prompt alone, to its first token (overlapped, the token lands in
@@ -286,6 +296,10 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
             "step_ms": 1e3 * step, "model_tflop": flops / 1e12,
             "of_matmul_rate": matmul_rate and flops / step / matmul_rate,
         }  # fmt: skip
+        if length == sizes["prefills"][0]:  # the long prompt: its kernels, to its first token
+            engine.add_request(f"p{length}-kernels", _prompt(rng, length, vocab), _params(1))
+            prefill_kernels = kernel_profile.guarded(timed_steps, 1, device)
+            out[f"prefill_{length}"]["kernels"] = prefill_kernels
 
     # Offline throughput.
     prompt_len, max_tokens = sizes["offline_b1"]

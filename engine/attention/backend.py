@@ -90,6 +90,17 @@ class AttentionMetadata:
 Tensor = torch.Tensor
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """Rotary embedding still to be applied to a step's q and k, handed to a backend that
+    applies it in its KV write (`AttentionBackend.fuses_rotary`): the tokens' positions and
+    the cos / sin tables (engine/layers/rotary.py)."""
+
+    positions: Tensor
+    cos: Tensor
+    sin: Tensor
+
+
 class AttentionBackend(ABC):
     """Computes attention for one layer of a step.
 
@@ -105,14 +116,21 @@ class AttentionBackend(ABC):
     """Whether a whole step, prompt chunks and decode rows together, can replay from a
     graph: `prefill_into` reads `meta.prefill_layout` and `decode_into` passes over rows
     of context length 0 (engine/step_graphs.py)."""
+    fuses_rotary: bool = False
+    """Whether `forward` takes q and k before their rotary embedding (a `Rotation`) and
+    rotates them in its KV write (`rotate_and_write_kv`)."""
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata,
-        scale: float,
+        scale: float, rotation: Rotation | None = None,
     ) -> Tensor:  # fmt: skip
-        """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]."""
+        """q: [T, Hq, D]; k, v: [T, Hk, D]; returns [T, Hq, D]. With `rotation` (only where
+        the backend `fuses_rotary`), q and k are rotated in place as K/V are written."""
         start = time.perf_counter()
-        self.write_kv(k, v, kv_layer, meta)
+        if rotation is None:
+            self.write_kv(k, v, kv_layer, meta)
+        else:
+            self.rotate_and_write_kv(rotation, q, k, v, kv_layer, meta)
         out = torch.empty_like(q)
         nd = meta.num_decodes
         if nd:
@@ -126,6 +144,13 @@ class AttentionBackend(ABC):
     @abstractmethod
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         """Store the step's new K/V in their cache slots (reshape-and-cache)."""
+
+    def rotate_and_write_kv(
+        self, rotation: Rotation, q: Tensor, k: Tensor, v: Tensor, kv_layer: Tensor,
+        meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        """Rotate q and k in place, then `write_kv`: in one kernel where `fuses_rotary`."""
+        raise NotImplementedError(f"the {self.name!r} attention backend does not fuse rotary")
 
     @abstractmethod
     def decode_into(

@@ -1,7 +1,8 @@
 """Paged attention through the Triton kernels (engine/kernels): the CUDA path, also runnable
 on CPU under `TRITON_INTERPRET=1` (forced with BATON_ATTENTION=triton).
 
-Per layer: reshape-and-cache writes the step's new K/V, then the decode kernel serves the
+Per layer: reshape-and-cache writes the step's new K/V (rotating q and k in the same kernel,
+engine/kernels/rotary_cache.py, unless BATON_FUSED_KERNELS=0), then the decode kernel serves the
 first `num_decodes` rows and the prefill kernel every chunk, all reading K/V from the cache.
 The chunk layout (device tensors and the kernel's tile list) is built once per step and kept
 in `meta.backend_state`, so every layer after the first reuses it; a step replayed from a
@@ -14,7 +15,8 @@ import dataclasses
 
 import torch
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata, Tensor
+from core import env
+from engine.attention.backend import AttentionBackend, AttentionMetadata, Rotation, Tensor
 
 _STATE_PREFIX = "triton_prefill."
 
@@ -26,7 +28,12 @@ class TritonPagedAttention(AttentionBackend):
     def __init__(self) -> None:
         # Imported here, not at module level, so registering this backend never needs triton.
         try:
-            from engine.kernels import decode_attention, prefill_attention, reshape_and_cache
+            from engine.kernels import (
+                decode_attention,
+                prefill_attention,
+                reshape_and_cache,
+                rotary_cache,
+            )
         except ImportError as e:
             raise RuntimeError(
                 "the 'triton' attention backend needs the triton package "
@@ -35,10 +42,21 @@ class TritonPagedAttention(AttentionBackend):
         self._decode = decode_attention.paged_decode_attention
         self._prefill = prefill_attention.paged_prefill_attention
         self._write = reshape_and_cache.reshape_and_cache
+        self._rotate_and_write = rotary_cache.rotary_and_cache
+        self.fuses_rotary = env.FUSED_KERNELS.get()
         self._layout_cls = prefill_attention.PrefillLayout
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         self._write(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
+
+    def rotate_and_write_kv(
+        self, rotation: Rotation, q: Tensor, k: Tensor, v: Tensor, kv_layer: Tensor,
+        meta: AttentionMetadata,
+    ) -> None:  # fmt: skip
+        self._rotate_and_write(
+            rotation.positions, q, k, v, rotation.cos, rotation.sin, kv_layer,
+            meta.slot_blocks, meta.slot_offsets,
+        )  # fmt: skip
 
     def decode_into(
         self, out: Tensor, q: Tensor, kv_layer: Tensor, meta: AttentionMetadata, scale: float

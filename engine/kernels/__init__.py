@@ -5,6 +5,7 @@
     reshape_and_cache   writing a step's new K/V into their cache slots
     rms_norm            RMSNorm with an optional fused residual add
     rotary              rotary embedding from a cos/sin table (default, linear, llama3)
+    rotary_cache        rotary and reshape-and-cache in one launch (the attention layer's)
 
 Every host wrapper checks shapes, dtypes and strides before it launches, and takes
 preallocated outputs where the caller owns the memory.

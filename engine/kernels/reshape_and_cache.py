@@ -69,15 +69,40 @@ def _store_quantized(x, dst, scale_dst, mask, h_mask, QMAX: tl.constexpr, ROUND:
     """Rows x [BLOCK_H, BLOCK_D] -> their quantized values at dst, a float16 scale per row at
     scale_dst (byte pointers [BLOCK_H])."""
     xf = x.to(tl.float32)
-    amax = tl.max(tl.where(mask, tl.abs(xf), 0.0), 1)
-    scale = tl.maximum(tl.math.div_rn(amax, QMAX), 2.0**-14).to(tl.float16)
+    scale = _row_scale(tl.max(tl.where(mask, tl.abs(xf), 0.0), 1), QMAX)
+    tl.store(dst, _quantized(xf, scale, QMAX, ROUND).to(dst.dtype.element_ty), mask=mask)
+    tl.store(scale_dst.to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
+
+
+@triton.jit
+def _store_quantized_pairs(
+    xa, xb, dst_a, dst_b, scale_dst, mask, h_mask, QMAX: tl.constexpr, ROUND: tl.constexpr
+):  # fmt: skip
+    """`_store_quantized` for rows held as two halves (a rotary kernel's pairs): the scale
+    from the largest magnitude of both."""
+    xa, xb = xa.to(tl.float32), xb.to(tl.float32)
+    amax_a = tl.max(tl.where(mask, tl.abs(xa), 0.0), 1)
+    scale = _row_scale(tl.maximum(amax_a, tl.max(tl.where(mask, tl.abs(xb), 0.0), 1)), QMAX)
+    tl.store(dst_a, _quantized(xa, scale, QMAX, ROUND).to(dst_a.dtype.element_ty), mask=mask)
+    tl.store(dst_b, _quantized(xb, scale, QMAX, ROUND).to(dst_b.dtype.element_ty), mask=mask)
+    tl.store(scale_dst.to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
+
+
+@triton.jit
+def _row_scale(amax, QMAX: tl.constexpr):
+    """A row's float16 scale from its largest magnitude (never below 2^-14)."""
+    return tl.maximum(tl.math.div_rn(amax, QMAX), 2.0**-14).to(tl.float16)
+
+
+@triton.jit
+def _quantized(xf, scale, QMAX: tl.constexpr, ROUND: tl.constexpr):
+    """Rows xf (float32) over their scales, rounded (int8: half to even, as torch.round) and
+    clamped to +-QMAX; float32."""
     y = tl.math.div_rn(xf, scale.to(tl.float32)[:, None])
-    if ROUND:  # half to even, as torch.round
+    if ROUND:
         r = tl.floor(y + 0.5)
         y = tl.where((r - y == 0.5) & (r - 2.0 * tl.floor(r * 0.5) != 0.0), r - 1.0, r)
-    y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
-    tl.store(dst, y.to(dst.dtype.element_ty), mask=mask)
-    tl.store(scale_dst.to(tl.pointer_type(tl.float16)), scale, mask=h_mask)
+    return tl.minimum(tl.maximum(y, -QMAX), QMAX)
 
 
 def reshape_and_cache(
@@ -92,6 +117,28 @@ def reshape_and_cache(
     slot_blocks, slot_offsets: [T]. Slots must be distinct (no two tokens share one), but
     for a slot whose content matters to nobody, such as the scratch slot every padding row
     of a replayed decode step writes: which of those tokens lands there is undefined."""
+    check_cache_write(k, v, kv_layer, slot_blocks, slot_offsets)
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    _reshape_and_cache_kernel[(num_tokens,)](
+        k, v, kv_layer, slot_blocks, slot_offsets,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim),
+        QMAX=QUANTIZED_CACHE.get(kv_layer.dtype, 0.0), ROUND=kv_layer.dtype == torch.int8,
+    )  # fmt: skip
+
+
+def check_cache_write(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layer: torch.Tensor,
+    slot_blocks: torch.Tensor,
+    slot_offsets: torch.Tensor,
+) -> None:
+    """reshape_and_cache's argument checks (rotary_cache.py's too)."""
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, (k.dtype,), k.device)
     check_tensor("slot_blocks", slot_blocks, 1, INDEX_DTYPES, k.device)
@@ -105,16 +152,6 @@ def reshape_and_cache(
         (cache_heads, cache_dim) == (num_kv_heads, head_dim),
         f"k has {num_kv_heads} heads of {head_dim}; the cache holds {cache_heads} of {cache_dim}",
     )
-    if num_tokens == 0:
-        return
-    _reshape_and_cache_kernel[(num_tokens,)](
-        k, v, kv_layer, slot_blocks, slot_offsets,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        kv_layer.stride(0), kv_layer.stride(1), kv_layer.stride(2), kv_layer.stride(3),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=next_pow2(num_kv_heads), BLOCK_D=next_pow2(head_dim),
-        QMAX=QUANTIZED_CACHE.get(kv_layer.dtype, 0.0), ROUND=kv_layer.dtype == torch.int8,
-    )  # fmt: skip
 
 
 def reshape_and_cache_ref(

@@ -25,25 +25,47 @@ from engine.kernels._checks import (
 
 
 @triton.jit
+def _pair_offsets(HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, NEOX: tl.constexpr):
+    """The offsets in a head of each rotated pair's two values, [BLOCK_HALF] each."""
+    i = tl.arange(0, BLOCK_HALF)
+    if NEOX:
+        return i, i + HALF
+    else:
+        return 2 * i, 2 * i + 1
+
+
+@triton.jit
+def _cos_sin(cos_ptr, sin_ptr, positions_ptr, t, stride_table, HALF: tl.constexpr,
+             BLOCK_HALF: tl.constexpr):  # fmt: skip
+    """Token t's cos and sin, float32 [BLOCK_HALF]: both halves of a table row hold the same
+    values, so the first is read."""
+    pos = tl.load(positions_ptr + t).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    cos = tl.load(cos_ptr + pos * stride_table + i, mask=i < HALF, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_table + i, mask=i < HALF, other=0.0).to(tl.float32)
+    return cos, sin
+
+
+@triton.jit
 def _rotate_heads(
     x_ptr, stride_t, stride_h, t, cos, sin,
     NUM_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr, NEOX: tl.constexpr,
 ):  # fmt: skip
+    """Rotates token t's heads in place. Returns the rotated pairs' two halves as stored
+    (x's dtype, [BLOCK_H, BLOCK_HALF] each, 0 where masked) and their mask."""
     h = tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
     mask = (h < NUM_HEADS)[:, None] & (i < HALF)[None, :]
-    if NEOX:
-        a_off, b_off = i, i + HALF
-    else:
-        a_off, b_off = 2 * i, 2 * i + 1
+    a_off, b_off = _pair_offsets(HALF, BLOCK_HALF, NEOX)
     base = x_ptr + t * stride_t + h[:, None] * stride_h
     xa = tl.load(base + a_off[None, :], mask=mask, other=0.0).to(tl.float32)
     xb = tl.load(base + b_off[None, :], mask=mask, other=0.0).to(tl.float32)
-    ya = xa * cos[None, :] - xb * sin[None, :]
-    yb = xb * cos[None, :] + xa * sin[None, :]
-    tl.store(base + a_off[None, :], ya.to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(base + b_off[None, :], yb.to(x_ptr.dtype.element_ty), mask=mask)
+    ya = (xa * cos[None, :] - xb * sin[None, :]).to(x_ptr.dtype.element_ty)
+    yb = (xb * cos[None, :] + xa * sin[None, :]).to(x_ptr.dtype.element_ty)
+    tl.store(base + a_off[None, :], ya, mask=mask)
+    tl.store(base + b_off[None, :], yb, mask=mask)
+    return ya, yb, mask
 
 
 @triton.jit
@@ -55,11 +77,7 @@ def _rotary_kernel(
     NEOX: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions_ptr + t).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)
-    # Both halves of a table row hold the same values: read the first.
-    cos = tl.load(cos_ptr + pos * stride_table + i, mask=i < HALF, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * stride_table + i, mask=i < HALF, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(cos_ptr, sin_ptr, positions_ptr, t, stride_table, HALF, BLOCK_HALF)
     _rotate_heads(q_ptr, stride_qt, stride_qh, t, cos, sin, NUM_Q_HEADS, HALF, BLOCK_QH,
                   BLOCK_HALF, NEOX)  # fmt: skip
     _rotate_heads(k_ptr, stride_kt, stride_kh, t, cos, sin, NUM_K_HEADS, HALF, BLOCK_KH,
@@ -76,21 +94,8 @@ def apply_rotary(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q: [T, Hq, D], k: [T, Hk, D] (rotated in place and returned); positions: [T];
     cos, sin: [max_position, D]. Positions must be < max_position."""
-    check_tensor("q", q, 3, FLOAT_DTYPES)
-    check_tensor("k", k, 3, (q.dtype,), q.device)
-    check_tensor("positions", positions, 1, INDEX_DTYPES, q.device)
-    check_tensor("cos", cos, 2, FLOAT_DTYPES, q.device)
-    check_tensor("sin", sin, 2, (cos.dtype,), q.device)
+    check_rotary(positions, q, k, cos, sin)
     num_tokens, num_q_heads, dim = q.shape
-    check(dim % 2 == 0, f"head_dim must be even, got {dim}")
-    check(
-        k.shape[0] == num_tokens and k.shape[2] == dim,
-        f"k shape {tuple(k.shape)} vs q {tuple(q.shape)}",
-    )
-    check_shape("positions", positions, (num_tokens,))
-    check(cos.shape[1] == dim, f"cos/sin rows have {cos.shape[1]} values for head_dim {dim}")
-    check_shape("sin", sin, cos.shape)
-    check(cos.stride(0) == sin.stride(0), "cos and sin need the same row stride")
     if num_tokens == 0:
         return q, k
     half = dim // 2
@@ -102,6 +107,27 @@ def apply_rotary(
         BLOCK_HALF=next_pow2(half), NEOX=neox,
     )  # fmt: skip
     return q, k
+
+
+def check_rotary(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
+    """apply_rotary's argument checks (rotary_cache.py's too)."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    check_tensor("k", k, 3, (q.dtype,), q.device)
+    check_tensor("positions", positions, 1, INDEX_DTYPES, q.device)
+    check_tensor("cos", cos, 2, FLOAT_DTYPES, q.device)
+    check_tensor("sin", sin, 2, (cos.dtype,), q.device)
+    num_tokens, _, dim = q.shape
+    check(dim % 2 == 0, f"head_dim must be even, got {dim}")
+    check(
+        k.shape[0] == num_tokens and k.shape[2] == dim,
+        f"k shape {tuple(k.shape)} vs q {tuple(q.shape)}",
+    )
+    check_shape("positions", positions, (num_tokens,))
+    check(cos.shape[1] == dim, f"cos/sin rows have {cos.shape[1]} values for head_dim {dim}")
+    check_shape("sin", sin, cos.shape)
+    check(cos.stride(0) == sin.stride(0), "cos and sin need the same row stride")
 
 
 def apply_rotary_ref(

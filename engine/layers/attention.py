@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention.backend import AttentionBackend, AttentionMetadata
+from engine.attention.backend import AttentionBackend, AttentionMetadata, Rotation
 from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
@@ -59,6 +59,10 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm.norm_only(q)
             k = self.k_norm.norm_only(k)
-        q, k = self.rotary(positions, q, k)
-        out = self.backend.forward(q, k, v, kv_layer, meta, self.scale)
+        if self.backend.fuses_rotary:  # rotated as the backend writes K/V: one kernel
+            rotation = Rotation(positions, self.rotary.cos, self.rotary.sin)
+            out = self.backend.forward(q, k, v, kv_layer, meta, self.scale, rotation)
+        else:
+            q, k = self.rotary(positions, q, k)
+            out = self.backend.forward(q, k, v, kv_layer, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))

@@ -33,6 +33,12 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
         # Timed with the steps overlapped (as on a GPU) and one at a time.
         assert engine[name]["overlapped"] and engine[name]["one_at_a_time_ms"] > 0
         assert engine[name]["host_ms"] > 0
+        # Profiled op by op (kernels on CUDA): the busiest, their time a step.
+        profile = engine[name]["kernels"]
+        assert "error" not in profile, profile
+        assert profile["busy_us"] > 0 and profile["wall_us"] > 0 and profile["launches"] > 0
+        assert profile["kernels"][0]["us"] >= profile["kernels"][-1]["us"] > 0
+    assert "error" not in engine["prefill_64"]["kernels"]
     assert engine["syncs_in_overlapped_steps"] is None  # looked for on CUDA only
     assert engine["sampler_b1"]["batch"] == 1
     sampler = engine["sampler_b4"]  # the dry run's batch

@@ -21,7 +21,8 @@ def test_triton_path_matches_transformers(tiny_model_dir, monkeypatch) -> None:
     model_dir = tiny_model_dir("llama")
     # A 24-token budget chunks the 33-token prompt and mixes it with the others' decodes.
     llm = LLM(model_dir, num_kv_blocks=64, max_num_batched_tokens=24)
-    assert llm.engine.runner.model.model.layers[0].self_attn.backend.name == "triton"
+    backend = llm.engine.runner.model.model.layers[0].self_attn.backend
+    assert backend.name == "triton" and backend.fuses_rotary  # rotary in the KV write's kernel
     prompts = [make_prompts(llm.engine.model_config.vocab_size)[i] for i in (4, 7)]
     want = [hf_greedy(str(model_dir), tuple(p)) for p in prompts]
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want

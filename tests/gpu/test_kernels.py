@@ -8,7 +8,8 @@ Tolerances, per dtype:
   fp32 1e-4 (the reference sums thousands of terms in another order), fp16 2e-3 and bf16
   2e-2 (a few roundings of the probabilities and the output in that dtype);
 - norm and rotary: assert_close's atol / rtol below (values are O(1));
-- reshape_and_cache: exact (a copy)."""
+- reshape_and_cache: exact (a copy); rotary_and_cache: exactly what rotary then
+  reshape_and_cache write."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from engine.kernels.prefill_attention import (
 from engine.kernels.reshape_and_cache import reshape_and_cache, reshape_and_cache_ref
 from engine.kernels.rms_norm import rms_norm, rms_norm_ref
 from engine.kernels.rotary import apply_rotary, apply_rotary_ref
+from engine.kernels.rotary_cache import rotary_and_cache
 from engine.kernels.silu_and_mul import silu_and_mul, silu_and_mul_ref
 from engine.layers.rotary import RotaryEmbedding
 from tests.support.paged_kv import make_paged_contexts, padded_table, poisoned
@@ -220,6 +222,35 @@ def test_rotary(hq: int, hk: int, dim: int, scaling, neox: bool, dtype: torch.dt
     torch.testing.assert_close(got_q, want_q, **ELEMENTWISE_TOLERANCE[dtype])
     torch.testing.assert_close(got_k, want_k, **ELEMENTWISE_TOLERANCE[dtype])
     assert torch.equal(qkv[:, (hq + hk) * dim :], untouched), "v was written"
+
+
+@pytest.mark.parametrize("cache", [None, *QUANTIZED_CACHES])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rotary_and_cache_writes_what_the_two_kernels_write(cache, dtype) -> None:
+    hq, hk, dim, num_tokens, num_blocks = 32, 8, 128, 300, 40
+    rope = RotaryEmbedding(dim, 32768, 500000.0, LLAMA3, dtype).to(CUDA)
+    gen = torch.Generator().manual_seed(2)
+    positions = torch.randint(0, 32768, (num_tokens,), generator=gen).to(CUDA)
+    slots = torch.randperm(num_blocks * PAGE, generator=gen)[:num_tokens].to(CUDA)
+    blocks, offsets = (slots // PAGE).int(), (slots % PAGE).int()
+    blocks[7] = -1  # a padding token: rotated, written nowhere
+    qkv = (torch.randn(num_tokens, (hq + 2 * hk) * dim, generator=gen) * 4).to(dtype).to(CUDA)
+    want_qkv = qkv.clone()
+    if cache is None:
+        kv = poisoned((num_blocks, 2, PAGE, hk, dim), dtype, CUDA)
+    else:
+        kv = torch.zeros((num_blocks, 2, PAGE, hk, dim + 2), dtype=cache, device=CUDA)
+    want_kv = kv.clone()
+    for tensor, cache_layer, fused in ((qkv, kv, True), (want_qkv, want_kv, False)):
+        q, k, v = tensor.split([hq * dim, hk * dim, hk * dim], dim=-1)
+        q, k, v = q.view(-1, hq, dim), k.view(-1, hk, dim), v.view(-1, hk, dim)
+        if fused:
+            rotary_and_cache(positions, q, k, v, rope.cos, rope.sin, cache_layer, blocks, offsets)
+        else:
+            apply_rotary(positions, q, k, rope.cos, rope.sin)
+            reshape_and_cache(k, v, cache_layer, blocks, offsets)
+    assert torch.equal(qkv, want_qkv)
+    assert torch.equal(kv.view(torch.uint8), want_kv.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -98,6 +98,7 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
     from engine.kernels.reshape_and_cache import reshape_and_cache
     from engine.kernels.rms_norm import rms_norm
     from engine.kernels.rotary import apply_rotary
+    from engine.kernels.rotary_cache import rotary_and_cache
     from engine.kernels.silu_and_mul import silu_and_mul
     from engine.kv_cache import quant as kv_quant
     from engine.layers.quant import quantize_weight
@@ -142,6 +143,12 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
         for neox in (True, False):
             case(f"rotary {tag} neox={neox}", apply_rotary, torch.arange(5), q, k, rope.cos,
                  rope.sin, neox)  # fmt: skip
+        for dim in (64, 128):
+            rope = RotaryEmbedding(dim, 4096, 10000.0, None, dtype)
+            q, k = torch.randn(5, 8, dim).to(dtype), torch.randn(5, 2, dim).to(dtype)
+            kv = torch.zeros(4, 2, page, 2, dim, dtype=dtype)
+            case(f"rotary_and_cache {tag} d{dim}", rotary_and_cache, torch.arange(5), q, k, k,
+                 rope.cos, rope.sin, kv, *slots)  # fmt: skip
         case(f"silu_and_mul {tag}", silu_and_mul, torch.randn(3, 2 * 300).to(dtype))
         wq, scale = quantize_weight(torch.randn(256, 128))
         case(f"int8_linear {tag}", int8_linear, torch.randn(7, 128).to(dtype), wq, scale, None)
@@ -160,6 +167,10 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
         case(f"prefill {tag} cache", paged_prefill_attention, qp, kv, layout, 0.1)
         k = torch.randn(5, 2, 128).bfloat16()
         case(f"reshape_and_cache {tag} cache", reshape_and_cache, k, k, kv, *slots)
+        rope = RotaryEmbedding(128, 4096, 10000.0, None, torch.bfloat16)
+        q = torch.randn(5, 8, 128).bfloat16()
+        case(f"rotary_and_cache {tag} cache", rotary_and_cache, torch.arange(5), q, k, k,
+             rope.cos, rope.sin, kv, *slots)  # fmt: skip
     return cases
 
 
