@@ -24,7 +24,10 @@ LoRA rows run eagerly.
 A prefill worker sends each layer's K/V as soon as it is written: the graph records one CUDA
 event after each layer (an event record node, `external=True`), and after the replay is
 launched the connector's hook gets every layer's event at once, as an eager step gives it
-each layer's as it is launched.
+each layer's as it is launched. The next replay records those events again, so the hook
+gets each wrapped (`ReplayedLayer`): the graph's event until a later replay is launched,
+then an event recorded after this replay's launch: a layer whose send had not been offered
+yet waits for this replay's end, not for the next replay to reach the layer.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from core.device_event import DeviceEvent
 from engine.attention.backend import AttentionMetadata, DecodeWorkspace
 from engine.cuda_graphs import GraphCapturer, graph_forward, record_all, split_workspaces
 from engine.kv_cache.manager import cdiv
-from engine.kv_connector import LayerHook
+from engine.kv_connector import LayerHook, layer_written
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,29 @@ def token_buckets(max_tokens: int) -> list[int]:
         sizes.update(range(low, min(high, max_tokens), step))
     sizes.add(max_tokens)
     return sorted(sizes)
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayedLayer:
+    """One layer's written-event of one replay (a DeviceEvent). A later replay records the
+    graph's event again, after which it says nothing of this one; then this replay's end
+    (`ended`, recorded after its launch, on the same stream) stands in. Never true early:
+    a re-recorded event completes after this replay's layer did too."""
+
+    graphs: StepGraphs
+    replay: int
+    layer: int
+    ended: DeviceEvent
+
+    def _event(self) -> DeviceEvent:
+        event = self.graphs.events[self.layer]
+        return event if event is not None and self.graphs.replays == self.replay else self.ended
+
+    def query(self) -> bool:
+        return self._event().query()
+
+    def synchronize(self) -> None:
+        self._event().synchronize()
 
 
 class StepGraphs:
@@ -88,6 +116,8 @@ class StepGraphs:
         dev, n, c = kv_cache.device, self.max_tokens, self.max_chunks + 1
         self.num_layers = len(model.model.layers)
         self.events = [capturer.event() for _ in range(self.num_layers)]
+        self.replays = 0
+        """Replays launched: a `ReplayedLayer` of an earlier one reads its `ended`."""
         with torch.inference_mode():
             self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
             self.positions = torch.zeros(n, dtype=torch.long, device=dev)
@@ -202,8 +232,13 @@ class StepGraphs:
         if self.index.is_cuda:
             staged = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True).copy_(staged)
         self.index.copy_(staged, non_blocking=True)
+        self.replays += 1
         self._replays[size]()
         if layer_done is not None:
+            ended = layer_written(self.kv_cache.device)
             for i in range(self.num_layers):
-                layer_done(i, self.events[i])
+                event = self.events[i]
+                if event is not None and ended is not None:
+                    event = ReplayedLayer(self, self.replays, i, ended)
+                layer_done(i, event)
         return self.hidden[:n]

@@ -1,12 +1,14 @@
 """Whole steps through the static buffers of engine/step_graphs.py, on CPU under the Triton
 interpreter: a capturer that "replays" by running the recorded step again gives everything
 but the CUDA graph (token buckets, the fixed launch grids with their padding rows and tiles,
-the scratch block, the chunk layout copied in). Greedy tokens equal transformers'."""
+the scratch block, the chunk layout copied in). Greedy tokens equal transformers'. A layer's
+written-event outlives the replay that recorded it (`ReplayedLayer`)."""
 
 from __future__ import annotations
 
 import itertools
 import os
+from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -21,7 +23,7 @@ from engine.kernels import tuned
 from engine.kernels.prefill_attention import launch_config
 from engine.kv_connector import LayerHook
 from engine.request import Request
-from engine.step_graphs import token_buckets
+from engine.step_graphs import ReplayedLayer, token_buckets
 from tests.engine.test_parity import GREEDY, hf_greedy, make_prompts
 from tests.support.graph_capturer import CountingCapturer
 from tests.support.handoff import ParkingConnector, run_disaggregated
@@ -191,3 +193,46 @@ def test_a_quantized_cache_replays_as_it_runs_eagerly(
     assert graphs.runner.step_graphs is not None and graphs.runner.decode_graphs is not None
     assert steps_until_done(graphs, prompts, "g") == steps_until_done(eager, prompts, "e")
     assert sum(capturer.by_bucket(graphs).values()) and sum(capturer.by_size(graphs).values())
+
+
+class StreamEvent:
+    """A CUDA event on one stream, the stream's progress set by hand: it completes once the
+    stream passed the position of its latest record."""
+
+    def __init__(self, stream: list[int]) -> None:
+        self.stream, self.at = stream, None
+
+    def record(self, position: int) -> None:
+        self.at = position
+
+    def query(self) -> bool:
+        return self.at is not None and self.stream[0] >= self.at
+
+    def synchronize(self) -> None:
+        assert self.query(), "would wait forever in this test"
+
+
+def test_a_layer_event_of_an_earlier_replay_waits_for_that_replay_not_the_next() -> None:
+    done = [0]  # how far the stream ran: replay r's layer i is at 10 r + i, its end 10 r + 9
+    graphs = SimpleNamespace(events=[StreamEvent(done) for _ in range(3)], replays=0)
+
+    def replay() -> list[ReplayedLayer]:
+        graphs.replays += 1
+        r = graphs.replays
+        for i, event in enumerate(graphs.events):
+            event.record(10 * r + i)
+        ended = StreamEvent(done)
+        ended.record(10 * r + 9)
+        return [ReplayedLayer(graphs, r, i, ended) for i in range(3)]
+
+    first = replay()
+    done[0] = 11  # the first replay wrote layers 0 and 1
+    assert [e.query() for e in first] == [True, True, False]
+    second = replay()  # records every layer's event again before the first one ended
+    assert [e.query() for e in first] == [False, False, False]  # its end is not reached yet
+    done[0] = 19  # the first replay ended: all its layers are written, the second ran nothing
+    assert [e.query() for e in first] == [True, True, True]
+    assert not any(e.query() for e in second)
+    first[2].synchronize()
+    done[0] = 21
+    assert [e.query() for e in second] == [True, True, False]
