@@ -27,7 +27,9 @@ launched the connector's hook gets every layer's event at once, as an eager step
 each layer's as it is launched. The next replay records those events again, so the hook
 gets each wrapped (`ReplayedLayer`): the graph's event until a later replay is launched,
 then an event recorded after this replay's launch: a layer whose send had not been offered
-yet waits for this replay's end, not for the next replay to reach the layer.
+yet waits for this replay's end, not for the next replay to reach the layer. That a launch
+re-records the graph's events at once is checked at start-up (`records_at_launch`); where
+it does not, every layer waits for its replay's end.
 """
 
 from __future__ import annotations
@@ -86,6 +88,30 @@ class ReplayedLayer:
         self._event().synchronize()
 
 
+SPIN_CYCLES = 50_000_000
+"""~25 ms of the GPU's clock: what `records_at_launch` queues ahead of its replay."""
+
+
+def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: torch.device) -> bool:
+    """Whether launching a replay re-records `event` (one of its graph's event nodes) at once,
+    as CUDA documents it ("each launch of the graph will record event"): a query right after
+    the launch must speak of this replay, not the one before, or a layer of a replay would
+    be sent as written before it is. Checked once at start-up, the replay queued behind ~25
+    ms of spinning so that it cannot have reached the node: the event must not be complete.
+    The replay writes only the scratch block (the static buffers hold no step)."""
+    torch.cuda.synchronize(device)
+    torch.cuda._sleep(SPIN_CYCLES)
+    replay()
+    lagging = event.query()
+    torch.cuda.synchronize(device)
+    if lagging:
+        logger.warning(
+            "a step graph's event nodes report the replay before the last one: a prefill "
+            "worker sends a step's KV once the whole step is done, not layer by layer"
+        )
+    return not lagging
+
+
 class StepGraphs:
     """The static buffers and one recorded forward pass per token bucket. Built once, after
     the KV cache exists (and after the decode graphs: they share its scratch block)."""
@@ -138,6 +164,11 @@ class StepGraphs:
             recorded = record_all(capturer, forwards, dev)
         self._replays, self.capture_s = recorded.replays, recorded.capture_s
         self.graph_bytes = recorded.graph_bytes
+        self.layer_events = self.events[0] is not None and records_at_launch(
+            self._replays[self.sizes[0]], self.events[0], dev
+        )
+        """Whether a replay's hook gets each layer's own event (else only the replay's end:
+        `records_at_launch` found the graph's events lagging)."""
         logger.info(
             "step graphs for %d token buckets %s in %s",
             len(self.sizes),
@@ -240,5 +271,7 @@ class StepGraphs:
                 event = self.events[i]
                 if event is not None and ended is not None:
                     event = ReplayedLayer(self, self.replays, i, ended)
+                    if not self.layer_events:
+                        event = ended
                 layer_done(i, event)
         return self.hidden[:n]

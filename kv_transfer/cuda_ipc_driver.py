@@ -114,9 +114,12 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
 
     def disconnect(self, peer: str) -> None:
         self._messages.disconnect(peer)
-        if self._peers.pop(peer, None) is not None:
-            # The last reference closes the IPC mapping: no copy queued from it may be left.
+        cache = self._peers.pop(peer, None)
+        if cache is not None:
+            # Its last reference closes the IPC mapping (torch syncs only the default stream
+            # then): every copy queued from it on ours ends first.
             self._stream.synchronize()
+            del cache
 
     def _peer(self, peer: str) -> torch.Tensor:
         cache = self._peers.get(peer)
@@ -137,9 +140,9 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
                 raise DriverError(f"a {what} id from {ready.sender} is outside [0, {bound})")
         with torch.cuda.stream(self._stream):
             device = self._blocks.device
-            layers = torch.tensor(ready.layers, device=device)[:, None]
-            src = torch.tensor(ready.src_block_ids, device=source.device)[None, :]
-            dst = torch.tensor(ready.dst_block_ids, device=device)[None, :]
+            layers = _queued(ready.layers, device)[:, None]
+            src = _queued(ready.src_block_ids, source.device)[None, :]
+            dst = _queued(ready.dst_block_ids, device)[None, :]
             self._blocks[layers, dst] = source[layers.to(source.device), src].to(device)
             return self._record()
 
@@ -172,3 +175,9 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
         for peer in list(self._peers):
             self.disconnect(peer)
         self._messages.close()
+
+
+def _queued(ids: list[int], device: torch.device) -> torch.Tensor:
+    """`ids` on `device`, the copy queued on the current stream from pinned memory: a
+    pageable copy would first wait for every pull queued before it."""
+    return torch.tensor(ids, dtype=torch.long).pin_memory().to(device, non_blocking=True)

@@ -32,13 +32,20 @@ Sections, in this order, each skipped (with why) when the time left is under its
     gpu_suite   tests/gpu (pytest -m gpu) in a subprocess: last, as nothing reads its result
 
 A lease is 15 minutes of device time, its start included, and a call at most 10; the
-sections' estimates add up to ~17 minutes. The first call runs what fits in --budget-s (480
-s: hardware to peer; a section is skipped when less is left than its estimate), and a second
-call on the same warm machine resumes it as far as the lease lasts, keeping what the first
-finished (the checkpoint, the kernel table and that call's JSON stay in --work):
+sections' estimates add up to ~17 minutes, so the check takes two leases (two sessions lent
+a device). Each call runs what fits in --budget-s (a section is skipped when less is left
+than its estimate); --resume keeps what an earlier call finished: on the same warm machine
+from the work folder, on a later lease from the report an earlier lease committed
+(--resume-from; a checkpoint is made again where its files are gone):
 
-    python3 -m bench.device.check                                # call 1, timeout 600
-    python3 -m bench.device.check --resume --budget-s 240        # call 2: the rest
+    lease 1, call 1 (timeout 600):  python3 -m bench.device.check
+                                    hardware, kernels (checkpoint beside), engine, peer
+    lease 1, call 2:                python3 -m bench.device.check --resume --budget-s <left>
+                                    the rest as far as it lasts (served needs ~300 s; the
+                                    plan none without it; then the GPU suite)
+    lease 2, call 1 (timeout 600):  python3 -m bench.device.check --budget-s 540 \
+                                        --resume-from bench/results/device/<lease 1>.json
+                                    checkpoint, served (1P+1D first), plan
 
 The checkpoint (16 GB to write) is drawn and written in a thread while the kernels are
 tuned, so the engine section is the first to wait for it.
@@ -233,17 +240,20 @@ def describe_host(dry_run: bool) -> dict[str, Any]:
     return host
 
 
-def finished_earlier(work: Path) -> dict[str, dict[str, Any]]:
-    """The sections the last call in `work` finished (neither failed nor skipped)."""
-    path = work / LAST_CALL
-    if not path.exists():
+def finished_earlier(report: Path) -> dict[str, dict[str, Any]]:
+    """The sections an earlier call's `report` finished (neither failed nor skipped): the
+    last call's in the work folder, or one a lease before committed. A checkpoint whose
+    files are gone (another machine) is made again."""
+    if not report.exists():
         return {}
-    earlier = json.loads(path.read_text())
+    earlier = json.loads(report.read_text())
     when = earlier.get("host", {}).get("date")
     return {
-        name: {**result, "kept_from": when}
+        name: {**result, "kept_from": result.get("kept_from", when)}
         for name, result in earlier.get("sections", {}).items()
-        if "error" not in result and "skipped" not in result
+        if "error" not in result
+        and "skipped" not in result
+        and (name != "checkpoint" or Path(result.get("path", "")).exists())
     }
 
 
@@ -254,11 +264,14 @@ def check(
     only: list[str] | None = None,
     work: Path | None = None,
     resume: bool = False,
+    resume_from: Path | None = None,
 ) -> Run:
     """Run the sections (`only` these, if given; with `resume`, not those the last call in
-    `work` finished, whose results it keeps)."""
+    `work` finished, or `resume_from`'s report, whose results it keeps)."""
     run = Run(out, dry_run, budget_s, work or out.parent / "work")
-    kept = finished_earlier(run.work) if resume else {}
+    kept = {}
+    if resume or resume_from is not None:
+        kept = finished_earlier(resume_from or run.work / LAST_CALL)
     if not dry_run:
         tuned_launches.name_earlier_table(run.work)
     run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
@@ -329,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", default=None, choices=[s.name for s in SECTIONS])
     parser.add_argument("--resume", action="store_true",
                         help="keep the last call's finished sections (in --work)")  # fmt: skip
+    parser.add_argument("--resume-from", type=Path, default=None, metavar="REPORT",
+                        help="keep the finished sections of this earlier report")  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path("/tmp/baton-device-check"),
                         help="the checkpoint (16 GB on the device) and charts")  # fmt: skip
     args = parser.parse_args(argv)
@@ -337,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("bench.device.check: no CUDA device; --dry-run runs it on the CPU")
         return 2
-    run = check(args.out, args.dry_run, args.budget_s, args.only, args.work, args.resume)
+    run = check(args.out, args.dry_run, args.budget_s, args.only, args.work, args.resume,
+                args.resume_from)  # fmt: skip
     failed = [n for n, r in run.report["sections"].items() if "error" in r]
     return 1 if failed else 0
 

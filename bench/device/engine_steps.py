@@ -183,7 +183,8 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
             continue
         used = graphs.graph_bytes
         out[name] = {"sizes": graphs.sizes, "capture_s": graphs.capture_s,
-                     "graph_gib": None if used is None else used / 2**30}  # fmt: skip
+                     "graph_gib": None if used is None else used / 2**30,
+                     "layer_events": getattr(graphs, "layer_events", None)}  # fmt: skip
     mc = engine.model_config
     embed = mc.vocab_size * mc.hidden_size
     # What a step reads: every weight but the embedding table, of which it reads a row a

@@ -40,6 +40,9 @@ def plan_against_served(
     dry_run: bool,
     left_s: Callable[[], float],
 ) -> dict[str, Any]:
+    runs = (served.get("configs") or {}).get("1p1d")
+    if not isinstance(runs, list):  # its profile would take the device for nothing
+        return {"skipped": "no served 1P+1D runs to hold the plan against"}
     kind = "dry" if dry_run else "full"
     device = serving.device_flags(dry_run)
     profile = work / "profile.json"
@@ -63,8 +66,7 @@ def plan_against_served(
     )  # fmt: skip
     profiled = json.loads(profile.read_text())
     planned = json.loads(plan_out.read_text())["runs"]
-    runs = (served.get("configs") or {}).get("1p1d")
-    measured = {r["rate"]: r for r in runs} if isinstance(runs, list) else {}
+    measured = {r["rate"]: r for r in runs}
     rows = []
     for plan in planned:
         row = {"rate": plan["rate"], "plan_ttft_p50_ms": plan["ttft_p50_ms"],
@@ -81,7 +83,7 @@ def plan_against_served(
         "transfer": {k: profiled.get(k) for k in TRANSFER_KEYS},
         "request_overhead_ms": overhead_flag[1:] or "not measured: none modelled",
         "rows": rows,
-        "served_from": "this run's served section" if measured else None,
+        "served_from": served.get("kept_from", "this call's served section"),
     }
 
 

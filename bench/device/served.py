@@ -1,5 +1,5 @@
-"""`baton serve` on the device check's one GPU, and `baton bench` against it: unified (one
-worker), then 1P+1D sharing the GPU (`--gpus-per-worker 0.5`), each at three rates of the
+"""`baton serve` on the device check's one GPU, and `baton bench` against it: 1P+1D sharing
+the GPU (`--gpus-per-worker 0.5`), then unified (one worker), each at three rates of the
 fixed 256 -> 64 and the long_mix workloads (and, on the 1P+1D server, its request overhead:
 what `baton plan` adds to a first token). The low rate's TTFT p50 is held against the
 engine's own 256-token prefill step (engine section): what the served path adds to a first
@@ -23,18 +23,19 @@ from pathlib import Path
 from typing import Any
 
 CONFIGS = {
+    "1p1d": ["--mode", "disaggregated", "--prefill", "1", "--decode", "1",
+             "--gpus-per-worker", "0.5"],
     "unified": ["--mode", "unified", "--prefill", "0", "--decode", "1"],
-    "1p1d": [
-        "--mode",
-        "disaggregated",
-        "--prefill",
-        "1",
-        "--decode",
-        "1",
-        "--gpus-per-worker",
-        "0.5",
-    ],
-}
+}  # fmt: skip
+"""In the order they run: the disaggregated shape first (the plan is held against it)."""
+START_S = {"full": 150.0, "dry": 60.0}
+"""The least time left to start a server: an 8B checkpoint's load, the KV sizing's forward,
+the graphs' capture (two workers at once on the shared GPU) and Ray's start."""
+SERVE_FLAGS = {"full": ["--worker-start-timeout", "600"], "dry": []}
+"""A worker's first start on a fresh machine compiles the kernels and captures ~40 graphs
+beside the other worker sharing the GPU: it may take more than the default 180 s."""
+LONG_MIX_S = {"full": 90.0, "dry": 0.0}
+"""The least time left to run the long_mix rates after the fixed ones on a server."""
 RATES = {"full": ["1", "8", "24"], "dry": ["0.5", "1", "2"]}
 WORKLOAD = ["--workload", "fixed", "--input-len", "256", "--output-len", "64"]
 WORKLOADS = {"fixed": WORKLOAD, "long_mix": ["--workload", "long_mix"]}
@@ -87,15 +88,18 @@ def served_figures(
     configs = {"1p1d": CONFIGS["1p1d"]} if dry_run else CONFIGS
     result["long_mix"] = {}
     for name, flags in configs.items():
-        if left_s() < 60:
+        if left_s() < START_S[kind]:
             result["configs"][name] = {"skipped": f"{left_s():.0f} s left"}
             continue
-        serve = ["--model", str(model_dir), *device, *flags]
+        serve = ["--model", str(model_dir), *device, *SERVE_FLAGS[kind], *flags]
         log = out_dir / f"serve_{name}.log"
         try:
-            with ServerProcess(serve, log, start_timeout_s=min(240.0, left_s() - 30)) as server:
+            with ServerProcess(serve, log, start_timeout_s=min(300.0, left_s() - 30)) as server:
                 for workload, args in WORKLOADS.items():
                     key = name if workload == "fixed" else f"{name}_{workload}"
+                    if workload != "fixed" and left_s() < LONG_MIX_S[kind]:
+                        result[workload][name] = {"skipped": f"{left_s():.0f} s left"}
+                        continue
                     out = work / f"bench_{key}.json"
                     # `baton bench` by its module: the device runs the tree uninstalled, and
                     # `baton`'s own subcommands beyond serve come from installed entry points.
@@ -149,12 +153,12 @@ def traced_breakdown(
     whose figures stay free of the exporting."""
     from bench.planning import ttft_breakdown
 
-    if left_s() < 60:
+    if left_s() < START_S["full"]:
         return {"skipped": f"{left_s():.0f} s left"}
-    serve = ["--model", str(model_dir), *device, *CONFIGS["unified"]]
+    serve = ["--model", str(model_dir), *device, *SERVE_FLAGS["full"], *CONFIGS["unified"]]
     try:
         return ttft_breakdown.serve_and_break_down(
-            serve, out_dir / "serve_traced.log", 10, 256, start_timeout_s=min(240.0, left_s() - 30)
+            serve, out_dir / "serve_traced.log", 10, 256, start_timeout_s=min(300.0, left_s() - 30)
         )
     except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"[:800]}

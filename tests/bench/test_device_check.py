@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -123,3 +124,15 @@ def test_a_second_call_keeps_what_the_first_finished_and_runs_the_rest(tmp_path)
     # Without --resume, everything chosen runs again.
     third = check(tmp_path / "c.json", True, budget_s=600, only=["hardware"], work=work)
     assert "kept_from" not in third.report["sections"]["hardware"]
+
+    # A later lease: a fresh machine (the work folder gone) resumes from the report the first
+    # lease committed: its figures are kept (their first date with them), its checkpoint,
+    # whose files are not there, is made again.
+    shutil.rmtree(work)
+    fresh = tmp_path / "fresh"
+    fourth = check(tmp_path / "d.json", True, budget_s=600, only=["hardware", "checkpoint"],
+                   work=fresh, resume_from=tmp_path / "b.json")  # fmt: skip
+    sections = fourth.report["sections"]
+    assert sections["hardware"]["kept_from"] == first.report["host"]["date"]
+    assert "kept_from" not in sections["checkpoint"]
+    assert (fresh / "checkpoint" / "config.json").exists()

@@ -66,7 +66,7 @@ def test_the_parser_is_the_knobs() -> None:
     for name, setting in knobs.items():
         assert actions[name].default == setting.default, name
         assert setting.flag in actions[name].option_strings, name
-    assert len(knobs) == 82
+    assert len(knobs) == 83
 
 
 def test_no_flags_is_the_default_config() -> None:

@@ -55,6 +55,8 @@ def test_greedy_equals_transformers_in_float32(tiny_model_dir, arch: str, keys_r
     # Every step replays a CUDA graph: decode-only steps by batch size, the rest by tokens.
     assert llm.engine.runner.decode_graphs is not None
     assert llm.engine.runner.step_graphs is not None
+    # A launch re-records the graphs' per-layer events at once: a layer is sent when written.
+    assert llm.engine.runner.step_graphs.layer_events
     prompts = make_prompts(llm.engine.model_config.vocab_size)
     want = [oracle.hf_greedy(str(model_dir), tuple(p), MAX_TOKENS, "cuda") for p in prompts]
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == want

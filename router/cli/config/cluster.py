@@ -87,6 +87,13 @@ class ClusterOptions:
         "prefill and a decode worker on one GPU, each filling half of --gpu-memory-utilization",
         metavar="F",
     )
+    worker_start_timeout: float = knob(
+        default_of(ClusterSpec, "worker_start_timeout_s"),
+        "seconds a new worker has to come up (load its model, size its KV cache, compile its "
+        "kernels and capture its graphs) before it counts as failed",
+        minimum=1,
+        metavar="S",
+    )
     prefill_layout: PoolLayout | None = knob(
         None,
         "the prefill pool's own TP size, block size and KV cache dtype where they differ from "

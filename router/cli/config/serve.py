@@ -167,6 +167,7 @@ class ServeConfig:
             tp=cluster.tp,
             device=device,
             gpus_per_worker=cluster.gpus_per_worker,
+            worker_start_timeout_s=cluster.worker_start_timeout,
             redis_url=cluster.redis,
             local=cluster.address is None,
             autoscale=self.autoscale.autoscale_config(),
