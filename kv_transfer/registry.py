@@ -208,9 +208,11 @@ def create_transport(
     unavailable["cuda_ipc" if same_host == "shm" else "shm"] = (
         f"the cache is in {'GPU' if kv.is_cuda else 'host'} memory"
     )
+    # Refused: a cache not in shared memory, a GPU without IPC, a sandbox without the /proc
+    # entries a host is named by (kv_transfer/host.py).
     try:
         transports[same_host] = start(same_host)
-    except (DriverError, ValueError, RuntimeError) as exc:  # a cache not in shared memory
+    except (DriverError, ValueError, RuntimeError, OSError) as exc:
         unavailable[same_host] = str(exc)
     for network in NETWORK_BACKENDS:
         reason = unavailable_reason(network)
