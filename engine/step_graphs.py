@@ -96,20 +96,25 @@ def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: to
     """Whether launching a replay re-records `event` (one of its graph's event nodes) at once,
     as CUDA documents it ("each launch of the graph will record event"): a query right after
     the launch must speak of this replay, not the one before, or a layer of a replay would
-    be sent as written before it is. Checked once at start-up, the replay queued behind ~25
-    ms of spinning so that it cannot have reached the node: the event must not be complete.
-    The replay writes only the scratch block (the static buffers hold no step)."""
-    torch.cuda.synchronize(device)
-    torch.cuda._sleep(SPIN_CYCLES)
+    be sent as written before it is. Checked at start-up after a first replay, each try
+    queued behind ~25 ms of spinning so that it cannot have reached the node (the last
+    layer's): the event must not be complete. A slow try only makes a second one; twice
+    complete, and every layer waits for its replay's end. The replays write only the scratch
+    block (the static buffers hold no step)."""
     replay()
-    lagging = event.query()
-    torch.cuda.synchronize(device)
-    if lagging:
-        logger.warning(
-            "a step graph's event nodes report the replay before the last one: a prefill "
-            "worker sends a step's KV once the whole step is done, not layer by layer"
-        )
-    return not lagging
+    for _ in range(2):
+        torch.cuda.synchronize(device)
+        torch.cuda._sleep(SPIN_CYCLES)
+        replay()
+        lagging = event.query()
+        torch.cuda.synchronize(device)
+        if not lagging:
+            return True
+    logger.warning(
+        "a step graph's event nodes report the replay before the last one: a prefill worker "
+        "sends a step's KV once the whole step is done, not layer by layer"
+    )
+    return False
 
 
 class StepGraphs:
@@ -164,8 +169,8 @@ class StepGraphs:
             recorded = record_all(capturer, forwards, dev)
         self._replays, self.capture_s = recorded.replays, recorded.capture_s
         self.graph_bytes = recorded.graph_bytes
-        self.layer_events = self.events[0] is not None and records_at_launch(
-            self._replays[self.sizes[0]], self.events[0], dev
+        self.layer_events = self.events[-1] is not None and records_at_launch(
+            self._replays[self.sizes[0]], self.events[-1], dev
         )
         """Whether a replay's hook gets each layer's own event (else only the replay's end:
         `records_at_launch` found the graph's events lagging)."""

@@ -240,19 +240,22 @@ def describe_host(dry_run: bool) -> dict[str, Any]:
     return host
 
 
-def finished_earlier(report: Path) -> dict[str, dict[str, Any]]:
-    """The sections an earlier call's `report` finished (neither failed nor skipped): the
-    last call's in the work folder, or one a lease before committed. A checkpoint whose
-    files are gone (another machine) is made again."""
+def finished_earlier(report: Path, device: str) -> dict[str, dict[str, Any]]:
+    """The sections an earlier call's `report` finished (not failed, skipped or done in
+    part) on this `device`: the last call's in the work folder, or one a lease before
+    committed. A checkpoint whose files are gone (another machine) is made again; a report
+    from another kind of device keeps nothing (its figures are not this one's)."""
     if not report.exists():
         return {}
     earlier = json.loads(report.read_text())
-    when = earlier.get("host", {}).get("date")
+    host = earlier.get("host", {})
+    if host.get("device") != device:
+        print(f"{report} was measured on {host.get('device')}, not {device}: nothing kept")
+        return {}
     return {
-        name: {**result, "kept_from": result.get("kept_from", when)}
+        name: {**result, "kept_from": result.get("kept_from", host.get("date"))}
         for name, result in earlier.get("sections", {}).items()
-        if "error" not in result
-        and "skipped" not in result
+        if not result.keys() & {"error", "skipped", "partial"}
         and (name != "checkpoint" or Path(result.get("path", "")).exists())
     }
 
@@ -269,12 +272,14 @@ def check(
     """Run the sections (`only` these, if given; with `resume`, not those the last call in
     `work` finished, or `resume_from`'s report, whose results it keeps)."""
     run = Run(out, dry_run, budget_s, work or out.parent / "work")
+    host = describe_host(dry_run)
     kept = {}
     if resume or resume_from is not None:
-        kept = finished_earlier(resume_from or run.work / LAST_CALL)
-    if not dry_run:
-        tuned_launches.name_earlier_table(run.work)
-    run.report = {"host": describe_host(dry_run), "budget_s": budget_s, "sections": {}}
+        kept = finished_earlier(resume_from or run.work / LAST_CALL, host["device"])
+    if not dry_run:  # the kernel table the kept tuning chose: this machine's, or committed
+        for folder in (run.work, *([resume_from.parent] if resume_from else [])):
+            tuned_launches.name_earlier_table(folder)
+    run.report = {"host": host, "budget_s": budget_s, "sections": {}}
     run.save()
     chosen = [s for s in SECTIONS if not only or s.name in only]
     started: dict[str, Future[dict[str, Any]]] = {}

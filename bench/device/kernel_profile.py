@@ -14,6 +14,7 @@ so the check's CPU test runs it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +31,8 @@ def per_step(run: Callable[[], Any], steps: int, device: torch.device) -> dict[s
     """Profiles `steps` calls of `run` (each one engine step) run back to back."""
     on_cuda = device.type == "cuda"
     activity = ProfilerActivity.CUDA if on_cuda else ProfilerActivity.CPU
+    if on_cuda:  # CUPTI kept between the profiles: torch's teardown of it can upset graphs
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
     sync(device)
     with profile(activities=[activity]) as prof:
         start = time.perf_counter()

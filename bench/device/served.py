@@ -122,6 +122,10 @@ def served_figures(
             result["error"] = f"{name}: {failed['error']}"  # a later call's --resume reruns it
     if not dry_run:
         result["breakdown_unified"] = traced_breakdown(model_dir, device, out_dir, left_s)
+    parts = [*result["configs"].values(), *result["long_mix"].values()]
+    parts.append(result.get("breakdown_unified", {}))
+    if any(isinstance(p, dict) and "skipped" in p for p in parts):
+        result["partial"] = "a part was skipped for time: a later --resume serves it again"
     return result
 
 

@@ -11,7 +11,7 @@ import shutil
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 from bench.device import targets
-from bench.device.check import SECTIONS, check
+from bench.device.check import SECTIONS, check, finished_earlier
 
 
 def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
@@ -136,3 +136,22 @@ def test_a_second_call_keeps_what_the_first_finished_and_runs_the_rest(tmp_path)
     assert sections["hardware"]["kept_from"] == first.report["host"]["date"]
     assert "kept_from" not in sections["checkpoint"]
     assert (fresh / "checkpoint" / "config.json").exists()
+
+
+def test_an_earlier_report_keeps_only_whole_sections_from_the_same_device(tmp_path) -> None:
+    report = {
+        "host": {"device": "NVIDIA H200", "date": "2026-12-08 10:00:00 UTC"},
+        "sections": {
+            "engine": {"decode_b1": {"step_ms": 3.9}},
+            "peer": {"error": "timed out"},
+            "served": {"configs": {"1p1d": []}, "partial": "unified was skipped for time"},
+            "plan": {"skipped": "no served 1P+1D runs"},
+            "checkpoint": {"path": str(tmp_path / "gone")},
+        },
+    }
+    path = tmp_path / "lease_1.json"
+    path.write_text(json.dumps(report))
+    kept = finished_earlier(path, "NVIDIA H200")
+    assert list(kept) == ["engine"]
+    assert kept["engine"]["kept_from"] == "2026-12-08 10:00:00 UTC"
+    assert finished_earlier(path, "NVIDIA H100 80GB HBM3") == {}  # not this card's figures

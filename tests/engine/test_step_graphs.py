@@ -18,6 +18,7 @@ import torch
 from core.config import EngineConfig
 from core.request import EngineRequest, RequestOutput
 from core.sampling import SamplingParams
+from engine import step_graphs
 from engine.engine import LLMEngine
 from engine.kernels import tuned
 from engine.kernels.prefill_attention import launch_config
@@ -236,3 +237,49 @@ def test_a_layer_event_of_an_earlier_replay_waits_for_that_replay_not_the_next()
     first[2].synchronize()
     done[0] = 21
     assert [e.query() for e in second] == [True, True, False]
+
+
+class Recorded:
+    """A stand-in CUDA event on the CPU: counts its records, always complete."""
+
+    def __init__(self) -> None:
+        self.records = 0
+
+    def record(self) -> None:
+        self.records += 1
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class EventCapturer(CountingCapturer):
+    def event(self) -> Recorded:
+        return Recorded()
+
+
+def test_a_replay_hands_each_layer_its_own_replayed_event(tiny_model_dir, triton, monkeypatch):
+    # The CUDA wiring on the CPU: graph events that replays record, an end event after each
+    # replay, and a device that records events at launch.
+    monkeypatch.setattr(step_graphs, "records_at_launch", lambda *args: True)
+    monkeypatch.setattr(step_graphs, "layer_written", lambda device: Recorded())
+    prefill = make_engine(tiny_model_dir("llama"), EventCapturer(), decode_graphs=False)
+    graphs = prefill.runner.step_graphs
+    assert graphs is not None and graphs.layer_events
+    connector = HookedConnector(prefill)
+    decode = make_engine(tiny_model_dir("llama"), None)
+    prompts = make_prompts(prefill.model_config.vocab_size)
+    layers = prefill.model_config.num_hidden_layers
+    handed = []
+    for i, prompt in enumerate(prompts[9:11]):
+        replays = graphs.replays
+        run_disaggregated(prefill, decode, EngineRequest(f"r{i}", prompt[-32:], GREEDY))
+        handed.append([event for _, event in connector.calls[-layers:]])
+        assert graphs.replays > replays
+        assert all(isinstance(e, ReplayedLayer) and e.replay == graphs.replays for e in handed[-1])
+        assert [e._event() for e in handed[-1]] == graphs.events  # the graph's own, until...
+    # ... a later replay records them again: the first prompt's layers read its replay's end.
+    assert all(e._event() is e.ended for e in handed[0])
+    assert all(e.records == graphs.replays for e in graphs.events)  # once a replay each

@@ -146,3 +146,49 @@ def test_quantized_kv_cache_logits_are_close_to_float32(tiny_model_dir, kv_cache
                     kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     assert attention_backend(quantized) == "triton"
     check_logits_close(quantized, exact)
+
+
+def test_a_replayed_prompt_step_gives_each_layer_an_event_of_its_own(tiny_model_dir) -> None:
+    """A prefill engine's step that completes a prompt replays a step graph: the hook gets
+    each layer's event of that replay, which still speaks of it after the next replay
+    records the graph's events again (engine/step_graphs.py, ReplayedLayer)."""
+    from engine.engine import LLMEngine
+    from engine.step_graphs import ReplayedLayer
+    from tests.support.handoff import ParkingConnector
+
+    class Hooked(ParkingConnector):
+        def __init__(self, engine: LLMEngine) -> None:
+            super().__init__(engine)
+            self.events: list[list[object]] = []
+
+        def begin_step(self, completing):
+            if not completing:
+                return None
+            self.events.append([])
+            return lambda layer, event: self.events[-1].append(event)
+
+    llm = LLM(tiny_model_dir("llama"), device="cuda", dtype="float32", num_kv_blocks=512,
+              max_num_batched_tokens=64)  # fmt: skip
+    engine, graphs = llm.engine, llm.engine.runner.step_graphs
+    assert graphs is not None and graphs.layer_events
+    connector = Hooked(engine)
+    prompts = [p for p in make_prompts(engine.model_config.vocab_size) if len(p) >= 40][:2]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"p{i}", prompt[-40:], GREEDY)
+        replays = graphs.replays
+        for _ in range(8):  # its one step, and the next that lands its token: parked
+            engine.step()
+            if parked := connector.take():
+                break
+        assert [p.request_id for p in parked] == [f"p{i}"]
+        engine.release(f"p{i}")
+        assert graphs.replays > replays  # the prompt's step was replayed
+    first, second = connector.events
+    layers = engine.model_config.num_hidden_layers
+    assert len(first) == len(second) == layers
+    assert all(isinstance(e, ReplayedLayer) for e in first + second)
+    # After the second prompt's replays, the first's events read that replay's own end.
+    assert all(e._event() is e.ended for e in first)
+    for event in first + second:
+        event.synchronize()
+        assert event.query()
