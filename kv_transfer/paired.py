@@ -13,6 +13,10 @@ both and, for each peer, uses
                     cuda_ipc_driver.py)
     (none)          IncompatiblePeerError naming what each side has and why ours lacks one
 
+A worker where no backend starts (a GPU without IPC and no network backend installed, on one
+host) gets a paired transport of none: it serves what moves no KV (a unified worker), and
+pairing it with a peer fails naming why each backend is missing.
+
 `local` is never chosen: it moves KV within one process only.
 
 Every call naming a peer goes to that peer's transport; a request's reservation is armed on
@@ -60,20 +64,21 @@ _decoder = msgspec.msgpack.Decoder(PairedInfo)
 
 class PairedTransport(Transport):
     def __init__(
-        self, transports: Mapping[str, Transport], unavailable: Mapping[str, str] | None = None
+        self,
+        transports: Mapping[str, Transport],
+        unavailable: Mapping[str, str] | None = None,
+        name: str | None = None,
     ) -> None:
-        """`transports`: one per backend, all over the same cache and under one name.
-        `unavailable`: why each network backend we lack could not be had (said when a
-        peer on another host needs one)."""
-        if not transports:
-            raise ValueError("a paired transport needs at least one backend")
+        """`transports`: one per backend, all over the same cache and under one name (none:
+        `name` names it). `unavailable`: why each backend we lack could not be had (said
+        when a peer needs one)."""
         self._transports = dict(transports)
         self._unavailable = dict(unavailable or {})
-        names = {t.name for t in self._transports.values()}
+        names = {t.name for t in self._transports.values()} or ({name} if name else set())
         if len(names) != 1:
             raise ValueError(f"the paired transports must share one name, got {sorted(names)}")
         self.name = names.pop()
-        self.backend = "+".join(self._transports)
+        self.backend = "+".join(self._transports) or "none"
         self.host = host_identity()
         info = PairedInfo(
             PAIRED_VERSION,
@@ -104,12 +109,15 @@ class PairedTransport(Transport):
         ):
             return "cuda_ipc"
         where = "this host" if peer_host == self.host else "another host"
-        why = "; ".join(f"{b}: {reason}" for b, reason in self._unavailable.items())
+        why = self._why()
         raise IncompatiblePeerError(
             f"transport (a peer on {where})",
             f"{sorted(self._transports)}" + (f" (unavailable here: {why})" if why else ""),
             sorted(peer_backends),
         )
+
+    def _why(self) -> str:
+        return "; ".join(f"{b}: {reason}" for b, reason in self._unavailable.items())
 
     def add_peer(self, metadata: bytes) -> PeerId:
         info: PairedInfo = decode_versioned(_decoder, metadata, "version", PAIRED_VERSION)
@@ -135,8 +143,12 @@ class PairedTransport(Transport):
         peer: PeerId | None = None,
     ) -> None:
         if peer is None:
-            if len(self._transports) > 1:
-                raise ValueError("a paired transport needs the peer that will fill the blocks")
+            if len(self._transports) != 1:
+                raise ValueError(
+                    "a paired transport needs the peer that will fill the blocks"
+                    if self._transports
+                    else f"no KV transport here ({self._why()})"
+                )
             transport = next(iter(self._transports.values()))
         else:
             transport = self._transport_of(peer)
@@ -199,6 +211,8 @@ def peer_compat(metadata: bytes) -> CompatRecord:
         info = _decoder.decode(metadata)
     except msgspec.DecodeError:
         return decode_peer_info(metadata).compat
-    if info.version != PAIRED_VERSION or not info.transports:
+    if info.version != PAIRED_VERSION:
         raise IncompatiblePeerError("version", PAIRED_VERSION, info.version)
+    if not info.transports:
+        raise IncompatiblePeerError("transport", "a backend", "none (the peer moves no KV)")
     return decode_peer_info(next(iter(info.transports.values()))).compat

@@ -172,8 +172,9 @@ def create_transport(
     `backend="auto"` picks per peer (kv_transfer.paired): `shm` on this host (CPU caches),
     the first of nixl, ucx that works here for the others, `cuda_ipc` on this host (GPU
     caches) where neither does; `require_network` makes a missing network backend an error
-    now (a worker of a multi-host cluster), naming each backend and why it is unavailable. A
-    named backend is used for every peer.
+    now (a worker of a multi-host cluster), naming each backend and why it is unavailable.
+    Where none starts at all, the worker gets a transport of none (kv_transfer.paired): it
+    moves no KV, and a peer is refused naming why. A named backend is used for every peer.
 
     `model_id` goes into the handshake; `loopback=True` keeps UCX's TCP on 127.0.0.1 (a
     single-node cluster, tests); `on_failure` is the FailureHook that releases blocks;
@@ -225,8 +226,13 @@ def create_transport(
             transport.close()
         why = "; ".join(f"{b}: {reason}" for b, reason in unavailable.items())
         raise RuntimeError(f"no KV transport reaches workers on other hosts ({why})")
-    if not transports:
-        raise RuntimeError("no KV transport backend available: " + "; ".join(unavailable.values()))
+    if not transports:  # it serves what moves no KV; a peer is refused, naming why
+        logger.warning(
+            "KV transport %s: none, this worker moves no KV (%s)",
+            name,
+            "; ".join(f"{b}: {reason}" for b, reason in unavailable.items()),
+        )
+        return PairedTransport({}, unavailable, name=name or f"kv-{os.getpid()}-none")
     logger.info(
         "KV transport %s: %s per peer%s",
         name,

@@ -17,7 +17,7 @@ from core.kv_layout import KVLayout
 from engine import cpu_kernels
 from engine.kv_cache.shared_memory import shared_zeros
 from kv_transfer import IncompatiblePeerError, Role, create_transport, registry
-from kv_transfer.paired import PairedInfo, PairedTransport
+from kv_transfer.paired import PairedInfo, PairedTransport, peer_compat
 
 LAYOUT = KVLayout(num_layers=2, num_blocks=8, block_size=4, num_kv_heads=2, head_dim=8)
 
@@ -121,3 +121,25 @@ def test_the_cuda_ipc_backend_takes_gpu_caches_only() -> None:
 
     with pytest.raises(ValueError, match="GPU memory only; use shm"):
         CudaIpcDriver(cache(1), LAYOUT, "a")
+
+
+def test_a_worker_without_any_backend_serves_and_refuses_peers(no_network) -> None:
+    # A CPU cache not in shared memory stands for a GPU whose IPC the sandbox lacks: no
+    # backend starts. The worker still starts (a unified worker moves no KV); a peer, and a
+    # reservation, are refused naming why each backend is missing.
+    lone = create_transport(torch.zeros(LAYOUT.shape).half(), LAYOUT, "m", name="lone")
+    ours = auto(cache(1), "p0")
+    try:
+        assert isinstance(lone, PairedTransport) and lone.backend == "none"
+        assert lone.name == "lone" and lone.poll() == []
+        with pytest.raises(IncompatiblePeerError, match=r"shm: .*nixl is not loaded"):
+            lone.add_peer(ours.local_metadata())
+        with pytest.raises(IncompatiblePeerError, match="the peer moves no KV"):
+            peer_compat(lone.local_metadata())
+        with pytest.raises(
+            ValueError, match=r"no KV transport here \(.*shm: the shm backend needs"
+        ):
+            lone.expect("r", [1], timeout_s=1)
+    finally:
+        lone.close()
+        ours.close()
