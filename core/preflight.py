@@ -104,6 +104,13 @@ class PreflightError(ValueError):
         self.mismatches = mismatches
 
 
+class UnpairableError(ValueError):
+    """Two workers that cannot move KV between them for a reason no retry changes (their
+    transports share no backend, their handshakes disagree: kv_transfer's
+    IncompatiblePeerError is one): the controller refuses the pool, as for a preflight
+    mismatch, rather than starting worker after worker that meets the same peer."""
+
+
 def preflight(prefill: WorkerFacts, decode: WorkerFacts, same_pool: bool = False) -> list[Mismatch]:
     """Every field on which KV from a worker with `prefill`'s facts cannot become KV of a
     worker with `decode`'s (`same_pool`: two workers of one pool, whose layouts must match

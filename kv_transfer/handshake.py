@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from core.kv_layout import LAYOUT_NAME, KVLayout
+from core.preflight import UnpairableError
 
 PROTOCOL_VERSION = 2
 """2: LayersReady carries a read lease; a receiver answers an Abort with Stopped."""
@@ -22,7 +23,7 @@ READ_LEASE_S = 4.0
 that ends later is refused (see `kv_transfer.holds`)."""
 
 
-class IncompatiblePeerError(ValueError):
+class IncompatiblePeerError(UnpairableError):
     """A peer's handshake record does not match ours; `field` names the first mismatch."""
 
     def __init__(self, field: str, local: object, remote: object) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 import ray
 
 from core.errors import error_message
-from core.preflight import PreflightError, check_joining
+from core.preflight import PreflightError, UnpairableError, check_joining
 from core.roles import WorkerRole
 from router.cluster.pairing import pair_workers
 from router.cluster.pool_sizes import SavedPoolSizes
@@ -275,7 +275,7 @@ class Controller:
         except Exception as e:
             why = str(e) if isinstance(e, TimeoutError | PreflightError) else error_message(e)
             logger.error("controller: worker %s failed to start: %s", worker_id, why)
-            if isinstance(e, PreflightError):
+            if isinstance(e, PreflightError | UnpairableError):
                 self.refused[pool] = why
             self.last_start_failure = f"{worker_id}: {why}"
             self._kill(member)
