@@ -96,25 +96,25 @@ def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: to
     """Whether launching a replay re-records `event` (one of its graph's event nodes) at once,
     as CUDA documents it ("each launch of the graph will record event"): a query right after
     the launch must speak of this replay, not the one before, or a layer of a replay would
-    be sent as written before it is. Checked at start-up after a first replay, each try
-    queued behind ~25 ms of spinning so that it cannot have reached the node (the last
-    layer's): the event must not be complete. A slow try only makes a second one; twice
-    complete, and every layer waits for its replay's end. The replays write only the scratch
-    block (the static buffers hold no step)."""
+    be sent as written before it is. Checked at start-up after a first replay, twice, each
+    try queued behind ~25 ms of spinning so that it cannot have reached the node (the last
+    layer's): the event must not be complete (a slow try is only a try). Every rank replays
+    as often whatever it finds (a TP step's collectives must pair up). The replays write only
+    the scratch block (the static buffers hold no step)."""
     replay()
+    found = []
     for _ in range(2):
         torch.cuda.synchronize(device)
         torch.cuda._sleep(SPIN_CYCLES)
         replay()
-        lagging = event.query()
+        found.append(not event.query())
         torch.cuda.synchronize(device)
-        if not lagging:
-            return True
-    logger.warning(
-        "a step graph's event nodes report the replay before the last one: a prefill worker "
-        "sends a step's KV once the whole step is done, not layer by layer"
-    )
-    return False
+    if not any(found):
+        logger.warning(
+            "a step graph's event nodes report the replay before the last one: a prefill "
+            "worker sends a step's KV once the whole step is done, not layer by layer"
+        )
+    return any(found)
 
 
 class StepGraphs:
