@@ -48,6 +48,9 @@ class DeviceMemory(Protocol):
     def total_and_non_torch_bytes(self) -> tuple[int, int]:
         """(the device's memory, bytes in use on it outside torch's allocator)."""
 
+    def free_at_start_bytes(self) -> int | None:
+        """On a device shared by parts, what was free when this worker began; else None."""
+
 
 SHARED_OUTSIDE_BYTES = 3 << 29
 """On a shared device, the most of its non-torch bytes a worker counts as its own (its CUDA
@@ -65,9 +68,11 @@ class CudaMemory:
         self.device = device
         self.shared = shared
         self.others_bytes = 0
+        self.free_at_start: int | None = None
         if shared:
             free, total = torch.cuda.mem_get_info(device)
             self.others_bytes = total - free - torch.cuda.memory_reserved(device)
+            self.free_at_start = free + torch.cuda.memory_reserved(device)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -83,6 +88,9 @@ class CudaMemory:
 
     def release_cached(self) -> None:
         torch.cuda.empty_cache()
+
+    def free_at_start_bytes(self) -> int | None:
+        return self.free_at_start
 
     def total_and_non_torch_bytes(self) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(self.device)
@@ -137,8 +145,13 @@ def measure_device_usage(
     del hidden, kv_cache, meta, input_ids, positions
     memory.release_cached()
     total, non_torch = memory.total_and_non_torch_bytes()
-    neg_total, weights, activation_peak, non_torch = tp.max_over_ranks(
-        [-total, weights, activation_peak, non_torch], device
+    free_at_start = memory.free_at_start_bytes()
+    # The margin the utilization keeps, kept out of what was free too.
+    cap = None if free_at_start is None else free_at_start - int(
+        total * (1 - config.gpu_memory_utilization)
+    )  # fmt: skip
+    neg_total, weights, activation_peak, non_torch, neg_cap = tp.max_over_ranks(
+        [-total, weights, activation_peak, non_torch, -(total if cap is None else cap)], device
     )
     return DeviceUsage(
         total_bytes=-neg_total,
@@ -147,6 +160,7 @@ def measure_device_usage(
         non_torch_bytes=non_torch,
         num_profile_tokens=config.max_num_batched_tokens,
         reserved_bytes=_draft_bytes(config, max_model_len, dtype),
+        shared_cap_bytes=None if cap is None else -neg_cap,
     )
 
 

@@ -2,7 +2,8 @@
 `--gpu-memory-utilization`): what is left of its share of the device once the weights, the
 largest step's activations and everything outside torch's allocator are counted.
 
-    total x utilization       this worker's share of the device
+    total x utilization       this worker's share of the device (on a GPU shared by parts,
+                              at most what was free when it began, less the margin)
   - weights                   torch memory after loading
   - activation peak           a forward at max_num_batched_tokens, above weights + its cache
   - outside torch             CUDA context, NCCL buffers, other processes (total - free -
@@ -36,6 +37,11 @@ class DeviceUsage:
     """Tokens of the profiling forward that gave `activation_peak_bytes`."""
     reserved_bytes: int = 0
     """What the worker allocates after its KV cache: a draft model's weights and cache."""
+    shared_cap_bytes: int | None = None
+    """On a GPU shared by parts (gpu_fraction < 1): the most its share may be, from what was
+    free when the worker began (before it loaded anything) less the margin the utilization
+    keeps. Other processes holding more than their parts (a server not yet gone) leave it
+    less: said here, not found by an out-of-memory error at the cache's allocation."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ def size_kv_cache(usage: DeviceUsage, utilization: float, block_bytes: int) -> K
     if block_bytes < 1:
         raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
     budget = int(usage.total_bytes * utilization)
+    if usage.shared_cap_bytes is not None:
+        budget = max(0, min(budget, usage.shared_cap_bytes))
     used = (
         usage.weights_bytes
         + usage.activation_peak_bytes
@@ -65,9 +73,16 @@ def size_kv_cache(usage: DeviceUsage, utilization: float, block_bytes: int) -> K
     )
     num_blocks = max(0, budget - used) // block_bytes
     if num_blocks < 1:
+        capped = budget < int(usage.total_bytes * utilization)
         raise KVCacheSizeError(
             f"no room for the KV cache: {UTILIZATION_FLAG} {utilization:g} allows "
-            f"{_gib(budget)} of the device's {_gib(usage.total_bytes)}, and "
+            f"{_gib(budget)} of the device's {_gib(usage.total_bytes)}"
+            + (
+                " (other processes on the shared GPU held the rest when this worker began)"
+                if capped
+                else ""
+            )
+            + ", and "
             f"{_terms(usage)} already use {_gib(used)}, leaving {_gib(budget - used)} "
             f"where one block needs {block_bytes} bytes. Raise {UTILIZATION_FLAG}, lower "
             "--max-num-batched-tokens, or set --kv-cache-gb"

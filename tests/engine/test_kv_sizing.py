@@ -85,3 +85,15 @@ def test_the_engine_config_refuses_a_share_outside_0_1(utilization: float) -> No
 def test_by_default_the_kv_size_is_left_to_the_device() -> None:
     config = EngineConfig()
     assert config.kv_cache_memory_bytes is None and config.gpu_memory_utilization == 0.9
+
+
+def test_a_shared_gpu_holds_a_worker_to_what_was_free_when_it_began() -> None:
+    # Half of an 80 GiB GPU at 0.9: 36 GiB, unless others held more than their part when the
+    # worker began: then what was free, less the 8 GiB margin, is its share at most.
+    roomy = DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, shared_cap_bytes=60 * GIB)
+    assert size_kv_cache(roomy, 0.45, BLOCK).budget_bytes == int(80 * GIB * 0.45)
+    crowded = DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, shared_cap_bytes=20 * GIB)
+    assert size_kv_cache(crowded, 0.45, BLOCK).budget_bytes == 20 * GIB
+    gone = DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, shared_cap_bytes=-GIB)
+    with pytest.raises(KVCacheSizeError, match="other processes on the shared GPU held the rest"):
+        size_kv_cache(gone, 0.45, BLOCK)

@@ -55,6 +55,9 @@ class FakeMemory:
         self.calls.append("total")
         return self.total, NON_TORCH
 
+    def free_at_start_bytes(self) -> int | None:
+        return None
+
 
 @pytest.fixture
 def forwards(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
@@ -210,6 +213,32 @@ def test_a_shared_device_counts_only_this_workers_outside_memory(monkeypatch) ->
     assert shared.total_and_non_torch_bytes() == (80 * gib, SHARED_OUTSIDE_BYTES)
     answers.update(free=53 * gib, reserved=16 * gib)  # the other worker gone: 1 GiB, its own
     assert shared.total_and_non_torch_bytes() == (80 * gib, 1 * gib)
+    # What was free when it began (its share's cap): for the shared one only.
+    assert (shared.free_at_start_bytes(), whole.free_at_start_bytes()) == (70 * gib, None)
+
+
+class CrowdedMemory(FakeMemory):
+    """A shared device on which others held all but `free` when this worker began."""
+
+    def __init__(self, total: int, free: int) -> None:
+        super().__init__(total, [])
+        self.free = free
+
+    def free_at_start_bytes(self) -> int | None:
+        return self.free
+
+
+def test_a_shared_device_others_crowd_gives_what_was_free(model_config: ModelConfig) -> None:
+    block = block_bytes(model_config)
+    total = 2 * (WEIGHTS + ACTIVATION + NON_TORCH + 81 * block // 2)
+    roomy = runner(model_config, CrowdedMemory(total, total), gpu_memory_utilization=1.0,
+                   gpu_fraction=0.5)  # fmt: skip
+    assert roomy.kv_layout.num_blocks == 40  # as the test above: its share
+    # Others held all but the share's weights, activations, outside memory and 10 blocks.
+    free = WEIGHTS + ACTIVATION + NON_TORCH + 10 * block
+    crowded = runner(model_config, CrowdedMemory(total, free), gpu_memory_utilization=1.0,
+                     gpu_fraction=0.5)  # fmt: skip
+    assert crowded.kv_layout.num_blocks == 10
 
 
 def test_a_draft_model_is_left_its_room(model_config: ModelConfig, tiny_model_dir) -> None:
