@@ -22,6 +22,10 @@ class EngineConfig:
     """KV cache per worker (per TP rank). None: on CUDA what `gpu_memory_utilization` leaves
     after the weights and a profiling forward (engine/kv_cache/sizing.py); on CPU
     CPU_KV_CACHE_BYTES."""
+    landing_layout: tuple[int, int, str] | None = None
+    """(TP size, block size, kv_cache_dtype) of a prefill pool laid out otherwise, whose KV
+    this decode worker lands in areas of that layout (worker/landing.py): their room is kept
+    out of its KV cache (engine/memory_profile.py). Set by the cluster, not a flag."""
     gpu_memory_utilization: float = 0.9
     """Share of the device's total memory this worker may fill with weights, activations
     and KV cache when the KV size is not given (CUDA only; vLLM's default)."""

@@ -150,6 +150,33 @@ def kv_head_range(total_kv_heads: int, tp_size: int, tp_rank: int) -> range:
     return range(tp_rank * share, (tp_rank + 1) * share)
 
 
+def first_holders(heads: range, held: Sequence[range]) -> list[int]:
+    """Of ranks holding `held[p]` heads each, the ones `heads` are read from: each head from
+    the first rank (by its first head) that holds it (worker/landing.py)."""
+    chosen, next_head = [], heads.start
+    for p in sorted(range(len(held)), key=lambda p: held[p].start):
+        if held[p].start <= next_head < held[p].stop and next_head < heads.stop:
+            chosen.append(p)
+            next_head = min(held[p].stop, heads.stop)
+    return chosen
+
+
+def landing_bytes(
+    own: KVLayout, total_kv_heads: int, sender_tp: int, block_size: int, dtype: str, tokens: int
+) -> int:
+    """What the areas take where a rank laid out as `own` lands a sender's KV laid out in
+    `sender_tp` ranks of `block_size`-token blocks of `dtype` (worker/landing.py): one area a
+    sender rank its heads are read from, each of `tokens` tokens (at least a block)."""
+    held = [kv_head_range(total_kv_heads, sender_tp, r) for r in range(sender_tp)]
+    heads = kv_head_range(total_kv_heads, own.tp_size, own.tp_rank)
+    blocks = max(1, tokens // block_size)
+    return sum(
+        KVLayout(own.num_layers, blocks, block_size, len(held[r]), own.head_dim, dtype, r,
+                 sender_tp).total_bytes
+        for r in first_holders(heads, held)
+    )  # fmt: skip
+
+
 def dtype_name(dtype: object) -> str:
     """'torch.float16' / numpy dtype('float16') / 'float16' -> 'float16'."""
     return str(dtype).removeprefix("torch.")

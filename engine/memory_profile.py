@@ -14,8 +14,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from core.config import EngineConfig
-from core.kv_layout import KVLayout
+from core.config import KV_CACHE_DTYPES, EngineConfig
+from core.kv_layout import KVLayout, dtype_name, landing_bytes
 from core.sampling import SamplingParams
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.kv_cache.manager import cdiv
@@ -159,7 +159,8 @@ def measure_device_usage(
         activation_peak_bytes=activation_peak,
         non_torch_bytes=non_torch,
         num_profile_tokens=config.max_num_batched_tokens,
-        reserved_bytes=_draft_bytes(config, max_model_len, dtype),
+        reserved_bytes=_draft_bytes(config, max_model_len, dtype)
+        + _landing_bytes(config, layout, max_model_len, dtype, model.config.num_key_value_heads),
         shared_cap_bytes=None if cap is None else -neg_cap,
     )
 
@@ -175,6 +176,20 @@ def _draft_bytes(config: EngineConfig, max_model_len: int, dtype: torch.dtype) -
     return draft_device_bytes(
         config.speculative_model, dtype, MAX_BATCH, max_model_len, config.block_size
     )
+
+
+def _landing_bytes(
+    config: EngineConfig, layout: KVLayout, max_model_len: int, dtype: torch.dtype, heads: int
+) -> int:
+    """A decode worker's landing areas for an unlike prefill pool's KV (worker/landing.py),
+    which it allocates when that pool's first worker connects: as many tokens as a prompt
+    and a step's budget, in that pool's layout."""
+    if config.landing_layout is None:
+        return 0
+    tp, block_size, cache_dtype = config.landing_layout
+    name = KV_CACHE_DTYPES[cache_dtype] or dtype_name(dtype)
+    tokens = max_model_len + config.max_num_batched_tokens
+    return landing_bytes(layout, heads, tp, block_size, name, tokens)
 
 
 def prefill_batch(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from core.device_event import DeviceEvent
-from core.kv_layout import KVLayout, kv_head_range
+from core.kv_layout import KVLayout, first_holders, kv_head_range
 from engine.engine import NoCapacityError, Reservation
 from engine.kv_cache.remap import Source, land
 from engine.kv_cache.tensor import allocate_kv_cache
@@ -116,14 +116,8 @@ class Landings:
         """Connect the areas that sender worker `sender`'s ranks write into (made on first
         need); returns, per sender rank that sends here, the metadata it connects to."""
         compats = [peer_compat(meta) for meta in sender_ranks]
-        chosen, next_head = [], self.heads.start  # each head from the first rank holding it
-        for p in sorted(range(len(compats)), key=lambda p: self._held(compats[p]).start):
-            held = self._held(compats[p])
-            if held.start <= next_head < held.stop and next_head < self.heads.stop:
-                chosen.append(p)
-                next_head = min(held.stop, self.heads.stop)
         areas, answer = [], {}
-        for p in chosen:
+        for p in first_holders(self.heads, [self._held(c) for c in compats]):
             area = self._area(compats[p])
             areas.append((area, area.transport.add_peer(sender_ranks[p])))
             answer[p] = area.transport.local_metadata()

@@ -8,7 +8,8 @@ largest step's activations and everything outside torch's allocator are counted.
   - activation peak           a forward at max_num_batched_tokens, above weights + its cache
   - outside torch             CUDA context, NCCL buffers, other processes (total - free -
                               what torch's allocator has reserved)
-  - a draft model             its weights and cache (--speculative draft): they load later
+  - set aside                 a draft model's weights and cache (--speculative draft), a
+                              decode worker's landing areas: allocated later
   = KV cache bytes            // bytes of one block in every layer -> blocks
 
 Pure arithmetic on numbers `engine/memory_profile.py` measures; no torch here.
@@ -36,7 +37,8 @@ class DeviceUsage:
     num_profile_tokens: int
     """Tokens of the profiling forward that gave `activation_peak_bytes`."""
     reserved_bytes: int = 0
-    """What the worker allocates after its KV cache: a draft model's weights and cache."""
+    """What the worker allocates after its KV cache: a draft model's weights and cache, a
+    decode worker's landing areas for an unlike prefill pool."""
     shared_cap_bytes: int | None = None
     """On a GPU shared by parts (gpu_fraction < 1): the most its share may be, from what was
     free when the worker began (before it loaded anything) less the margin the utilization
@@ -103,7 +105,11 @@ def _terms(usage: DeviceUsage) -> str:
         f"weights {_gib(usage.weights_bytes)}, activation peak "
         f"{_gib(usage.activation_peak_bytes)} ({usage.num_profile_tokens} tokens), outside "
         f"torch {_gib(usage.non_torch_bytes)}"
-        + (f", a draft model {_gib(usage.reserved_bytes)}" if usage.reserved_bytes else "")
+        + (
+            f", set aside (a draft model, landing areas) {_gib(usage.reserved_bytes)}"
+            if usage.reserved_bytes
+            else ""
+        )
     )
 
 

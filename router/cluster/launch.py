@@ -61,6 +61,7 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
             spec.engine_of(pool),
             device=spec.device,
             gpu_fraction=spec.gpus_per_worker if spec.device == "cuda" else 1.0,
+            landing_layout=landing_layout(spec, pool),
         ),
         transport=spec.transport,
         num_threads=spec.num_threads,
@@ -83,3 +84,18 @@ async def launch_worker(spec: ClusterSpec, pool: str, worker_id: str, actor_name
         f"{options.get('num_gpus', 0):g} GPU free"
     )
     return Launched(handle, placement, asked)
+
+
+def landing_layout(spec: ClusterSpec, pool: str) -> tuple[int, int, str] | None:
+    """A decode worker's EngineConfig.landing_layout: the prefill pool's (TP size, block
+    size, KV cache dtype) where it differs from the decode pool's, whose KV then lands in
+    areas of that layout (worker/landing.py); else None."""
+    if spec.mode != "disaggregated" or WorkerRole.parse(pool) != WorkerRole.DECODE:
+        return None
+    layouts = {
+        role: (spec.tp_of(role), spec.engine_of(role).block_size,
+               spec.engine_of(role).kv_cache_dtype)
+        for role in (WorkerRole.PREFILL, WorkerRole.DECODE)
+    }  # fmt: skip
+    same = layouts[WorkerRole.PREFILL] == layouts[WorkerRole.DECODE]
+    return None if same else layouts[WorkerRole.PREFILL]

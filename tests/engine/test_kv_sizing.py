@@ -65,7 +65,9 @@ def test_a_draft_models_room_is_set_aside_and_named() -> None:
     assert size_kv_cache(plain, 0.9, BLOCK).num_blocks - size_kv_cache(
         with_draft, 0.9, BLOCK
     ).num_blocks in (draft // BLOCK, draft // BLOCK + 1)
-    with pytest.raises(KVCacheSizeError, match=r"a draft model 3\.00 GiB"):
+    with pytest.raises(
+        KVCacheSizeError, match=r"set aside \(a draft model, landing areas\) 3\.00 GiB"
+    ):
         size_kv_cache(with_draft, 0.22, BLOCK)
 
 

@@ -22,6 +22,7 @@ import pytest
 from core.config import EngineConfig
 from core.errors import KVCapacityError, WorkerFailedError
 from core.hashing import hash_prompt_blocks, model_root_hash
+from core.kv_layout import landing_bytes
 from core.request import EngineRequest
 from core.roles import WorkerRole
 from core.sampling import SamplingParams
@@ -148,3 +149,22 @@ def test_the_routers_block_hashes_of_another_block_size_are_not_taken(workers, l
         assert on_prefill == set(routed)
 
     loop_thread.run(scenario())
+
+
+def test_the_room_set_aside_for_landing_is_what_the_areas_take(workers, loop_thread) -> None:
+    # What a GPU decode worker keeps out of its KV cache for an unlike prefill pool
+    # (EngineConfig.landing_layout, engine/memory_profile.py) is what its areas allocate:
+    # AREA_BLOCKS blocks of 16 tokens of float32 K and V in every layer and head.
+    _, decode = workers
+
+    def areas(rank: Any) -> tuple[int, int, int]:
+        taken = sum(a.cache.numel() * a.cache.element_size() for a in rank.landings._areas.values())
+        model = rank.engine.model_config
+        tokens = rank.engine.max_model_len + DECODE.max_num_batched_tokens
+        room = landing_bytes(rank.engine.runner.kv_layout, model.num_key_value_heads, 1,
+                             PREFILL.block_size, "float32", tokens)  # fmt: skip
+        entries = model.num_hidden_layers * model.num_key_value_heads * model.head_dim
+        return taken, room, AREA_BLOCKS * 16 * 2 * 4 * entries
+
+    taken, room, expected = loop_thread.run(on_engine(decode, areas))
+    assert taken == room == expected
