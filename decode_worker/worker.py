@@ -30,6 +30,9 @@ from worker.spans import served
 
 logger = logging.getLogger(__name__)
 
+STREAMS_END_S = 5.0
+"""How long a drained worker waits for its output streams to send their last items and end."""
+
 
 class DecodeWorker(WorkerBase):
     rank_class = DecodeRank
@@ -37,6 +40,24 @@ class DecodeWorker(WorkerBase):
     def __init__(self, spec: WorkerSpec, placement: Any = None) -> None:
         super().__init__(spec, placement)
         self._outlets = Outlets()
+        self._ending_streams = False
+        """Drained, nothing in flight: each output stream ends once it has sent all it had."""
+
+    async def drain(self, timeout_s: float = 60.0) -> int:
+        """`WorkerBase.drain`; then, with nothing left in flight, each output stream ends
+        once its last items went out, so every front door has each token before the
+        controller stops this worker (a stream cut by the stop has its door retry a request
+        this worker finished). Nothing reserved is left to admit: no channel is needed."""
+        left = await super().drain(timeout_s)
+        if left:
+            return left
+        self._ending_streams = True
+        self._outlets.wake_all()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STREAMS_END_S
+        while len(self._outlets) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        return 0
 
     # -- output channels ----------------------------------------------------------------------
     async def outputs(
@@ -75,6 +96,8 @@ class DecodeWorker(WorkerBase):
                 if due and asked is None and stepped:  # an idle worker's channel: polled
                     asked_at = loop.time()
                     asked = asyncio.ensure_future(self.report(outlet.cursor))
+                if self._ending_streams and not outlet.open_requests and not batch:
+                    return  # drained: all it carried went out
         finally:
             if asked is not None:
                 asked.cancel()

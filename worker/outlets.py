@@ -81,3 +81,11 @@ class Outlets:
         """An aborted request: no deadline to watch any more."""
         for outlet in self._by_id.values():
             outlet.forget(request_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def wake_all(self) -> None:
+        """Every stream's wait for output ends now (an empty batch)."""
+        for outlet in self._by_id.values():
+            outlet.channel.deliver([])
