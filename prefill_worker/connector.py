@@ -13,6 +13,7 @@ layers, and parks each prompt after its first token until its KV was handed over
                              not known yet, keeps each layer's event until they are)
     request_prefilled(...)   its first token: park it, keep a PrefillResult for the worker
     take_prefilled()         the worker collects them after the step
+    named_blocks(id)         the receiving worker's blocks for a prompt added here, once named
     take_post_times(id)      when each layer of a traced prompt was handed to the transport
     forget(request_id)       aborted: no send, no result
     gather(results)          the transport's results, a prompt's parts folded into one
@@ -154,6 +155,12 @@ class PrefillConnector:
         except Exception:
             self.forget(request_id)
             raise
+
+    def named_blocks(self, request_id: str) -> list[int] | None:
+        """The blocks a prompt added here goes to, once named (with it, or after: early)."""
+        with self._lock:
+            dest = self.destinations.get(request_id)
+        return None if dest is None else dest.dst_block_ids
 
     def take_prefilled(self) -> list[PrefillResult]:
         with self._lock:

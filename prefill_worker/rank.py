@@ -44,6 +44,10 @@ class PrefillRank(WorkerRank):
     def take_prefilled(self) -> list[PrefillResult]:
         return self.connector.take_prefilled()
 
+    def named_blocks(self, request_id: str) -> list[int] | None:
+        """The receiving worker's blocks a prompt's KV goes to, once named."""
+        return self.connector.named_blocks(request_id)
+
     def take_post_times(self, request_id: str) -> list[int]:
         """When each layer of a traced prompt's KV was posted (epoch ns), once."""
         return self.connector.take_post_times(request_id)

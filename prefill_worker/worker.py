@@ -162,8 +162,9 @@ class PrefillWorker(WorkerBase):
         def start(g: RankGroup) -> None:
             g.all(PrefillRank.add_prefill, request, dest)
             self.tracker.add(request_id, Role.SEND)
-            if span.is_recording():
-                self._traced_sends[request_id] = (span, len(dst_block_ids or ()))
+            if span.is_recording():  # blocks named before it started here are its own now
+                named = dst_block_ids or g.first(PrefillRank.named_blocks, request_id)
+                self._traced_sends[request_id] = (span, len(named or ()))
 
         self.waiters[request_id] = waiter
         if hand_over:
