@@ -68,11 +68,11 @@ class CudaMemory:
         self.device = device
         self.shared = shared
         self.others_bytes = 0
-        self.free_at_start: int | None = None
+        self._free_at_start: int | None = None
         if shared:
             free, total = torch.cuda.mem_get_info(device)
             self.others_bytes = total - free - torch.cuda.memory_reserved(device)
-            self.free_at_start = free + torch.cuda.memory_reserved(device)
+            self._free_at_start = free + torch.cuda.memory_reserved(device)
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -90,7 +90,7 @@ class CudaMemory:
         torch.cuda.empty_cache()
 
     def free_at_start_bytes(self) -> int | None:
-        return self.free_at_start
+        return self._free_at_start
 
     def total_and_non_torch_bytes(self) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(self.device)

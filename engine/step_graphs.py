@@ -275,8 +275,8 @@ class StepGraphs:
             for i in range(self.num_layers):
                 event = self.events[i]
                 if event is not None and ended is not None:
-                    event = ReplayedLayer(self, self.replays, i, ended)
-                    if not self.layer_events:
-                        event = ended
+                    event = (
+                        ReplayedLayer(self, self.replays, i, ended) if self.layer_events else ended
+                    )
                 layer_done(i, event)
         return self.hidden[:n]

@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core.config import EngineConfig
+from core.kv_layout import landing_bytes
 from engine.config import ModelConfig
 from engine.kv_cache.sizing import KVCacheSizeError
 from engine.memory_profile import chunk_lengths
@@ -256,3 +257,17 @@ def test_a_draft_model_is_left_its_room(model_config: ModelConfig, tiny_model_di
                   speculative="draft", speculative_model=draft_dir)  # fmt: skip
     assert spec.kv_layout.num_blocks == 40
     assert plain.kv_layout.num_blocks - 40 in (draft // block, -(-draft // block))
+
+
+def test_the_room_for_landing_is_kept_out_of_the_cache(model_config) -> None:
+    # A decode worker's landing areas for an unlike prefill pool (tests/cluster/
+    # test_landing_room.py): the first test's device, half of it the share.
+    block = block_bytes(model_config)
+    total = 2 * (WEIGHTS + ACTIVATION + NON_TORCH + 81 * block // 2)
+    plain = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5)
+    landing = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5,
+                     landing_layout=(2, 16, "int8"))  # fmt: skip
+    room = landing_bytes(plain.kv_layout, model_config.num_key_value_heads, 2, 16, "int8",
+                         model_config.max_position_embeddings + 600)  # fmt: skip
+    assert 0 < room < 40 * block
+    assert landing.kv_layout.num_blocks == plain.kv_layout.num_blocks - -(-room // block)
