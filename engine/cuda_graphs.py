@@ -125,9 +125,14 @@ def choose_capturer(
         return None
     if given is not None:
         return given
-    if device.type == "cuda" and attention_backend == "triton":
-        return CUDAGraphCapturer(device)
-    return None
+    cuda = records_cuda_graphs(config, device, attention_backend)
+    return CUDAGraphCapturer(device) if cuda else None
+
+
+def records_cuda_graphs(config: EngineConfig, device: torch.device, attention_backend: str) -> bool:
+    """Whether this engine records CUDA graphs (`choose_capturer`'s default), which the KV
+    sizing leaves their memory pool."""
+    return config.cuda_graphs and device.type == "cuda" and attention_backend == "triton"
 
 
 def num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
@@ -208,6 +213,20 @@ def record_all(
     free_after = free_device_bytes(device)
     used = None if free_before is None or free_after is None else free_before - free_after
     return Recorded(replays, time.monotonic() - start, used)
+
+
+def check_graph_memory(took: list[int | None], set_aside: int) -> None:
+    """Warn where the recorded graphs (each set's device bytes, None off CUDA) took more of
+    the device than the KV sizing left them (`set_aside`; 0: the cache's size was given):
+    the rest came out of the utilization's margin."""
+    used = sum(b for b in took if b is not None)
+    if set_aside and used > set_aside:
+        logger.warning(
+            "CUDA graphs took %.2f GiB, %.2f GiB more than the KV sizing left them: it came "
+            "out of the margin --gpu-memory-utilization keeps",
+            used / 2**30,
+            (used - set_aside) / 2**30,
+        )
 
 
 class DecodeGraphs:

@@ -118,11 +118,13 @@ def measure_device_usage(
     memory: DeviceMemory,
     device: torch.device,
     tp: TPGroup = SINGLE,
+    graphs: bool = False,
 ) -> DeviceUsage:
     """Run the largest step once and return what the device holds besides a KV cache.
     Every TP rank must call this together (the forward's collectives); each gets the worst
     of all ranks' numbers, so they all size the same cache. `layout`: the cache's geometry
-    (its num_blocks is ignored)."""
+    (its num_blocks is ignored). `graphs`: the worker records CUDA graphs after sizing, the
+    largest a step of this many tokens, whose memory pool is counted as the forward's peak."""
     memory.synchronize()
     weights = memory.allocated_bytes()
     lengths = chunk_lengths(config.max_num_batched_tokens, max_model_len)
@@ -136,6 +138,8 @@ def measure_device_usage(
     memory.reset_peak()
     before = memory.allocated_bytes()  # weights + the temporary cache
     hidden = model(input_ids, positions, kv_cache, meta)
+    memory.synchronize()
+    forward_peak = memory.peak_allocated_bytes() - before
     dtype = hidden.dtype  # the activations', which a draft model loads in
     # A sampler of its own: the engine's keeps its generator state untouched.
     Sampler(vocab_size, seed=0)(model.compute_logits(hidden[:num_rows]).float(), rows)
@@ -150,14 +154,17 @@ def measure_device_usage(
     cap = None if free_at_start is None else free_at_start - int(
         total * (1 - config.gpu_memory_utilization)
     )  # fmt: skip
-    neg_total, weights, activation_peak, non_torch, neg_cap = tp.max_over_ranks(
-        [-total, weights, activation_peak, non_torch, -(total if cap is None else cap)], device
+    graph_pool = forward_peak if graphs else 0
+    neg_total, weights, activation_peak, non_torch, graph_pool, neg_cap = tp.max_over_ranks(
+        [-total, weights, activation_peak, non_torch, graph_pool, -(total if cap is None else cap)],
+        device,
     )
     return DeviceUsage(
         total_bytes=-neg_total,
         weights_bytes=weights,
         activation_peak_bytes=activation_peak,
         non_torch_bytes=non_torch,
+        graph_pool_bytes=graph_pool,
         num_profile_tokens=config.max_num_batched_tokens,
         reserved_bytes=_draft_bytes(config, max_model_len, dtype)
         + _landing_bytes(config, layout, max_model_len, dtype, model.config.num_key_value_heads),

@@ -15,6 +15,7 @@ from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout, dtype_name
 from core.request import TokenLogprob
 from core.step_stats import StepTotals
+from engine import cuda_graphs
 from engine.attention.backend import AttentionMetadata, PrefillChunk
 from engine.attention.registry import get_backend
 from engine.checkpoint import iter_weights
@@ -92,6 +93,8 @@ class ModelRunner:
     """Set by `capture_graphs` on a backend that replays whole steps; None runs every other
     step eagerly."""
     _graph_capturer: GraphCapturer | None = None
+    _graph_pool_bytes = 0
+    """What the KV sizing left the graphs' pool (0: no sizing by profile, or no graphs)."""
 
     def __init__(
         self,
@@ -177,9 +180,12 @@ class ModelRunner:
         max_len = min(
             n for n in (mc.max_position_embeddings, config.max_model_len, mc.sliding_window) if n
         )
+        graphs = cuda_graphs.records_cuda_graphs(config, self.device, self.attention_backend)
         usage = measure_device_usage(
-            self.model, per_block, config, max_len, mc.vocab_size, memory, self.device, self.tp
-        )
+            self.model, per_block, config, max_len, mc.vocab_size, memory, self.device, self.tp,
+            graphs,
+        )  # fmt: skip
+        self._graph_pool_bytes = usage.graph_pool_bytes
         utilization = config.gpu_memory_utilization * config.gpu_fraction
         size = sizing.size_kv_cache(usage, utilization, per_block.block_bytes_all_layers)
         logger.info("%s", sizing.describe(usage, utilization, size))
@@ -288,6 +294,8 @@ class ModelRunner:
                 scratch_block=self.kv_cache.shape[1] - NUM_SCRATCH_BLOCKS,
                 dtype=self.dtype,
             )
+        graphs = (self.decode_graphs, self.step_graphs)
+        cuda_graphs.check_graph_memory([g.graph_bytes for g in graphs if g], self._graph_pool_bytes)
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
         """Every rank runs this (compute_logits may gather across TP ranks)."""

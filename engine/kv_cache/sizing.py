@@ -8,6 +8,9 @@ largest step's activations and everything outside torch's allocator are counted.
   - activation peak           a forward at max_num_batched_tokens, above weights + its cache
   - outside torch             CUDA context, NCCL buffers, other processes (total - free -
                               what torch's allocator has reserved)
+  - graph pool                the CUDA graphs' own memory, which eager steps cannot use:
+                              the largest recorded step's forward (the profile's, sampler
+                              left out), where the worker records graphs
   - set aside                 a draft model's weights and cache (--speculative draft), a
                               decode worker's landing areas: allocated later
   = KV cache bytes            // bytes of one block in every layer -> blocks
@@ -44,6 +47,10 @@ class DeviceUsage:
     free when the worker began (before it loaded anything) less the margin the utilization
     keeps. Other processes holding more than their parts (a server not yet gone) leave it
     less: said here, not found by an out-of-memory error at the cache's allocation."""
+    graph_pool_bytes: int = 0
+    """The CUDA graphs' private memory pool, recorded after the KV cache is allocated (0:
+    no graphs): the intermediates of the largest recorded step, which stay the graphs'
+    while eager work (the sampler, eager steps) allocates its own."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,7 @@ def size_kv_cache(usage: DeviceUsage, utilization: float, block_bytes: int) -> K
         usage.weights_bytes
         + usage.activation_peak_bytes
         + usage.non_torch_bytes
+        + usage.graph_pool_bytes
         + usage.reserved_bytes
     )
     num_blocks = max(0, budget - used) // block_bytes
@@ -105,6 +113,7 @@ def _terms(usage: DeviceUsage) -> str:
         f"weights {_gib(usage.weights_bytes)}, activation peak "
         f"{_gib(usage.activation_peak_bytes)} ({usage.num_profile_tokens} tokens), outside "
         f"torch {_gib(usage.non_torch_bytes)}"
+        + (f", CUDA graphs {_gib(usage.graph_pool_bytes)}" if usage.graph_pool_bytes else "")
         + (
             f", set aside (a draft model, landing areas) {_gib(usage.reserved_bytes)}"
             if usage.reserved_bytes

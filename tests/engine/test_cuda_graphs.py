@@ -5,6 +5,7 @@ and its real rows out). Greedy tokens must equal the eager path's."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,7 +16,13 @@ from core.config import EngineConfig
 from core.request import RequestOutput
 from core.sampling import SamplingParams
 from engine.completion import run_to_completion
-from engine.cuda_graphs import RerunCapturer, capture_sizes, choose_capturer
+from engine.cuda_graphs import (
+    RerunCapturer,
+    capture_sizes,
+    check_graph_memory,
+    choose_capturer,
+    records_cuda_graphs,
+)
 from engine.engine import LLMEngine
 from tests.support.graph_capturer import CountingCapturer
 
@@ -59,6 +66,23 @@ def test_who_captures() -> None:
     assert choose_capturer(EngineConfig(cuda_graphs=False), cpu, "cpu", given) is None
     # The torch backend would gather all of max_model_len per row: eager on CUDA too.
     assert choose_capturer(EngineConfig(), cuda, "torch") is None
+    # What the KV sizing asks: CUDA graphs on CUDA with the Triton backend, where allowed.
+    assert records_cuda_graphs(EngineConfig(), cuda, "triton")
+    assert not records_cuda_graphs(EngineConfig(cuda_graphs=False), cuda, "triton")
+    assert not records_cuda_graphs(EngineConfig(), cuda, "torch")
+    assert not records_cuda_graphs(EngineConfig(), cpu, "triton")
+
+
+def test_graphs_taking_more_than_left_them_warn(caplog: pytest.LogCaptureFixture) -> None:
+    gib = 1 << 30
+    with caplog.at_level(logging.WARNING, logger="engine.cuda_graphs"):
+        check_graph_memory([gib // 2, gib // 4], gib)  # within what the sizing left
+        check_graph_memory([2 * gib], 0)  # the cache's size was given: nothing was left
+        check_graph_memory([None, None], gib)  # off CUDA
+        assert caplog.records == []
+        check_graph_memory([gib, gib // 2], gib)
+    [record] = caplog.records
+    assert "took 1.50 GiB, 0.50 GiB more than the KV sizing left" in record.getMessage()
 
 
 @pytest.mark.parametrize("arch,backend", [("llama", "cpu"), ("llama", "torch"), ("qwen3", "cpu")])

@@ -59,6 +59,15 @@ def test_no_room_names_the_flag_and_every_number() -> None:
         assert part in message, (part, message)
 
 
+def test_the_graphs_pool_is_counted_and_named() -> None:
+    pool = GIB // 4
+    graphs = DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, graph_pool_bytes=pool)
+    left = size_kv_cache(usage(), 0.9, BLOCK).kv_bytes - size_kv_cache(graphs, 0.9, BLOCK).kv_bytes
+    assert pool <= left < pool + BLOCK
+    with pytest.raises(KVCacheSizeError, match=r"CUDA graphs 0\.25 GiB.*use 17\.75 GiB"):
+        size_kv_cache(graphs, 0.2, BLOCK)
+
+
 def test_a_draft_models_room_is_set_aside_and_named() -> None:
     draft = 3 * GIB
     plain, with_draft = usage(), DeviceUsage(80 * GIB, 15 * GIB, 2 * GIB, GIB // 2, 8192, draft)

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 from core.config import EngineConfig
 from core.kv_layout import landing_bytes
+from engine import cuda_graphs
 from engine.config import ModelConfig
 from engine.kv_cache.sizing import KVCacheSizeError
 from engine.memory_profile import chunk_lengths
@@ -24,16 +25,20 @@ from engine.parallel import TPGroup
 
 MIB = 1 << 20
 WEIGHTS, TEMP_CACHE, ACTIVATION, NON_TORCH = 300 * MIB, 7 * MIB, 90 * MIB, 40 * MIB
+FORWARD = 60 * MIB
+"""The forward's own peak, the sampler's left out: what recorded graphs keep."""
 
 
 class FakeMemory:
     """A device whose allocator holds the weights, then the temporary cache too, and peaks
-    `ACTIVATION` above that in the forward. Records the order of the queries in `calls`."""
+    `FORWARD` above that in the forward, `ACTIVATION` once the sampler ran. Records the
+    order of the queries in `calls`."""
 
     def __init__(self, total: int, calls: list[str]) -> None:
         self.total = total
         self.calls = calls
         self._allocated = iter([WEIGHTS, WEIGHTS + TEMP_CACHE])
+        self._peaks = iter([WEIGHTS + TEMP_CACHE + FORWARD, WEIGHTS + TEMP_CACHE + ACTIVATION])
 
     def synchronize(self) -> None:
         self.calls.append("synchronize")
@@ -47,7 +52,7 @@ class FakeMemory:
 
     def peak_allocated_bytes(self) -> int:
         self.calls.append("peak")
-        return WEIGHTS + TEMP_CACHE + ACTIVATION
+        return next(self._peaks)
 
     def release_cached(self) -> None:
         self.calls.append("release_cached")
@@ -123,11 +128,12 @@ def test_the_cache_takes_what_the_largest_step_leaves(
         }
     ]
     # Weights counted once loading's kernels are done; the peak reset after the temporary
-    # cache is made and read once the forward's kernels are done; the device's total read
-    # after the temporary cache is given back.
+    # cache is made and read once the forward's kernels are done, then the sampler's; the
+    # device's total read after the temporary cache is given back.
     assert calls == [
         "synchronize", "allocated",
         "synchronize", "reset_peak", "allocated",
+        "synchronize", "peak",
         "synchronize", "peak",
         "release_cached", "total",
     ]  # fmt: skip
@@ -136,6 +142,24 @@ def test_the_cache_takes_what_the_largest_step_leaves(
     logged = caplog.text
     assert "KV cache" in logged and "= 40 blocks" in logged
     assert "weights 0.29 GiB" in logged and "activation peak 0.09 GiB (600 tokens)" in logged
+    assert "CUDA graphs" not in logged  # none recorded on CPU
+
+
+def test_recorded_graphs_are_left_the_forwards_peak(
+    model_config: ModelConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker that records CUDA graphs after sizing (a GPU, the Triton backend) leaves
+    their pool the forward's own peak: the largest graph records that step, and its
+    intermediates stay the graphs' while the sampler and eager steps allocate their own."""
+    block = block_bytes(model_config)
+    total = 2 * (WEIGHTS + ACTIVATION + NON_TORCH + FORWARD + 81 * block // 2)
+    plain = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5)
+    monkeypatch.setattr(cuda_graphs, "records_cuda_graphs", lambda *args: True)
+    with caplog.at_level(logging.INFO, logger="engine.model_runner"):
+        graphs = runner(model_config, FakeMemory(total, []), gpu_memory_utilization=0.5)
+    assert graphs.kv_layout.num_blocks == 40
+    assert plain.kv_layout.num_blocks - 40 in (FORWARD // block, -(-FORWARD // block))
+    assert "CUDA graphs 0.06 GiB" in caplog.text
 
 
 def test_no_room_for_a_block_is_an_error_naming_the_flag(

@@ -66,8 +66,8 @@ class EngineOptions:
     )
     gpu_memory_utilization: float = knob(
         default_of(EngineConfig, "gpu_memory_utilization"),
-        "share of each GPU a worker fills with weights, activations and KV cache, when "
-        "--kv-cache-gb is not given",
+        "share of each GPU a worker fills with weights, activations, CUDA graphs and KV cache, "
+        "when --kv-cache-gb is not given",
         metavar="F",
     )
     kv_offload_host_gb: float = knob(
