@@ -93,7 +93,7 @@ class ModelRunner:
     """Set by `capture_graphs` on a backend that replays whole steps; None runs every other
     step eagerly."""
     _graph_capturer: GraphCapturer | None = None
-    _graph_pool_bytes = 0
+    graph_pool_bytes = 0
     """What the KV sizing left the graphs' pool (0: no sizing by profile, or no graphs)."""
 
     def __init__(
@@ -185,7 +185,7 @@ class ModelRunner:
             self.model, per_block, config, max_len, mc.vocab_size, memory, self.device, self.tp,
             graphs,
         )  # fmt: skip
-        self._graph_pool_bytes = usage.graph_pool_bytes
+        self.graph_pool_bytes = usage.graph_pool_bytes
         utilization = config.gpu_memory_utilization * config.gpu_fraction
         size = sizing.size_kv_cache(usage, utilization, per_block.block_bytes_all_layers)
         logger.info("%s", sizing.describe(usage, utilization, size))
@@ -295,7 +295,7 @@ class ModelRunner:
                 dtype=self.dtype,
             )
         graphs = (self.decode_graphs, self.step_graphs)
-        cuda_graphs.check_graph_memory([g.graph_bytes for g in graphs if g], self._graph_pool_bytes)
+        cuda_graphs.check_graph_memory([g.graph_bytes for g in graphs if g], self.graph_pool_bytes)
 
     def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
         """Every rank runs this (compute_logits may gather across TP ranks)."""

@@ -185,6 +185,8 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
         out[name] = {"sizes": graphs.sizes, "capture_s": graphs.capture_s,
                      "graph_gib": None if used is None else used / 2**30,
                      "layer_events": getattr(graphs, "layer_events", None)}  # fmt: skip
+    # What the KV sizing left the graphs (both sets share one pool), against their sum.
+    out["graph_pool_set_aside_gib"] = runner.graph_pool_bytes / 2**30
     mc = engine.model_config
     embed = mc.vocab_size * mc.hidden_size
     # What a step reads: every weight but the embedding table, of which it reads a row a
