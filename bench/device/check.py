@@ -148,8 +148,15 @@ def _checkpoint(run: Run) -> Path:
 
 
 def engine(run: Run) -> dict[str, Any]:
-    rates = run.report["sections"].get("hardware", {})
-    return figures.engine_figures(_checkpoint(run), _device(run), rates, small=run.dry_run)
+    from bench.device import engine_steps
+
+    rates, device = run.report["sections"].get("hardware", {}), _device(run)
+    try:
+        return engine_steps.measure(_checkpoint(run), device, rates, run.dry_run)
+    finally:  # the engine is gone: its memory goes back before the next section's
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def gpu_suite(run: Run) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """What the device check measures in its own process: the hardware's rates, the prefill
-kernel against SDPA, the checkpoint, and the engine's steps and offline runs, each beside
-its floor (bench/device/check.py runs them in order).
+kernel against SDPA and the checkpoint (the engine's steps and offline runs, each beside its
+floor: bench/device/engine_steps.py; bench/device/check.py runs them in order), and the
+report's table.
 
 Floors, from the rates measured in the same run:
     decode step       (weight bytes + the KV bytes the step reads) / copy GB/s
@@ -187,19 +188,6 @@ def _complete(folder: Path) -> bool:
         return (folder / "config.json").exists() and bool(list_weight_files(folder))
     except CheckpointError:  # a shard missing or cut short
         return False
-
-
-def engine_figures(
-    model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool
-) -> dict[str, Any]:
-    from bench.device import engine_steps
-
-    try:
-        return engine_steps.measure(model_dir, device, rates, small)
-    finally:  # the engine is gone: its memory goes back before the next section's
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
 
 
 def table(report: dict[str, Any]) -> str:
