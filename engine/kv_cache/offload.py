@@ -5,22 +5,26 @@ LMCache / SGLang HiCache shape):
     device pool --evict--> host tier --full: its LRU--> disk tier --full: its LRU--> gone
          ^------------- restore on a prefix hit: copied into a fresh device block -------'
 
-A tier is one tensor shaped like the device cache, with slots for blocks,
+A tier is one tensor of slots, each a block of every layer in one piece,
 
-    [num_layers, num_slots, 2 (K, V), block_size, num_kv_heads, head_dim]
+    [num_slots, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]
 
-(host: plain memory, pinned when the cache is on a GPU; disk: `torch.from_file` over an
-unlinked file, so the kernel pages it and nothing is left behind), and an LRU map from
-block hash to its slot and tokens. A hash lives in at most one tier. It stays there after a
-restore, so evicting that device block again costs no copy; the pool tells the router a
-block is gone only once neither the device nor any tier holds it, and which tier holds a
-block it no longer has on the device (block_pool.py): a hit costs what the copy back costs,
-timed here per tier and reported with the worker's load.
+(host: plain memory, page-locked in place when the cache is on a GPU; disk:
+`torch.from_file` over an unlinked file, so the kernel pages it and nothing is left behind),
+and an LRU map from block hash to its slot and tokens. A hash lives in at most one tier. It
+stays there after a restore, so evicting that device block again costs no copy; the pool
+tells the router a block is gone only once neither the device nor any tier holds it, and
+which tier holds a block it no longer has on the device (block_pool.py): a hit costs what
+the copy back costs, timed here per tier and reported with the worker's load.
 
-Every copy is synchronous, at the moment of the eviction or the hit: an evicted block is
-copied out before anyone can write its new owner's KV, a restored one is in place before
-the step that reads it is scheduled. Nothing depends on timings, so the TP ranks (each with
-its shard and its own tiers) decide identically in lockstep.
+Every copy is made at the moment of the eviction or the hit. On a GPU the copies between the
+cache and the host tier are queued on the stream the steps run on, behind the step in
+flight (a blocking copy would wait for it and lose the overlap of host and device,
+engine/overlap.py): an evicted block is copied out after its last writer and before its new
+owner's KV is written, a restored one is in place before the step that reads it runs. The
+host reads a host slot (to move it down to disk) only once its copy from the device is done
+(an event per slot). Elsewhere every copy is synchronous. Nothing depends on timings, so
+the TP ranks (each with its shard and its own tiers) decide identically in lockstep.
 
 Swap preemption uses the host tier too: a preempted request's full blocks stay in the cache
 (and spill here if evicted while it waits), and its partial last block, which has no hash,
@@ -37,12 +41,14 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from core.device_event import DeviceEvent
 from core.hashing import BlockHash
 
 
@@ -55,24 +61,37 @@ class TierStats:
     dropped: int = 0
     """Blocks this tier let go of (to the tier below, or gone)."""
     restore_s: float = 0.0
-    """Seconds the `restored` copies took (synchronous copies: a host timer measures them)."""
+    """Seconds the `restored` copies took: a synchronous copy by a host timer, a queued one
+    (host tier, GPU) as long as the start-up's measurement of a block's copy
+    (`Tier.restore_block_s`, restore_rule.py)."""
 
 
 @dataclass
 class Tier:
     name: str
     storage: torch.Tensor
-    """[num_layers, num_slots, 2, block_size, num_kv_heads, head_dim]."""
+    """[num_slots, num_layers, 2, block_size, num_kv_heads, head_dim]."""
     stats: TierStats = field(default_factory=TierStats)
+    restore_block_s: float = 0.0
+    """A block's copy back to the device, as measured at start-up (restore_rule.py)."""
     _lru: OrderedDict[BlockHash, tuple[int, tuple[int, ...]]] = field(default_factory=OrderedDict)
     _free: list[int] = field(default_factory=list)
+    _writing: dict[int, DeviceEvent] = field(default_factory=dict)
+    """Slots a queued copy from the device may still be writing: the event after it."""
 
     def __post_init__(self) -> None:
         self._free = list(range(self.num_slots - 1, -1, -1))
 
     @property
     def num_slots(self) -> int:
-        return self.storage.shape[1]
+        return self.storage.shape[0]
+
+    def settled(self, slot: int) -> torch.Tensor:
+        """The slot's block, for the host to read: once no queued copy is writing it."""
+        event = self._writing.pop(slot, None)
+        if event is not None:
+            event.synchronize()
+        return self.storage[slot]
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -96,16 +115,17 @@ class KVOffload:
         if host_blocks < 1 or disk_blocks < 0:
             raise ValueError("the host tier needs a block at least; the disk tier none or more")
         self.kv = kv_cache
-        shape = list(kv_cache.shape)
-        shape[1] = host_blocks
-        # Pageable: a block is a strided slice here and in the cache, so its copies go
-        # through contiguous temporaries either way, and torch's pinned allocator rounds a
-        # tier up to a power of two (a 65 GB tier would lock 128 GiB of host memory).
-        host = torch.zeros(shape, dtype=kv_cache.dtype)
+        block = list(kv_cache[:, 0].shape)
+        host = torch.zeros([host_blocks, *block], dtype=kv_cache.dtype)
+        self.queued = kv_cache.is_cuda
+        """Copies between the cache and the host tier are queued on the current stream."""
+        if self.queued:
+            _pin(host)
+            weakref.finalize(self, _unpin, host)  # holds the tier until it is unlocked
         self.tiers = [Tier("host", host)]
         if disk_blocks:
-            shape[1] = disk_blocks
-            self.tiers.append(Tier("disk", _file_tensor(shape, kv_cache.dtype, disk_dir)))
+            disk = _file_tensor([disk_blocks, *block], kv_cache.dtype, disk_dir)
+            self.tiers.append(Tier("disk", disk))
         self.on_dropped: Callable[[BlockHash], None] = lambda block_hash: None
         """Set by the pool: a hash left the last tier (it tells the router if it is gone)."""
         self.on_demoted: Callable[[BlockHash, int], None] = lambda block_hash, tier: None
@@ -170,12 +190,13 @@ class KVOffload:
 
     def restore(self, block_hash: BlockHash, token_ids: tuple[int, ...], block_id: int) -> bool:
         """Copy a held block into device block `block_id`; False if no tier holds it."""
-        for tier in self.tiers:
+        for i, tier in enumerate(self.tiers):
             slot = tier.slot(block_hash, token_ids)
             if slot is not None:
                 start = time.perf_counter()
-                self.kv[:, block_id].copy_(tier.storage[:, slot])
-                tier.stats.restore_s += time.perf_counter() - start
+                queued = self._read(i, slot, block_id)
+                took = tier.restore_block_s if queued else time.perf_counter() - start
+                tier.stats.restore_s += took
                 tier._lru.move_to_end(block_hash)
                 tier.stats.restored += 1
                 return True
@@ -190,7 +211,7 @@ class KVOffload:
         if len(self._swapped) >= host.num_slots // 2:
             return False
         slot = self._take_slot(0)
-        host.storage[:, slot].copy_(self.kv[:, block_id])
+        self._write(0, slot, self.kv[:, block_id])
         self._swapped[request_id] = (slot, index, token_ids)
         self.num_swapped_out += 1
         return True
@@ -203,7 +224,7 @@ class KVOffload:
     def swap_in(self, request_id: str, block_id: int) -> None:
         """Copy the request's swapped block into device block `block_id`, and let it go."""
         slot, _, _ = self._swapped.pop(request_id)
-        self.kv[:, block_id].copy_(self.tiers[0].storage[:, slot])
+        self._read(0, slot, block_id)
         self.tiers[0]._free.append(slot)
         self.num_swapped_in += 1
 
@@ -225,9 +246,31 @@ class KVOffload:
     ) -> None:
         tier = self.tiers[i]
         slot = self._take_slot(i)
-        tier.storage[:, slot].copy_(src)
+        self._write(i, slot, src)
         tier._lru[block_hash] = (slot, token_ids)
         tier.stats.stored += 1
+
+    def _write(self, i: int, slot: int, src: torch.Tensor) -> None:
+        """Copy a block into slot `slot` of tier i: the cache's into the host tier (queued),
+        a host slot's into the disk tier."""
+        tier = self.tiers[i]
+        queued = self.queued and i == 0
+        tier.storage[slot].copy_(src, non_blocking=queued)
+        if queued:
+            tier._writing[slot] = self._event()
+
+    def _read(self, i: int, slot: int, block_id: int) -> bool:
+        """Copy slot `slot` of tier i into the cache's block `block_id`; whether the copy was
+        queued (a host slot: only a copy from the device writes one, on the same stream)."""
+        queued = self.queued and i == 0
+        self.kv[:, block_id].copy_(self.tiers[i].storage[slot], non_blocking=queued)
+        return queued
+
+    def _event(self) -> DeviceEvent:
+        """An event after the copies queued so far (a test stands in its own)."""
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _take_slot(self, i: int) -> int:
         """A free slot of tier i; when full, its least recently used block moves down a
@@ -238,7 +281,7 @@ class KVOffload:
         old_hash, (slot, old_tokens) = tier._lru.popitem(last=False)
         tier.stats.dropped += 1
         if i + 1 < len(self.tiers):
-            self._put(i + 1, old_hash, old_tokens, tier.storage[:, slot])
+            self._put(i + 1, old_hash, old_tokens, tier.settled(slot))
             self.on_demoted(old_hash, i + 2)
         else:
             self.on_dropped(old_hash)
@@ -247,6 +290,24 @@ class KVOffload:
     def _forget(self, tier: Tier, block_hash: BlockHash) -> None:
         slot, _ = tier._lru.pop(block_hash)
         tier._free.append(slot)
+
+
+def _pin(host: torch.Tensor) -> None:
+    """Page-lock a host tensor where it is (cudaHostRegister), so that copies to and from
+    the GPU can be queued. Not torch's pinned allocator: that rounds an allocation up to a
+    power of two (a 65 GB tier would lock 128 GiB of host memory)."""
+    size = host.numel() * host.element_size()
+    error = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
+    if int(error) != 0:
+        raise RuntimeError(
+            f"could not page-lock the host KV tier's {size / 2**30:.2f} GiB "
+            f"(cudaHostRegister: {error}): lower --kv-offload-host-gb, or raise the "
+            "locked-memory limit (ulimit -l)"
+        )
+
+
+def _unpin(host: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
 
 
 def _file_tensor(shape: list[int], dtype: torch.dtype, directory: str | None) -> torch.Tensor:

@@ -78,6 +78,7 @@ def keep_winning_tiers(
     while kept < len(restore_ns) and restore_ns[kept] < recompute_ns:
         kept += 1
     for i, (tier, ns) in enumerate(zip(offload.tiers, restore_ns, strict=True)):
+        tier.restore_block_s = ns / 1e9  # what a queued restore counts (offload.py)
         logger.info(
             "KV offload: a block restored from the %s tier in %.1f us, recomputed in %.1f us: "
             "%s", tier.name, ns / 1e3, recompute_ns / 1e3, "kept" if i < kept else "dropped",
@@ -98,14 +99,15 @@ def _restore_s(offload: KVOffload, tier: int, n: int) -> float:
     """Seconds per block to copy n blocks back from tier `tier` (its slots and the cache's
     blocks are all free now; what they hold does not matter)."""
     storage = offload.tiers[tier].storage
-    n = min(n, storage.shape[1])
+    n = min(n, storage.shape[0])
+    queued = offload.queued and tier == 0  # as restores from it are (offload.py)
 
     def copy_back() -> None:
         for i in range(n):
-            offload.kv[:, i].copy_(storage[:, i])
+            offload.kv[:, i].copy_(storage[i], non_blocking=queued)
 
     for i in range(n):  # as a spilled block would be: written first
-        storage[:, i].copy_(offload.kv[:, i])
+        storage[i].copy_(offload.kv[:, i])
     return _fastest(copy_back, offload.kv.device) / n
 
 

@@ -132,6 +132,51 @@ def test_the_router_index_learns_which_tier_holds_each_block(tiny_model_dir, tmp
     assert all(s > 0 for s in steps.tier_restore_s)
 
 
+class StandInEvent:
+    """A device event whose copy is done once waited for (the CPU's copies are done at once)."""
+
+    def __init__(self, waited: list[StandInEvent]) -> None:
+        self.waited = waited
+
+    def query(self) -> bool:
+        return self in self.waited
+
+    def synchronize(self) -> None:
+        self.waited.append(self)
+
+
+def test_queued_copies_are_read_by_the_host_only_once_done(tmp_path) -> None:
+    """On a GPU the copies between the cache and the host tier are queued on the steps'
+    stream; the host reads a host slot (to move it down to disk) only once the event after
+    its copy is done, and a queued restore counts what the start-up measured a copy takes."""
+    kv = fake_cache(2)
+    offload = KVOffload(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    assert not offload.queued  # a CPU cache: every copy synchronous
+    offload.queued = True  # as on a GPU, with stand-in events
+    made: list[StandInEvent] = []
+    waited: list[StandInEvent] = []
+
+    def event() -> StandInEvent:
+        made.append(StandInEvent(waited))
+        return made[-1]
+
+    offload._event = event  # type: ignore[method-assign]
+    host, disk = offload.tiers
+    host.restore_block_s, disk.restore_block_s = 0.25, 0.5
+    kv[:, 0], kv[:, 1] = 10, 11
+    assert offload.spill(0, 10, (10,)) == 1
+    assert len(made) == 1 and waited == []  # queued: nothing waited for
+    assert offload.spill(1, 11, (11,)) == 1  # 10 goes down to disk: its copy waited for
+    assert waited == [made[0]] and len(made) == 2
+    assert [t.name for t in (offload.find(10, (10,)), offload.find(11, (11,)))] == ["disk", "host"]
+    kv.zero_()
+    assert offload.restore(11, (11,), 0) and offload.restore(10, (10,), 1)
+    assert bool((kv[:, 0] == 11).all()) and bool((kv[:, 1] == 10).all())
+    assert host.stats.restore_s == 0.25  # queued: the measured copy
+    assert 0 < disk.stats.restore_s < 0.5  # synchronous: its own time
+    assert waited == [made[0]]  # a restore from the host is queued behind the copy in
+
+
 def test_swapped_blocks_hold_at_most_half_the_host_tier_and_come_back_bit_for_bit() -> None:
     kv = fake_cache(3)
     offload = KVOffload(kv, host_blocks=4)
