@@ -147,8 +147,13 @@ def num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.de
 
 
 def free_device_bytes(device: torch.device) -> int | None:
-    """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+    """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere.
+    What torch's allocator caches but no tensor holds (the warm-ups' activations) is handed
+    back first: the graphs' own pool stays theirs."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
 
 
 def split_workspaces(

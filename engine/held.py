@@ -61,6 +61,9 @@ class HeldRequests:
         self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
         req.status = RequestStatus.WAITING_FOR_KV
         self._held[req.request_id] = req
+        # The sender writes the blocks off this engine's stream: no offload copy (the
+        # spills this allocation made, an earlier restore) may still touch them.
+        self.kv.settle_copies()
         block_ids = self.kv.block_ids(req.request_id)
         return Reservation(req.request_id, block_ids, num_hit_tokens, req.num_tokens)
 

@@ -266,22 +266,12 @@ class ModelRunner:
         return 0 if self._graph_capturer is None else NUM_SCRATCH_BLOCKS
 
     def capture_graphs(self, max_model_len: int) -> None:
-        """Record the planned graphs (none if none were planned), once, at start-up: the
-        decode-only steps' (unless the config leaves them out), then, on a backend that
-        replays whole steps, the token-count buckets'."""
+        """Record the planned graphs (none if none were planned), once, at start-up: on a
+        backend that replays whole steps the token-count buckets', then the decode-only
+        steps' (unless the config leaves them out), smaller: they reuse the pool's memory."""
         capturer, config = self._graph_capturer, self.config
         if capturer is None or self.decode_graphs is not None or self.step_graphs is not None:
             return
-        if config.decode_graphs:
-            self.decode_graphs = DecodeGraphs(
-                self.model,
-                self.kv_cache,
-                capturer,
-                max_batch=min(config.max_num_seqs, config.max_num_batched_tokens),
-                max_model_len=max_model_len,
-                block_size=self.block_size,
-                dtype=self.dtype,
-            )
         if self.model.model.layers[0].self_attn.backend.step_graphs:
             self.step_graphs = StepGraphs(
                 self.model,
@@ -292,6 +282,16 @@ class ModelRunner:
                 max_model_len=max_model_len,
                 block_size=self.block_size,
                 scratch_block=self.kv_cache.shape[1] - NUM_SCRATCH_BLOCKS,
+                dtype=self.dtype,
+            )
+        if config.decode_graphs:
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                capturer,
+                max_batch=min(config.max_num_seqs, config.max_num_batched_tokens),
+                max_model_len=max_model_len,
+                block_size=self.block_size,
                 dtype=self.dtype,
             )
         graphs = (self.decode_graphs, self.step_graphs)

@@ -119,7 +119,8 @@ def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: to
 
 class StepGraphs:
     """The static buffers and one recorded forward pass per token bucket. Built once, after
-    the KV cache exists (and after the decode graphs: they share its scratch block)."""
+    the KV cache exists, before the decode graphs (smaller: they reuse the pool's memory; they
+    share the scratch block)."""
 
     def __init__(
         self,

@@ -140,6 +140,12 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
+    def settle_copies(self) -> None:
+        """Wait for the offload tiers' queued copies (offload.py): blocks just allocated may
+        be written off the steps' stream (KV arriving from another worker)."""
+        if self.pool.offload is not None:
+            self.pool.offload.settle()
+
     def cache_computed_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         """Name every block of `req` whose first `num_tokens` tokens (default: the computed
         ones) fill it, so later requests hit it.

@@ -23,7 +23,9 @@ flight (a blocking copy would wait for it and lose the overlap of host and devic
 engine/overlap.py): an evicted block is copied out after its last writer and before its new
 owner's KV is written, a restored one is in place before the step that reads it runs. The
 host reads a host slot (to move it down to disk) only once its copy from the device is done
-(an event per slot). Elsewhere every copy is synchronous. Nothing depends on timings, so
+(an event per slot), and blocks reserved for KV that arrives from another worker (written
+off that stream: RDMA, a peer's copy stream) are handed out only once every queued copy is
+done (`settle`). Elsewhere every copy is synchronous. Nothing depends on timings, so
 the TP ranks (each with its shard and its own tiers) decide identically in lockstep.
 
 Swap preemption uses the host tier too: a preempted request's full blocks stay in the cache
@@ -119,9 +121,11 @@ class KVOffload:
         host = torch.zeros([host_blocks, *block], dtype=kv_cache.dtype)
         self.queued = kv_cache.is_cuda
         """Copies between the cache and the host tier are queued on the current stream."""
+        self._last: DeviceEvent | None = None
+        """The event after the last queued copy (None: none since `settle`)."""
         if self.queued:
             _pin(host)
-            weakref.finalize(self, _unpin, host)  # holds the tier until it is unlocked
+            weakref.finalize(self, _unpin, host, kv_cache.device)  # holds the tier till then
         self.tiers = [Tier("host", host)]
         if disk_blocks:
             disk = _file_tensor([disk_blocks, *block], kv_cache.dtype, disk_dir)
@@ -257,19 +261,28 @@ class KVOffload:
         queued = self.queued and i == 0
         tier.storage[slot].copy_(src, non_blocking=queued)
         if queued:
-            tier._writing[slot] = self._event()
+            tier._writing[slot] = self._last = self._event()
 
     def _read(self, i: int, slot: int, block_id: int) -> bool:
         """Copy slot `slot` of tier i into the cache's block `block_id`; whether the copy was
         queued (a host slot: only a copy from the device writes one, on the same stream)."""
         queued = self.queued and i == 0
         self.kv[:, block_id].copy_(self.tiers[i].storage[slot], non_blocking=queued)
+        if queued:
+            self._last = self._event()
         return queued
+
+    def settle(self) -> None:
+        """Wait for every queued copy: before blocks that one may still read or write are
+        written off the steps' stream."""
+        if self._last is not None:
+            self._last.synchronize()
+            self._last = None
 
     def _event(self) -> DeviceEvent:
         """An event after the copies queued so far (a test stands in its own)."""
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(self.kv.device))
         return event
 
     def _take_slot(self, i: int) -> int:
@@ -297,16 +310,16 @@ def _pin(host: torch.Tensor) -> None:
     the GPU can be queued. Not torch's pinned allocator: that rounds an allocation up to a
     power of two (a 65 GB tier would lock 128 GiB of host memory)."""
     size = host.numel() * host.element_size()
-    error = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0)
-    if int(error) != 0:
+    error = int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, 0))
+    if error != 0:
         raise RuntimeError(
-            f"could not page-lock the host KV tier's {size / 2**30:.2f} GiB "
-            f"(cudaHostRegister: {error}): lower --kv-offload-host-gb, or raise the "
-            "locked-memory limit (ulimit -l)"
+            f"could not page-lock the host KV tier's {size / 2**30:.2f} GiB (cudaHostRegister "
+            f"error {error}): lower --kv-offload-host-gb"
         )
 
 
-def _unpin(host: torch.Tensor) -> None:
+def _unpin(host: torch.Tensor, device: torch.device) -> None:
+    torch.cuda.synchronize(device)  # no copy still queued into it
     torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
 
 

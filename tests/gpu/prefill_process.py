@@ -1,6 +1,7 @@
 """A prefill worker in a child process, driven over a pipe by
 `tests.kv_transfer.peer_process.PipedProcess`: it greets with its worker id and transport
-metadata, then runs `connect` and `prefill` commands on its own event loop."""
+metadata, then runs `route` (where the decode worker takes its KV: the `Routes` its `accept`
+answered with) and `prefill` commands on its own event loop."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def prefill_worker_main(conn: Connection, spec: WorkerSpec) -> None:
             conn.send(("ok", None))
             return
         try:
-            method = {"connect": worker.connect, "prefill": worker.prefill}[command]
+            method = {"route": worker.route, "prefill": worker.prefill}[command]
             conn.send(("ok", loop.run_until_complete(method(*args))))
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}"))

@@ -12,8 +12,8 @@ from engine.engine import LLMEngine
 class CountingCapturer(RerunCapturer):
     def __init__(self) -> None:
         self.replays: list[int] = []
-        """Per recorded function, in capture order: the decode graphs (largest size first),
-        then the step graphs (largest bucket first)."""
+        """Per recorded function, in capture order: the step graphs (largest bucket first),
+        then the decode graphs (largest size first)."""
 
     def capture(self, fn: Callable[[], None]) -> Callable[[], None]:
         index = len(self.replays)
@@ -30,14 +30,14 @@ class CountingCapturer(RerunCapturer):
         recorded for."""
         graphs = engine.runner.decode_graphs
         assert graphs is not None
-        counts = self.replays[: len(graphs.sizes)]
+        steps = engine.runner.step_graphs
+        first = 0 if steps is None else len(steps.sizes)
+        counts = self.replays[first : first + len(graphs.sizes)]
         return dict(zip(reversed(graphs.sizes), counts, strict=True))
 
     def by_bucket(self, engine: LLMEngine) -> dict[int, int]:
         """Step-graph replays per token bucket of `engine`."""
         graphs = engine.runner.step_graphs
         assert graphs is not None
-        decodes = engine.runner.decode_graphs
-        first = 0 if decodes is None else len(decodes.sizes)
-        counts = self.replays[first : first + len(graphs.sizes)]
+        counts = self.replays[: len(graphs.sizes)]
         return dict(zip(reversed(graphs.sizes), counts, strict=True))
