@@ -145,14 +145,9 @@ class StandInEvent:
         self.waited.append(self)
 
 
-def test_queued_copies_are_read_by_the_host_only_once_done(tmp_path) -> None:
-    """On a GPU the copies between the cache and the host tier are queued on the steps'
-    stream; the host reads a host slot (to move it down to disk) only once the event after
-    its copy is done, and a queued restore counts what the start-up measured a copy takes."""
-    kv = fake_cache(2)
-    offload = KVOffload(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
-    assert not offload.queued  # a CPU cache: every copy synchronous
-    offload.queued = True  # as on a GPU, with stand-in events
+def queue_copies(offload: KVOffload) -> tuple[list[StandInEvent], list[StandInEvent]]:
+    """Make `offload` queue its copies as on a GPU, with stand-in events: returns (the events
+    made, those waited for), in order."""
     made: list[StandInEvent] = []
     waited: list[StandInEvent] = []
 
@@ -160,7 +155,19 @@ def test_queued_copies_are_read_by_the_host_only_once_done(tmp_path) -> None:
         made.append(StandInEvent(waited))
         return made[-1]
 
+    offload.queued = True
     offload._event = event  # type: ignore[method-assign]
+    return made, waited
+
+
+def test_queued_copies_are_read_by_the_host_only_once_done(tmp_path) -> None:
+    """On a GPU the copies between the cache and the host tier are queued on the steps'
+    stream; the host reads a host slot (to move it down to disk) only once the event after
+    its copy is done, and a queued restore counts what the start-up measured a copy takes."""
+    kv = fake_cache(2)
+    offload = KVOffload(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    assert not offload.queued  # a CPU cache: every copy synchronous
+    made, waited = queue_copies(offload)
     host, disk = offload.tiers
     host.restore_block_s, disk.restore_block_s = 0.25, 0.5
     kv[:, 0], kv[:, 1] = 10, 11
@@ -184,16 +191,7 @@ def test_a_reservation_waits_for_the_queued_copies_of_its_blocks(tiny_model_dir)
     block_bytes = 4 * 2 * 16 * 2 * 16 * 4  # llama tiny: 4 layers, 2 KV heads of 16, fp32
     llm = LLM(tiny_model_dir("llama"), num_kv_blocks=8, kv_offload_host_bytes=8 * block_bytes)
     engine = llm.engine
-    offload = engine.kv.pool.offload
-    offload.queued = True
-    made: list[StandInEvent] = []
-    waited: list[StandInEvent] = []
-
-    def event() -> StandInEvent:
-        made.append(StandInEvent(waited))
-        return made[-1]
-
-    offload._event = event  # type: ignore[method-assign]
+    made, waited = queue_copies(engine.kv.pool.offload)
     llm.generate([list(range(10, 75))], GREEDY)  # four blocks cached
     assert made == []
     engine.reserve(engine.prepare("r", list(range(100, 200)), GREEDY))  # 7 blocks: evicts
