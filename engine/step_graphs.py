@@ -274,10 +274,8 @@ class StepGraphs:
         if layer_done is not None:
             ended = layer_written(self.kv_cache.device)
             for i in range(self.num_layers):
-                event = self.events[i]
-                if event is not None and ended is not None:
-                    event = (
-                        ReplayedLayer(self, self.replays, i, ended) if self.layer_events else ended
-                    )
-                layer_done(i, event)
+                # No graph event (a re-running capturer) or lagging ones: the replay's end,
+                # None only off CUDA, where the replay has run by now.
+                event = self.events[i] is not None and self.layer_events
+                layer_done(i, ReplayedLayer(self, self.replays, i, ended) if event else ended)
         return self.hidden[:n]

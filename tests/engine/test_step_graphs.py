@@ -283,3 +283,27 @@ def test_a_replay_hands_each_layer_its_own_replayed_event(tiny_model_dir, triton
     # ... a later replay records them again: the first prompt's layers read its replay's end.
     assert all(e._event() is e.ended for e in handed[0])
     assert all(e.records == graphs.replays for e in graphs.events)  # once a replay each
+
+
+def test_a_replay_without_graph_events_hands_each_layer_its_end(
+    tiny_model_dir, triton, monkeypatch
+):
+    # A re-running capturer (no graph events) on CUDA: the replay's end, never None (None
+    # says "written": the layer would be sent while its kernels are still queued).
+    ends: list[Recorded] = []
+
+    def end(device) -> Recorded:  # type: ignore[no-untyped-def]
+        ends.append(Recorded())
+        return ends[-1]
+
+    monkeypatch.setattr(step_graphs, "layer_written", end)
+    prefill = make_engine(tiny_model_dir("llama"), CountingCapturer(), decode_graphs=False)
+    graphs = prefill.runner.step_graphs
+    assert graphs is not None and not graphs.layer_events
+    connector = HookedConnector(prefill)
+    decode = make_engine(tiny_model_dir("llama"), None)
+    prompt = make_prompts(prefill.model_config.vocab_size)[9]
+    run_disaggregated(prefill, decode, EngineRequest("r", prompt[-32:], GREEDY))
+    layers = prefill.model_config.num_hidden_layers
+    assert graphs.replays >= 1
+    assert [event for _, event in connector.calls[-layers:]] == [ends[-1]] * layers
