@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.device_event import DeviceEvent
 from engine.kv_cache.manager import KVCacheManager
 from engine.request import Request, RequestStatus
 
@@ -34,6 +35,10 @@ class Reservation:
     block_ids: list[int]
     num_cached_tokens: int
     num_tokens: int
+    copies: DeviceEvent | None = None
+    """Queued device work still touching the blocks (the offload tiers' copies of what
+    they held) until this event completes: whatever writes them off the engine's stream
+    (a transport) waits for it. None: nothing pending."""
 
 
 class HeldRequests:
@@ -61,11 +66,9 @@ class HeldRequests:
         self.kv.record_prompt(req.num_prompt_tokens, req.num_cached_tokens)
         req.status = RequestStatus.WAITING_FOR_KV
         self._held[req.request_id] = req
-        # The sender writes the blocks off this engine's stream: no offload copy (the
-        # spills this allocation made, an earlier restore) may still touch them.
-        self.kv.settle_copies()
         block_ids = self.kv.block_ids(req.request_id)
-        return Reservation(req.request_id, block_ids, num_hit_tokens, req.num_tokens)
+        copies = self.kv.queued_copies()  # the spills this allocation made, an earlier restore
+        return Reservation(req.request_id, block_ids, num_hit_tokens, req.num_tokens, copies)
 
     def land(self, request_id: str) -> Request:
         """The reservation whose KV has landed, taken off hold, its blocks named in the prefix

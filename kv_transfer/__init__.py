@@ -46,7 +46,8 @@ Protocol (the decode side pulls):
     reservation, src ids inside the sender's registered cache. Then it PULLS the bytes into
     its reserved blocks (nixl: one READ of all regions; ucx: it posts tagged receives into
     the blocks; shm: one native copy of the blocks from the sender's cache, mapped
-    read-only; local: a copy).
+    read-only; local: a copy), once the reservation's `ready` event (device work still
+    touching the blocks: the offload tiers' queued copies) completed.
     Anything else fails the request.
  4. When a pull completes, decode answers LayersDone(layers); the prefill side may reuse
     those source blocks once its SendHandle completes.

@@ -122,10 +122,13 @@ class Transport(ABC):
         num_layers: int | None = None,
         timeout_s: float = 30.0,
         peer: PeerId | None = None,
+        ready: DeviceEvent | None = None,
     ) -> None:
         """Reserve `dst_block_ids` for `request_id`: only they may be filled, and only by
         `peer` (None: by the first peer that sends for it). Nothing may read them before a
-        successful RECV result; on failure or timeout the FailureHook releases them."""
+        successful RECV result; on failure or timeout the FailureHook releases them.
+        `ready`: work queued on the device still touches the blocks (the offload tiers'
+        copies) until this event completes; nothing is written into them before."""
 
     @abstractmethod
     def send(

@@ -141,6 +141,7 @@ class PairedTransport(Transport):
         num_layers: int | None = None,
         timeout_s: float = 30.0,
         peer: PeerId | None = None,
+        ready: DeviceEvent | None = None,
     ) -> None:
         if peer is None:
             if len(self._transports) != 1:
@@ -152,7 +153,7 @@ class PairedTransport(Transport):
             transport = next(iter(self._transports.values()))
         else:
             transport = self._transport_of(peer)
-        transport.expect(request_id, dst_block_ids, num_layers, timeout_s, peer)
+        transport.expect(request_id, dst_block_ids, num_layers, timeout_s, peer, ready)
         self._by_request[(Role.RECV, request_id)] = transport
 
     def send(

@@ -3,7 +3,8 @@
 Sender                                   Receiver (reserved dst blocks via expect)
   send(layers) --LayersReady(src, dst)-->  check: known request, same peer, layers new,
                                            dst == reservation, src inside sender's cache
-                                           pull regions into OUR dst blocks
+                                           pull regions into OUR dst blocks (once the
+                                           device let go of them: expect's `ready`)
                <--LayersDone(layers)----   when the pull completed
   all layers acked -> SEND ok              all layers landed -> RECV ok
   any failure / deadline -> Abort(reason) both ways, result FAILED, FailureHook
@@ -25,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from core.device_event import DeviceEvent
 from core.kv_layout import KVLayout
 from kv_transfer import handshake
 from kv_transfer.api import Role, TransferResult
@@ -83,6 +85,7 @@ class TransferProtocol(SenderSide):
         self._pulling: set[str] = set()
         self._streaming: set[str] = set()  # the same for sends with backend ops (byte streams)
         self._gated: set[str] = set()  # the same for sends with layers waiting on the device
+        self._unready: set[str] = set()  # and for reservations whose blocks the device holds
         # Min-heap of (deadline, sequence, state): a step looks at the earliest only. Entries
         # of finished requests stay until their deadline passes and are skipped then.
         self._deadlines: list[tuple[float, int, RecvState | SendState]] = []
@@ -97,7 +100,7 @@ class TransferProtocol(SenderSide):
         asynchronous pull, a byte stream, an op still settling), a send waiting on a device
         event, or, where the driver's messages wake no fd, any request waiting for one. If
         not, the I/O thread may sleep on the fds until `next_deadline`."""
-        if self._pulling or self._streaming or self._gated or self._settling:
+        if self._pulling or self._streaming or self._gated or self._unready or self._settling:
             return True
         return not messages_wake_fds and self.active()
 
@@ -134,6 +137,7 @@ class TransferProtocol(SenderSide):
             else:
                 self._on_abort(message)
         busy |= self._offer_written()
+        busy |= self._pull_ready()
         busy |= self._check_ops()
         self._check_deadlines()
         return busy
@@ -147,6 +151,7 @@ class TransferProtocol(SenderSide):
         layers: int,
         deadline: float,
         peer: str | None,
+        ready: DeviceEvent | None = None,
     ) -> None:
         """`Transport.expect`, on the I/O thread (its arguments already checked)."""
         if request_id in self._recvs:
@@ -154,7 +159,7 @@ class TransferProtocol(SenderSide):
             logger.error("%s: request %s already has a reservation", self.name, request_id)
             return
         self._finished.pop(request_id, None)
-        recv = RecvState(request_id, block_ids, layers, deadline, peer)
+        recv = RecvState(request_id, block_ids, layers, deadline, peer, ready=ready)
         self._recvs[request_id] = recv
         heapq.heappush(self._deadlines, (deadline, next(self._deadline_seq), recv))
 
@@ -185,6 +190,16 @@ class TransferProtocol(SenderSide):
             return
         recv.peer = msg.sender
         recv.claimed.update(msg.layers)
+        if recv.ready is not None and not recv.ready.query():
+            recv.waiting.append((msg, read_at))  # pulled once the device let go of the blocks
+            self._unready.add(recv.request_id)
+            return
+        recv.ready = None
+        self._pull(recv, msg, peer_layout, read_at)
+
+    def _pull(
+        self, recv: RecvState, msg: LayersReady, peer_layout: KVLayout, read_at: float
+    ) -> None:
         try:
             op = self.driver.pull_blocks(msg, peer_layout)
         except Exception as exc:
@@ -196,6 +211,29 @@ class TransferProtocol(SenderSide):
             return
         recv.ops.append((op, list(msg.layers), lease_end))
         self._pulling.add(recv.request_id)
+
+    def _pull_ready(self) -> bool:
+        """Pull the layers announced for reservations whose `ready` event has completed."""
+        progressed = False
+        for request_id in list(self._unready):
+            recv = self._recvs.get(request_id)
+            if recv is None or not recv.waiting:  # failed or cancelled meanwhile
+                self._unready.discard(request_id)
+                continue
+            if recv.ready is not None and not recv.ready.query():
+                continue
+            self._unready.discard(request_id)
+            recv.ready, waiting, recv.waiting = None, recv.waiting, []
+            for msg, read_at in waiting:
+                peer_layout = self._peers.get(msg.sender)
+                if peer_layout is None:
+                    self._fail_recv(recv, f"peer {msg.sender} left")
+                    break
+                self._pull(recv, msg, peer_layout, read_at)
+                if self._recvs.get(request_id) is not recv:  # it ended (failed, or all landed)
+                    break
+            progressed = True
+        return progressed
 
     def _landed(self, recv: RecvState, op: Any, layers: list[int], lease_end: float) -> bool:
         """A pull finished: acknowledge its layers; publish the request if it is complete.

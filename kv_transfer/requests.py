@@ -29,6 +29,11 @@ class RecvState:
     """Layers announced by the peer (landed or being pulled): each may arrive once."""
     ops: list[tuple[Any, list[int], float]] = field(default_factory=list)
     """Pulls in flight, with the layers each brings and when its read lease ends."""
+    ready: DeviceEvent | None = None
+    """Until it completes, queued device work still touches the blocks: nothing is pulled
+    into them (`Transport.expect`); None once it has."""
+    waiting: list[tuple[LayersReady, float]] = field(default_factory=list)
+    """Layers announced before `ready` completed, with when each was read."""
 
     def __post_init__(self) -> None:
         self.block_set = frozenset(self.block_ids)

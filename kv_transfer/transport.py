@@ -177,6 +177,7 @@ class DriverTransport(Transport):
         num_layers: int | None = None,
         timeout_s: float = 30.0,
         peer: PeerId | None = None,
+        ready: DeviceEvent | None = None,
     ) -> None:
         block_ids = tuple(int(b) for b in dst_block_ids)
         self.layout.check_block_ids(block_ids, "destination block id")
@@ -189,7 +190,7 @@ class DriverTransport(Transport):
             raise UnknownPeerError(f"unknown peer {peer!r}; call add_peer first")
         deadline = time.monotonic() + timeout_s
         self._submit(
-            lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline, peer)
+            lambda: self._protocol.start_recv(request_id, block_ids, layers, deadline, peer, ready)
         )
 
     def send(

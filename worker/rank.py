@@ -102,8 +102,9 @@ class WorkerRank:
                 skip = res.num_cached_tokens // self.engine.config.block_size
                 dst = res.block_ids[skip:]
                 self.transport.expect(
-                    request.request_id, dst, layers, timeout_s, self.peer_name(sender)
-                )
+                    request.request_id, dst, layers, timeout_s, self.peer_name(sender),
+                    ready=res.copies,
+                )  # fmt: skip
         except Exception as e:
             self.engine.abort(request.request_id)  # the same refusal on every rank: in step
             if isinstance(e, UnknownPeerError):  # the sender left: retry elsewhere, blame none

@@ -13,6 +13,7 @@ preempted request's partial last block is swapped out and back).
 
 from __future__ import annotations
 
+from core.device_event import DeviceEvent
 from core.hashing import BlockHash, hash_prompt_blocks
 from engine.kv_cache.block_pool import Block, BlockPool
 from engine.request import Request
@@ -140,11 +141,11 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
-    def settle_copies(self) -> None:
-        """Wait for the offload tiers' queued copies (offload.py): blocks just allocated may
-        be written off the steps' stream (KV arriving from another worker)."""
-        if self.pool.offload is not None:
-            self.pool.offload.settle()
+    def queued_copies(self) -> DeviceEvent | None:
+        """An event after the offload tiers' queued copies (offload.py), None if none is
+        pending: what blocks just allocated must wait for before anything writes them off
+        the steps' stream (KV arriving from another worker)."""
+        return None if self.pool.offload is None else self.pool.offload.last_copy()
 
     def cache_computed_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         """Name every block of `req` whose first `num_tokens` tokens (default: the computed

@@ -23,9 +23,10 @@ flight (a blocking copy would wait for it and lose the overlap of host and devic
 engine/overlap.py): an evicted block is copied out after its last writer and before its new
 owner's KV is written, a restored one is in place before the step that reads it runs. The
 host reads a host slot (to move it down to disk) only once its copy from the device is done
-(an event per slot), and blocks reserved for KV that arrives from another worker (written
-off that stream: RDMA, a peer's copy stream) are handed out only once every queued copy is
-done (`settle`). Elsewhere every copy is synchronous. Nothing depends on timings, so
+(an event per slot), and KV arriving from another worker (written off that stream: RDMA, a
+peer's copy stream) lands in blocks just reserved only after the last queued copy
+(`last_copy`, which the reservation hands to the transport). Elsewhere every copy is
+synchronous. Nothing depends on timings, so
 the TP ranks (each with its shard and its own tiers) decide identically in lockstep.
 
 Swap preemption uses the host tier too: a preempted request's full blocks stay in the cache
@@ -122,7 +123,7 @@ class KVOffload:
         self.queued = kv_cache.is_cuda
         """Copies between the cache and the host tier are queued on the current stream."""
         self._last: DeviceEvent | None = None
-        """The event after the last queued copy (None: none since `settle`)."""
+        """The event after the last queued copy (None: none, or it completed)."""
         if self.queued:
             _pin(host)
             weakref.finalize(self, _unpin, host, kv_cache.device)  # holds the tier till then
@@ -272,12 +273,11 @@ class KVOffload:
             self._last = self._event()
         return queued
 
-    def settle(self) -> None:
-        """Wait for every queued copy: before blocks that one may still read or write are
-        written off the steps' stream."""
-        if self._last is not None:
-            self._last.synchronize()
+    def last_copy(self) -> DeviceEvent | None:
+        """An event after every copy queued so far (None: none is queued, or it completed)."""
+        if self._last is not None and self._last.query():
             self._last = None
+        return self._last
 
     def _event(self) -> DeviceEvent:
         """An event after the copies queued so far (a test stands in its own)."""

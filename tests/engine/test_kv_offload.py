@@ -184,18 +184,22 @@ def test_queued_copies_are_read_by_the_host_only_once_done(tmp_path) -> None:
     assert waited == [made[0]]  # a restore from the host is queued behind the copy in
 
 
-def test_a_reservation_waits_for_the_queued_copies_of_its_blocks(tiny_model_dir) -> None:
+def test_a_reservation_names_the_queued_copies_its_blocks_wait_for(tiny_model_dir) -> None:
     """Blocks reserved for KV from another worker are written off the steps' stream (RDMA,
-    a peer's copy stream): a queued spill of what they held must have run first, so the
-    reservation waits for the last queued copy (on a GPU; stand-in events here)."""
+    a peer's copy stream): a queued spill of what they held must have run first. The
+    reservation hands the transport the event after the last queued copy, waiting for
+    nothing itself (on a GPU; stand-in events here)."""
     block_bytes = 4 * 2 * 16 * 2 * 16 * 4  # llama tiny: 4 layers, 2 KV heads of 16, fp32
     llm = LLM(tiny_model_dir("llama"), num_kv_blocks=8, kv_offload_host_bytes=8 * block_bytes)
     engine = llm.engine
     made, waited = queue_copies(engine.kv.pool.offload)
     llm.generate([list(range(10, 75))], GREEDY)  # four blocks cached
     assert made == []
-    engine.reserve(engine.prepare("r", list(range(100, 200)), GREEDY))  # 7 blocks: evicts
-    assert made and waited == [made[-1]]  # the last spill waited for: the ones before too
+    assert engine.reserve(engine.prepare("a", [1, 2, 3], GREEDY)).copies is None  # no spill
+    res = engine.reserve(engine.prepare("r", list(range(100, 180)), GREEDY))  # 5 blocks: evicts
+    assert made and res.copies is made[-1] and waited == []
+    waited.append(made[-1])  # the device got there: nothing is pending any more
+    assert engine.kv.queued_copies() is None
 
 
 def test_swapped_blocks_hold_at_most_half_the_host_tier_and_come_back_bit_for_bit() -> None:

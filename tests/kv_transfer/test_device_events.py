@@ -149,3 +149,53 @@ def test_a_layer_sent_twice_while_waiting_is_refused(sides) -> None:
         prefill.transport.send("r", SRC, to_decode, DST, [i], WAIT_S)
     first.wait(WAIT_S)
     assert decode.transport.wait("r", Role.RECV, WAIT_S).ok
+
+
+class Pending:
+    """A device event on the receiver: queued work still touches its blocks until `finish`."""
+
+    def __init__(self) -> None:
+        self.queries = 0
+        self._done = threading.Event()
+
+    def query(self) -> bool:
+        self.queries += 1
+        return self._done.is_set()
+
+    def synchronize(self) -> None:
+        raise AssertionError("the transport's thread never waits on a device event")
+
+    def finish(self) -> None:
+        self._done.set()
+
+
+def test_nothing_lands_in_a_reservation_before_its_ready_event(sides) -> None:
+    prefill, decode, to_decode = sides
+    before = decode.kv.clone()
+    ready = Pending()
+    decode.transport.expect("r", DST, timeout_s=WAIT_S, ready=ready)
+    handles = [prefill.transport.send("r", SRC, to_decode, DST, [i], WAIT_S) for i in range(3)]
+    deadline = time.monotonic() + WAIT_S
+    while ready.queries < 3:  # the announced layers seen, and held back
+        assert time.monotonic() < deadline, "the receiver never looked at its event"
+        time.sleep(0.001)
+    assert not any(h.done() for h in handles)
+    assert torch.equal(as_bytes(decode.kv), as_bytes(before)), "pulled before the event"
+    ready.finish()
+    assert decode.transport.wait("r", Role.RECV, WAIT_S).ok
+    for h in handles:
+        h.wait(WAIT_S)
+    assert torch.equal(as_bytes(decode.kv[:, DST]), as_bytes(prefill.kv[:, SRC]))
+
+
+def test_a_reservation_held_by_its_event_fails_at_its_deadline_unwritten(sides) -> None:
+    prefill, decode, to_decode = sides
+    before = decode.kv.clone()
+    ready = Pending()
+    decode.transport.expect("r", DST, timeout_s=0.3, ready=ready)
+    prefill.transport.send("r", SRC, to_decode, DST, [0, 1, 2], WAIT_S)
+    assert not decode.transport.wait("r", Role.RECV, WAIT_S).ok
+    assert not prefill.transport.wait("r", Role.SEND, WAIT_S).ok  # told by the Abort
+    ready.finish()
+    time.sleep(0.05)
+    assert torch.equal(as_bytes(decode.kv), as_bytes(before))
