@@ -20,8 +20,9 @@ refused.
 
 Failures that need no hold: the peer aborted (its pulls no longer matter), it was removed
 or could not be sent the Abort (gone), or the transport is closing. The lease (4 s by
-default) is long for one pull, which moves a layer's blocks: a pull that slow fails the
-request, which is retried.
+default) is long for one pull, which moves a layer's blocks, and for the wait before it
+while the receiver's device still copies out of the reserved blocks (a step or so): a pull
+that slow fails the request, which is retried.
 """
 
 from __future__ import annotations

@@ -97,8 +97,9 @@ class TransferProtocol(SenderSide):
 
     def needs_polling(self, messages_wake_fds: bool) -> bool:
         """Whether something in flight shows its progress only to a poll: a backend op (an
-        asynchronous pull, a byte stream, an op still settling), a send waiting on a device
-        event, or, where the driver's messages wake no fd, any request waiting for one. If
+        asynchronous pull, a byte stream, an op still settling), a send or a reservation
+        waiting on a device event, or, where the driver's messages wake no fd, any request
+        waiting for one. If
         not, the I/O thread may sleep on the fds until `next_deadline`."""
         if self._pulling or self._streaming or self._gated or self._unready or self._settling:
             return True
@@ -190,12 +191,26 @@ class TransferProtocol(SenderSide):
             return
         recv.peer = msg.sender
         recv.claimed.update(msg.layers)
-        if recv.ready is not None and not recv.ready.query():
-            recv.waiting.append((msg, read_at))  # pulled once the device let go of the blocks
-            self._unready.add(recv.request_id)
+        if recv.waiting or not self._blocks_free(recv):  # in order, once the device lets go
+            if self._recvs.get(recv.request_id) is recv:  # (not failed by its event)
+                recv.waiting.append((msg, read_at))
+                self._unready.add(recv.request_id)
             return
-        recv.ready = None
         self._pull(recv, msg, peer_layout, read_at)
+
+    def _blocks_free(self, recv: RecvState) -> bool:
+        """Whether no queued device work touches the reservation's blocks any more (its
+        `ready` event completed). An event that fails fails the reservation."""
+        if recv.ready is None:
+            return True
+        try:
+            done = recv.ready.query()
+        except Exception as exc:
+            self._fail_recv(recv, f"the device work queued before the reservation failed: {exc}")
+            return False
+        if done:
+            recv.ready = None
+        return done
 
     def _pull(
         self, recv: RecvState, msg: LayersReady, peer_layout: KVLayout, read_at: float
@@ -220,14 +235,21 @@ class TransferProtocol(SenderSide):
             if recv is None or not recv.waiting:  # failed or cancelled meanwhile
                 self._unready.discard(request_id)
                 continue
-            if recv.ready is not None and not recv.ready.query():
-                continue
+            if not self._blocks_free(recv):
+                continue  # (a failed event discarded it: its recv is gone next time)
             self._unready.discard(request_id)
-            recv.ready, waiting, recv.waiting = None, recv.waiting, []
+            waiting, recv.waiting = recv.waiting, []
+            now = time.monotonic()
             for msg, read_at in waiting:
                 peer_layout = self._peers.get(msg.sender)
                 if peer_layout is None:
-                    self._fail_recv(recv, f"peer {msg.sender} left")
+                    self._fail_recv(recv, f"peer {msg.sender} left", tell=False)
+                    break
+                if now > read_at + msg.lease_s:  # the sender may reuse its blocks: too late
+                    self._fail_recv(
+                        recv, f"layers {list(msg.layers)} waited past the sender's read lease "
+                        "for the device to let go of the reservation's blocks",
+                    )  # fmt: skip
                     break
                 self._pull(recv, msg, peer_layout, read_at)
                 if self._recvs.get(request_id) is not recv:  # it ended (failed, or all landed)

@@ -26,7 +26,8 @@ class RecvState:
     peer: str | None = None
     landed: set[int] = field(default_factory=set)
     claimed: set[int] = field(default_factory=set)
-    """Layers announced by the peer (landed or being pulled): each may arrive once."""
+    """Layers announced by the peer (landed, being pulled or held back until `ready`): each
+    may arrive once."""
     ops: list[tuple[Any, list[int], float]] = field(default_factory=list)
     """Pulls in flight, with the layers each brings and when its read lease ends."""
     ready: DeviceEvent | None = None

@@ -95,6 +95,8 @@ class WorkerRank:
         layers = self.engine.model_config.num_hidden_layers
         try:
             if self.landings.lands_from(sender):
+                # The area's KV reaches the blocks on the steps' stream (after any queued
+                # offload copy), so `res.copies` orders it already.
                 skip, dst = self.landings.reserve(
                     request.request_id, sender, res, timeout_s, layers
                 )

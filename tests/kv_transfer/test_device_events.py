@@ -199,3 +199,26 @@ def test_a_reservation_held_by_its_event_fails_at_its_deadline_unwritten(sides) 
     ready.finish()
     time.sleep(0.05)
     assert torch.equal(as_bytes(decode.kv), as_bytes(before))
+
+
+class Broken(Pending):
+    """A device event whose query fails (a device error)."""
+
+    def query(self) -> bool:
+        raise RuntimeError("an illegal memory access was encountered")
+
+
+def test_a_failing_ready_event_fails_its_reservation_alone(sides) -> None:
+    prefill, decode, to_decode = sides
+    before = decode.kv.clone()
+    decode.transport.expect("r", DST, timeout_s=WAIT_S, ready=Broken())
+    prefill.transport.send("r", SRC, to_decode, DST, [0], WAIT_S)
+    result = decode.transport.wait("r", Role.RECV, WAIT_S)
+    assert not result.ok and "illegal memory access" in (result.error or "")
+    assert not prefill.transport.wait("r", Role.SEND, WAIT_S).ok  # told by the Abort
+    assert torch.equal(as_bytes(decode.kv), as_bytes(before))
+    # The transport goes on: the next reservation lands.
+    decode.transport.expect("s", DST, timeout_s=WAIT_S)
+    for i in range(3):
+        prefill.transport.send("s", SRC, to_decode, DST, [i], WAIT_S)
+    assert decode.transport.wait("s", Role.RECV, WAIT_S).ok
