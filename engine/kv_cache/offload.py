@@ -26,8 +26,8 @@ host reads a host slot (to move it down to disk) only once its copy from the dev
 (an event per slot), and KV arriving from another worker (written off that stream: RDMA, a
 peer's copy stream) lands in blocks just reserved only after the last queued copy
 (`last_copy`, which the reservation hands to the transport). Elsewhere every copy is
-synchronous. Nothing depends on timings, so
-the TP ranks (each with its shard and its own tiers) decide identically in lockstep.
+synchronous. Nothing depends on timings, so the TP ranks (each with its shard and its own
+tiers) decide identically in lockstep.
 
 Swap preemption uses the host tier too: a preempted request's full blocks stay in the cache
 (and spill here if evicted while it waits), and its partial last block, which has no hash,
