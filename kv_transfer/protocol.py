@@ -236,7 +236,7 @@ class TransferProtocol(SenderSide):
                 self._unready.discard(request_id)
                 continue
             if not self._blocks_free(recv):
-                continue  # (a failed event discarded it: its recv is gone next time)
+                continue  # pending; or failed by its event, then dropped at the next step
             self._unready.discard(request_id)
             waiting, recv.waiting = recv.waiting, []
             now = time.monotonic()
