@@ -123,8 +123,8 @@ def measure_device_usage(
     """Run the largest step once and return what the device holds besides a KV cache.
     Every TP rank must call this together (the forward's collectives); each gets the worst
     of all ranks' numbers, so they all size the same cache. `layout`: the cache's geometry
-    (its num_blocks is ignored). `graphs`: the worker records CUDA graphs after sizing, the
-    largest a step of this many tokens, whose memory pool is counted as the forward's peak."""
+    (its num_blocks is ignored). `graphs`: the worker records CUDA graphs after sizing; their
+    pool is counted as the forward's own peak (the largest graph records this step)."""
     memory.synchronize()
     weights = memory.allocated_bytes()
     lengths = chunk_lengths(config.max_num_batched_tokens, max_model_len)
