@@ -50,9 +50,6 @@ from engine.kv_connector import LayerHook, layer_written
 
 logger = logging.getLogger(__name__)
 
-BLOCK_M = 64
-"""The prefill kernel's query rows a tile (engine/kernels/prefill_attention.py)."""
-
 
 def token_buckets(max_tokens: int) -> list[int]:
     """16, 32, 64, 96, 128, then steps of 64 to 512, of 128 to 1,024 and of 256 beyond, up
@@ -117,6 +114,14 @@ def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: to
     return any(found)
 
 
+def _tile_rows(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:
+    """The prefill kernel's query rows a tile on `device` (its tuned launch's, as the eager
+    steps' layouts; engine/kernels/prefill_attention.py)."""
+    from engine.kernels.prefill_attention import launch_config
+
+    return launch_config(dtype, model.model.layers[0].self_attn.head_dim, device).block_m
+
+
 class StepGraphs:
     """The static buffers and one recorded forward pass per token bucket. Built once, after
     the KV cache exists, before the decode graphs (smaller: they reuse the pool's memory; they
@@ -143,7 +148,8 @@ class StepGraphs:
         self.max_tokens = self.sizes[-1]
         self.max_decodes = min(max_seqs, self.max_tokens)
         self.max_chunks = min(max_seqs, self.max_tokens)
-        self.max_tiles = self.max_tokens // BLOCK_M + self.max_chunks
+        self.block_m = _tile_rows(model, dtype, kv_cache.device)
+        self.max_tiles = self.max_tokens // self.block_m + self.max_chunks
         width = cdiv(max_model_len, block_size)
         dev, n, c = kv_cache.device, self.max_tokens, self.max_chunks + 1
         self.num_layers = len(model.model.layers)
@@ -193,7 +199,7 @@ class StepGraphs:
             block_tables=self.chunk_tables,
             tile_chunks=self.index[3 * c : 3 * c + tiles],
             tile_rows=self.index[3 * c + m : 3 * c + m + tiles],
-            block_m=BLOCK_M,
+            block_m=self.block_m,
         )
 
     def _forward_fn(self, size: int, workspace: DecodeWorkspace) -> Callable[[], None]:
@@ -207,7 +213,7 @@ class StepGraphs:
             decode_block_tables=self.decode_tables[:decodes],
             decode_seq_lens=self.decode_lens[:decodes],
             decode_workspace=workspace,
-            prefill_layout=self._layout(min(size // BLOCK_M + self.max_chunks, self.max_tiles)),
+            prefill_layout=self._layout(self._tiles(size)),
             layer_done=None if events[0] is None else lambda i: events[i].record(),
         )
         ids, pos = self.input_ids[:size], self.positions[:size]
@@ -222,8 +228,11 @@ class StepGraphs:
         if len(chunks) > self.max_chunks:
             return False
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        tiles = sum(cdiv(c.query_len, BLOCK_M) for c in chunks)
-        return tiles <= min(size // BLOCK_M + self.max_chunks, self.max_tiles)
+        return sum(cdiv(c.query_len, self.block_m) for c in chunks) <= self._tiles(size)
+
+    def _tiles(self, size: int) -> int:
+        """The prefill grid's tiles in the graph of `size` tokens."""
+        return min(size // self.block_m + self.max_chunks, self.max_tiles)
 
     def replay(
         self,
@@ -260,7 +269,7 @@ class StepGraphs:
                 chunk.seq_len,
             )
             self.chunk_tables[i, : chunk.block_ids.shape[0]].copy_(chunk.block_ids)
-            for row in range(0, chunk.query_len, BLOCK_M):
+            for row in range(0, chunk.query_len, self.block_m):
                 host[3 * c + tile], host[3 * c + m + tile] = i, row
                 tile += 1
         # Queued, not waited for (a step laid out while the one before runs, engine/overlap.py):

@@ -8,8 +8,9 @@ engine reads it (engine/kernels/tuned.py):
     OUT/tuned/<device>.json    copied back from the device, to be committed to
                                engine/kernels/tuned/ with the run's JSON
 
-The dry run times two candidates (one of each way of reading keys) on a tiny shape under
-the interpreter and writes its table the same way, without naming it to the process.
+The dry run times three candidates (one of each way of reading keys, one of taller tiles)
+on a tiny shape under the interpreter and writes its table the same way, without naming it
+to the process.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def tune_prefill(device: torch.device, small: bool, work: Path, out_dir: Path) -
         cases = ((2, 32),) if small else CASES
         shapes = prefill_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
         launches = prefill_tuning.candidates(dtype, head_dim)
-        if small:
-            launches = [launches[0], next(c for c in launches if c.whole_pages)]
+        if small:  # one of each way of reading keys, and the taller tiles
+            tall = next(c for c in launches if c.block_m > launches[0].block_m)
+            launches = [launches[0], next(c for c in launches if c.whole_pages), tall]
         timer = lambda fn: 1e3 * figures.timed(fn, device)  # noqa: E731
         found = prefill_tuning.tune(dtype, device, head_dim, shapes, timer, launches=launches)
         rows[head_dim] = found
@@ -64,7 +66,7 @@ def tune_prefill(device: torch.device, small: bool, work: Path, out_dir: Path) -
         tuned.use(name, doc)
         os.environ[tuned.FOLDER_ENV] = str(work / "tuned")
     headline = {
-        f"prefill {key}": "whole pages" if e["whole_pages"] else f"gather {e['block_n']}"
+        f"prefill {key}": f"{'whole pages' if e['whole_pages'] else 'gather'} {e['block_n']}"
         for key, e in prefill.items()
     }
     return {"table": doc, "files": written, "rows": rows, "headline": headline}

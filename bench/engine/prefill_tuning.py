@@ -3,14 +3,16 @@ in the paged cache, each checked against SDPA first (a launch that is fast and w
 not compile, is reported and never chosen).
 
     candidates   gathered keys: keys per step x warps x pipeline stages; whole pages (tensor
-                 descriptors, TMA on Hopper) where the head_dim allows: warps x stages
+                 descriptors, TMA on Hopper) where the head_dim allows: pages per step x
+                 warps x stages, and tiles of 128 rows on 8 warps
     shapes       batch x prompt length, causal, 16-token pages in a shuffled block table
-    table entry  the fastest launch at the engine's tile height (BLOCK_M query rows), per
-                 (dtype, head_dim): what engine/kernels/tuned.py serves to `launch_config`
+    table entry  the fastest launch, per (dtype, head_dim), its tile height with it: what
+                 engine/kernels/tuned.py serves to `launch_config` (the engine's layouts and
+                 step graphs cut tiles as it says)
 
-`bench.engine.kernels --tune` runs it at head_dim 128 over three tile heights (for the
-record); the device check (bench/device/tuning.py) at head_dims 64, 128 and 256, and writes
-the device's table.
+`bench.engine.kernels --tune` runs it at head_dim 128 with every candidate at three tile
+heights (for the record); the device check (bench/device/tuning.py) at head_dims 64, 128
+and 256, and writes the device's table.
 """
 
 from __future__ import annotations
@@ -30,17 +32,26 @@ PAGE = 16
 
 def candidates(dtype: torch.dtype, head_dim: int) -> list[Any]:
     """Every launch to try: float32 tiles take twice the shared memory (fewer keys, fewer
-    stages); head_dim 256 halves the keys a step."""
+    stages); head_dim 256 halves the keys a step. Gathered keys at head_dims up to 128 take
+    4 warps only: 8 were 1.5-1.9x slower at every key step and stage count on an H100
+    (bench/results/engine/kernels_tune_bf16_h100.json). Whole pages step one, two and four
+    pages (16, 32 and 64 keys)."""
     from engine.kernels.prefill_attention import LaunchConfig
 
     if dtype == torch.float32:
         gather = itertools.product((16, 32), (4, 8), (1, 2))
+    elif head_dim > 128:
+        gather = itertools.product((16, 32), (4, 8), (2, 3))
     else:
-        gather = itertools.product((16, 32) if head_dim > 128 else (32, 64), (4, 8), (2, 3))
+        gather = itertools.product((32, 64), (4,), (2, 3))
     out = [LaunchConfig(*launch) for launch in gather]
     if head_dim in (64, 128, 256):
-        out += [LaunchConfig(PAGE, warps, stages, whole_pages=True)
-                for warps, stages in itertools.product((4, 8), (2, 3))]  # fmt: skip
+        steps = (PAGE, 2 * PAGE, 4 * PAGE)
+        out += [LaunchConfig(keys, warps, stages, whole_pages=True)
+                for keys, warps, stages in itertools.product(steps, (4, 8), (2, 3))]  # fmt: skip
+        # Tiles of 128 rows over two warp groups (Hopper's attention kernels' shape).
+        out += [LaunchConfig(keys, 8, stages, whole_pages=True, block_m=128)
+                for keys, stages in itertools.product(steps, (2, 3))]  # fmt: skip
     return out
 
 
@@ -84,37 +95,42 @@ def tune(
     launches: Sequence[Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Each candidate's total ms over `shapes` (`timer` gives one call's ms), fastest first;
-    None with the error where it fails to compile or disagrees with SDPA."""
-    from engine.kernels.prefill_attention import BLOCK_M, PrefillLayout
+    None with the error where it fails to compile or disagrees with SDPA. `block_ms`: each
+    candidate at each of these tile heights instead of its own."""
+    from engine.kernels.prefill_attention import PrefillLayout
 
+    configs = list(launches or candidates(dtype, head_dim))
+    if block_ms:
+        configs = [dataclasses.replace(c, block_m=m) for m in block_ms for c in configs]
+    layouts: dict[int, list[Any]] = {}
     rows = []
-    for block_m in block_ms or (BLOCK_M,):
-        layouts = [
-            PrefillLayout.build([i * s.length for i in range(s.batch)], [s.length] * s.batch,
-                                [s.length] * s.batch, s.tables, device, block_m)
-            for s in shapes
-        ]  # fmt: skip
-        for config in launches or candidates(dtype, head_dim):
-            row = dict(head_dim=head_dim, block_m=block_m, **dataclasses.asdict(config), ms=None)
-            try:
-                row["ms"] = sum(
-                    _time_checked(layout, config, shape, timer)
-                    for layout, shape in zip(layouts, shapes, strict=True)
-                )
-            except Exception as e:  # a candidate that fails is reported, not fatal
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-            rows.append(row)
+    for config in configs:
+        if config.block_m not in layouts:
+            layouts[config.block_m] = [
+                PrefillLayout.build([i * s.length for i in range(s.batch)], [s.length] * s.batch,
+                                    [s.length] * s.batch, s.tables, device, config.block_m)
+                for s in shapes
+            ]  # fmt: skip
+        row = dict(head_dim=head_dim, **dataclasses.asdict(config), ms=None)
+        try:
+            row["ms"] = sum(
+                _time_checked(layout, config, shape, timer)
+                for layout, shape in zip(layouts[config.block_m], shapes, strict=True)
+            )
+        except Exception as e:  # a candidate that fails is reported, not fatal
+            row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+        rows.append(row)
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
     return rows
 
 
 def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The fastest launch that ran, at the engine's tile height, as LaunchConfig's fields."""
-    from engine.kernels.prefill_attention import BLOCK_M, LaunchConfig
+    """The fastest launch that ran, as LaunchConfig's fields."""
+    from engine.kernels.prefill_attention import LaunchConfig
 
     fields = [f.name for f in dataclasses.fields(LaunchConfig)]
     for row in rows:
-        if row["ms"] is not None and row["block_m"] == BLOCK_M:
+        if row["ms"] is not None:
             return {name: row[name] for name in fields}
     return None
 

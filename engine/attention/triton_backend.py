@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from core import env
 from engine.attention.backend import AttentionBackend, AttentionMetadata, Rotation, Tensor
 
@@ -45,6 +43,7 @@ class TritonPagedAttention(AttentionBackend):
         self._rotate_and_write = rotary_cache.rotary_and_cache
         self.fuses_rotary = env.FUSED_KERNELS.get()
         self._layout_cls = prefill_attention.PrefillLayout
+        self._launch_config = prefill_attention.launch_config
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         self._write(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
@@ -71,9 +70,10 @@ class TritonPagedAttention(AttentionBackend):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        self._prefill(q, kv, self._layout(meta, q.device), scale, out=out)
+        self._prefill(q, kv, self._layout(meta, q), scale, out=out)
 
-    def _layout(self, meta: AttentionMetadata, device: torch.device):
+    def _layout(self, meta: AttentionMetadata, q: Tensor):
+        """The step's chunk layout, its tiles as high as the device's launch wants."""
         if meta.prefill_layout is not None:
             return meta.prefill_layout
         fields = [f.name for f in dataclasses.fields(self._layout_cls)]
@@ -85,7 +85,8 @@ class TritonPagedAttention(AttentionBackend):
                 [c.query_len for c in chunks],
                 [c.seq_len for c in chunks],
                 [c.block_ids for c in chunks],
-                device,
+                q.device,
+                self._launch_config(q.dtype, q.shape[-1], q.device).block_m,
             )
             for name in fields:
                 state[_STATE_PREFIX + name] = getattr(layout, name)

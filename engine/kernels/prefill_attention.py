@@ -18,11 +18,9 @@ Keys are read one of two ways (`LaunchConfig.whole_pages`):
 
     gather       BLOCK_N keys a step, each key's address through the block table (any page
                  size, head_dim or cache dtype)
-    whole pages  one 16-token page a step, K and V each in one tensor-descriptor load (TMA on
-                 Hopper: a bulk copy into shared memory, no per-token addresses); the softmax
-                 rescales its running sums only when a row's maximum grows by more than
-                 2^RESCALE_LOG2 (exact: the numerator and the denominator carry the same
-                 stale maximum), so short key steps do not pay a rescale each
+    whole pages  1, 2 or 4 pages a step, each page's K and V in one tensor-descriptor load
+                 (TMA on Hopper; engine/kernels/_whole_pages.py), the pages after the
+                 diagonal's one at a time
 
 Tile sizes, warps, stages and the way of reading (`launch_config`) are chosen by timing the
 candidates on the device (`bench.engine.kernels --tune`, the device check): a device with a
@@ -38,7 +36,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from engine.device import host_to_device
 from engine.kernels import tuned
@@ -57,36 +54,35 @@ from engine.kernels._paged_attention import (
     check_paged_attention,
     initial_state,
 )
+from engine.kernels._whole_pages import (
+    MULTI_PAGE_STEPS,
+    attend_page_groups,
+    attend_pages,
+    page_descriptor,
+    whole_pages_fit,
+)
 
 BLOCK_M = 64
-RESCALE_LOG2 = tl.constexpr(8.0)
-"""Whole pages: how far (in log2) a row's maximum may grow before its sums are rescaled."""
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """How one prefill launch is cut: keys per loop step (gathered; a whole-pages launch
-    steps one page), warps per program, pipeline stages, and whether keys come as whole
-    pages through tensor descriptors."""
+    """How one prefill launch is cut: keys per loop step, warps per program, pipeline
+    stages, whether keys come as whole pages through tensor descriptors (then a step reads
+    `pages_per_step` pages: `block_n` keys where the cache's pages allow), and the query
+    rows a tile (`block_m`: what a step's layout is built with; a launch cuts tiles as its
+    layout does)."""
 
     block_n: int
     num_warps: int
     num_stages: int
     whole_pages: bool = False
+    block_m: int = BLOCK_M
 
-
-def whole_pages_fit(kv_layer: torch.Tensor, head_dim: int) -> bool:
-    """Whether a cache layer can be read in whole pages: contiguous, unquantized, pages of a
-    power-of-two size and a power-of-two head_dim (a descriptor's block is a power of two)
-    of at least 16 bytes."""
-    page = kv_layer.shape[2]
-    return (
-        kv_layer.is_contiguous()
-        and kv_layer.dtype not in QUANTIZED_CACHE
-        and page == next_pow2(page)
-        and head_dim == next_pow2(head_dim)
-        and head_dim * kv_layer.element_size() >= 16
-    )
+    def pages_per_step(self, page: int) -> int:
+        """Whole pages a step for a cache of `page`-token pages: the most of 1, 2 or 4 that
+        holds no more than `block_n` keys (one page at least)."""
+        return next((n for n in MULTI_PAGE_STEPS if n * page <= self.block_n), 1)
 
 
 def launch_config(dtype: torch.dtype, head_dim: int, device: torch.device | None = None
@@ -98,7 +94,7 @@ def launch_config(dtype: torch.dtype, head_dim: int, device: torch.device | None
     and one stage. A head_dim above 128 (not measured) halves the keys."""
     entry = tuned.prefill_entry(device, dtype, head_dim)
     if entry is not None:
-        return LaunchConfig(**entry)
+        return LaunchConfig(**entry)  # a table without `block_m` keeps BLOCK_M
     if dtype == torch.float32:
         return LaunchConfig(block_n=32 if head_dim <= 128 else 16, num_warps=8, num_stages=1)
     if head_dim > 128:
@@ -173,9 +169,11 @@ def _prefill_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr, DOT: tl.constexpr, QUANT: tl.constexpr, WHOLE_PAGES: tl.constexpr,
+    PAGES: tl.constexpr,
 ):  # fmt: skip
     """`kv_ptr` is the cache layer's pointer, or with WHOLE_PAGES a tensor descriptor over it
-    viewed [num_blocks * 2 * PAGE, Hk * HEAD_DIM] in [PAGE, HEAD_DIM] blocks."""
+    viewed [num_blocks * 2 * PAGE, Hk * HEAD_DIM] in [PAGE, HEAD_DIM] blocks, read PAGES
+    pages a step up to the page holding the tile's first query."""
     tile = tl.program_id(0)
     head = tl.program_id(1)
     chunk = tl.load(tile_chunks_ptr + tile)
@@ -210,11 +208,18 @@ def _prefill_kernel(
         table = table_ptr + chunk * stride_tb
         below = diagonal // PAGE
         scale2 = scale * 1.4426950408889634  # exp(x) = exp2(x log2 e)
-        m, denom, acc = _attend_pages(
-            m, denom, acc, q, q_pos, kv_ptr, table, kv_head, 0, below, end, scale2,
+        grouped = 0
+        if PAGES > 1:
+            grouped = below // PAGES * PAGES
+            m, denom, acc = attend_page_groups(
+                m, denom, acc, q, kv_ptr, table, kv_head, grouped, scale2,
+                HEAD_DIM, PAGE, PAGES, PRECISION, DOT,
+            )  # fmt: skip
+        m, denom, acc = attend_pages(
+            m, denom, acc, q, q_pos, kv_ptr, table, kv_head, grouped, below, end, scale2,
             HEAD_DIM, PAGE, False, PRECISION, DOT,
         )  # fmt: skip
-        _, denom, acc = _attend_pages(
+        _, denom, acc = attend_pages(
             m, denom, acc, q, q_pos, kv_ptr, table, kv_head, below, tl.cdiv(end, PAGE), end,
             scale2, HEAD_DIM, PAGE, True, PRECISION, DOT,
         )  # fmt: skip
@@ -234,40 +239,6 @@ def _prefill_kernel(
         )  # fmt: skip
         _store(out_ptr, acc / denom[:, None], q_start, rows, row_mask, head, stride_ot,
                stride_oh, HEAD_DIM, BLOCK_D)  # fmt: skip
-
-
-@triton.jit
-def _attend_pages(
-    m, denom, acc, q, q_pos, desc, table, kv_head, first, last, end, scale2,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
-    DOT: tl.constexpr,
-):  # fmt: skip
-    """Pages [first, last) of the chunk whose block table starts at `table`, one a step, in
-    the exp2 domain (`scale2` folds in log2 e): (m, denom, acc) as `attend_paged_kv` keeps
-    them, except that m may trail a row's maximum by up to RESCALE_LOG2."""
-    col = kv_head * HEAD_DIM
-    for page in range(first, last):
-        # Block b's K page (a descriptor's coordinates are 32-bit); its V page follows.
-        row = (tl.load(table + page) * (2 * PAGE)).to(tl.int32)
-        k = desc.load([row, col])
-        s = tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision=PRECISION) * scale2
-        if CAUSAL:
-            pos = page * PAGE + tl.arange(0, PAGE)
-            s = tl.where((pos[None, :] <= q_pos[:, None]) & (pos < end)[None, :], s, float("-inf"))
-        m_page = tl.max(s, 1)
-        if tl.max(m_page - m, 0) > RESCALE_LOG2:
-            m_new = tl.maximum(m, m_page)
-            alpha = tl.exp2(m - m_new)
-            denom = denom * alpha
-            acc = acc * alpha[:, None]
-            m = m_new
-        p = tl.exp2(s - m[:, None])
-        denom += tl.sum(p, 1)
-        v = desc.load([row + PAGE, col])
-        if CAUSAL:
-            v = tl.where((pos < end)[:, None], v, 0.0)  # slots past the context: any bits
-        acc += tl.dot(p.to(DOT), v.to(DOT), input_precision=PRECISION)
-    return m, denom, acc
 
 
 @triton.jit
@@ -308,7 +279,7 @@ def paged_prefill_attention(
               "a whole-pages launch needs a contiguous, unquantized cache layer, power-of-two "
               f"pages and a power-of-two head_dim (got {kv_layer.dtype}, pages of {page}, "
               f"head_dim {head_dim})")  # fmt: skip
-        kv = _page_descriptor(kv_layer, page, head_dim)
+        kv = page_descriptor(kv_layer, page, head_dim)
     _prefill_kernel[(num_tiles, num_heads)](
         q, kv, out,
         layout.query_starts, layout.query_lens, layout.seq_lens, layout.block_tables,
@@ -322,16 +293,10 @@ def paged_prefill_attention(
         BLOCK_N=config.block_n, BLOCK_D=next_pow2(head_dim),
         PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
         QUANT=kv_layer.dtype in QUANTIZED_CACHE, WHOLE_PAGES=config.whole_pages,
+        PAGES=config.pages_per_step(page) if config.whole_pages else 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return out
-
-
-def _page_descriptor(kv_layer: torch.Tensor, page: int, head_dim: int) -> TensorDescriptor:
-    """The layer as rows of one token's K (or V) for every KV head, read [page, head_dim] at
-    a time: block b's K page starts at row 2 b page, its V page at (2 b + 1) page."""
-    rows = kv_layer.view(-1, kv_layer.shape[3] * head_dim)
-    return TensorDescriptor(rows, list(rows.shape), list(rows.stride()), [page, head_dim])
 
 
 def paged_prefill_attention_ref(

@@ -53,8 +53,10 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     # folder the device check copies back.
     tuned = sections["kernels"]["tuning"]["rows"]["64"]
     assert {r["whole_pages"] for r in tuned if r["ms"]} == {False, True}, tuned
+    assert {r["block_m"] for r in tuned if r["ms"]} == {64, 128}, tuned
     table = json.loads((tmp_path / "tuned" / "cpu_dry_run.json").read_text())
-    assert table["prefill"]["float32/64"]["whole_pages"] == tuned[0]["whole_pages"]
+    chosen = {k: tuned[0][k] for k in ("block_n", "whole_pages", "block_m")}
+    assert table["prefill"]["float32/64"].items() >= chosen.items()
     assert (
         sections["gpu_suite"]["returncode"] == 0 and "collected" in sections["gpu_suite"]["summary"]
     )

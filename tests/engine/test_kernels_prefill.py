@@ -138,9 +138,33 @@ def test_whole_pages_rescale_when_later_keys_score_higher() -> None:
     climb = torch.linspace(0.1, 8.0, 16).view(1, 16, 1, 1)
     ctx.kv_layer[:, 0] = ctx.kv_layer[:, 0].abs() * climb  # later slots score higher (NaN stays)
     layout = layout_for(ctx, query_lens)
-    got = paged_prefill_attention(q, ctx.kv_layer, layout, 0.5, config=whole_pages(16))
     want = paged_prefill_attention_ref(q, ctx.kv_layer, layout, 0.5)
-    torch.testing.assert_close(got[LEADING_ROWS:], want[LEADING_ROWS:], atol=1e-4, rtol=1e-4)
+    for keys in (16, 32, 64):  # one, two and four pages a step
+        config = LaunchConfig(block_n=keys, num_warps=4, num_stages=2, whole_pages=True)
+        got = paged_prefill_attention(q, ctx.kv_layer, layout, 0.5, config=config)
+        torch.testing.assert_close(got[LEADING_ROWS:], want[LEADING_ROWS:], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pages", [2, 4])
+@pytest.mark.parametrize("page", [8, 16])
+def test_several_pages_a_step_give_the_reference_answer(pages: int, page: int) -> None:
+    """Whole pages read `pages` at a time up to each tile's diagonal, the pages left over
+    one at a time: tiles whose cached prefix holds a multiple of the step, one page more,
+    and none (a fresh prompt)."""
+    chunks = [(40, 40 + 8 * page), (20, 20 + 9 * page), (70, 70)]
+    query_lens = [q for q, _ in chunks]
+    ctx = make_paged_contexts([s for _, s in chunks], 2, 64, page, torch.float32, seed=pages)
+    q = torch.randn(LEADING_ROWS + sum(query_lens), 4, 64)
+    config = LaunchConfig(block_n=pages * page, num_warps=4, num_stages=2, whole_pages=True)
+    assert config.pages_per_step(page) == pages
+    got = run(q, ctx, query_lens, config)
+    want = paged_prefill_attention_ref(q, ctx.kv_layer, layout_for(ctx, query_lens), 0.1)
+    torch.testing.assert_close(got, want, equal_nan=True, **TOLERANCE[torch.float32])
+
+
+def test_keys_a_step_become_whole_pages_the_cache_holds() -> None:
+    launch = LaunchConfig(block_n=64, num_warps=4, num_stages=2, whole_pages=True)
+    assert [launch.pages_per_step(page) for page in (8, 16, 32, 64, 128)] == [4, 4, 2, 1, 1]
 
 
 def test_whole_pages_refuse_a_cache_they_cannot_read() -> None:

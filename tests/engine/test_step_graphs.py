@@ -70,11 +70,12 @@ def steps_until_done(
 @pytest.fixture
 def keys_read(request, monkeypatch) -> str:
     """How the prefill kernel reads keys: its default (gathered), or whole pages through a
-    tuned table naming this (CPU) device, as a GPU's table would."""
+    tuned table naming this (CPU) device, as a GPU's table would: two pages a step, in
+    tiles of 16 query rows (the eager steps' layouts and the graphs' grids cut them so)."""
     if request.param == "whole_pages":
         monkeypatch.setattr(tuned, "device_name", lambda kind, index: "this cpu")
         monkeypatch.setattr(tuned, "_in_process", {})
-        launch = dict(block_n=16, num_warps=4, num_stages=2, whole_pages=True)
+        launch = dict(block_n=32, num_warps=4, num_stages=2, whole_pages=True, block_m=16)
         tuned.use("this cpu", {"prefill": {f"float32/{d}": launch for d in (16, 32, 64)}})
     return request.param
 
@@ -90,7 +91,9 @@ def test_every_step_replays_and_gives_transformers_tokens(
     head_dim = layer.shape[-1]
     chosen = launch_config(torch.float32, head_dim, layer.device)
     assert chosen.whole_pages == (keys_read == "whole_pages"), (head_dim, chosen)
-    assert engine.runner.step_graphs is not None and engine.runner.step_graphs.sizes == [16, 32, 40]
+    graphs = engine.runner.step_graphs
+    assert graphs is not None and graphs.sizes == [16, 32, 40]
+    assert graphs.block_m == chosen.block_m == (16 if keys_read == "whole_pages" else 64)
     # Prompts of 33, 65 and 100 tokens in a 40-token budget: chunks alone, chunks beside
     # decodes, two chunks in one step; then the same prompts over their cached prefixes.
     prompts = [make_prompts(engine.model_config.vocab_size)[i] for i in (7, 11, 13)]

@@ -113,26 +113,37 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
     page = 16
     slots = torch.tensor([0, 1, -1, 2, 3]), torch.tensor([0, 3, 0, 15, 7])  # block, offset
 
-    def contexts(dim: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
-        """Two sequences' paged KV, their block table, lengths and a prefill layout."""
+    def contexts(
+        dim: int, dtype: torch.dtype, rows: int = 64
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
+        """Two sequences' paged KV, their block table, lengths and a prefill layout (tiles of
+        `rows` query rows)."""
         ctx = make_paged_contexts([40, 17], 2, dim, page, dtype, seed=dim)
         table = torch.tensor([ctx.block_ids[0][:3], ctx.block_ids[1][:2] + [0]]).int()
         lens = torch.tensor(ctx.seq_lens, dtype=torch.int32)
-        layout = PrefillLayout.build([0, 24], [24, 9], ctx.seq_lens, ctx.block_ids, "cpu")
+        layout = PrefillLayout.build([0, 24], [24, 9], ctx.seq_lens, ctx.block_ids, "cpu", rows)
         return ctx, table, lens, layout
 
     for dtype in DTYPES:
         tag = str(dtype).removeprefix("torch.")
         for dim in (64, 128, 256):
             ctx, table, lens, layout = contexts(dim, dtype)
+            tall = contexts(dim, dtype, 128)[3]
             q, qp = torch.randn(2, 8, dim).to(dtype), torch.randn(33, 8, dim).to(dtype)
             for splits in (1, 4):
                 name = f"decode {tag} d{dim} splits{splits}"
                 case(name, paged_decode_attention, q, ctx.kv_layer, table, lens, 0.1, splits)
-            for whole_pages in (False, True):
-                config = LaunchConfig(page, 4, 2, whole_pages=whole_pages)
-                name = f"prefill {tag} d{dim} whole_pages={whole_pages}"
-                case(name, paged_prefill_attention, qp, ctx.kv_layer, layout, 0.1, None, config)
+            configs = [LaunchConfig(page, 4, 2), LaunchConfig(page, 4, 2, whole_pages=True)]
+            if dtype == torch.bfloat16:  # several pages a step; tiles of 128 rows, 8 warps
+                configs += [
+                    LaunchConfig(2 * page, 4, 2, whole_pages=True),
+                    LaunchConfig(4 * page, 8, 2, whole_pages=True, block_m=128),
+                ]
+            for config in configs:
+                name = (f"prefill {tag} d{dim} whole_pages={config.whole_pages} "
+                        f"keys{config.block_n} rows{config.block_m}")  # fmt: skip
+                tiles = layout if config.block_m == layout.block_m else tall
+                case(name, paged_prefill_attention, qp, ctx.kv_layer, tiles, 0.1, None, config)
         k, kv = torch.randn(5, 2, 64).to(dtype), torch.zeros(4, 2, page, 2, 64, dtype=dtype)
         case(f"reshape_and_cache {tag}", reshape_and_cache, k, k, kv, *slots)
         x, w = torch.randn(3, 512).to(dtype), torch.randn(512).to(dtype)
