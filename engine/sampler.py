@@ -351,8 +351,10 @@ class Sampler:
 
 
 def _draw_uniform_row(out: torch.Tensor, generator: torch.Generator) -> None:
-    """Fill one row with U ~ Uniform[0, 1) drawn from `generator` (on any device)."""
-    if generator.device == out.device:
+    """Fill one row with U ~ Uniform[0, 1) drawn from `generator` (on any device). A worker
+    has one device of a kind: a CUDA generator made for "cuda" names no index, its rows'
+    devices do."""
+    if generator.device.type == out.device.type:
         out.uniform_(generator=generator)
     elif out.is_cuda:  # a host generator's draw, queued to the device (not waited for)
         drawn = torch.empty(out.shape, pin_memory=True).uniform_(generator=generator)

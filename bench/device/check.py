@@ -32,7 +32,7 @@ Sections, in this order, each skipped (with why) when the time left is under its
     gpu_suite   tests/gpu (pytest -m gpu) in a subprocess: last, as nothing reads its result
 
 A lease is 15 minutes of device time, its start included, and a call at most 10; the
-sections' estimates add up to ~17 minutes, so the check takes two leases (two sessions lent
+sections' estimates add up to ~18 minutes, so the check takes two leases (two sessions lent
 a device). Each call runs what fits in --budget-s (a section is skipped when less is left
 than its estimate); --resume keeps what an earlier call finished: on the same warm machine
 from the work folder, on a later lease from the report an earlier lease committed
@@ -221,7 +221,7 @@ SECTIONS = [
     Section("engine", 120, engine),
     Section("peer", 180, peer),
     Section("served", 300, served),
-    Section("plan", 90, plan),
+    Section("plan", 150, plan),
     Section("gpu_suite", 120, gpu_suite),
 ]
 

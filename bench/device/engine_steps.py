@@ -26,6 +26,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,8 @@ def sampler_times(device: torch.device, vocab: int, batch: int, calls: int) -> d
         return {"ms": 1e3 * (time.perf_counter() - t) / calls, "syncs": syncs}
 
     for name, params in SAMPLER_ROWS.items():
-        rows = [SamplingRow(params, [1], [2], make_generator(params.seed, device))
+        # Seeded rows draw from host generators, as the engine's requests do.
+        rows = [SamplingRow(params, [1], [2], make_generator(params.seed))
                 for _ in range(batch)]  # fmt: skip
         for on_device in (True, False) if params.top_p < 1.0 else (None,):
             sampler = Sampler(vocab, seed=0, nucleus_on_device=on_device)
@@ -158,6 +160,20 @@ def _waits(call: Any, device: torch.device) -> int | None:
 
 
 def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool) -> dict:
+    """The engine's figures; where one fails, those measured before it and the error (the
+    check's --resume runs the section again)."""
+    out: dict[str, Any] = {}
+    try:
+        _measure(out, model_dir, device, rates, small)
+    except Exception as e:
+        out["error"] = f"{type(e).__name__}: {e}"
+        out["traceback"] = traceback.format_exc()
+    return out
+
+
+def _measure(
+    out: dict[str, Any], model_dir: Path, device: torch.device, rates: dict[str, Any], small: bool
+) -> None:
     from engine.cuda_graphs import RerunCapturer
     from engine.engine import LLMEngine
 
@@ -171,7 +187,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     )  # fmt: skip
     start = time.monotonic()
     engine = LLMEngine(model_dir, config, capturer=RerunCapturer() if small else None)
-    out: dict[str, Any] = {"start_s": time.monotonic() - start}
+    out["start_s"] = time.monotonic() - start
     runner = engine.runner
     decode_graphs, step_graphs = Counted(runner.decode_graphs), Counted(runner.step_graphs)
     for name, graphs in (
@@ -259,10 +275,12 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     # Decode at batch 64, 2,048-token contexts: timed once every sequence is decoding.
     n, ctx = sizes["b64"], sizes["b64_context"]
     started: set[str] = set()
+    # Tokens enough for the first to decode through every later one's prompt (a step each,
+    # more where decode rows push a prompt into two chunks), both timed runs and the
+    # profile, with room to spare: a row that finished early would leave the batch short.
+    tokens = 2 * n + 2 * (sizes["b64_steps"] + 1) + PROFILED_STEPS + 8
     for i in range(n):
-        engine.add_request(
-            f"d{i}", _prompt(rng, ctx, vocab), _params(n + 2 * sizes["b64_steps"] + 14)
-        )
+        engine.add_request(f"d{i}", _prompt(rng, ctx, vocab), _params(tokens))
 
     def note(deltas: list) -> None:
         started.update(d.request_id for d in deltas if d.new_token_ids)
@@ -275,7 +293,7 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     floor = floor_decode(contexts)
     b64_kernels = kernel_profile.guarded(engine.step, PROFILED_STEPS, device)
     out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
-                         "of_floor": floor and step / floor, "batch": n,
+                         "of_floor": floor and step / floor, "batch": len(contexts),
                          "mean_context": sum(contexts) / max(1, len(contexts)),
                          "overlapped": overlapped, "host_ms": 1e3 * host,
                          "one_at_a_time_ms": 1e3 * single,
@@ -318,7 +336,10 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
     out["offline_b64"] = {"tokens_s": batch * max_tokens / (time.perf_counter() - t)}
 
     for rows in (1, n):
-        out[f"sampler_b{rows}"] = sampler_times(device, vocab, rows, 20 if not small else 2)
+        try:  # a figure beside the steps', never a reason to lose them
+            out[f"sampler_b{rows}"] = sampler_times(device, vocab, rows, 20 if not small else 2)
+        except Exception as e:
+            out[f"sampler_b{rows}"] = {"error": f"{type(e).__name__}: {e}"}
     replays = decode_graphs.count + step_graphs.count
     total = engine.step_totals.steps - first_step
     out["overlapped_steps"] = engine.step_totals.overlapped_steps
@@ -335,4 +356,3 @@ def measure(model_dir: Path, device: torch.device, rates: dict[str, Any], small:
         "offline_b64_tok_s": out["offline_b64"]["tokens_s"],
         "eager_steps": out["steps"]["eager"],
     }
-    return out

@@ -51,7 +51,7 @@ def timed(fn: Callable[[], Any], device: torch.device, repeat: int = 5) -> float
     if device.type == "cuda":
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100)) / 1e3
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) / 1e3
     fn()
     times = []
     for _ in range(repeat):

@@ -77,7 +77,7 @@ def load_flash_attn(dtype: torch.dtype) -> tuple[Any, str]:
 def _time(fn: Callable[[], Any]) -> float:
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def _row(name: str, ms: float, base_ms: float, nbytes: float, peak: float, **extra: Any) -> dict:
