@@ -4,23 +4,29 @@ and wheels together; the tree is ~8 MiB).
 
     python -m bench.device.wheels [--dir .whl] [--engine-only]
 
-The host has torch, Triton, transformers, grpcio, protobuf, aiohttp and the like (the
-device notes' package list); the engine also imports msgspec, gguf and the OpenTelemetry
-API / SDK, and `baton serve` Ray, FastAPI / uvicorn / pydantic and jsonschema. Versions are
-the ones installed here, so the device runs what the CPU suite tests.
+The host has torch, Triton, transformers, aiohttp and the like (the device notes' package
+list); the engine also imports msgspec, gguf and the OpenTelemetry API / SDK, and `baton
+serve` Ray, FastAPI / uvicorn / pydantic, jsonschema, grpcio and protobuf. Versions are the
+ones installed here, so the device runs what the CPU suite tests.
 
 Ray's wheel is 76 MiB; 31 MiB of it is the Java workers' jar (ray/jars), which a Python
-cluster never loads, so it travels without it (and without the dashboard's source maps):
-~44 MiB. A GPU cache moves between workers over NIXL or UCX only, and neither fits beside
-Ray: NIXL's CUDA 13 wheel is 56 MiB (17 without its expert-parallel torch extensions and
-the plugins Baton does not load, which with Ray and the rest is still ~61 MiB of wheels
-beside a ~7 MiB tree), UCX's 43. So with these wheels a 1P+1D pair sharing the GPU moves its
+cluster never loads, and 5 more its libraries (RLlib, Data, Train, Tune, LLM) and the
+dashboard's web client, which Baton never imports or starts: it travels without them
+(~39 MiB). grpcio and protobuf travel too (7 MiB): the generated stubs (proto/) refuse a
+runtime older than the one that generated them, and the host's versions are not known. In
+all, 28 wheels of 52.2 MiB.
+
+A GPU cache moves between workers over NIXL or UCX only, and neither fits beside Ray: NIXL's
+CUDA 13 wheel is 56 MiB (17 without its expert-parallel torch extensions and the plugins
+Baton does not load), UCX's 43. So with these wheels a 1P+1D pair sharing the GPU moves its
 KV over CUDA IPC (kv_transfer/cuda_ipc_driver.py); NIXL's own path waits for a host that has
 it.
 
-Checked here on Python 3.12 with these wheels and the host's own packages beside them (click,
-aiohttp, grpcio, anyio, annotated-doc, ...): the slimmed Ray starts a local cluster and runs
-an actor and a task; fastapi, uvicorn, msgspec and the OpenTelemetry SDK import.
+Checked here on Python 3.12 with these wheels over a bare environment given what they take
+from the host (click, aiohttp, anyio, msgpack, psutil, pyyaml, requests, ...; EPYC Zen 5,
+2026-12-07): the slimmed Ray starts a local cluster and runs an actor and a task (its
+dashboard agent logs no error); fastapi, uvicorn, msgspec, the OpenTelemetry SDK and the
+generated gRPC stubs import.
 
 On the host, before the check:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
@@ -40,14 +46,18 @@ ENGINE = ["msgspec", "gguf", "opentelemetry-api", "opentelemetry-sdk",
           "opentelemetry-semantic-conventions", "importlib-metadata", "xgrammar"]  # fmt: skip
 SERVE = ["ray", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
          "fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core", "annotated-types",
-         "typing-inspection", "grpcio-health-checking", "grpcio-reflection", "redis",
+         "typing-inspection", "grpcio", "protobuf", "grpcio-health-checking",
+         "grpcio-reflection", "redis",
          "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
          "opentelemetry-proto", "googleapis-common-protos"]  # fmt: skip
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
 CAP_MIB = 56
 """What the wheels may weigh: the call's 64 MiB less the tree."""
-RAY_LEFT_OUT = ("ray/jars/", ".js.map")
+RAY_LEFT_OUT = ("ray/jars/", "ray/rllib/", "ray/data/", "ray/train/", "ray/tune/", "ray/llm/",
+                "ray/dashboard/client/")  # fmt: skip
+"""Folders of Ray's wheel a Python cluster without its dashboard never reads: the Java
+workers' jar and Ray's libraries (the dashboard's web client among them)."""
 
 
 def pinned(names: list[str]) -> list[str]:
@@ -78,12 +88,12 @@ def slim_ray(wheel: Path) -> Path:
     slim = wheel.with_suffix(".slim")
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(slim, "w", zipfile.ZIP_DEFLATED) as dst:
         for info in src.infolist():
-            if any(part in info.filename for part in RAY_LEFT_OUT):
+            if info.filename.startswith(RAY_LEFT_OUT):
                 continue
             data = src.read(info)
             if info.filename.endswith(".dist-info/RECORD"):
                 lines = data.decode().splitlines(keepends=True)
-                kept = [ln for ln in lines if not any(p in ln.split(",")[0] for p in RAY_LEFT_OUT)]
+                kept = [ln for ln in lines if not ln.split(",")[0].startswith(RAY_LEFT_OUT)]
                 data = "".join(kept).encode()
             dst.writestr(info, data)  # the same ZipInfo: executable bits kept
     slim.replace(wheel)

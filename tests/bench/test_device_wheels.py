@@ -1,5 +1,6 @@
-"""bench/device/wheels.py: Ray's wheel travels without its Java jar and source maps, its
-RECORD naming only what is left, every file's mode kept (its binaries stay executable)."""
+"""bench/device/wheels.py: Ray's wheel travels without its Java jar, its libraries and the
+dashboard's web client, its RECORD naming only what is left, every file's mode kept (its
+binaries stay executable)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ def test_ray_travels_without_what_a_python_cluster_never_reads(tmp_path) -> None
         "ray/__init__.py": b"",
         "ray/core/src/ray/raylet/raylet": b"\x7fELF",
         "ray/jars/ray_dist.jar": b"jar" * 100,
-        "ray/dashboard/client/build/static/js/main.js.map": b"{}",
         "ray/dashboard/client/build/static/js/main.js": b"x",
+        "ray/dashboard/modules/job/job_agent.py": b"",
+        "ray/rllib/__init__.py": b"",
+        "ray/data/__init__.py": b"",
+        "ray/_private/ray_constants.py": b"",
     }
     record = "".join(f"{name},sha256=x,1\n" for name in files) + "ray-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(wheel, "w") as z:
@@ -33,11 +37,13 @@ def test_ray_travels_without_what_a_python_cluster_never_reads(tmp_path) -> None
     assert names == {
         "ray/__init__.py",
         "ray/core/src/ray/raylet/raylet",
-        "ray/dashboard/client/build/static/js/main.js",
+        "ray/dashboard/modules/job/job_agent.py",
+        "ray/_private/ray_constants.py",
         "ray-1.0.dist-info/RECORD",
     }
-    assert "jars" not in kept_record and ".js.map" not in kept_record
-    assert "ray/dashboard/client/build/static/js/main.js," in kept_record
+    for gone in ("jars", "client", "rllib", "ray/data/"):
+        assert gone not in kept_record, gone
+    assert "ray/dashboard/modules/job/job_agent.py," in kept_record
     assert mode == 0o100755
 
 
