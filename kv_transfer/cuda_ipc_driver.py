@@ -27,7 +27,7 @@ import msgspec
 import torch
 
 from core.kv_layout import KVLayout
-from kv_transfer.driver import Driver, DriverError, OpState
+from kv_transfer.driver import Driver, DriverError, OpState, UnreachablePeerError
 from kv_transfer.handshake import LayersReady
 from kv_transfer.host import host_identity
 from kv_transfer.layout import Region
@@ -47,7 +47,7 @@ def _local_index(uuid: str, peer_index: int) -> int:
     for index in range(torch.cuda.device_count()):
         if device_uuid(index) == uuid:
             return index
-    raise DriverError(f"the peer's GPU ({uuid}) is not visible in this process")
+    raise UnreachablePeerError(f"the peer's GPU ({uuid}) is not visible in this process")
 
 
 class _Shared(msgspec.Struct, frozen=True):
@@ -97,15 +97,15 @@ class CudaIpcDriver(UnixSocketMessaging, Driver):
     def connect(self, peer: str, metadata: bytes) -> None:
         shared = msgspec.msgpack.decode(metadata, type=_Shared)
         if shared.host != host_identity():
-            raise DriverError(
+            raise UnreachablePeerError(
                 f"peer {peer} runs on another host: the cuda_ipc backend is same-host"
             )
         device = _local_index(shared.uuid, shared.share[0])
         try:
             with torch.cuda.device(device):
                 storage = torch.UntypedStorage._new_shared_cuda(device, *shared.share[1:])
-        except RuntimeError as exc:
-            raise DriverError(f"cannot open peer {peer}'s KV cache: {exc}") from exc
+        except RuntimeError as exc:  # IPC refused here (a sandbox, no peer access)
+            raise UnreachablePeerError(f"cannot open peer {peer}'s KV cache: {exc}") from exc
         nbytes = shared.num_layers * shared.num_blocks * shared.block_bytes
         cache = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
         cache.set_(storage, shared.offset_bytes, (nbytes,))

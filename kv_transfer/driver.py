@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from core.kv_layout import KVLayout
+from core.preflight import UnpairableError
 from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region, pair_regions_layers
 
@@ -26,6 +27,12 @@ class OpState(enum.Enum):
 
 class DriverError(RuntimeError):
     """The backend reported a failure (peer gone, connection broken, bad descriptor)."""
+
+
+class UnreachablePeerError(DriverError, UnpairableError):
+    """A peer this backend cannot reach from here, for a reason no retry changes (on another
+    host, its GPU not visible here, its memory not mappable): the controller refuses the
+    pool at once instead of starting worker after worker that meets the same peer."""
 
 
 class Driver(ABC):

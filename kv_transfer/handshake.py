@@ -28,7 +28,13 @@ class IncompatiblePeerError(UnpairableError):
 
     def __init__(self, field: str, local: object, remote: object) -> None:
         super().__init__(f"incompatible KV peer: {field} is {remote!r} there, {local!r} here")
-        self.field = field
+        self.field, self.local, self.remote = field, local, remote
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a worker, it reaches the controller through Ray's pickling: rebuilt from
+        # its fields (an exception is rebuilt from its message otherwise, which this
+        # constructor refuses, and Ray hands on an UnserializableException instead).
+        return type(self), (self.field, self.local, self.remote)
 
 
 class CompatRecord(msgspec.Struct, frozen=True):

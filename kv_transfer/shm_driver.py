@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from core.kv_layout import KVLayout
-from kv_transfer.driver import Driver, DriverError, OpState
+from kv_transfer.driver import Driver, DriverError, OpState, UnreachablePeerError
 from kv_transfer.handshake import LayersReady
 from kv_transfer.layout import Region
 from kv_transfer.unix_messages import UnixMessages, UnixSocketMessaging
@@ -118,9 +118,11 @@ class ShmDriver(UnixSocketMessaging, Driver):
         boot_id, pid_ns, pid, fd, offset, nbytes, address = msgspec.msgpack.decode(metadata)
         here = _host_identity()
         if boot_id != here[0]:
-            raise DriverError(f"peer {peer} runs on another host: the shm backend is same-host")
+            raise UnreachablePeerError(
+                f"peer {peer} runs on another host: the shm backend is same-host"
+            )
         if pid_ns != here[1]:
-            raise DriverError(f"peer {peer} runs in another pid namespace ({pid_ns})")
+            raise UnreachablePeerError(f"peer {peer} runs in another pid namespace ({pid_ns})")
         try:
             file_fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY)
         except OSError as exc:

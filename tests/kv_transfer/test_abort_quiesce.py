@@ -142,3 +142,21 @@ def test_a_pull_slower_than_its_lease_is_refused(sides) -> None:
     result = decode.transport.wait("r", Role.RECV, 10)
     assert not result.ok and "lease" in (result.error or "")
     assert not prefill.transport.wait("r", Role.SEND, 10).ok
+
+
+def test_a_peer_on_another_host_is_unreachable_for_good() -> None:
+    """The shm backend maps a peer's cache on this host only: a peer elsewhere is an
+    UnpairableError (the controller refuses the pool), not a failure worth a new worker."""
+    import msgspec
+
+    from core.preflight import UnpairableError
+    from kv_transfer.shm_driver import ShmDriver
+
+    driver = ShmDriver(shared_zeros(LAYOUT.shape, torch.float16), LAYOUT, "here")
+    _, *rest = msgspec.msgpack.decode(driver.metadata())
+    elsewhere = msgspec.msgpack.encode(("another-boot-id", *rest))
+    try:
+        with pytest.raises(UnpairableError, match="another host"):
+            driver.connect("there", elsewhere)
+    finally:
+        driver.close()

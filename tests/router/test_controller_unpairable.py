@@ -7,12 +7,15 @@ pairing calls standing in for Ray's."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 from types import SimpleNamespace
 
 import pytest
 
+from core.preflight import UnpairableError
 from core.roles import WorkerRole
 from kv_transfer import IncompatiblePeerError
+from kv_transfer.driver import UnreachablePeerError
 from router.cluster import controller as controller_module
 from router.cluster import launch
 from router.cluster.controller import Controller, Member
@@ -32,6 +35,7 @@ def _handle() -> SimpleNamespace:
     [
         (IncompatiblePeerError("transport (a peer on this host)", "[] (cuda_ipc: no IPC)", "[]"),
          True),
+        (UnreachablePeerError("cannot open peer p's KV cache: cuda_ipc: no IPC"), True),
         (RuntimeError("the peer's call timed out"), False),  # may pass: started again
     ],
 )  # fmt: skip
@@ -53,3 +57,16 @@ def test_a_pair_that_cannot_move_kv_refuses_the_pool(monkeypatch, failure, refus
     assert (WorkerRole.PREFILL in controller.refused) == refused
     if refused:
         assert "cuda_ipc: no IPC" in controller.refused[WorkerRole.PREFILL]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [IncompatiblePeerError("backend", "cuda_ipc", "shm"), UnreachablePeerError("not visible")],
+)
+def test_an_unpairable_error_keeps_its_kind_on_its_way_from_a_worker(error) -> None:
+    """Raised in a worker's pairing call, the error reaches the controller pickled (Ray's
+    way with an actor's exception): it must come back an UnpairableError, with its message,
+    for the controller to refuse the pool."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and isinstance(back, UnpairableError)
+    assert str(back) == str(error)
