@@ -146,14 +146,15 @@ def num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.de
     return default_num_splits(batch, num_kv_heads, max_context, device)
 
 
-def free_device_bytes(device: torch.device) -> int | None:
-    """Free memory on a CUDA device (the graphs' pool shows as its drop); None elsewhere.
-    What torch's allocator caches but no tensor holds (the warm-ups' activations) is handed
-    back first: the graphs' own pool stays theirs."""
+def reserved_device_bytes(device: torch.device) -> int | None:
+    """What this process's allocator holds on a CUDA device (the graphs' pool shows as its
+    growth; another process sharing the GPU does not); None elsewhere. What it caches but
+    no tensor holds (the warm-ups' activations) is handed back first: the graphs' own pool
+    stays theirs."""
     if device.type != "cuda":
         return None
     torch.cuda.empty_cache()
-    return torch.cuda.mem_get_info(device)[0]
+    return torch.cuda.memory_reserved(device)
 
 
 def split_workspaces(
@@ -201,7 +202,8 @@ class Recorded:
     replays: dict[int, Callable[[], None]]
     capture_s: float
     graph_bytes: int | None
-    """What the graphs took of the device's memory (None off CUDA)."""
+    """What this process's allocator grew by while they were recorded: the graphs' pool
+    (None off CUDA)."""
 
     def took(self) -> str:
         memory = "" if self.graph_bytes is None else f", {self.graph_bytes / 2**30:.2f} GiB"
@@ -212,11 +214,11 @@ def record_all(
     capturer: GraphCapturer, forwards: dict[int, Callable[[], None]], device: torch.device
 ) -> Recorded:
     """Each size's forward recorded, largest first (each reuses the pool memory the larger
-    ones freed), timed, with the device memory the graphs took."""
-    start, free_before = time.monotonic(), free_device_bytes(device)
+    ones freed), timed, with the memory the graphs took."""
+    start, before = time.monotonic(), reserved_device_bytes(device)
     replays = {size: capturer.capture(forwards[size]) for size in sorted(forwards, reverse=True)}
-    free_after = free_device_bytes(device)
-    used = None if free_before is None or free_after is None else free_before - free_after
+    after = reserved_device_bytes(device)
+    used = None if before is None or after is None else after - before
     return Recorded(replays, time.monotonic() - start, used)
 
 

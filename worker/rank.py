@@ -73,7 +73,8 @@ class WorkerRank:
             return create_transport(
                 cache, layout, self.engine.model_config.model_id, backend=spec.transport,
                 name=name, loopback=spec.local_cluster,
-                block_copy=cpu_kernels.load("copy_blocks"),
+                # The shm backend's block copy (a C++ build): nothing a GPU cache moves by.
+                block_copy=None if cache.is_cuda else cpu_kernels.load("copy_blocks"),
                 require_network=not spec.local_cluster,
             )  # fmt: skip
 

@@ -122,15 +122,22 @@ class Cluster:
             ray.kill(self.controller, no_restart=True)
 
 
+READY_TIMEOUT_S = 300.0
+"""How long a cluster's pools have to come up, at least."""
+
+
 async def start_cluster(
     spec: ClusterSpec | None,
     router_config: RouterConfig | None = None,
-    ready_timeout_s: float = 300.0,
+    ready_timeout_s: float | None = None,
     controller_name: str | None = None,
     attach: bool = False,
 ) -> Cluster:
     """Start the controller (or find the running one), wait until every pool is up, and
     build the router, membership and request path of this front-door process.
+
+    `ready_timeout_s`: how long the pools have to come up; by default 300 s, or a minute
+    more than a worker's own start may take where that is longer.
 
     `attach`: a front-door replica. It starts nothing; it finds the cluster's controller
     (an error if there is none) and takes the cluster's spec from it (`spec` may be None);
@@ -170,6 +177,8 @@ async def start_cluster(
             )
             .remote(spec)
         )  # fmt: skip
+    if ready_timeout_s is None:
+        ready_timeout_s = max(READY_TIMEOUT_S, spec.worker_start_timeout_s + 60.0)
     await controller.start.remote()
     not_ready = await controller.wait_ready.remote(ready_timeout_s)
     if not_ready is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from engine.cuda_graphs import (
     capture_sizes,
     check_graph_memory,
     choose_capturer,
+    record_all,
     records_cuda_graphs,
 )
 from engine.engine import LLMEngine
@@ -83,6 +85,26 @@ def test_graphs_taking_more_than_left_them_warn(caplog: pytest.LogCaptureFixture
         check_graph_memory([gib, gib // 2], gib)
     [record] = caplog.records
     assert "took 1.50 GiB, 0.50 GiB more than the KV sizing left" in record.getMessage()
+
+
+def test_graphs_count_their_own_process_memory_only(monkeypatch) -> None:
+    """Two workers capturing on one GPU at once: what the graphs took is what this
+    process's allocator grew by (torch.cuda's answer given here), not the device's free
+    memory, which the other worker's allocations move too."""
+    reserved = [1 << 30]
+
+    class Capturer:
+        def capture(self, forward: Callable[[], None]) -> Callable[[], None]:
+            reserved[0] += 1 << 20  # this graph's pool segment
+            return forward
+
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: reserved[0])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: pytest.fail("device-wide"))
+    forwards = {8: lambda: None, 16: lambda: None}
+    capturer: Any = Capturer()
+    assert record_all(capturer, forwards, torch.device("cuda", 0)).graph_bytes == 2 << 20
+    assert record_all(capturer, forwards, torch.device("cpu")).graph_bytes is None
 
 
 @pytest.mark.parametrize("arch,backend", [("llama", "cpu"), ("llama", "torch"), ("qwen3", "cpu")])
