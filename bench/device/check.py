@@ -15,10 +15,10 @@ command there is
 Sections, in this order, each skipped (with why) when the time left is under its estimate:
 
     hardware    a device-to-device copy's GB/s and a bf16 matmul's TFLOP/s: the floors' rates
-    kernels     the prefill kernel's launches tuned at head_dims 64 / 128 / 256 (the device's
-                table, engine/kernels/tuned.py: the later sections launch what it chose;
-                bench/device/tuning.py), then Triton prefill attention against every SDPA
-                backend at 1 x 4,096 and 8 x 1,024
+    kernels     the prefill kernel's launches tuned at head_dims 128 / 64 / 256, in at most
+                2 minutes (the device's table, engine/kernels/tuned.py: the later sections
+                launch what it chose; bench/device/tuning.py), then Triton prefill attention
+                against every SDPA backend at 1 x 4,096 and 8 x 1,024
     checkpoint  a random Llama-3.1-8B-shaped checkpoint, drawn on the device, bf16
     engine      decode at batch 1 and 64 x 2,048 context, 2,048- / 256- / 128-token prefills,
                 each beside its floor, the decodes and the long prefill kernel by kernel;
@@ -216,7 +216,7 @@ def plan(run: Run) -> dict[str, Any]:
 
 SECTIONS = [
     Section("hardware", 10, hardware),
-    Section("kernels", 120, kernels),
+    Section("kernels", 150, kernels),
     Section("checkpoint", 60, checkpoint, beside="kernels"),
     Section("engine", 120, engine),
     Section("peer", 180, peer),

@@ -1,6 +1,6 @@
 """The device check's kernel tuning: the prefill kernel's candidate launches timed at head_dims
-64, 128 and 256 (bench/engine/prefill_tuning.py), and the device's table written where the
-engine reads it (engine/kernels/tuned.py):
+128, 64 and 256 (bench/engine/prefill_tuning.py) within TUNING_S, and the device's table
+written where the engine reads it (engine/kernels/tuned.py):
 
     WORK/tuned/<device>.json   named by BATON_KERNEL_TUNING for the rest of the check: its
                                later sections, the servers it starts and a second call on
@@ -27,16 +27,22 @@ from bench.device import figures
 from bench.engine import prefill_tuning
 from engine.kernels import tuned
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (128, 64, 256)
+"""In the order they are tuned: the 8B shape's first."""
 CASES = ((8, 1024),)
 """One shape a candidate: 8 prompts of 1,024 tokens (~27 GFLOP at 32 heads of 128)."""
+TUNING_S = 120.0
+"""What the tuning may take, each head_dim its share and what the ones before it left:
+past it no candidate starts (each one's compile is a second or more)."""
 
 
 def tune_prefill(device: torch.device, small: bool, work: Path, out_dir: Path) -> dict[str, Any]:
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu dry run"
     prefill, rows = {}, {}
-    for head_dim in HEAD_DIMS[:1] if small else HEAD_DIMS:
+    head_dims, start = (64,) if small else HEAD_DIMS, time.monotonic()
+    for i, head_dim in enumerate(head_dims):
+        deadline = start + TUNING_S * (i + 1) / len(head_dims)
         hq, hk = (4, 2) if small else prefill_tuning.HEADS[head_dim]
         cases = ((2, 32),) if small else CASES
         shapes = prefill_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
@@ -45,7 +51,8 @@ def tune_prefill(device: torch.device, small: bool, work: Path, out_dir: Path) -
             tall = next(c for c in launches if c.block_m > launches[0].block_m)
             launches = [launches[0], next(c for c in launches if c.whole_pages), tall]
         timer = lambda fn: 1e3 * figures.timed(fn, device)  # noqa: E731
-        found = prefill_tuning.tune(dtype, device, head_dim, shapes, timer, launches=launches)
+        found = prefill_tuning.tune(dtype, device, head_dim, shapes, timer, launches=launches,
+                                    deadline=deadline)  # fmt: skip
         rows[head_dim] = found
         entry = prefill_tuning.table_entry(found)
         if entry is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,15 +45,18 @@ def candidates(dtype: torch.dtype, head_dim: int) -> list[Any]:
         gather = itertools.product((16, 32), (4, 8), (2, 3))
     else:
         gather = itertools.product((32, 64), (4,), (2, 3))
-    out = [LaunchConfig(*launch) for launch in gather]
+    gathered = [LaunchConfig(*launch) for launch in gather]
+    whole = []
     if head_dim in (64, 128, 256):
         steps = (PAGE, 2 * PAGE, 4 * PAGE)
-        out += [LaunchConfig(keys, warps, stages, whole_pages=True)
-                for keys, warps, stages in itertools.product(steps, (4, 8), (2, 3))]  # fmt: skip
+        whole = [LaunchConfig(keys, warps, stages, whole_pages=True)
+                 for keys, warps, stages in itertools.product(steps, (4, 8), (2, 3))]  # fmt: skip
         # Tiles of 128 rows over two warp groups (Hopper's attention kernels' shape).
-        out += [LaunchConfig(keys, 8, stages, whole_pages=True, block_m=128)
-                for keys, stages in itertools.product(steps, (2, 3))]  # fmt: skip
-    return out
+        whole += [LaunchConfig(keys, 8, stages, whole_pages=True, block_m=128)
+                  for keys, stages in itertools.product(steps, (2, 3))]  # fmt: skip
+    # The first gathered launch (the H100's choice at head_dim 128), then whole pages: a
+    # tuning cut short has the figures that decide between the two ways.
+    return gathered[:1] + whole + gathered[1:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +97,11 @@ def tune(
     timer: Callable[[Callable[[], Any]], float],
     block_ms: Sequence[int] | None = None,
     launches: Sequence[Any] | None = None,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Each candidate's total ms over `shapes` (`timer` gives one call's ms), fastest first;
-    None with the error where it fails to compile or disagrees with SDPA. `block_ms`: each
+    None with the error where it fails to compile or disagrees with SDPA, or why it was not
+    tried (`deadline`, a time.monotonic() past which none starts). `block_ms`: each
     candidate at each of these tile heights instead of its own."""
     from engine.kernels.prefill_attention import PrefillLayout
 
@@ -112,6 +118,10 @@ def tune(
                 for s in shapes
             ]  # fmt: skip
         row = dict(head_dim=head_dim, **dataclasses.asdict(config), ms=None)
+        if deadline is not None and time.monotonic() > deadline:
+            row["skipped"] = "the tuning's time ran out"
+            rows.append(row)
+            continue
         try:
             row["ms"] = sum(
                 _time_checked(layout, config, shape, timer)

@@ -19,8 +19,8 @@ Keys are read one of two ways (`LaunchConfig.whole_pages`):
     gather       BLOCK_N keys a step, each key's address through the block table (any page
                  size, head_dim or cache dtype)
     whole pages  1, 2 or 4 pages a step, each page's K and V in one tensor-descriptor load
-                 (TMA on Hopper; engine/kernels/_whole_pages.py), the pages after the
-                 diagonal's one at a time
+                 (TMA on Hopper; engine/kernels/_whole_pages.py); from the page holding the
+                 tile's first query on (the causal mask's), one a step
 
 Tile sizes, warps, stages and the way of reading (`launch_config`) are chosen by timing the
 candidates on the device (`bench.engine.kernels --tune`, the device check): a device with a

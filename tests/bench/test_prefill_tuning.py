@@ -1,0 +1,29 @@
+"""bench/engine/prefill_tuning.py: the candidates' order and a tuning cut short by its time."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from bench.engine import prefill_tuning
+
+
+def test_a_tuning_cut_short_has_tried_both_ways_of_reading_keys_first() -> None:
+    launches = prefill_tuning.candidates(torch.bfloat16, 128)
+    assert not launches[0].whole_pages and launches[1].whole_pages
+    assert {c.block_m for c in launches} == {64, 128}
+    assert {c.block_n for c in launches if c.whole_pages} == {16, 32, 64}
+
+
+def test_no_candidate_starts_past_the_deadline() -> None:
+    shapes = prefill_tuning.make_shapes(((1, 32),), 2, 1, 64, torch.float32, torch.device("cpu"))
+    launches = prefill_tuning.candidates(torch.float32, 64)[:2]
+
+    def timer(fn) -> float:
+        raise AssertionError("a candidate ran past the deadline")
+
+    rows = prefill_tuning.tune(torch.float32, torch.device("cpu"), 64, shapes, timer,
+                               launches=launches, deadline=time.monotonic() - 1)  # fmt: skip
+    assert [r["skipped"] for r in rows] == ["the tuning's time ran out"] * 2
+    assert prefill_tuning.table_entry(rows) is None
