@@ -37,16 +37,14 @@ from bench.device.figures import sync
 from core.config import EngineConfig
 from core.sampling import SamplingParams
 
+# profiled_steps: decode steps profiled kernel by kernel at batch 1 and 64
+# (bench/device/kernel_profile.py).
 FULL = dict(b1_prompt=128, b1_steps=32, b64=64, b64_context=2048, b64_steps=8,
             prefills=(2048, 256, 128), offline_b1=(128, 128), offline_b64=(64, 512, 128),
-            budget=2048, max_model_len=4096)  # fmt: skip
+            budget=2048, max_model_len=4096, profiled_steps=6)  # fmt: skip
 DRY = dict(b1_prompt=16, b1_steps=4, b64=4, b64_context=64, b64_steps=2,
            prefills=(64, 32, 16), offline_b1=(16, 8), offline_b64=(4, 32, 8),
-           budget=64, max_model_len=256)  # fmt: skip
-
-
-PROFILED_STEPS = 6
-"""Decode steps profiled kernel by kernel at batch 1 and 64 (bench/device/kernel_profile.py)."""
+           budget=64, max_model_len=256, profiled_steps=2)  # fmt: skip
 
 
 class Counted:
@@ -263,7 +261,7 @@ def _measure(
     step, host = mean_step(k, overlapped)
     single, single_host = mean_step(k, False)
     out["syncs_in_overlapped_steps"] = _syncs(engine, device, 4)
-    b1_kernels = kernel_profile.guarded(engine.step, PROFILED_STEPS, device)
+    b1_kernels = kernel_profile.guarded(engine.step, sizes["profiled_steps"], device)
     timed_steps()  # what is left of it
     floor = floor_decode([sizes["b1_prompt"] + k])
     out["decode_b1"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
@@ -278,7 +276,7 @@ def _measure(
     # Tokens enough for the first to decode through every later one's prompt (a step each,
     # more where decode rows push a prompt into two chunks), both timed runs and the
     # profile, with room to spare: a row that finished early would leave the batch short.
-    tokens = 2 * n + 2 * (sizes["b64_steps"] + 1) + PROFILED_STEPS + 8
+    tokens = 2 * n + 2 * (sizes["b64_steps"] + 1) + sizes["profiled_steps"] + 8
     for i in range(n):
         engine.add_request(f"d{i}", _prompt(rng, ctx, vocab), _params(tokens))
 
@@ -291,7 +289,7 @@ def _measure(
     step, host = mean_step(sizes["b64_steps"], overlapped)
     single, single_host = mean_step(sizes["b64_steps"], False)
     floor = floor_decode(contexts)
-    b64_kernels = kernel_profile.guarded(engine.step, PROFILED_STEPS, device)
+    b64_kernels = kernel_profile.guarded(engine.step, sizes["profiled_steps"], device)
     out["decode_b64"] = {"step_ms": 1e3 * step, "floor_ms": floor and 1e3 * floor,
                          "of_floor": floor and step / floor, "batch": len(contexts),
                          "mean_context": sum(contexts) / max(1, len(contexts)),
