@@ -4,7 +4,8 @@ ptxas, not the interpreter) told its target is an H100; nothing launches. What t
 cannot otherwise see before a device run: a kernel that does not compile for the GPU (a
 tensor descriptor, a dtype the interpreter accepts and the compiler does not).
 
-    python -m tests.support.hopper_compile      # prints JSON: {"compiled": {...}, "errors": [...]}
+    python -m tests.support.hopper_compile [I/N]   # of every N-th case from the I-th
+        prints JSON: {"compiled": {kernel: [case, ...]}, "errors": [...], "kernels": [...]}
 
 Runs in a process of its own: TRITON_INTERPRET must be 0 before triton.language is imported.
 """
@@ -43,8 +44,9 @@ class _Hopper:
         return HOPPER
 
 
-def compile_all() -> dict[str, Any]:
-    """Each kernel's compiled variants (by the case that asked for it), and every error."""
+def compile_all(shard: int = 0, shards: int = 1) -> dict[str, Any]:
+    """Each kernel's compiled variants (by the case that asked for it), and every error; of
+    every `shards`-th case from the `shard`-th (a process each compiles in parallel)."""
     driver.set_active(_Hopper())
     compiled: dict[str, list[str]] = {}
     errors: list[str] = []
@@ -58,7 +60,7 @@ def compile_all() -> dict[str, Any]:
 
     JITFunction.run = compile_only
     try:
-        for name, call in _cases():
+        for name, call in _cases()[shard::shards]:
             case[0] = name
             try:
                 call()
@@ -186,6 +188,7 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
 
 
 if __name__ == "__main__":
-    result = compile_all()
+    shard, shards = (int(n) for n in sys.argv[1].split("/")) if len(sys.argv) > 1 else (0, 1)
+    result = compile_all(shard, shards)
     result["kernels"] = kernel_names()
     json.dump(result, sys.stdout)
