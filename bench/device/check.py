@@ -15,10 +15,11 @@ command there is
 Sections, in this order, each skipped (with why) when the time left is under its estimate:
 
     hardware    a device-to-device copy's GB/s and a bf16 matmul's TFLOP/s: the floors' rates
-    kernels     the prefill kernel's launches tuned at head_dims 128 / 64 / 256, in at most
-                2 minutes (the device's table, engine/kernels/tuned.py: the later sections
-                launch what it chose; bench/device/tuning.py), then Triton prefill attention
-                against every SDPA backend at 1 x 4,096 and 8 x 1,024
+    kernels     the attention kernels' launches tuned, prefill at head_dims 128 / 64 / 256
+                and decode at 128, in at most ~2 minutes (the device's table,
+                engine/kernels/tuned.py: the later sections launch what it chose;
+                bench/device/tuning.py), then Triton prefill attention against every SDPA
+                backend at 1 x 4,096 and 8 x 1,024
     checkpoint  a random Llama-3.1-8B-shaped checkpoint, drawn on the device, bf16
     engine      decode at batch 1 and 64 x 2,048 context, 2,048- / 256- / 128-token prefills,
                 each beside its floor, the decodes and the long prefill kernel by kernel;
@@ -128,7 +129,7 @@ def hardware(run: Run) -> dict[str, Any]:
 
 
 def kernels(run: Run) -> dict[str, Any]:
-    tuning = tuned_launches.tune_prefill(_device(run), run.dry_run, run.work, run.out.parent)
+    tuning = tuned_launches.tune_kernels(_device(run), run.dry_run, run.work, run.out.parent)
     against = figures.prefill_attention_against_sdpa(_device(run), small=run.dry_run)
     return {**against, "tuning": tuning, "headline": {**against["headline"],
                                                       **tuning["headline"]}}  # fmt: skip

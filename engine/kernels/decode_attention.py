@@ -15,11 +15,14 @@ token, so any block size (including 1) works with any tile width.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from engine.kernels import tuned
 from engine.kernels._checks import (
     INDEX_DTYPES,
     QUANTIZED_CACHE,
@@ -38,6 +41,27 @@ from engine.kernels._paged_attention import (
 )
 
 MAX_SPLITS = 16
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How the split kernel is launched: keys a loop step, warps, pipeline stages."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def decode_launch(
+    dtype: torch.dtype, head_dim: int, device: torch.device | None = None
+) -> DecodeLaunch:
+    """The device's tuned entry where it has one (engine/kernels/tuned.py; the device check
+    times the candidates, bench/engine/decode_tuning.py), else 32 keys a step (16 above
+    head_dim 128) on Triton's default 4 warps and 3 stages."""
+    entry = tuned.decode_entry(device, dtype, head_dim)
+    if entry is not None:
+        return DecodeLaunch(**entry)
+    return DecodeLaunch(block_n=32 if head_dim <= 128 else 16, num_warps=4, num_stages=3)
 
 
 # NUM_SPLITS only bounds ranges and masks, so it is a runtime argument, unspecialised (Triton
@@ -145,6 +169,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     partial: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    launch: DecodeLaunch | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; kv_layer: [num_blocks, 2, block_size, Hk, D]; block_tables:
     [B, max_blocks] (padding entries are never read past `seq_lens`); seq_lens: [B], the
@@ -154,7 +179,8 @@ def paged_decode_attention(
 
     `partial` ([B, Hq, num_splits, D]) and `lse` ([B, Hq, num_splits]), float32, are the
     split results' scratch; given (with `num_splits`), nothing is allocated and the launch
-    depends on no value in the tensors, as a captured CUDA graph needs."""
+    depends on no value in the tensors, as a captured CUDA graph needs. `launch`:
+    `decode_launch`'s unless given (the tuning)."""
     out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     check_tensor("block_tables", block_tables, 2, INDEX_DTYPES, q.device)
     check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES, q.device)
@@ -175,11 +201,13 @@ def paged_decode_attention(
     check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     group = num_heads // num_kv_heads
     block_d = next_pow2(head_dim)
+    launch = launch or decode_launch(q.dtype, head_dim, q.device)
     meta = dict(
         GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_H=max(16, next_pow2(group)),
-        BLOCK_D=block_d, BLOCK_N=32 if head_dim <= 128 else 16,
+        BLOCK_D=block_d, BLOCK_N=launch.block_n,
         DIRECT=splits == 1, PRECISION=dot_precision(q.dtype), DOT=dot_dtype(q.dtype),
         QUANT=kv_layer.dtype in QUANTIZED_CACHE,
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )  # fmt: skip
     if splits == 1:
         # lse is never written; a real (1-element) buffer keeps the launcher's pointer check happy.

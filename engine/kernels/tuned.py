@@ -1,4 +1,5 @@
-"""Launch choices timed on one kind of device, read by a kernel's `launch_config`.
+"""Launch choices timed on one kind of device, read by the attention kernels' `launch_config`
+(prefill) and `decode_launch` (decode).
 
 A device's table is a JSON file here in tuned/, named after the device as torch names it
 (lowercase, every run of other characters one '_': "NVIDIA H200" -> nvidia_h200.json). The
@@ -7,7 +8,8 @@ check.py, its kernels section), and uses it in-process for the sections after (`
 
     {"device": "NVIDIA H200", "measured": "<date>, <command>, <its JSON>",
      "prefill": {"bfloat16/128": {"block_n": 16, "num_warps": 4, "num_stages": 3,
-                                  "whole_pages": true}, ...}}
+                                  "whole_pages": true, "block_m": 64}, ...},
+     "decode": {"bfloat16/128": {"block_n": 32, "num_warps": 4, "num_stages": 3}, ...}}
 
 A table in the folder BATON_KERNEL_TUNING names (the device check's own, for the servers it
 starts; an operator's, tuned on their devices) comes before the one here. A device without
@@ -72,9 +74,22 @@ def prefill_entry(
     device: torch.device | None, dtype: torch.dtype, head_dim: int
 ) -> dict[str, Any] | None:
     """The prefill kernel's tuned launch (LaunchConfig's fields) on `device`, or None."""
+    return _entry("prefill", device, dtype, head_dim)
+
+
+def decode_entry(
+    device: torch.device | None, dtype: torch.dtype, head_dim: int
+) -> dict[str, Any] | None:
+    """The decode kernel's tuned launch (DecodeLaunch's fields) on `device`, or None."""
+    return _entry("decode", device, dtype, head_dim)
+
+
+def _entry(
+    kernel: str, device: torch.device | None, dtype: torch.dtype, head_dim: int
+) -> dict[str, Any] | None:
     if device is None:
         return None
     name = device_name(device.type, device.index)
     if name is None:
         return None
-    return table(name).get("prefill", {}).get(key(dtype, head_dim))
+    return table(name).get(kernel, {}).get(key(dtype, head_dim))

@@ -57,6 +57,9 @@ def test_the_dry_run_gives_every_section_its_figures(tmp_path, capsys) -> None:
     table = json.loads((tmp_path / "tuned" / "cpu_dry_run.json").read_text())
     chosen = {k: tuned[0][k] for k in ("block_n", "whole_pages", "block_m")}
     assert table["prefill"]["float32/64"].items() >= chosen.items()
+    decode = sections["kernels"]["tuning"]["decode_rows"]
+    assert len(decode) == 2 and all(r["score"] for r in decode), decode
+    assert table["decode"]["float32/64"]["block_n"] == decode[0]["block_n"]
     assert (
         sections["gpu_suite"]["returncode"] == 0 and "collected" in sections["gpu_suite"]["summary"]
     )

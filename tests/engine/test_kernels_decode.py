@@ -14,8 +14,10 @@ import torch
 from engine.attention.backend import AttentionMetadata, DecodeWorkspace
 from engine.attention.triton_backend import TritonPagedAttention
 from engine.kernels.decode_attention import (
+    DecodeLaunch,
     _decode_reduce_kernel,
     _decode_split_kernel,
+    decode_launch,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
@@ -145,3 +147,33 @@ def run_rows(q, kv_layer, table, lens, splits):
     return paged_decode_attention(
         q, kv_layer, table, lens, 0.125, splits, out=poisoned(tuple(q.shape), q.dtype)
     )
+
+
+@pytest.mark.parametrize("block_n,splits", [(16, 1), (64, 3)])
+def test_every_keys_a_step_gives_the_reference_answer(block_n: int, splits: int) -> None:
+    """The launches the tuning tries (bench/engine/decode_tuning.py): other key steps, with
+    one split and several."""
+    ctx = make_paged_contexts([1, 70, 130], 2, 64, 16, torch.float32, seed=block_n)
+    q = torch.randn(3, 4, 64)
+    lens = torch.tensor(ctx.seq_lens, dtype=torch.int32)
+    launch = DecodeLaunch(block_n=block_n, num_warps=8, num_stages=2)
+    table = padded_table(ctx.block_ids)
+    got = paged_decode_attention(q, ctx.kv_layer, table, lens, 0.125, splits, launch=launch)
+    want = paged_decode_attention_ref(q, ctx.kv_layer, table, lens, 0.125)
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+
+
+def test_a_device_with_a_tuned_table_launches_its_decode_entry(monkeypatch) -> None:
+    from engine.kernels import tuned
+
+    entry = dict(block_n=64, num_warps=8, num_stages=4)
+    monkeypatch.setattr(
+        tuned, "device_name", lambda kind, _: "NVIDIA H200" if kind == "cuda" else None
+    )
+    monkeypatch.setattr(tuned, "_in_process", {})
+    tuned.use("NVIDIA H200", {"decode": {"bfloat16/128": entry}})
+    cuda = torch.device("cuda", 0)
+    assert decode_launch(torch.bfloat16, 128, cuda) == DecodeLaunch(**entry)
+    # What the table lacks, and a device without one, keep the default.
+    assert decode_launch(torch.bfloat16, 64, cuda) == decode_launch(torch.bfloat16, 64)
+    assert decode_launch(torch.bfloat16, 128, torch.device("cpu")).block_n == 32

@@ -88,7 +88,7 @@ def kernel_names() -> list[str]:
 
 
 def _cases() -> list[tuple[str, Callable[[], Any]]]:
-    from engine.kernels.decode_attention import paged_decode_attention
+    from engine.kernels.decode_attention import DecodeLaunch, paged_decode_attention
     from engine.kernels.int8_linear import int8_linear
     from engine.kernels.lora import lora_add
     from engine.kernels.nucleus import nucleus_threshold
@@ -135,6 +135,10 @@ def _cases() -> list[tuple[str, Callable[[], Any]]]:
             for splits in (1, 4):
                 name = f"decode {tag} d{dim} splits{splits}"
                 case(name, paged_decode_attention, q, ctx.kv_layer, table, lens, 0.1, splits)
+            if dtype == torch.bfloat16:  # the tuning's widest launches
+                for launch in (DecodeLaunch(64, 8, 4), DecodeLaunch(16, 4, 2)):
+                    case(f"decode {tag} d{dim} {launch}", paged_decode_attention, q, ctx.kv_layer,
+                         table, lens, 0.1, 4, None, None, None, launch)  # fmt: skip
             configs = [LaunchConfig(page, 4, 2), LaunchConfig(page, 4, 2, whole_pages=True)]
             if dtype == torch.bfloat16:  # several pages a step; tiles of 128 rows, 8 warps
                 configs += [

@@ -1,4 +1,5 @@
-"""bench/engine/prefill_tuning.py: the candidates' order and a tuning cut short by its time."""
+"""bench/engine/prefill_tuning.py and decode_tuning.py: the candidates, their order, their scores
+and a tuning cut short by its time."""
 
 from __future__ import annotations
 
@@ -27,3 +28,20 @@ def test_no_candidate_starts_past_the_deadline() -> None:
                                launches=launches, deadline=time.monotonic() - 1)  # fmt: skip
     assert [r["skipped"] for r in rows] == ["the tuning's time ran out"] * 2
     assert prefill_tuning.table_entry(rows) is None
+
+
+def test_the_decode_tuning_checks_each_launch_and_scores_it_by_shape() -> None:
+    from bench.engine import decode_tuning
+    from engine.kernels.decode_attention import decode_launch
+
+    launches = decode_tuning.candidates(torch.float32)
+    assert launches[0] == decode_launch(torch.float32, 128) and len(set(launches)) == len(launches)
+    cpu = torch.device("cpu")
+    shapes = decode_tuning.make_shapes(((2, 32), (1, 48)), 4, 2, 64, torch.float32, cpu)
+    # The first launch the best on one shape, 1.5x off on the other; the second 2x off.
+    times = iter([1.0, 3.0, 2.0, 2.0])
+
+    rows = decode_tuning.tune(shapes, lambda fn: next(times), launches[:2])
+    assert [r["score"] for r in rows] == [1.25, 1.5]
+    assert decode_tuning.table_entry(rows) == {k: rows[0][k] for k in
+                                               ("block_n", "num_warps", "num_stages")}  # fmt: skip
