@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from bench.engine import launch_rows
 
 PAGE = 16
 
@@ -84,14 +85,8 @@ def tune(
     rows = []
     for launch in launches:
         row: dict[str, Any] = {**dataclasses.asdict(launch), "ms": None, "score": None}
-        if deadline is not None and time.monotonic() > deadline:
-            row["skipped"] = "the tuning's time ran out"
-        else:
-            try:
-                row["ms"] = [_time_checked(launch, shape, timer) for shape in shapes]
-            except Exception as e:  # a candidate that fails is reported, not fatal
-                row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-        rows.append(row)
+        each = lambda c=launch: [_time_checked(c, shape, timer) for shape in shapes]  # noqa: E731
+        rows.append(launch_rows.measured(row, "ms", each, deadline))
     ran = [r for r in rows if r["ms"] is not None]
     if ran:
         best = [min(r["ms"][i] for r in ran) for i in range(len(shapes))]
@@ -105,11 +100,7 @@ def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The best-scoring launch that ran, as DecodeLaunch's fields."""
     from engine.kernels.decode_attention import DecodeLaunch
 
-    fields = [f.name for f in dataclasses.fields(DecodeLaunch)]
-    for row in rows:
-        if row["score"] is not None:
-            return {name: row[name] for name in fields}
-    return None
+    return launch_rows.entry(rows, DecodeLaunch, "score")
 
 
 def _time_checked(launch: Any, shape: Shape, timer: Callable) -> float:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from bench.engine import launch_rows
 
 HEADS = {64: (32, 8), 128: (32, 8), 256: (16, 8)}
 """Query and KV heads tuned at each head_dim (GQA as Llama's; Gemma's shape at 256)."""
@@ -118,18 +119,9 @@ def tune(
                 for s in shapes
             ]  # fmt: skip
         row = dict(head_dim=head_dim, **dataclasses.asdict(config), ms=None)
-        if deadline is not None and time.monotonic() > deadline:
-            row["skipped"] = "the tuning's time ran out"
-            rows.append(row)
-            continue
-        try:
-            row["ms"] = sum(
-                _time_checked(layout, config, shape, timer)
-                for layout, shape in zip(layouts[config.block_m], shapes, strict=True)
-            )
-        except Exception as e:  # a candidate that fails is reported, not fatal
-            row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-        rows.append(row)
+        pairs = list(zip(layouts[config.block_m], shapes, strict=True))
+        total = lambda c=config, p=pairs: sum(_time_checked(lay, c, s, timer) for lay, s in p)  # noqa: E731
+        rows.append(launch_rows.measured(row, "ms", total, deadline))
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
     return rows
 
@@ -138,11 +130,7 @@ def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The fastest launch that ran, as LaunchConfig's fields."""
     from engine.kernels.prefill_attention import LaunchConfig
 
-    fields = [f.name for f in dataclasses.fields(LaunchConfig)]
-    for row in rows:
-        if row["ms"] is not None:
-            return {name: row[name] for name in fields}
-    return None
+    return launch_rows.entry(rows, LaunchConfig, "ms")
 
 
 def _time_checked(layout: Any, config: Any, shape: Shape, timer: Callable) -> float:
