@@ -114,12 +114,13 @@ def records_at_launch(replay: Callable[[], None], event: DeviceEvent, device: to
     return any(found)
 
 
-def _tile_rows(model: nn.Module, dtype: torch.dtype, device: torch.device) -> int:
-    """The prefill kernel's query rows a tile on `device` (its tuned launch's, as the eager
+def _tile_rows(model: nn.Module, kv_cache: torch.Tensor, dtype: torch.dtype) -> int:
+    """The prefill kernel's query rows a tile on this cache (the launch's, as the eager
     steps' layouts; engine/kernels/prefill_attention.py)."""
-    from engine.kernels.prefill_attention import launch_config
+    from engine.kernels.prefill_attention import launch_for
 
-    return launch_config(dtype, model.model.layers[0].self_attn.head_dim, device).block_m
+    head_dim = model.model.layers[0].self_attn.head_dim
+    return launch_for(kv_cache[0], dtype, head_dim, kv_cache.device).block_m
 
 
 class StepGraphs:
@@ -148,7 +149,7 @@ class StepGraphs:
         self.max_tokens = self.sizes[-1]
         self.max_decodes = min(max_seqs, self.max_tokens)
         self.max_chunks = min(max_seqs, self.max_tokens)
-        self.block_m = _tile_rows(model, dtype, kv_cache.device)
+        self.block_m = _tile_rows(model, kv_cache, dtype)
         self.max_tiles = self.max_tokens // self.block_m + self.max_chunks
         width = cdiv(max_model_len, block_size)
         dev, n, c = kv_cache.device, self.max_tokens, self.max_chunks + 1

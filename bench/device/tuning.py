@@ -28,10 +28,13 @@ from bench.device import figures
 from bench.engine import decode_tuning, prefill_tuning
 from engine.kernels import tuned
 
-HEAD_DIMS = (128, 64, 256)
-"""In the order they are tuned: the 8B shape's first."""
-CASES = ((8, 1024),)
-"""One shape a candidate: 8 prompts of 1,024 tokens (~27 GFLOP at 32 heads of 128)."""
+HEAD_DIMS = {128: 2, 64: 1, 256: 1}
+"""In the order they are tuned, each with its weight in TUNING_S: the 8B shape's first,
+with half of it."""
+CASES = ((8, 1024), (2, 1024, 328))
+"""The shapes a candidate is timed and checked on: 8 prompts of 1,024 tokens (~27 GFLOP at
+32 heads of 128), and 2 whose last 328 tokens extend a cached prefix of 696 (a chunk of a
+long prompt: 43 and a half pages, so a step of several pages leaves pages over)."""
 TUNING_S = 100.0
 """What the prefill kernel's tuning may take, each head_dim its share and what the ones
 before it left: past it no candidate starts (each one's compile is a second or more)."""
@@ -48,11 +51,12 @@ def tune_kernels(device: torch.device, small: bool, work: Path, out_dir: Path) -
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu dry run"
     timer = lambda fn: 1e3 * figures.timed(fn, device)  # noqa: E731
     prefill, rows = {}, {}
-    head_dims, start = (64,) if small else HEAD_DIMS, time.monotonic()
-    for i, head_dim in enumerate(head_dims):
-        deadline = start + TUNING_S * (i + 1) / len(head_dims)
+    weights, start, spent = {64: 1} if small else HEAD_DIMS, time.monotonic(), 0
+    for head_dim, weight in weights.items():
+        spent += weight
+        deadline = start + TUNING_S * spent / sum(weights.values())
         hq, hk = (4, 2) if small else prefill_tuning.HEADS[head_dim]
-        cases = ((2, 32),) if small else CASES
+        cases = ((2, 32), (1, 64, 24)) if small else CASES
         shapes = prefill_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
         launches = prefill_tuning.candidates(dtype, head_dim)
         if small:  # one of each way of reading keys, and the taller tiles
@@ -67,7 +71,7 @@ def tune_kernels(device: torch.device, small: bool, work: Path, out_dir: Path) -
     decode_rows = _tune_decode(dtype, device, small, timer)
     decode_entry = decode_tuning.table_entry(decode_rows)
     decode = {} if decode_entry is None else {tuned.key(dtype, 64 if small else 128): decode_entry}
-    cases = " + ".join(f"{b} x {n}" for b, n in CASES)
+    cases = " + ".join(f"{c[0]} x {c[1]}" + (f" (last {c[2]} new)" if c[2:] else "") for c in CASES)
     decode_cases = " and ".join(f"{b} x {n}" for b, n in DECODE_CASES)
     doc = {
         "device": name,

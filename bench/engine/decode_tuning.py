@@ -18,6 +18,7 @@ targets' decode shapes) and writes the device's table beside the prefill kernel'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import statistics
 from collections.abc import Callable, Sequence
@@ -31,13 +32,21 @@ PAGE = 16
 
 
 def candidates(dtype: torch.dtype) -> list[Any]:
-    """Every launch to try, the kernel's default first (a tuning cut short keeps it)."""
+    """Every launch to try: the kernel's default first (a tuning cut short keeps it), then
+    each with one of its keys a step, warps or stages changed, then the rest of the grid."""
     from engine.kernels.decode_attention import DecodeLaunch, decode_launch
 
     default = decode_launch(dtype, 128)
     steps = (16, 32) if dtype == torch.float32 else (16, 32, 64)
-    others = [DecodeLaunch(*launch) for launch in itertools.product(steps, (4, 8), (2, 4))]
-    return [default, *(c for c in others if c != default)]
+    near = [dataclasses.replace(default, block_n=n) for n in steps]
+    near += [dataclasses.replace(default, num_warps=8)]
+    near += [dataclasses.replace(default, num_stages=n) for n in (2, 4)]
+    grid = [DecodeLaunch(*launch) for launch in itertools.product(steps, (4, 8), (2, 4))]
+    out = [default]
+    for launch in near + grid:
+        if launch not in out:
+            out.append(launch)
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +94,7 @@ def tune(
     rows = []
     for launch in launches:
         row: dict[str, Any] = {**dataclasses.asdict(launch), "ms": None, "score": None}
-        each = lambda c=launch: [_time_checked(c, shape, timer) for shape in shapes]  # noqa: E731
+        each = functools.partial(_each_ms, launch, shapes, timer)
         rows.append(launch_rows.measured(row, "ms", each, deadline))
     ran = [r for r in rows if r["ms"] is not None]
     if ran:
@@ -101,6 +110,10 @@ def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     from engine.kernels.decode_attention import DecodeLaunch
 
     return launch_rows.entry(rows, DecodeLaunch, "score")
+
+
+def _each_ms(launch: Any, shapes: list[Shape], timer: Callable) -> list[float]:
+    return [_time_checked(launch, shape, timer) for shape in shapes]
 
 
 def _time_checked(launch: Any, shape: Shape, timer: Callable) -> float:

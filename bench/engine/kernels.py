@@ -170,6 +170,15 @@ class PagedPrompts:
     v: torch.Tensor
     qb: torch.Tensor  # [B, Hq, len, D], a view of q
 
+    def tiles(self, block_m: int) -> Any:
+        """The layout again with tiles of `block_m` query rows (a launch of that height)."""
+        from engine.kernels.prefill_attention import PrefillLayout
+
+        batch, length = self.qb.shape[0], self.qb.shape[2]
+        return PrefillLayout.build([i * length for i in range(batch)], [length] * batch,
+                                   [length] * batch, self.idx.tolist(), self.q.device,
+                                   block_m)  # fmt: skip
+
 
 def paged_prompts(
     batch: int, length: int, hq: int, hk: int, d: int, dtype: torch.dtype, dev: torch.device

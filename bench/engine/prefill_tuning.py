@@ -5,7 +5,8 @@ not compile, is reported and never chosen).
     candidates   gathered keys: keys per step x warps x pipeline stages; whole pages (tensor
                  descriptors, TMA on Hopper) where the head_dim allows: pages per step x
                  warps x stages, and tiles of 128 rows on 8 warps
-    shapes       batch x prompt length, causal, 16-token pages in a shuffled block table
+    shapes       batch x prompt length, causal, 16-token pages in a shuffled block table;
+                 fresh prompts, or their last tokens over a cached prefix (chunked prefill)
     table entry  the fastest launch, per (dtype, head_dim), its tile height with it: what
                  engine/kernels/tuned.py serves to `launch_config` (the engine's layouts and
                  step graphs cut tiles as it says)
@@ -18,6 +19,7 @@ and 256, and writes the device's table.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,12 +51,16 @@ def candidates(dtype: torch.dtype, head_dim: int) -> list[Any]:
     gathered = [LaunchConfig(*launch) for launch in gather]
     whole = []
     if head_dim in (64, 128, 256):
-        steps = (PAGE, 2 * PAGE, 4 * PAGE)
+        steps = (4 * PAGE, 2 * PAGE, PAGE)
+        # Tiles of 128 rows over two warp groups (Hopper's attention kernels' shape).
+        tall = [LaunchConfig(keys, 8, stages, whole_pages=True, block_m=128)
+                for keys, stages in itertools.product(steps, (2, 3))]  # fmt: skip
         whole = [LaunchConfig(keys, warps, stages, whole_pages=True)
                  for keys, warps, stages in itertools.product(steps, (4, 8), (2, 3))]  # fmt: skip
-        # Tiles of 128 rows over two warp groups (Hopper's attention kernels' shape).
-        whole += [LaunchConfig(keys, 8, stages, whole_pages=True, block_m=128)
-                  for keys, stages in itertools.product(steps, (2, 3))]  # fmt: skip
+        # Each kind's likeliest first: four pages a step in 64-row tiles on 4 warps, then in
+        # 128-row tiles, then two pages and one.
+        first = [whole[0], tall[0], whole[4], whole[8]]
+        whole = first + [c for c in whole + tall if c not in first]
     # The first gathered launch (the H100's choice at head_dim 128), then whole pages: a
     # tuning cut short has the figures that decide between the two ways.
     return gathered[:1] + whole + gathered[1:]
@@ -64,29 +70,44 @@ def candidates(dtype: torch.dtype, head_dim: int) -> list[Any]:
 class Shape:
     batch: int
     length: int
+    query: int
+    """New tokens a prompt (its last `query` of `length`; the rest a cached prefix)."""
     tables: list[list[int]]
     q: torch.Tensor
     kv: torch.Tensor
     want: torch.Tensor
 
+    def layout(self, device: torch.device, block_m: int) -> Any:
+        from engine.kernels.prefill_attention import PrefillLayout
+
+        return PrefillLayout.build([i * self.query for i in range(self.batch)],
+                                   [self.query] * self.batch, [self.length] * self.batch,
+                                   self.tables, device, block_m)  # fmt: skip
+
 
 def make_shapes(
-    cases: Sequence[tuple[int, int]], hq: int, hk: int, d: int, dtype: torch.dtype,
+    cases: Sequence[tuple[int, ...]], hq: int, hk: int, d: int, dtype: torch.dtype,
     device: torch.device,
 ) -> list[Shape]:  # fmt: skip
-    """Prompts of `length` tokens written to shuffled pages, and SDPA's answer for each."""
+    """Per case (batch, length[, query]): prompts of `length` tokens written to shuffled
+    pages, their last `query` (all, by default) the new tokens over a cached prefix, and
+    SDPA's answer for those."""
     shapes = []
-    for batch, length in cases:
+    for batch, length, *rest in cases:
+        query = rest[0] if rest else length
         nblk = length // PAGE
         kv = torch.randn(batch * nblk, 2, PAGE, hk, d, dtype=dtype, device=device)
         tables = torch.randperm(batch * nblk).view(batch, nblk).tolist()
-        q = torch.randn(batch * length, hq, d, dtype=dtype, device=device)
+        q = torch.randn(batch, length, hq, d, dtype=dtype, device=device)
         idx = torch.tensor(tables, device=device)
         k, v = (kv[idx, i].flatten(1, 2).transpose(1, 2) for i in (0, 1))
-        qb = q.view(batch, length, hq, d).transpose(1, 2)
-        want = F.scaled_dot_product_attention(qb, k, v, is_causal=True, scale=d**-0.5,
-                                              enable_gqa=True)  # fmt: skip
-        shapes.append(Shape(batch, length, tables, q, kv, want.transpose(1, 2).reshape(q.shape)))
+        want = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True,
+                                              scale=d**-0.5, enable_gqa=True)  # fmt: skip
+        # A row's answer depends on the keys up to its own: the last `query` rows of the whole
+        # prompt's are the answer of those rows over the cached prefix.
+        new = q[:, length - query :].reshape(batch * query, hq, d)
+        want = want.transpose(1, 2)[:, length - query :].reshape(new.shape)
+        shapes.append(Shape(batch, length, query, tables, new.contiguous(), kv, want))
     return shapes
 
 
@@ -104,8 +125,6 @@ def tune(
     None with the error where it fails to compile or disagrees with SDPA, or why it was not
     tried (`deadline`, a time.monotonic() past which none starts). `block_ms`: each
     candidate at each of these tile heights instead of its own."""
-    from engine.kernels.prefill_attention import PrefillLayout
-
     configs = list(launches or candidates(dtype, head_dim))
     if block_ms:
         configs = [dataclasses.replace(c, block_m=m) for m in block_ms for c in configs]
@@ -113,14 +132,10 @@ def tune(
     rows = []
     for config in configs:
         if config.block_m not in layouts:
-            layouts[config.block_m] = [
-                PrefillLayout.build([i * s.length for i in range(s.batch)], [s.length] * s.batch,
-                                    [s.length] * s.batch, s.tables, device, config.block_m)
-                for s in shapes
-            ]  # fmt: skip
+            layouts[config.block_m] = [s.layout(device, config.block_m) for s in shapes]
         row = dict(head_dim=head_dim, **dataclasses.asdict(config), ms=None)
         pairs = list(zip(layouts[config.block_m], shapes, strict=True))
-        total = lambda c=config, p=pairs: sum(_time_checked(lay, c, s, timer) for lay, s in p)  # noqa: E731
+        total = functools.partial(_total_ms, config, pairs, timer)
         rows.append(launch_rows.measured(row, "ms", total, deadline))
     rows.sort(key=lambda r: float("inf") if r["ms"] is None else r["ms"])
     return rows
@@ -131,6 +146,10 @@ def table_entry(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     from engine.kernels.prefill_attention import LaunchConfig
 
     return launch_rows.entry(rows, LaunchConfig, "ms")
+
+
+def _total_ms(config: Any, pairs: list[tuple[Any, Shape]], timer: Callable) -> float:
+    return sum(_time_checked(layout, config, shape, timer) for layout, shape in pairs)
 
 
 def _time_checked(layout: Any, config: Any, shape: Shape, timer: Callable) -> float:

@@ -43,7 +43,7 @@ class TritonPagedAttention(AttentionBackend):
         self._rotate_and_write = rotary_cache.rotary_and_cache
         self.fuses_rotary = env.FUSED_KERNELS.get()
         self._layout_cls = prefill_attention.PrefillLayout
-        self._launch_config = prefill_attention.launch_config
+        self._launch_for = prefill_attention.launch_for
 
     def write_kv(self, k: Tensor, v: Tensor, kv_layer: Tensor, meta: AttentionMetadata) -> None:
         self._write(k, v, kv_layer, meta.slot_blocks, meta.slot_offsets)
@@ -70,10 +70,10 @@ class TritonPagedAttention(AttentionBackend):
         self, out: Tensor, q: Tensor, k: Tensor, v: Tensor, kv: Tensor, meta: AttentionMetadata,
         scale: float,
     ) -> None:  # fmt: skip
-        self._prefill(q, kv, self._layout(meta, q), scale, out=out)
+        self._prefill(q, kv, self._layout(meta, q, kv), scale, out=out)
 
-    def _layout(self, meta: AttentionMetadata, q: Tensor):
-        """The step's chunk layout, its tiles as high as the device's launch wants."""
+    def _layout(self, meta: AttentionMetadata, q: Tensor, kv: Tensor):
+        """The step's chunk layout, its tiles as high as the launch on `kv` wants."""
         if meta.prefill_layout is not None:
             return meta.prefill_layout
         fields = [f.name for f in dataclasses.fields(self._layout_cls)]
@@ -86,7 +86,7 @@ class TritonPagedAttention(AttentionBackend):
                 [c.seq_len for c in chunks],
                 [c.block_ids for c in chunks],
                 q.device,
-                self._launch_config(q.dtype, q.shape[-1], q.device).block_m,
+                self._launch_for(kv, q.dtype, q.shape[-1], q.device).block_m,
             )
             for name in fields:
                 state[_STATE_PREFIX + name] = getattr(layout, name)

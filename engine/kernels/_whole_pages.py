@@ -33,12 +33,14 @@ holds no list of tiles)."""
 def whole_pages_fit(kv_layer: torch.Tensor, head_dim: int) -> bool:
     """Whether a cache layer can be read in whole pages: contiguous, unquantized, pages of a
     power-of-two size and a power-of-two head_dim (a descriptor's block is a power of two)
-    of at least 16 bytes."""
+    of at least 16 bytes; pages of 16 to 64 tokens (a dot takes 16 keys at least on a GPU,
+    and a step of one larger page holds more than the tuned launches ever did)."""
     page = kv_layer.shape[2]
     return (
         kv_layer.is_contiguous()
         and kv_layer.dtype not in QUANTIZED_CACHE
         and page == next_pow2(page)
+        and 16 <= page <= 64
         and head_dim == next_pow2(head_dim)
         and head_dim * kv_layer.element_size() >= 16
     )

@@ -102,6 +102,18 @@ def launch_config(dtype: torch.dtype, head_dim: int, device: torch.device | None
     return LaunchConfig(block_n=32, num_warps=4, num_stages=2)
 
 
+def launch_for(
+    kv_layer: torch.Tensor, dtype: torch.dtype, head_dim: int, device: torch.device | None
+) -> LaunchConfig:
+    """The launch a step runs on this cache layer (and the tile height its layout takes):
+    the device's (`launch_config`), or where that reads whole pages the layer cannot give
+    (a quantized cache, pages of another size), the default gather."""
+    config = launch_config(dtype, head_dim, device)
+    if config.whole_pages and not whole_pages_fit(kv_layer, head_dim):
+        return launch_config(dtype, head_dim)
+    return config
+
+
 @dataclass(frozen=True)
 class PrefillLayout:
     """The step's chunks as device tensors, plus the tile list the kernel's grid walks
@@ -260,7 +272,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """q: [T, Hq, D] (rows outside the layout's chunks are neither read nor written);
     kv_layer: [num_blocks, 2, block_size, Hk, D] already holding the chunks' K/V.
-    Returns [T, Hq, D] (into `out`). `config`: `launch_config`'s unless given (benchmarks)."""
+    Returns [T, Hq, D] (into `out`). `config`: `launch_for`'s unless given (benchmarks)."""
     out, page, num_kv_heads = check_paged_attention(q, kv_layer, out)
     for name in ("query_starts", "query_lens", "seq_lens", "tile_chunks", "tile_rows"):
         check_tensor(name, getattr(layout, name), 1, INDEX_DTYPES, q.device)
@@ -269,16 +281,13 @@ def paged_prefill_attention(
     num_tiles = layout.tile_chunks.shape[0]
     if num_tiles == 0:
         return out
-    if config is None:
-        config = launch_config(q.dtype, head_dim, q.device)
-        if config.whole_pages and not whole_pages_fit(kv_layer, head_dim):
-            config = launch_config(q.dtype, head_dim)  # the device's choice cannot read it
+    config = config or launch_for(kv_layer, q.dtype, head_dim, q.device)
     kv = kv_layer
     if config.whole_pages:
         check(whole_pages_fit(kv_layer, head_dim),
               "a whole-pages launch needs a contiguous, unquantized cache layer, power-of-two "
-              f"pages and a power-of-two head_dim (got {kv_layer.dtype}, pages of {page}, "
-              f"head_dim {head_dim})")  # fmt: skip
+              f"pages of 16 to 64 tokens and a power-of-two head_dim (got {kv_layer.dtype}, "
+              f"pages of {page}, head_dim {head_dim})")  # fmt: skip
         kv = page_descriptor(kv_layer, page, head_dim)
     _prefill_kernel[(num_tiles, num_heads)](
         q, kv, out,

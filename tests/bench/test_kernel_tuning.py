@@ -3,7 +3,12 @@ and a tuning cut short by its time."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
+
+# Read when `@triton.jit` runs: set before any kernel module is imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 
@@ -45,3 +50,18 @@ def test_the_decode_tuning_checks_each_launch_and_scores_it_by_shape() -> None:
     assert [r["score"] for r in rows] == [1.25, 1.5]
     assert decode_tuning.table_entry(rows) == {k: rows[0][k] for k in
                                                ("block_n", "num_warps", "num_stages")}  # fmt: skip
+
+
+def test_a_chunk_over_a_cached_prefix_is_checked_as_a_fresh_prompt_is() -> None:
+    """The tuner's shapes: a fresh prompt, and the last tokens of one over a cached prefix
+    (five pages before them: one left over after a step of four); each candidate's answer
+    is held against SDPA's rows for those tokens before it is timed."""
+    cpu = torch.device("cpu")
+    shapes = prefill_tuning.make_shapes(((1, 32), (1, 112, 24)), 2, 1, 64, torch.float32, cpu)
+    assert [(s.length, s.query, s.q.shape[0]) for s in shapes] == [(32, 32, 32), (112, 24, 24)]
+    launches = [c for c in prefill_tuning.candidates(torch.float32, 64) if c.whole_pages][:1]
+    rows = prefill_tuning.tune(torch.float32, cpu, 64, shapes, lambda fn: 1.0, launches=launches)
+    assert rows[0]["ms"] == 2.0, rows  # both checked against SDPA, then "timed"
+    wrong = dataclasses.replace(shapes[1], want=shapes[1].want + 1)
+    rows = prefill_tuning.tune(torch.float32, cpu, 64, [wrong], lambda fn: 1.0, launches=launches)
+    assert rows[0]["ms"] is None and "against SDPA" in rows[0]["error"]

@@ -16,9 +16,11 @@ from engine.kernels.prefill_attention import (
     LaunchConfig,
     PrefillLayout,
     launch_config,
+    launch_for,
     paged_prefill_attention,
     paged_prefill_attention_ref,
 )
+from engine.kv_cache.quant import quantize
 from tests.engine.test_kernels_common import TOLERANCE
 from tests.support.paged_kv import PagedContexts, make_paged_contexts, poisoned, to_page_one
 
@@ -146,7 +148,7 @@ def test_whole_pages_rescale_when_later_keys_score_higher() -> None:
 
 
 @pytest.mark.parametrize("pages", [2, 4])
-@pytest.mark.parametrize("page", [8, 16])
+@pytest.mark.parametrize("page", [16, 32])
 def test_several_pages_a_step_give_the_reference_answer(pages: int, page: int) -> None:
     """Whole pages read `pages` at a time up to each tile's diagonal, the pages left over
     one at a time: tiles whose cached prefix holds a multiple of the step, one page more,
@@ -165,6 +167,26 @@ def test_several_pages_a_step_give_the_reference_answer(pages: int, page: int) -
 def test_keys_a_step_become_whole_pages_the_cache_holds() -> None:
     launch = LaunchConfig(block_n=64, num_warps=4, num_stages=2, whole_pages=True)
     assert [launch.pages_per_step(page) for page in (8, 16, 32, 64, 128)] == [4, 4, 2, 1, 1]
+
+
+def test_a_cache_whole_pages_cannot_read_runs_the_default_launch_and_its_tiles(
+    monkeypatch,
+) -> None:
+    """A device's table names whole pages in tall tiles; a step on a layer they cannot read
+    (a quantized cache, pages under 16 or over 64 tokens) runs the default gather, and its
+    layout (the eager steps', the step graphs') is cut for that launch, not the table's."""
+    monkeypatch.setattr(tuned, "device_name", lambda kind, _: "tuned cpu")
+    monkeypatch.setattr(tuned, "_in_process", {})
+    tall = dict(block_n=64, num_warps=8, num_stages=2, whole_pages=True, block_m=128)
+    tuned.use("tuned cpu", {"prefill": {"float32/64": tall}})
+    cpu = torch.device("cpu")
+    readable = make_paged_contexts([20], 1, 64, 16, torch.float32, seed=1).kv_layer
+    assert launch_for(readable, torch.float32, 64, cpu) == LaunchConfig(**tall)
+    for page in (8, 128):
+        layer = make_paged_contexts([20], 1, 64, page, torch.float32, seed=1).kv_layer
+        assert launch_for(layer, torch.float32, 64, cpu) == launch_config(torch.float32, 64)
+    quantized = quantize(readable, torch.int8)
+    assert launch_for(quantized, torch.float32, 64, cpu).block_m == 64
 
 
 def test_whole_pages_refuse_a_cache_they_cannot_read() -> None:
