@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"transformers": transformers.__version__}
 
     def save() -> None:
-        args.out.write_text(json.dumps(report, indent=2))
+        # Whole or not at all: the check kills this process at its time limit, maybe mid-write.
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(args.out)
 
     start = time.monotonic()
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.bfloat16).to(device)
