@@ -119,8 +119,8 @@ def _raise_maximum(m, denom, acc, m_step):
 @triton.jit
 def _page_scores(q, desc, table, page, col, scale2, PAGE: tl.constexpr,
                  PRECISION: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
-    """A page's scores and its K page's first descriptor row (32-bit: a descriptor's
-    coordinates are)."""
+    """A page's scores, and the descriptor row its K page starts at (an int32: a
+    descriptor's coordinates are 32-bit)."""
     row = (tl.load(table + page) * (2 * PAGE)).to(tl.int32)
     k = desc.load([row, col])
     return tl.dot(q.to(DOT), tl.trans(k).to(DOT), input_precision=PRECISION) * scale2, row
