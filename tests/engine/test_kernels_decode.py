@@ -17,7 +17,6 @@ from engine.kernels.decode_attention import (
     DecodeLaunch,
     _decode_reduce_kernel,
     _decode_split_kernel,
-    decode_launch,
     paged_decode_attention,
     paged_decode_attention_ref,
 )
@@ -161,19 +160,3 @@ def test_every_keys_a_step_gives_the_reference_answer(block_n: int, splits: int)
     got = paged_decode_attention(q, ctx.kv_layer, table, lens, 0.125, splits, launch=launch)
     want = paged_decode_attention_ref(q, ctx.kv_layer, table, lens, 0.125)
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
-
-
-def test_a_device_with_a_tuned_table_launches_its_decode_entry(monkeypatch) -> None:
-    from engine.kernels import tuned
-
-    entry = dict(block_n=64, num_warps=8, num_stages=4)
-    monkeypatch.setattr(
-        tuned, "device_name", lambda kind, _: "NVIDIA H200" if kind == "cuda" else None
-    )
-    monkeypatch.setattr(tuned, "_in_process", {})
-    tuned.use("NVIDIA H200", {"decode": {"bfloat16/128": entry}})
-    cuda = torch.device("cuda", 0)
-    assert decode_launch(torch.bfloat16, 128, cuda) == DecodeLaunch(**entry)
-    # What the table lacks, and a device without one, keep the default.
-    assert decode_launch(torch.bfloat16, 64, cuda) == decode_launch(torch.bfloat16, 64)
-    assert decode_launch(torch.bfloat16, 128, torch.device("cpu")).block_n == 32

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from engine.kernels import tuned
+from engine.kernels.decode_attention import DecodeLaunch, decode_launch
 from engine.kernels.prefill_attention import (
     LaunchConfig,
     PrefillLayout,
@@ -196,18 +197,24 @@ def test_whole_pages_refuse_a_cache_they_cannot_read() -> None:
         run(q, ctx, [20], whole_pages(16))
 
 
-def test_a_device_with_a_tuned_table_launches_its_entry(monkeypatch) -> None:
+def test_a_device_with_a_tuned_table_launches_its_entries(monkeypatch) -> None:
+    """The prefill kernel's entry and the decode kernel's (engine/kernels/tuned.py)."""
     entry = dict(block_n=16, num_warps=8, num_stages=3, whole_pages=True)
+    decode = dict(block_n=64, num_warps=8, num_stages=4)
     monkeypatch.setattr(
         tuned, "device_name", lambda kind, _: "NVIDIA H200" if kind == "cuda" else None
     )
     monkeypatch.setattr(tuned, "_in_process", {})
-    tuned.use("NVIDIA H200", {"prefill": {"bfloat16/128": entry}})
-    cuda = torch.device("cuda", 0)
+    tuned.use("NVIDIA H200", {"prefill": {"bfloat16/128": entry},
+                              "decode": {"bfloat16/128": decode}})  # fmt: skip
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert launch_config(torch.bfloat16, 128, cuda) == LaunchConfig(**entry)
+    assert decode_launch(torch.bfloat16, 128, cuda) == DecodeLaunch(**decode)
     # What the table lacks, and a device without one, keep the default.
     assert launch_config(torch.bfloat16, 64, cuda) == launch_config(torch.bfloat16, 64)
-    assert not launch_config(torch.bfloat16, 128, torch.device("cpu")).whole_pages
+    assert not launch_config(torch.bfloat16, 128, cpu).whole_pages
+    assert decode_launch(torch.bfloat16, 64, cuda) == decode_launch(torch.bfloat16, 64)
+    assert decode_launch(torch.bfloat16, 128, cpu).block_n == 32
     assert tuned.file_name("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3.json"
 
 
