@@ -99,8 +99,7 @@ class TransferProtocol(SenderSide):
         """Whether something in flight shows its progress only to a poll: a backend op (an
         asynchronous pull, a byte stream, an op still settling), a send or a reservation
         waiting on a device event, or, where the driver's messages wake no fd, any request
-        waiting for one. If
-        not, the I/O thread may sleep on the fds until `next_deadline`."""
+        waiting for one. If not, the I/O thread may sleep on the fds until `next_deadline`."""
         if self._pulling or self._streaming or self._gated or self._unready or self._settling:
             return True
         return not messages_wake_fds and self.active()

@@ -50,27 +50,8 @@ def tune_kernels(device: torch.device, small: bool, work: Path, out_dir: Path) -
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu dry run"
     timer = lambda fn: 1e3 * figures.timed(fn, device)  # noqa: E731
-    prefill, rows = {}, {}
-    weights, start, spent = {64: 1} if small else HEAD_DIMS, time.monotonic(), 0
-    for head_dim, weight in weights.items():
-        spent += weight
-        deadline = start + TUNING_S * spent / sum(weights.values())
-        hq, hk = (4, 2) if small else prefill_tuning.HEADS[head_dim]
-        cases = ((2, 32), (1, 64, 24)) if small else CASES
-        shapes = prefill_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
-        launches = prefill_tuning.candidates(dtype, head_dim)
-        if small:  # one of each way of reading keys, and the taller tiles
-            tall = next(c for c in launches if c.block_m > launches[0].block_m)
-            launches = [launches[0], next(c for c in launches if c.whole_pages), tall]
-        found = prefill_tuning.tune(dtype, device, head_dim, shapes, timer, launches=launches,
-                                    deadline=deadline)  # fmt: skip
-        rows[head_dim] = found
-        entry = prefill_tuning.table_entry(found)
-        if entry is not None:
-            prefill[tuned.key(dtype, head_dim)] = entry
-    decode_rows = _tune_decode(dtype, device, small, timer)
-    decode_entry = decode_tuning.table_entry(decode_rows)
-    decode = {} if decode_entry is None else {tuned.key(dtype, 64 if small else 128): decode_entry}
+    prefill, rows = _tune_prefill(dtype, device, small, timer)
+    decode, decode_rows = _tune_decode(dtype, device, small, timer)
     cases = " + ".join(f"{c[0]} x {c[1]}" + (f" (last {c[2]} new)" if c[2:] else "") for c in CASES)
     decode_cases = " and ".join(f"{b} x {n}" for b, n in DECODE_CASES)
     doc = {
@@ -99,17 +80,50 @@ def tune_kernels(device: torch.device, small: bool, work: Path, out_dir: Path) -
             "headline": headline}  # fmt: skip
 
 
+Entries = dict[str, dict[str, Any]]
+"""A kernel's part of the device's table: each (dtype, head_dim) key's launch."""
+
+
+def _tune_prefill(
+    dtype: torch.dtype, device: torch.device, small: bool, timer: Any
+) -> tuple[Entries, dict[int, list[dict[str, Any]]]]:
+    """The prefill kernel's candidates at each head_dim within its share of TUNING_S (in the
+    dry run: head_dim 64, tiny shapes, three candidates); its entries and each head_dim's
+    rows."""
+    entries, rows = {}, {}
+    weights, start, spent = {64: 1} if small else HEAD_DIMS, time.monotonic(), 0
+    for head_dim, weight in weights.items():
+        spent += weight
+        deadline = start + TUNING_S * spent / sum(weights.values())
+        hq, hk = (4, 2) if small else prefill_tuning.HEADS[head_dim]
+        cases = ((2, 32), (1, 64, 24)) if small else CASES
+        shapes = prefill_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
+        launches = prefill_tuning.candidates(dtype, head_dim)
+        if small:  # one of each way of reading keys, and the taller tiles
+            tall = next(c for c in launches if c.block_m > launches[0].block_m)
+            launches = [launches[0], next(c for c in launches if c.whole_pages), tall]
+        found = prefill_tuning.tune(dtype, device, head_dim, shapes, timer, launches=launches,
+                                    deadline=deadline)  # fmt: skip
+        rows[head_dim] = found
+        entry = prefill_tuning.table_entry(found)
+        if entry is not None:
+            entries[tuned.key(dtype, head_dim)] = entry
+    return entries, rows
+
+
 def _tune_decode(
     dtype: torch.dtype, device: torch.device, small: bool, timer: Any
-) -> list[dict[str, Any]]:
+) -> tuple[Entries, list[dict[str, Any]]]:
     """The decode kernel's candidates at head_dim 128 (64 in the dry run, on a tiny shape,
-    two candidates) within DECODE_TUNING_S."""
+    two candidates) within DECODE_TUNING_S; its entry and the rows."""
     hq, hk, head_dim = (4, 2, 64) if small else (32, 8, 128)
     cases = ((2, 32),) if small else DECODE_CASES
     shapes = decode_tuning.make_shapes(cases, hq, hk, head_dim, dtype, device)
     launches = decode_tuning.candidates(dtype)
     deadline = time.monotonic() + DECODE_TUNING_S
-    return decode_tuning.tune(shapes, timer, launches[:2] if small else launches, deadline)
+    rows = decode_tuning.tune(shapes, timer, launches[:2] if small else launches, deadline)
+    entry = decode_tuning.table_entry(rows)
+    return ({} if entry is None else {tuned.key(dtype, head_dim): entry}), rows
 
 
 def name_earlier_table(work: Path) -> None:

@@ -24,15 +24,11 @@ SRC, DST = [1, 4], [6, 2]
 WAIT_S = 10.0
 
 
-class LateLayer:
-    """Layer `layer` of blocks `SRC` is "being computed" (garbage) until `finish()`; the
-    event completes only then. Counts the transport's looks, to know it saw the event."""
+class Pending:
+    """A device event: queued work (a layer's kernels, copies into a reservation's blocks)
+    is not done until `finish`. Counts the transport's looks."""
 
-    def __init__(self, kv: torch.Tensor, layer: int, seed: int) -> None:
-        self.kv, self.layer = kv, layer
-        gen = torch.Generator().manual_seed(seed)
-        self.real = torch.randn(kv[layer, SRC].shape, generator=gen).to(kv.dtype)
-        kv[layer, SRC] = torch.full_like(self.real, 7.0)
+    def __init__(self) -> None:
         self.queries = 0
         self._done = threading.Event()
 
@@ -40,9 +36,27 @@ class LateLayer:
         self.queries += 1
         return self._done.is_set()
 
+    def synchronize(self) -> None:
+        raise AssertionError("the transport's thread never waits on a device event")
+
+    def finish(self) -> None:
+        self._done.set()
+
+
+class LateLayer(Pending):
+    """Layer `layer` of blocks `SRC` is "being computed" (garbage) until `finish()`; the
+    event completes only then. Counts the transport's looks, to know it saw the event."""
+
+    def __init__(self, kv: torch.Tensor, layer: int, seed: int) -> None:
+        super().__init__()
+        self.kv, self.layer = kv, layer
+        gen = torch.Generator().manual_seed(seed)
+        self.real = torch.randn(kv[layer, SRC].shape, generator=gen).to(kv.dtype)
+        kv[layer, SRC] = torch.full_like(self.real, 7.0)
+
     def finish(self) -> None:
         self.kv[self.layer, SRC] = self.real
-        self._done.set()
+        super().finish()
 
     def seen(self, times: int = 3) -> None:
         """Wait until the I/O thread looked at the event `times` times."""
@@ -149,24 +163,6 @@ def test_a_layer_sent_twice_while_waiting_is_refused(sides) -> None:
         prefill.transport.send("r", SRC, to_decode, DST, [i], WAIT_S)
     first.wait(WAIT_S)
     assert decode.transport.wait("r", Role.RECV, WAIT_S).ok
-
-
-class Pending:
-    """A device event on the receiver: queued work still touches its blocks until `finish`."""
-
-    def __init__(self) -> None:
-        self.queries = 0
-        self._done = threading.Event()
-
-    def query(self) -> bool:
-        self.queries += 1
-        return self._done.is_set()
-
-    def synchronize(self) -> None:
-        raise AssertionError("the transport's thread never waits on a device event")
-
-    def finish(self) -> None:
-        self._done.set()
 
 
 def test_nothing_lands_in_a_reservation_before_its_ready_event(sides) -> None:
