@@ -4,8 +4,9 @@ Why our own: PyTorch has no paged attention for CPU and runs each elementwise op
 SiLU-gate and the RMSNorm as its own pass over memory; Triton has no CPU backend. (The shm
 KV transfer's block copy lives here too: the same build and cache.) Each kernel file is one
 extension module, compiled with the vector ISA this CPU supports and cached under
-TORCH_EXTENSIONS_DIR under a name that includes a hash of its sources (so an edited kernel
-is rebuilt, not a stale build loaded). If building fails, `load` returns None
+TORCH_EXTENSIONS_DIR under a name that hashes its sources, flags, torch and Python
+(`build_name`: an edited kernel or an upgraded torch gets a new build, never a stale one
+loaded). If building fails, `load` returns None
 and callers keep the plain torch path.
 
 A process loads an already built module straight from its file, without torch's build lock:
@@ -21,6 +22,7 @@ import hashlib
 import importlib.util
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -152,6 +154,30 @@ def _compiler_flag(cpu_flag: str) -> str:
     return f"-m{cpu_flag.replace('_', '')}"
 
 
+def _source(name: str) -> Path:
+    return _DIR / f"{_SOURCES.get(name, name)}.cpp"
+
+
+def build_name(name: str) -> tuple[str, list[str]] | None:
+    """Kernel `name`'s build (its folder and module name) and the ISA flags it is compiled
+    with; None when it needs an ISA this CPU lacks. The name changes with the sources, the
+    flags, torch and Python: a build links against one torch and one Python, and loaded
+    into another (an upgraded torch, a second interpreter sharing the cache) it crashes
+    rather than fails."""
+    import torch
+
+    digest = hashlib.sha256(_source(name).read_bytes())
+    for header in _HEADERS:
+        digest.update((_DIR / header).read_bytes())
+    isa_and_flags = _isa_flags(name)
+    if isa_and_flags is None:
+        return None
+    isa, isa_flags = isa_and_flags
+    digest.update(" ".join([*_CFLAGS, *isa_flags]).encode())
+    digest.update(f"torch {torch.__version__} python {sys.version_info[:2]}".encode())
+    return f"baton_{name}_{isa}_{digest.hexdigest()[:10]}", isa_flags
+
+
 @functools.cache
 def load(name: str) -> Any | None:
     """The compiled module of kernel `name` (`<name>.cpp` unless `_SOURCES` names another),
@@ -160,17 +186,11 @@ def load(name: str) -> Any | None:
         import torch  # noqa: F401  (the module links against libtorch: load it first)
         from torch.utils.cpp_extension import load as build
 
-        source = _DIR / f"{_SOURCES.get(name, name)}.cpp"
-        digest = hashlib.sha256(source.read_bytes())
-        for header in _HEADERS:
-            digest.update((_DIR / header).read_bytes())
-        isa_and_flags = _isa_flags(name)
-        if isa_and_flags is None:
+        built = build_name(name)
+        if built is None:
             logger.info("CPU kernel %s needs %s, which this CPU lacks", name, _NEEDS[name][0])
             return None
-        isa, isa_flags = isa_and_flags
-        digest.update(" ".join([*_CFLAGS, *isa_flags]).encode())  # new flags: a new build
-        full_name = f"baton_{name}_{isa}_{digest.hexdigest()[:10]}"
+        full_name, isa_flags = built
         build_dir = _build_root() / full_name
         module = _import_built(full_name, build_dir)
         if module is not None:
@@ -179,7 +199,7 @@ def load(name: str) -> Any | None:
         _clear_stale_lock(build_dir)
         return build(
             name=full_name,
-            sources=[str(source)],
+            sources=[str(_source(name))],
             extra_cflags=[*_CFLAGS, *isa_flags],
             extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(_DIR)],

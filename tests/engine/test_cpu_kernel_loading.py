@@ -46,3 +46,21 @@ def test_a_broken_build_file_is_rebuilt_not_fatal(tmp_path) -> None:
     (tmp_path / "baton_x.so").write_bytes(b"not a shared object")
     assert cpu_kernels._import_built("baton_x", tmp_path) is None
     assert cpu_kernels._import_built("baton_missing", tmp_path) is None
+
+
+def test_another_torch_or_python_gets_a_build_of_its_own(monkeypatch) -> None:
+    """A build links against one torch and one Python: loaded into another it crashes (a
+    build from torch 2.13 segfaulted in torch 2.11's first fused RMSNorm), so each gets its
+    own name, and with it its own folder."""
+    import sys
+
+    import torch
+
+    name = cpu_kernels.build_name("fused")
+    assert name is not None and name == cpu_kernels.build_name("fused")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    other_torch = cpu_kernels.build_name("fused")
+    monkeypatch.setattr(sys, "version_info", (3, 12, 3, "final", 0))
+    other_python = cpu_kernels.build_name("fused")
+    assert len({name[0], other_torch[0], other_python[0]}) == 3
+    assert name[1] == other_torch[1] == other_python[1]  # the same ISA flags
