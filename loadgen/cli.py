@@ -102,11 +102,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     out = Path(args.out or f"bench/results/serving/{args.workload}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": _jsonable(args), **result}, indent=2))
-    from loadgen.plot import plot_experiment
+    from loadgen.plot import plot_experiment, wrote
 
     png = Path(args.plot) if args.plot else out.with_suffix(".png")
-    plot_experiment(f"{args.workload} @ {args.url}", {args.workload: result["runs"]}, png)
-    print(f"wrote {out} and {png}")
+    print(wrote(out, plot_experiment(f"{args.workload} @ {args.url}",
+                                     {args.workload: result["runs"]}, png)))  # fmt: skip
     return 0
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import workloads as wl
-from loadgen.plot import plot_experiment
+from loadgen.plot import plot_experiment, wrote
 from loadgen.run import HEADER, format_row, measure, served_model
 from loadgen.schedule import schedules
 from loadgen.server import ServerProcess
@@ -313,7 +313,7 @@ def run_comparison(args: argparse.Namespace) -> int:
         v = verdict(exp, runs)
         _write(out, exp, configs, exp_args, model_dir, runs, v)
         png = plot_experiment(exp.title, runs, out.with_suffix(".png"))
-        print(f"verdict: {json.dumps(v)}\nwrote {out} and {png}", flush=True)
+        print(f"verdict: {json.dumps(v)}\n{wrote(out, png)}", flush=True)
     return 0
 
 

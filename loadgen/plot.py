@@ -1,5 +1,6 @@
 """One PNG per experiment: latency percentiles and goodput against request rate, one line
-per configuration (matplotlib, headless)."""
+per configuration (matplotlib, headless). Where matplotlib is not installed (a GPU host
+whose image lacks it) there is no plot: every figure is in the run's JSON all the same."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ _PANELS = (
 
 def plot_experiment(
     title: str, runs: Mapping[str, Sequence[Mapping[str, Any]]], path: Path
-) -> Path:
+) -> Path | None:
     """`runs`: configuration name -> its summaries, each with a `rate` key. The goodput
-    targets (each summary's `slo`) are drawn as dashed lines on the TTFT and TPOT panels."""
-    import matplotlib
+    targets (each summary's `slo`) are drawn as dashed lines on the TTFT and TPOT panels.
+    None without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -51,3 +56,8 @@ def plot_experiment(
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def wrote(out: Path, png: Path | None) -> str:
+    """What a run wrote, for its last line."""
+    return f"wrote {out} and {png}" if png else f"wrote {out} (no plot: matplotlib is missing)"

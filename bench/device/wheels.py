@@ -4,17 +4,21 @@ and wheels together; the tree is ~8 MiB).
 
     python -m bench.device.wheels [--dir .whl] [--engine-only]
 
-The host has torch, Triton, transformers, aiohttp and the like (the device notes' package
-list); the engine also imports msgspec, gguf and the OpenTelemetry API / SDK, and `baton
-serve` Ray, FastAPI / uvicorn / pydantic, jsonschema, grpcio and protobuf. Versions are the
-ones installed here, so the device runs what the CPU suite tests.
+The host has torch, Triton, transformers and what its packages require (`HOST`: the
+device notes' package list, closed over its requirements). Everything else Baton imports
+travels (`ENGINE`, `SERVE`): the engine's msgspec, gguf, xxhash and the OpenTelemetry API /
+SDK; `tests/gpu`'s pytest and peft (the LoRA oracle); and `baton serve`'s Ray with msgpack,
+FastAPI / uvicorn / pydantic, prometheus-client, jsonschema, grpcio, protobuf and the OTLP
+exporter. The host has pydantic and protobuf as well; they travel all the same, at the
+versions the CPU suite tests, as every wheel here does. tests/bench/test_device_wheels.py holds each
+import of Baton's, and each requirement of a travelling wheel, to one of the three lists.
 
 Ray's wheel is 76 MiB; 31 MiB of it is the Java workers' jar (ray/jars), which a Python
 cluster never loads, and 5 more its libraries (RLlib, Data, Train, Tune, LLM) and the
 dashboard's web client, which Baton never imports or starts: it travels without them
 (~39 MiB). grpcio and protobuf travel too (7 MiB): the generated stubs (proto/) refuse a
 runtime older than the one that generated them, and the host's versions are not known. In
-all, 28 wheels of 52.2 MiB.
+all, 36 wheels of 53.1 MiB.
 
 A GPU cache moves between workers over NIXL or UCX only, and neither fits beside Ray: NIXL's
 CUDA 13 wheel is 56 MiB (17 without its expert-parallel torch extensions and the plugins
@@ -22,11 +26,8 @@ Baton does not load), UCX's 43. So with these wheels a 1P+1D pair sharing the GP
 KV over CUDA IPC (kv_transfer/cuda_ipc_driver.py); NIXL's own path waits for a host that has
 it.
 
-Checked here on Python 3.12 with these wheels over a bare environment given what they take
-from the host (click, aiohttp, anyio, msgpack, psutil, pyyaml, requests, ...; EPYC Zen 5,
-2026-12-07): the slimmed Ray starts a local cluster and runs an actor and a task (its
-dashboard agent logs no error); fastapi, uvicorn, msgspec, the OpenTelemetry SDK and the
-generated gRPC stubs import.
+`python -m bench.device.rehearsal` runs the device check's dry run here in an environment
+like the host's: Python 3.12, the host's packages, these wheels on PYTHONPATH.
 
 On the host, before the check:
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
@@ -42,14 +43,38 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-ENGINE = ["msgspec", "gguf", "opentelemetry-api", "opentelemetry-sdk",
-          "opentelemetry-semantic-conventions", "importlib-metadata", "xgrammar"]  # fmt: skip
-SERVE = ["ray", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
-         "fastapi", "starlette", "uvicorn", "pydantic", "pydantic-core", "annotated-types",
-         "typing-inspection", "grpcio", "protobuf", "grpcio-health-checking",
-         "grpcio-reflection", "redis",
+ENGINE = ["msgspec", "gguf", "xxhash", "opentelemetry-api", "opentelemetry-sdk",
+          "opentelemetry-semantic-conventions", "importlib-metadata",
+          "pytest", "pluggy", "iniconfig", "pytest-timeout", "peft"]  # fmt: skip
+SERVE = ["ray", "msgpack", "prometheus-client", "jsonschema", "jsonschema-specifications",
+         "referencing", "rpds-py", "fastapi", "starlette", "uvicorn", "pydantic",
+         "pydantic-core", "annotated-types", "typing-inspection", "grpcio", "protobuf",
+         "grpcio-health-checking", "grpcio-reflection", "redis",
          "opentelemetry-exporter-otlp-proto-grpc", "opentelemetry-exporter-otlp-proto-common",
-         "opentelemetry-proto", "googleapis-common-protos"]  # fmt: skip
+         "opentelemetry-exporter-otlp-common", "opentelemetry-proto",
+         "googleapis-common-protos"]  # fmt: skip
+HOST_PINNED = {"torch": "2.11.0", "triton": "3.6.0", "transformers": "5.17.0",
+               "tokenizers": "0.23.2", "safetensors": "0.8.0", "huggingface-hub": "1.33.0",
+               "numpy": "2.5.2", "accelerate": "1.15.0"}  # fmt: skip
+"""The host's packages Baton imports, at the versions the device notes' pip list gives."""
+HOST = frozenset(HOST_PINNED) | {
+    "jinja2", "aiohttp", "click", "httpx", "psutil", "pyyaml", "requests", "tqdm", "filelock",
+    "fsspec", "packaging", "regex", "sympy", "networkx", "typing-extensions",
+    "pydantic", "protobuf", "anyio", "certifi", "idna", "attrs", "h11", "pygments",
+    "annotated-doc", "ninja",
+}  # fmt: skip
+"""Distributions Baton may import that the GPU host has: its image's listed packages and what
+they require (pip's resolution of that list for Python 3.12: aiohttp comes with
+pytorch-lightning's fsspec[http], httpx with huggingface-hub). Not msgpack,
+prometheus-client, pytest or matplotlib. xxhash comes with torch-geometric, a package Baton
+does not use: it travels."""
+OPTIONAL = frozenset({"xgrammar", "matplotlib", "playwright", "flash-attn", "nixl",
+                      "ucxx-cu12", "grpcio-tools", "hypothesis"})  # fmt: skip
+"""Imported only where they are present, or by code the device check never runs: the grammar
+compiler (at a server's first constrained request: the check sends none, and xgrammar with
+the tvm-ffi it needs, 4.4 MiB, does not fit beside Ray), a plot, a screenshot, a peer
+kernel, the transports NIXL and UCX (a host without them moves KV over CUDA IPC), the
+stubs' generator, the fuzz tests."""
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
 CAP_MIB = 56

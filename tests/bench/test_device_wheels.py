@@ -54,3 +54,78 @@ def test_versions_are_the_ones_tested_here() -> None:
         f"torch=={torch.__version__}",
         "no-such-package-here",
     ]
+
+
+def test_every_package_the_device_check_imports_is_on_the_host_or_travels() -> None:
+    """Each third-party import in what the device check runs (the product, the benches and
+    load generator, `tests/gpu` and its support) is the host's, a wheel that travels, or one
+    imported only where present. xxhash, msgpack, prometheus-client and pytest were assumed
+    to be there; only the first is."""
+    import ast
+    import sys
+    from importlib import metadata
+    from pathlib import Path
+
+    from bench.device.wheels import ENGINE, HOST, OPTIONAL, SERVE
+
+    root = Path(__file__).resolve().parents[2]
+    ours = {p.name for p in root.iterdir() if p.is_dir()}
+    dists = metadata.packages_distributions()
+    known = HOST | OPTIONAL | set(ENGINE) | set(SERVE)
+    missing: dict[str, str] = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "tests" and rel.parts[1] not in ("gpu", "support", "conftest.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in ours:
+                    continue
+                names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if not names & known:
+                    missing[top] = str(rel)
+    assert not missing, missing
+
+
+def test_what_the_travelling_wheels_require_is_there_too() -> None:
+    """Each wheel's own requirements (on Python 3.12, no extras) are the host's or travel:
+    Ray needs msgpack, which no package of the host's brings."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    from bench.device.wheels import ENGINE, HOST, SERVE
+
+    known = HOST | set(ENGINE) | set(SERVE)
+    host_312 = {"python_version": "3.12", "python_full_version": "3.12.3", "extra": ""}
+    missing = []
+    for dist in [*ENGINE, *SERVE]:
+        if dist == "importlib-metadata":  # not installed here: the standard library's
+            continue
+        for line in metadata.requires(dist) or []:
+            req = Requirement(line)
+            name = req.name.lower().replace("_", "-")
+            if req.marker is not None and not req.marker.evaluate(host_312):
+                continue
+            if name not in known:
+                missing.append(f"{dist} -> {name}")
+    assert not missing, missing
+
+
+def test_the_rehearsal_installs_the_hosts_packages_and_none_that_travel() -> None:
+    from bench.device.rehearsal import host_requirements
+    from bench.device.wheels import ENGINE, SERVE
+
+    wanted = host_requirements()
+    assert "torch==2.11.0" in wanted and "transformers==5.17.0" in wanted
+    names = {r.split("==")[0] for r in wanted}
+    # Only the two the host has as well travel (at the versions tested here, first on the path).
+    assert names & {*ENGINE, *SERVE} == {"pydantic", "protobuf"}
+    assert not names & {"msgpack", "prometheus-client", "pytest", "matplotlib"}
