@@ -58,9 +58,10 @@ def test_another_torch_or_python_gets_a_build_of_its_own(monkeypatch) -> None:
 
     name = cpu_kernels.build_name("fused")
     assert name is not None and name == cpu_kernels.build_name("fused")
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    monkeypatch.setattr(torch, "__version__", f"{torch.__version__}.other")
     other_torch = cpu_kernels.build_name("fused")
-    monkeypatch.setattr(sys, "version_info", (3, 12, 3, "final", 0))
+    major, minor = sys.version_info[:2]
+    monkeypatch.setattr(sys, "version_info", (major, minor + 1, 0, "final", 0))
     other_python = cpu_kernels.build_name("fused")
     assert len({name[0], other_torch[0], other_python[0]}) == 3
     assert name[1] == other_torch[1] == other_python[1]  # the same ISA flags
