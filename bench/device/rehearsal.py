@@ -16,9 +16,7 @@ will not take as an index). So the environment gets this host's Triton over it;
 `tests.support.hopper_compile` under 3.6.0 checks the compile for sm_90.
 
 The first run downloads torch and its CUDA libraries (~3 GB) and takes ~10 minutes on two
-cores; later runs reuse the environment. It found, before any lease did: xxhash, msgpack,
-prometheus-client and pytest missing from the host, and the OTLP exporter's
-opentelemetry-exporter-otlp-common missing from the wheels.
+cores; later runs reuse the environment.
 """
 
 from __future__ import annotations

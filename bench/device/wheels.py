@@ -10,8 +10,9 @@ travels (`ENGINE`, `SERVE`): the engine's msgspec, gguf, xxhash and the OpenTele
 SDK; `tests/gpu`'s pytest and peft (the LoRA oracle); and `baton serve`'s Ray with msgpack,
 FastAPI / uvicorn / pydantic, prometheus-client, jsonschema, grpcio, protobuf and the OTLP
 exporter. The host has pydantic and protobuf as well; they travel all the same, at the
-versions the CPU suite tests, as every wheel here does. tests/bench/test_device_wheels.py holds each
-import of Baton's, and each requirement of a travelling wheel, to one of the three lists.
+versions the CPU suite tests, as every wheel here does. tests/bench/test_device_wheels.py
+holds each import of Baton's, and each requirement of a travelling wheel, to one of the
+lists (`HOST`, `ENGINE`, `SERVE`, `OPTIONAL`).
 
 Ray's wheel is 76 MiB; 31 MiB of it is the Java workers' jar (ray/jars), which a Python
 cluster never loads, and 5 more its libraries (RLlib, Data, Train, Tune, LLM) and the

@@ -6,8 +6,7 @@ KV transfer's block copy lives here too: the same build and cache.) Each kernel 
 extension module, compiled with the vector ISA this CPU supports and cached under
 TORCH_EXTENSIONS_DIR under a name that hashes its sources, flags, torch and Python
 (`build_name`: an edited kernel or an upgraded torch gets a new build, never a stale one
-loaded). If building fails, `load` returns None
-and callers keep the plain torch path.
+loaded). If building fails, `load` returns None and callers keep the plain torch path.
 
 A process loads an already built module straight from its file, without torch's build lock:
 a worker killed while holding that lock (a scale-down, a crash during start-up) would
