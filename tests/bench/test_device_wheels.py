@@ -61,39 +61,30 @@ def test_every_package_the_device_check_imports_is_on_the_host_or_travels() -> N
     load generator, `tests/gpu` and its support) is the host's, a wheel that travels, or one
     imported only where present (the host has no msgpack, prometheus-client or pytest, and
     xxhash only through torch-geometric)."""
-    import ast
     import sys
     from importlib import metadata
-    from pathlib import Path
 
     from bench.device.wheels import ENGINE, HOST, OPTIONAL, SERVE
+    from tests.architecture.imports import ROOT, imported_names
 
-    root = Path(__file__).resolve().parents[2]
     gpu_suite_reads = ("gpu", "support", "conftest.py", "oracle.py")
-    ours = {p.name for p in root.iterdir() if p.is_dir()}
+    ours = {p.name for p in ROOT.iterdir() if p.is_dir()}
     dists = metadata.packages_distributions()
     known = HOST | OPTIONAL | set(ENGINE) | set(SERVE)
     missing: dict[str, str] = {}
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
         if any(part.startswith(".") for part in rel.parts):  # a local venv, the wheels
             continue
         if rel.parts[0] == "tests" and rel.parts[1] not in gpu_suite_reads:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
+        for dotted, _ in imported_names(".".join(rel.with_suffix("").parts), path):
+            top = dotted.split(".")[0]
+            if top in sys.stdlib_module_names or top in ours:
                 continue
-            for module in modules:
-                top = module.split(".")[0]
-                if top in sys.stdlib_module_names or top in ours:
-                    continue
-                names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
-                if not names & known:
-                    missing[top] = str(rel)
+            names = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+            if not names & known:
+                missing[top] = str(rel)
     assert not missing, missing
 
 
